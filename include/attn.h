@@ -1,0 +1,417 @@
+/*
+ * attn.h - self-attention from scratch, in C11.
+ *
+ * This is the one public header of libattn. It implements chapter 11 of an LLM
+ * tutorial ("Self-Attention 从零实现"): scaled dot-product attention, multi-head
+ * self-attention with a fused q/k/v projection, padding and causal masks, and the
+ * shape changes between them. The PyTorch module of the chapter is the semantic
+ * reference; see docs/ and the README for the walk-through.
+ *
+ * Conventions used by every function in this header:
+ *
+ *   - Shapes use the chapter's names: batch B, heads H, query length Tq, key length
+ *     Tk (T when both are the same), embed_dim E, head_dim D = E / H.
+ *   - Arrays are described by an attn_tensor: a caller-owned buffer with up to four
+ *     64-bit sizes and explicit strides (in elements, not bytes), so a function can
+ *     read a view (a transpose, a slice) without copying. The library never frees
+ *     or keeps a pointer to caller memory.
+ *   - Every function returns an attn_status: ATTN_OK (0) or a negative code. When a
+ *     call fails and the caller passed an attn_ctx, ctx->message holds one sentence
+ *     that names the shapes or values involved. The library never exits, aborts or
+ *     prints.
+ *   - Weights follow PyTorch's nn.Linear layout: [out_features, in_features], and a
+ *     projection computes y = x W^T + b.
+ *   - Masks are boolean (one byte per entry, nonzero = true) and true means
+ *     "may attend". A mask broadcasts to [B, H, Tq, Tk] by numpy's rule: shapes are
+ *     right-aligned and each axis is equal or 1.
+ *
+ * Build: link with -lattn (and -lm -lpthread for the static library), or use
+ * pkg-config (attn) or CMake's find_package(attn).
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------------
+ * Status codes and errors
+ * ---------------------------------------------------------------------------- */
+
+typedef enum attn_status {
+    ATTN_OK = 0,
+    ATTN_STATUS_INVALID_ARGUMENT = -1, /* a NULL pointer, a size below 1, a bad option */
+    ATTN_STATUS_SHAPE_MISMATCH = -2,   /* shapes that do not fit together */
+    ATTN_STATUS_MASK_BROADCAST = -3,   /* a mask whose shape does not broadcast */
+    ATTN_STATUS_EMPTY_ROW = -4,        /* a query row whose keys are all masked */
+    ATTN_STATUS_OVERFLOW = -5,         /* sizes whose product overflows */
+    ATTN_STATUS_NO_MEMORY = -6,        /* an allocation failed */
+    ATTN_STATUS_DTYPE = -7,            /* an element type the call does not take */
+    ATTN_STATUS_IO = -8,               /* a file could not be opened, read or written */
+    ATTN_STATUS_FORMAT = -9,           /* a file is malformed */
+    ATTN_STATUS_UNSUPPORTED = -10      /* valid, but not available in this build */
+} attn_status;
+
+/* The enum's name without the prefix, e.g. "EMPTY_ROW"; "UNKNOWN" otherwise. */
+const char *attn_status_name(int status);
+/* A short English description, e.g. "a query row has all its keys masked". */
+const char *attn_strerror(int status);
+
+/* ------------------------------------------------------------------------------
+ * Context: allocator, threads, kernel choice, and the last error message.
+ *
+ * The caller owns the struct (usually on the stack) and fills it with
+ * attn_ctx_init(). Every function takes `attn_ctx *ctx`, which may be NULL: then
+ * the defaults are used and no message is kept. One context must not be used by
+ * two threads at once; use one context per thread.
+ * ---------------------------------------------------------------------------- */
+
+#define ATTN_MESSAGE_SIZE 512
+
+typedef struct attn_allocator {
+    /* Returns NULL on failure. `size` is never 0. */
+    void *(*alloc)(void *user, size_t size);
+    /* Frees what alloc returned; never called with NULL. */
+    void (*free)(void *user, void *ptr);
+    void *user;
+} attn_allocator;
+
+/* Which attention kernel runs. */
+typedef enum attn_impl {
+    ATTN_IMPL_AUTO = 0,  /* the library's default (the fused kernel where built) */
+    ATTN_IMPL_REF = 1,   /* the reference: scores, softmax, weighted sum */
+    ATTN_IMPL_FUSED = 2  /* the fused online-softmax kernel */
+} attn_impl;
+
+/* Which instruction set the fast kernels use. */
+typedef enum attn_arch {
+    ATTN_ARCH_AUTO = 0,   /* decided once from cpuid/xgetbv, or the ATTN_ARCH variable */
+    ATTN_ARCH_REF = 1,    /* the reference kernels only */
+    ATTN_ARCH_SCALAR = 2, /* portable C fast kernels */
+    ATTN_ARCH_AVX2 = 3,   /* AVX2 + FMA */
+    ATTN_ARCH_AVX512 = 4  /* AVX-512F */
+} attn_arch;
+
+typedef struct attn_ctx {
+    attn_allocator allocator; /* malloc/free by default */
+    int threads;              /* worker threads; 0 = one per online core (default) */
+    attn_impl impl;           /* ATTN_IMPL_AUTO by default */
+    attn_arch arch;           /* ATTN_ARCH_AUTO by default */
+    int status;               /* the last failing call's status, or ATTN_OK */
+    char message[ATTN_MESSAGE_SIZE]; /* the last failing call's message, or "" */
+} attn_ctx;
+
+/* Fills ctx with the defaults. */
+void attn_ctx_init(attn_ctx *ctx);
+
+/* ------------------------------------------------------------------------------
+ * Tensors: up to four dimensions, 64-bit sizes, strides in elements.
+ * ---------------------------------------------------------------------------- */
+
+#define ATTN_MAX_DIMS 4
+
+typedef enum attn_dtype {
+    ATTN_DTYPE_F32 = 0,  /* float */
+    ATTN_DTYPE_BOOL = 1, /* one byte, nonzero = true */
+    ATTN_DTYPE_I64 = 2,  /* int64_t, e.g. token ids */
+    ATTN_DTYPE_I32 = 3   /* int32_t, e.g. token ids */
+} attn_dtype;
+
+typedef struct attn_tensor {
+    void *data;                    /* first element; caller-owned */
+    attn_dtype dtype;
+    int ndim;                      /* 1 .. ATTN_MAX_DIMS */
+    int64_t shape[ATTN_MAX_DIMS];  /* sizes, each >= 1; entries past ndim are 1 */
+    int64_t stride[ATTN_MAX_DIMS]; /* in elements; entries past ndim are 1 */
+} attn_tensor;
+
+/* Bytes per element of a dtype (4, 1, 8, 4), or 0 for an unknown one. */
+size_t attn_dtype_size(attn_dtype dtype);
+/* "float32", "bool", "int64", "int32". */
+const char *attn_dtype_name(attn_dtype dtype);
+
+/* Describes `data` as a C-contiguous (row-major) array of the given shape.
+ * Fails with OVERFLOW when the number of bytes does not fit in size_t. */
+int attn_tensor_init(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, void *data,
+                     int ndim, const int64_t *shape);
+
+/* Allocates a zero-filled C-contiguous tensor with ctx's allocator.
+ * Free it with attn_tensor_free(). */
+int attn_tensor_alloc(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, int ndim,
+                      const int64_t *shape);
+/* Frees what attn_tensor_alloc allocated (with the same ctx) and clears t. */
+void attn_tensor_free(attn_ctx *ctx, attn_tensor *t);
+
+/* Number of elements (the product of the sizes), or -1 if it overflows. */
+int64_t attn_tensor_numel(const attn_tensor *t);
+/* 1 if the strides are those of a C-contiguous array of t's shape, else 0. */
+int attn_tensor_is_contiguous(const attn_tensor *t);
+/* Checks ndim, sizes >= 1, non-negative strides, a non-NULL data pointer, and that
+ * the largest element offset fits in 64 bits; `name` labels the message. */
+int attn_tensor_check(attn_ctx *ctx, const attn_tensor *t, const char *name);
+
+/* A view with axes a and b swapped (no copy): shape and stride entries swap. */
+int attn_tensor_transpose(attn_ctx *ctx, const attn_tensor *t, int a, int b,
+                          attn_tensor *view);
+/* A view of a contiguous tensor with another shape of the same element count. */
+int attn_tensor_reshape(attn_ctx *ctx, const attn_tensor *t, int ndim,
+                        const int64_t *shape, attn_tensor *view);
+/* A view of t narrowed to [start, start + length) along `axis`. */
+int attn_tensor_narrow(attn_ctx *ctx, const attn_tensor *t, int axis, int64_t start,
+                       int64_t length, attn_tensor *view);
+/* Copies src into dst element by element (same shape and dtype; any strides). */
+int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst);
+
+/* Writes a shape as a Python tuple: "(2, 5, 16)", "(5,)", "()".
+ * Returns the length it needed (like snprintf). */
+int attn_shape_format(char *buf, size_t size, int ndim, const int64_t *shape);
+
+/* The numpy broadcast of two shapes (right-aligned, each axis equal or 1).
+ * On success *out_ndim = max(ndim_a, ndim_b) and out_shape holds the result. */
+int attn_broadcast_shape(attn_ctx *ctx, int ndim_a, const int64_t *shape_a, int ndim_b,
+                         const int64_t *shape_b, int *out_ndim, int64_t *out_shape);
+
+/* ------------------------------------------------------------------------------
+ * Masks (boolean, true = may attend)
+ * ---------------------------------------------------------------------------- */
+
+/* Padding mask from token ids [B, T] (int64 or int32): mask [B, 1, 1, T] (bool) is
+ * false where the KEY is the pad token. A pad query still attends. */
+int attn_mask_padding(attn_ctx *ctx, const attn_tensor *token_ids, int64_t pad_id,
+                      attn_tensor *mask);
+
+/* Causal mask [1, 1, T, T] (bool): entry (i, j) is true when j <= i, so position t
+ * sees positions 0..t. */
+int attn_mask_causal(attn_ctx *ctx, int64_t T, attn_tensor *mask);
+
+/* out = a AND b, broadcast by numpy's rule; out's shape must be the broadcast
+ * shape (e.g. [B,1,1,T] and [1,1,T,T] give [B,1,T,T]). */
+int attn_mask_and(attn_ctx *ctx, const attn_tensor *a, const attn_tensor *b,
+                  attn_tensor *out);
+
+/* Checks that `mask` (bool) broadcasts to [B, H, Tq, Tk]; the message names both
+ * shapes, e.g. "mask shape (5, 5) does not broadcast to (2, 1, 3, 3)". */
+int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H,
+                    int64_t Tq, int64_t Tk);
+
+/* ------------------------------------------------------------------------------
+ * Linear projection (nn.Linear)
+ * ---------------------------------------------------------------------------- */
+
+/* y = x W^T + b.  x [..., in], W [out, in], b [out] or NULL, y [..., out].
+ * The leading axes of x and y must match. All float32; any strides. */
+int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
+                const attn_tensor *b, attn_tensor *y);
+
+/* ------------------------------------------------------------------------------
+ * Scaled dot-product attention
+ *
+ *   scores  = q k^T * scale            [B, H, Tq, Tk]   scale = 1/sqrt(D) by default
+ *   masked scores become -inf          (where the mask is false)
+ *   weights = softmax(scores, axis=-1) [B, H, Tq, Tk]
+ *   out     = weights v                [B, H, Tq, Dv]
+ * ---------------------------------------------------------------------------- */
+
+/* What to do with a query row whose keys are all masked. */
+typedef enum attn_empty_rows {
+    ATTN_EMPTY_ROWS_ERROR = 0, /* fail with ATTN_STATUS_EMPTY_ROW (default) */
+    ATTN_EMPTY_ROWS_ZERO = 1   /* zero output and zero weights for that row */
+} attn_empty_rows;
+
+typedef struct attn_sdpa_params {
+    const attn_tensor *mask;    /* bool, broadcasts to [B, H, Tq, Tk]; NULL = none */
+    int causal;                 /* nonzero: AND with the causal mask (needs Tq == Tk) */
+    int has_scale;              /* nonzero: use `scale` instead of 1/sqrt(D) */
+    float scale;
+    attn_empty_rows empty_rows; /* ATTN_EMPTY_ROWS_ERROR by default */
+} attn_sdpa_params;
+
+/* Fills p with the defaults: no mask, not causal, scale 1/sqrt(D), empty rows are
+ * an error. */
+void attn_sdpa_params_init(attn_sdpa_params *p);
+
+/* Scaled dot-product attention with the kernel ctx->impl selects.
+ *   q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]  (float32, any strides)
+ *   out [B, H, Tq, Dv]; weights [B, H, Tq, Tk] or NULL when not wanted.
+ * Tensors with fewer than 4 dims are read as if they had leading sizes of 1.
+ * p may be NULL for the defaults. */
+int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+              const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
+              attn_tensor *weights);
+
+/* The reference, in three visible steps (scores, masked softmax, weighted sum). Same
+ * contract as attn_sdpa. It materialises one [Tq, Tk] score block per (b, h). */
+int attn_sdpa_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                  const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
+                  attn_tensor *weights);
+
+/* ------------------------------------------------------------------------------
+ * Multi-head self-attention (the chapter's module)
+ *
+ *   x [B, T, E] -> qkv = x W_qkv^T + b_qkv [B, T, 3E] -> q, k, v [B, T, E] each
+ *   -> split heads [B, H, T, D] -> attention -> [B, H, T, D] -> merge [B, T, E]
+ *   -> out = context W_o^T + b_o [B, T, E]
+ * ---------------------------------------------------------------------------- */
+
+typedef struct attn_mha_weights {
+    attn_tensor w_qkv; /* [3E, E]: rows 0..E-1 make q, E..2E-1 k, 2E..3E-1 v */
+    attn_tensor b_qkv; /* [3E] */
+    attn_tensor w_o;   /* [E, E] */
+    attn_tensor b_o;   /* [E] */
+} attn_mha_weights;
+
+/* Checks the four weight shapes against each other and against num_heads
+ * (E % num_heads == 0). On success *embed_dim holds E (may be NULL). */
+int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                           int64_t *embed_dim);
+
+/* Multi-head self-attention forward.
+ *   x [B, T, E] (float32)   out [B, T, E]   weights [B, H, T, T] or NULL
+ * p->mask broadcasts to [B, H, T, T] (e.g. a padding mask [B, 1, 1, T] AND a causal
+ * mask, [B, 1, T, T]); p->causal adds the causal mask; p->has_scale overrides
+ * 1/sqrt(D). Workspace for q, k, v and the context is allocated once per call with
+ * ctx's allocator. */
+int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                     const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
+                     attn_tensor *weights);
+
+/* ------------------------------------------------------------------------------
+ * Random numbers (for the chapter's experiment and for tests)
+ * ---------------------------------------------------------------------------- */
+
+/* PyTorch's CPU generator draw for draw: with the same seed, attn_rng_randn equals
+ * torch.randn and attn_rng_uniform equals Tensor.uniform_ (see src/rng.c for the
+ * details followed and where they come from). torch's float kernels round the last
+ * bit differently in its AVX2/AVX-512 build (the default on x86-64 CPUs with AVX2)
+ * and in its baseline build (ATEN_CPU_CAPABILITY=default, CPUs without AVX2); the
+ * flavor picks which one to equal. */
+typedef enum attn_rng_flavor {
+    ATTN_RNG_TORCH_AVX2 = 0,   /* torch's AVX2/AVX-512 kernels (set by attn_rng_seed) */
+    ATTN_RNG_TORCH_DEFAULT = 1 /* torch's baseline kernels (C library log/sin/cos) */
+} attn_rng_flavor;
+
+/* A Mersenne Twister (MT19937) generator, seeded as torch.manual_seed seeds it. */
+typedef struct attn_rng {
+    uint32_t state[624];
+    int index;             /* next word of state; 624 = regenerate first */
+    int has_next_normal;   /* a cached second Box-Muller value (double) */
+    double next_normal;
+    attn_rng_flavor flavor;
+} attn_rng;
+
+/* torch.manual_seed(seed): MT19937 from the low 32 bits of seed, no cached normal,
+ * flavor ATTN_RNG_TORCH_AVX2 (change the field afterwards to pick the other). */
+void attn_rng_seed(attn_rng *rng, uint64_t seed);
+/* One 32-bit output (torch's random()). */
+uint32_t attn_rng_u32(attn_rng *rng);
+/* Two outputs, the first in the high half (torch's random64()). */
+uint64_t attn_rng_u64(attn_rng *rng);
+/* One N(0, 1) double as at::normal_distribution<double> draws it (Box-Muller with a
+ * cached second value). */
+double attn_rng_normal_f64(attn_rng *rng);
+/* Fills n floats with N(0, 1) draws: torch.randn(n) (any shape with n elements). */
+void attn_rng_randn(attn_rng *rng, float *out, int64_t n);
+/* Fills n floats with uniform draws in [lo, hi): Tensor.uniform_(lo, hi) with the
+ * bounds already rounded to float. */
+void attn_rng_uniform(attn_rng *rng, float *out, int64_t n, float lo, float hi);
+/* nn.Linear(in_features, out_features)'s default initialisation: weight
+ * [out_features, in_features] from kaiming_uniform_(a=sqrt(5)), i.e. uniform in
+ * +-1/sqrt(in_features), then bias [out_features] (may be NULL to skip it) uniform
+ * in +-1/sqrt(in_features). */
+void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, int64_t out_features,
+                          int64_t in_features);
+
+/* ------------------------------------------------------------------------------
+ * Files: .npy arrays, .safetensors named tensors, attention weights
+ *
+ * Every loader checks the file against its own header before it trusts a size: a
+ * truncated file, a header that lies about sizes, offsets out of range, overlapping
+ * tensors, an unknown dtype or a shape whose product overflows is refused with
+ * ATTN_STATUS_FORMAT (or DTYPE / IO) and a message "PATH: problem". Every writer
+ * writes a temporary file next to the target and renames it over the target, so an
+ * output file is written whole or not at all.
+ * ---------------------------------------------------------------------------- */
+
+/* An array that owns its memory: what the loaders return. `tensor` is C-contiguous
+ * and its data points into `buffer`. Free with attn_array_free(). */
+typedef struct attn_array {
+    attn_tensor tensor;
+    void *buffer; /* allocated with the ctx's allocator */
+} attn_array;
+
+/* Frees the buffer (with the same ctx that loaded it) and clears a. NULL-safe. */
+void attn_array_free(attn_ctx *ctx, attn_array *a);
+
+/* Loads a .npy file (format versions 1, 2 and 3), 1 to 4 dimensions, each size >= 1,
+ * C or Fortran order (a Fortran-order file is reordered to C order). Element types:
+ *   float32, float64, float16 -> ATTN_DTYPE_F32 (float64 rounds to nearest)
+ *   int32 -> ATTN_DTYPE_I32, int64 -> ATTN_DTYPE_I64
+ *   bool, uint8 -> ATTN_DTYPE_BOOL (bytes kept as they are: nonzero = true)
+ * Little- or big-endian. Anything else fails with ATTN_STATUS_DTYPE. */
+int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out);
+
+/* Saves t (float32, int32, int64 or bool; any strides) as a little-endian, C-order
+ * .npy file, format version 1 (version 2 only when the header needs it). */
+int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t);
+
+/* An open .safetensors file: the header is parsed and checked at open time; tensor
+ * data is read on demand by attn_safetensors_get. */
+typedef struct attn_safetensors attn_safetensors;
+
+/* Opens and checks a .safetensors file. On success *out must be closed with
+ * attn_safetensors_close(). */
+int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **out);
+void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st);
+
+/* Number of tensors, and the name of tensor i (0 <= i < count), in the order of
+ * their data in the file. */
+int64_t attn_safetensors_count(const attn_safetensors *st);
+const char *attn_safetensors_name(const attn_safetensors *st, int64_t i);
+/* 1 if the file has a tensor of this name, else 0. */
+int attn_safetensors_has(const attn_safetensors *st, const char *name);
+
+/* Reads tensor `name` into an owned array. F32, F16, BF16, F64 -> float32; I32, I64
+ * kept; BOOL, U8 -> bool. Other dtypes fail with ATTN_STATUS_DTYPE; a missing name
+ * with ATTN_STATUS_INVALID_ARGUMENT; a rank of 0 or above ATTN_MAX_DIMS, or a size
+ * of 0, with ATTN_STATUS_UNSUPPORTED. */
+int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
+                         attn_array *out);
+
+/* Saves n named tensors (float32, int32, int64 or bool; any strides) as one
+ * .safetensors file, data in the order given. Names must be unique, non-empty and
+ * not "__metadata__". */
+int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
+                          const attn_tensor *tensors, int64_t n);
+
+/* Loads multi-head attention weights from a .safetensors file, by any of these name
+ * sets under `prefix` (NULL or "" for none; e.g. "layers.0.attn."):
+ *   the chapter's module: qkv.weight [3E,E], qkv.bias [3E], output.weight [E,E],
+ *                         output.bias [E]
+ *   nn.MultiheadAttention: in_proj_weight, in_proj_bias, out_proj.weight,
+ *                         out_proj.bias (biases optional, as with bias=False)
+ *   separate projections: q_proj.weight, k_proj.weight, v_proj.weight [E,E] and
+ *                         o_proj.weight [E,E], each .bias [E] optional
+ * Separate q/k/v are concatenated into w_qkv (q rows first); a missing bias becomes
+ * zeros. The shapes are checked against each other and against num_heads
+ * (E % num_heads == 0). When no set or more than one set is found, the message says
+ * which names were looked for. w is filled with owned tensors: free them with
+ * attn_weights_free(). */
+int attn_weights_load(attn_ctx *ctx, const char *path, const char *prefix,
+                      int64_t num_heads, attn_mha_weights *w);
+/* Frees what attn_weights_load allocated (same ctx) and clears w. NULL-safe. */
+void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_H */

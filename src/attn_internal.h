@@ -1,0 +1,97 @@
+/*
+ * attn_internal.h - helpers shared by the library's source files; not installed.
+ *
+ * Names here start with attn__ (two underscores): internal, may change at any time.
+ */
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include "attn.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ATTN__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define ATTN__PRINTF(a, b)
+#endif
+
+/* Records status and a formatted message in ctx (when ctx is not NULL) and returns
+ * status, so a failing check reads `return attn__fail(ctx, ATTN_STATUS_..., "...")`. */
+int attn__fail(attn_ctx *ctx, int status, const char *fmt, ...) ATTN__PRINTF(3, 4);
+
+/* Allocation through ctx's allocator (malloc/free when ctx is NULL). attn__alloc
+ * records ATTN_STATUS_NO_MEMORY with `what` in the message when it fails.
+ * attn__alloc never returns memory for size 0: it asks for 1 byte instead. */
+void *attn__alloc(attn_ctx *ctx, size_t size, const char *what);
+void attn__free(attn_ctx *ctx, void *ptr);
+
+/* a * b into *out, or 0 if it overflows int64 (a, b >= 0). Returns 1 on success. */
+int attn__mul_i64(int64_t a, int64_t b, int64_t *out);
+/* Bytes for n elements of `elem` bytes, or 0 if that overflows size_t. */
+int attn__bytes(int64_t n, size_t elem, size_t *out);
+
+/* The shape of t as a Python tuple, in a caller buffer of at least 96 bytes. */
+const char *attn__shape_str(const attn_tensor *t, char *buf, size_t size);
+
+/* Views t as 4-D by prepending sizes of 1 (stride 0 is never used for them since the
+ * size is 1). t must have 1 to 4 dims. */
+void attn__as4d(const attn_tensor *t, int64_t shape[4], int64_t stride[4]);
+
+/* Element offset of index (i0, i1, i2, i3) for a 4-D view. */
+static inline int64_t attn__off4(const int64_t stride[4], int64_t i0, int64_t i1,
+                                 int64_t i2, int64_t i3)
+{
+    return i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3];
+}
+
+/* A mask [.., Tq, Tk] broadcast to [B, H, Tq, Tk] as a 4-D view whose broadcast axes
+ * have stride 0, so mask(b, h, i, j) = data[attn__off4(stride, b, h, i, j)]. */
+typedef struct attn__mask4 {
+    const uint8_t *data; /* NULL when there is no explicit mask */
+    int64_t stride[4];
+} attn__mask4;
+
+/* Checks that `mask` (may be NULL) broadcasts to [B, H, Tq, Tk] and fills m. */
+int attn__mask4_init(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H,
+                     int64_t Tq, int64_t Tk, attn__mask4 *m);
+
+/* Checks q/k/v/out/weights for attn_sdpa's contract and reads the sizes.
+ * Also fills the mask view and the scale. Shared by every attention kernel. */
+typedef struct attn__sdpa_shapes {
+    int64_t B, H, Tq, Tk, D, Dv;
+    int64_t q_s[4], k_s[4], v_s[4], o_s[4], w_s[4]; /* 4-D strides */
+    attn__mask4 mask;
+    int causal;
+    float scale;
+    attn_empty_rows empty_rows;
+} attn__sdpa_shapes;
+
+int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                       const attn_tensor *v, const attn_sdpa_params *p,
+                       const attn_tensor *out, const attn_tensor *weights,
+                       attn__sdpa_shapes *s);
+
+/* Records the EMPTY_ROW error for query i of (b, h), naming where it is. */
+int attn__empty_row_fail(attn_ctx *ctx, const attn__sdpa_shapes *s, int64_t b, int64_t h,
+                         int64_t i);
+
+/* 1 when query i may attend to key j of (b, h) under s's mask and causal flag. */
+static inline int attn__may_attend(const attn__sdpa_shapes *s, int64_t b, int64_t h,
+                                   int64_t i, int64_t j)
+{
+    if (s->causal && j > i)
+        return 0;
+    if (s->mask.data && !s->mask.data[attn__off4(s->mask.stride, b, h, i, j)])
+        return 0;
+    return 1;
+}
+
+/* Checks attn_linear's arguments (dtypes, shapes, strides); shared by every
+ * implementation of the projection. */
+int attn__linear_check(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
+                       const attn_tensor *b, const attn_tensor *y);
+
+#endif /* ATTN_INTERNAL_H */

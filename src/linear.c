@@ -1,0 +1,75 @@
+/*
+ * linear.c - nn.Linear: y = x W^T + b.
+ *
+ *   x [..., in]   W [out, in]   b [out] (optional)   y [..., out]
+ *
+ * The weight layout is PyTorch's, [out_features, in_features], so row o of W is the
+ * vector that output feature o takes the dot product with. This is the plain loop
+ * (the reference); the leading axes of x and y (up to three) are walked by stride.
+ */
+#include "attn_internal.h"
+
+#include <string.h>
+
+int attn__linear_check(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
+                       const attn_tensor *b, const attn_tensor *y)
+{
+    int rc;
+    if ((rc = attn_tensor_check(ctx, x, "x")) || (rc = attn_tensor_check(ctx, W, "weight")) ||
+        (b && (rc = attn_tensor_check(ctx, b, "bias"))) || (rc = attn_tensor_check(ctx, y, "y")))
+        return rc;
+    if (x->dtype != ATTN_DTYPE_F32 || W->dtype != ATTN_DTYPE_F32 || y->dtype != ATTN_DTYPE_F32 ||
+        (b && b->dtype != ATTN_DTYPE_F32))
+        return attn__fail(ctx, ATTN_STATUS_DTYPE, "linear: x, weight, bias and y must be float32");
+    char sx[128], sw[128], sb[128], sy[128];
+    attn__shape_str(x, sx, sizeof sx);
+    attn__shape_str(W, sw, sizeof sw);
+    attn__shape_str(b, sb, sizeof sb);
+    attn__shape_str(y, sy, sizeof sy);
+    int64_t in = x->shape[x->ndim - 1];
+    if (W->ndim != 2 || W->shape[1] != in)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "linear: weight %s does not fit x %s (expected [out, %lld])", sw, sx,
+                          (long long)in);
+    int64_t out = W->shape[0];
+    if (b && (b->ndim != 1 || b->shape[0] != out))
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "linear: bias %s does not fit weight %s (expected (%lld,))", sb, sw,
+                          (long long)out);
+    int lead_ok = y->ndim == x->ndim && y->shape[y->ndim - 1] == out;
+    for (int i = 0; lead_ok && i < x->ndim - 1; i++)
+        lead_ok = x->shape[i] == y->shape[i];
+    if (!lead_ok)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "linear: y %s does not fit x %s and weight %s (expected [..., %lld])",
+                          sy, sx, sw, (long long)out);
+    return ATTN_OK;
+}
+
+int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W, const attn_tensor *b,
+                attn_tensor *y)
+{
+    int rc = attn__linear_check(ctx, x, W, b, y);
+    if (rc)
+        return rc;
+    int64_t xs[4], xst[4], ys[4], yst[4];
+    attn__as4d(x, xs, xst);
+    attn__as4d(y, ys, yst);
+    const int64_t in = xs[3], out = ys[3];
+    const float *xd = x->data, *wd = W->data, *bd = b ? b->data : NULL;
+    float *yd = y->data;
+    for (int64_t i0 = 0; i0 < xs[0]; i0++)
+        for (int64_t i1 = 0; i1 < xs[1]; i1++)
+            for (int64_t i2 = 0; i2 < xs[2]; i2++) {
+                const float *xr = xd + attn__off4(xst, i0, i1, i2, 0);
+                float *yr = yd + attn__off4(yst, i0, i1, i2, 0);
+                for (int64_t o = 0; o < out; o++) {
+                    const float *wr = wd + o * W->stride[0];
+                    float acc = 0.0f;
+                    for (int64_t k = 0; k < in; k++)
+                        acc += xr[k * xst[3]] * wr[k * W->stride[1]];
+                    yr[o * yst[3]] = acc + (bd ? bd[o * b->stride[0]] : 0.0f);
+                }
+            }
+    return ATTN_OK;
+}

@@ -1,0 +1,65 @@
+/*
+ * attn.c - the `attn` program: one binary, several subcommands.
+ *
+ *   attn forward ...   multi-head self-attention with weights from a file
+ *   attn sdpa ...      scaled dot-product attention on .npy arrays
+ *   attn bench ...     the benchmark
+ *
+ * This file only dispatches; each subcommand is tools/attn_<name>.c.
+ */
+#include "attn.h"
+#include "attn_cmds.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Subcommands register here: { "name", "one-line summary", function }. */
+static const attn_cmd commands[] = {
+    {NULL, NULL, NULL}, /* placeholder so the table is never empty */
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: attn COMMAND [OPTIONS]\n"
+            "       attn --help | --version\n"
+            "\n"
+            "Self-attention from scratch: scaled dot-product attention and multi-head\n"
+            "self-attention (chapter 11 of the tutorial) on .npy and .safetensors files.\n"
+            "\n"
+            "Commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (commands[i].name)
+            fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f,
+            "\n"
+            "Run 'attn COMMAND --help' for a command's options.\n"
+            "\n"
+            "Exit status: 0 on success, 2 on a usage error, 1 on any other error; an\n"
+            "error prints one line on stderr that names the problem.\n"
+            "\n"
+            "Environment:\n"
+            "  ATTN_ARCH   force a kernel path: ref, scalar, avx2 or avx512\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("attn %s\n", ATTN_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (commands[i].name && !strcmp(cmd, commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "attn: unknown command '%s' (run 'attn --help' for the list)\n", cmd);
+    return 2;
+}

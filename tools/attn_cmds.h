@@ -1,0 +1,18 @@
+/*
+ * attn_cmds.h - the subcommands of the `attn` program. Each lives in its own
+ * tools/attn_<name>.c and is listed in the table in tools/attn.c.
+ *
+ * A subcommand gets argv starting at its own name (argv[0] is "forward", ...), and
+ * returns the process exit status: 0 on success, 2 on a usage error, 1 on any other
+ * error, having printed one line naming the problem on stderr.
+ */
+#ifndef ATTN_CMDS_H
+#define ATTN_CMDS_H
+
+typedef struct attn_cmd {
+    const char *name;
+    const char *summary; /* one line for `attn --help` */
+    int (*run)(int argc, char **argv);
+} attn_cmd;
+
+#endif
