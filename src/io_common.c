@@ -1,0 +1,428 @@
+/*
+ * io_common.c - what the file-format modules share: a size-aware reader, an atomic
+ * writer (temporary file + rename), element conversion and the owned array.
+ *
+ * Why a temporary file: a reader of the output (a user's numpy, a later pipeline
+ * step) must never see half a file. POSIX rename() replaces the target atomically
+ * when both names are in the same directory, so the temporary file is created next
+ * to the target and renamed only after every byte is written and fsync'd.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* ---- the owned array ---------------------------------------------------------- */
+
+void attn_array_free(attn_ctx *ctx, attn_array *a)
+{
+    if (!a)
+        return;
+    if (a->buffer)
+        attn__free(ctx, a->buffer);
+    memset(a, 0, sizeof(*a));
+}
+
+int attn__array_alloc(attn_ctx *ctx, attn_array *a, attn_dtype dtype, int ndim,
+                      const int64_t *shape, const char *path)
+{
+    memset(a, 0, sizeof(*a));
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (!attn__mul_i64(n, shape[i], &n))
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                              "%s: the number of elements overflows 64 bits", path);
+    }
+    size_t bytes;
+    if (!attn__bytes(n, attn_dtype_size(dtype), &bytes))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "%s: %lld elements of %s do not fit in memory", path,
+                          (long long)n, attn_dtype_name(dtype));
+    void *buf = attn__alloc(ctx, bytes, path);
+    if (!buf)
+        return ATTN_STATUS_NO_MEMORY;
+    int st = attn_tensor_init(ctx, &a->tensor, dtype, buf, ndim, shape);
+    if (st != ATTN_OK) {
+        attn__free(ctx, buf);
+        memset(a, 0, sizeof(*a));
+        return st;
+    }
+    a->buffer = buf;
+    return ATTN_OK;
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+int attn__rfile_open(attn_ctx *ctx, attn__rfile *rf, const char *path)
+{
+    memset(rf, 0, sizeof(*rf));
+    rf->path = path;
+    if (!path)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "no file name given");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open: %s", path,
+                          strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        int e = errno;
+        fclose(f);
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: not a regular file", path);
+    }
+    rf->f = f;
+    rf->size = (uint64_t)sb.st_size;
+    return ATTN_OK;
+}
+
+int attn__rfile_read(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, void *buf,
+                     uint64_t n, const char *what)
+{
+    /* Checked before any read: a lying header never makes us read (or allocate)
+     * more than the file holds. */
+    if (offset > rf->size || n > rf->size - offset)
+        return attn__fail(ctx, ATTN_STATUS_FORMAT,
+                          "%s: truncated: the %s needs bytes %llu..%llu but the file "
+                          "has %llu bytes",
+                          rf->path, what, (unsigned long long)offset,
+                          (unsigned long long)(offset + n > offset ? offset + n : UINT64_MAX),
+                          (unsigned long long)rf->size);
+    if (n == 0)
+        return ATTN_OK;
+    if (offset > (uint64_t)INT64_MAX || fseeko(rf->f, (off_t)offset, SEEK_SET) != 0)
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot seek to byte %llu: %s",
+                          rf->path, (unsigned long long)offset, strerror(errno));
+    unsigned char *p = buf;
+    uint64_t left = n;
+    while (left > 0) {
+        size_t chunk = left > ((uint64_t)1 << 30) ? ((size_t)1 << 30) : (size_t)left;
+        size_t got = fread(p, 1, chunk, rf->f);
+        if (got != chunk) {
+            if (ferror(rf->f))
+                return attn__fail(ctx, ATTN_STATUS_IO, "%s: read error in the %s: %s",
+                                  rf->path, what, strerror(errno));
+            return attn__fail(ctx, ATTN_STATUS_FORMAT,
+                              "%s: truncated: the file ended inside the %s", rf->path,
+                              what);
+        }
+        p += got;
+        left -= got;
+    }
+    return ATTN_OK;
+}
+
+int attn__rfile_read_elems(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, attn__elem e,
+                         int big_endian, int64_t n, void *dst)
+{
+    size_t es = attn__elem_size(e);
+    size_t ds = attn_dtype_size(attn__elem_dtype(e));
+    int host_big = 0;
+    {
+        const uint16_t one = 1;
+        unsigned char b;
+        memcpy(&b, &one, 1);
+        host_big = b == 0;
+    }
+    /* Same layout as the host: read straight into the result. */
+    if ((e == ATTN__EL_F32 || e == ATTN__EL_I32 || e == ATTN__EL_I64 ||
+         e == ATTN__EL_U8) &&
+        big_endian == host_big)
+        return attn__rfile_read(ctx, rf, offset, dst, (uint64_t)n * es, "array data");
+
+    /* Otherwise convert through a staging buffer of at most 1 MiB. */
+    int64_t chunk = (int64_t)((1u << 20) / es);
+    if (chunk > n)
+        chunk = n;
+    unsigned char *stage = attn__alloc(ctx, (size_t)chunk * es, "staging buffer");
+    if (!stage)
+        return ATTN_STATUS_NO_MEMORY;
+    int st = ATTN_OK;
+    for (int64_t done = 0; done < n && st == ATTN_OK; done += chunk) {
+        int64_t m = n - done < chunk ? n - done : chunk;
+        st = attn__rfile_read(ctx, rf, offset + (uint64_t)done * es, stage,
+                              (uint64_t)m * es, "array data");
+        if (st == ATTN_OK)
+            attn__elem_convert(e, big_endian, stage, (unsigned char *)dst + done * ds,
+                               m);
+    }
+    attn__free(ctx, stage);
+    return st;
+}
+
+void attn__rfile_close(attn__rfile *rf)
+{
+    if (rf && rf->f) {
+        fclose(rf->f);
+        rf->f = NULL;
+    }
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+int attn__wfile_open(attn_ctx *ctx, attn__wfile *wf, const char *path)
+{
+    static unsigned counter = 0; /* only makes names distinct; O_EXCL decides */
+    memset(wf, 0, sizeof(*wf));
+    wf->path = path;
+    if (!path || !path[0])
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "no output file name given");
+    size_t len = strlen(path) + 64;
+    char *tmp = attn__alloc(ctx, len, "temporary file name");
+    if (!tmp)
+        return ATTN_STATUS_NO_MEMORY;
+    int fd = -1;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(tmp, len, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+        /* 0666 minus the umask, like any file the user creates. */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd >= 0 || errno != EEXIST)
+            break;
+    }
+    if (fd < 0) {
+        int e = errno;
+        attn__free(ctx, tmp);
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot create a temporary file: %s",
+                          path, strerror(e));
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        attn__free(ctx, tmp);
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open a stream: %s", path,
+                          strerror(e));
+    }
+    wf->f = f;
+    wf->tmp_path = tmp;
+    return ATTN_OK;
+}
+
+int attn__wfile_write(attn_ctx *ctx, attn__wfile *wf, const void *buf, size_t n)
+{
+    if (wf->failed)
+        return ATTN_STATUS_IO;
+    if (n > 0 && fwrite(buf, 1, n, wf->f) != n) {
+        wf->failed = 1;
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: write failed: %s", wf->path,
+                          strerror(errno));
+    }
+    return ATTN_OK;
+}
+
+void attn__wfile_abort(attn_ctx *ctx, attn__wfile *wf)
+{
+    if (wf->f) {
+        fclose(wf->f);
+        wf->f = NULL;
+    }
+    if (wf->tmp_path) {
+        unlink(wf->tmp_path);
+        attn__free(ctx, wf->tmp_path);
+        wf->tmp_path = NULL;
+    }
+}
+
+int attn__wfile_commit(attn_ctx *ctx, attn__wfile *wf)
+{
+    if (wf->failed) {
+        attn__wfile_abort(ctx, wf);
+        return ATTN_STATUS_IO;
+    }
+    int e = 0;
+    if (fflush(wf->f) != 0 || fsync(fileno(wf->f)) != 0)
+        e = errno ? errno : EIO;
+    if (fclose(wf->f) != 0 && !e)
+        e = errno ? errno : EIO;
+    wf->f = NULL;
+    if (!e && rename(wf->tmp_path, wf->path) != 0)
+        e = errno;
+    if (e) {
+        attn__wfile_abort(ctx, wf);
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot write: %s", wf->path,
+                          strerror(e));
+    }
+    attn__free(ctx, wf->tmp_path);
+    wf->tmp_path = NULL;
+    return ATTN_OK;
+}
+
+static int host_is_big_endian(void)
+{
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 0;
+}
+
+int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t)
+{
+    size_t es = attn_dtype_size(t->dtype);
+    int64_t shape[4], stride[4];
+    attn__as4d(t, shape, stride);
+    int swap = host_is_big_endian() && es > 1;
+    const unsigned char *base = t->data;
+
+    /* Contiguous little-endian data goes out in one call; anything else through a
+     * staging buffer, element by element in C order. */
+    if (!swap && attn_tensor_is_contiguous(t)) {
+        int64_t n = attn_tensor_numel(t);
+        return attn__wfile_write(ctx, wf, base, (size_t)n * es);
+    }
+    enum { STAGE = 1 << 16 };
+    unsigned char stage[STAGE];
+    size_t used = 0;
+    for (int64_t i0 = 0; i0 < shape[0]; i0++)
+        for (int64_t i1 = 0; i1 < shape[1]; i1++)
+            for (int64_t i2 = 0; i2 < shape[2]; i2++)
+                for (int64_t i3 = 0; i3 < shape[3]; i3++) {
+                    const unsigned char *src =
+                        base + (size_t)attn__off4(stride, i0, i1, i2, i3) * es;
+                    if (used + es > STAGE) {
+                        int st = attn__wfile_write(ctx, wf, stage, used);
+                        if (st != ATTN_OK)
+                            return st;
+                        used = 0;
+                    }
+                    for (size_t b = 0; b < es; b++)
+                        stage[used + b] = swap ? src[es - 1 - b] : src[b];
+                    used += es;
+                }
+    return attn__wfile_write(ctx, wf, stage, used);
+}
+
+/* ---- numbers ------------------------------------------------------------------ */
+
+float attn__f16_to_f32(uint16_t h)
+{
+    /* binary16: 1 sign bit, 5 exponent bits (bias 15), 10 fraction bits. */
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t frac = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (frac << 13); /* inf or NaN (payload kept) */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (frac << 13); /* 127 - 15 = 112 */
+    } else if (frac == 0) {
+        bits = sign; /* signed zero */
+    } else {
+        /* A subnormal half is a normal float: shift the fraction up until its
+         * leading one reaches the hidden-bit position. */
+        int e = -1;
+        do {
+            frac <<= 1;
+            e++;
+        } while (!(frac & 0x400));
+        frac &= 0x3ff;
+        bits = sign | ((uint32_t)(112 - e) << 23) | (frac << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+float attn__bf16_to_f32(uint16_t h)
+{
+    /* bfloat16 is the top half of a float32. */
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+size_t attn__elem_size(attn__elem e)
+{
+    switch (e) {
+    case ATTN__EL_F16:
+    case ATTN__EL_BF16:
+        return 2;
+    case ATTN__EL_F32:
+    case ATTN__EL_I32:
+        return 4;
+    case ATTN__EL_F64:
+    case ATTN__EL_I64:
+        return 8;
+    case ATTN__EL_U8:
+        return 1;
+    }
+    return 0;
+}
+
+attn_dtype attn__elem_dtype(attn__elem e)
+{
+    switch (e) {
+    case ATTN__EL_I32:
+        return ATTN_DTYPE_I32;
+    case ATTN__EL_I64:
+        return ATTN_DTYPE_I64;
+    case ATTN__EL_U8:
+        return ATTN_DTYPE_BOOL;
+    default:
+        return ATTN_DTYPE_F32;
+    }
+}
+
+/* Loads an element of `size` bytes in the file's byte order as an unsigned number. */
+static uint64_t load_uint(const unsigned char *p, size_t size, int big_endian)
+{
+    uint64_t v = 0;
+    for (size_t b = 0; b < size; b++) {
+        size_t k = big_endian ? b : size - 1 - b;
+        v = (v << 8) | p[k];
+    }
+    return v;
+}
+
+void attn__elem_convert(attn__elem e, int big_endian, const unsigned char *src,
+                        void *dst, int64_t n)
+{
+    size_t es = attn__elem_size(e);
+    if (e == ATTN__EL_U8) {
+        memcpy(dst, src, (size_t)n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t v = load_uint(src + (size_t)i * es, es, big_endian);
+        switch (e) {
+        case ATTN__EL_F16:
+            ((float *)dst)[i] = attn__f16_to_f32((uint16_t)v);
+            break;
+        case ATTN__EL_BF16:
+            ((float *)dst)[i] = attn__bf16_to_f32((uint16_t)v);
+            break;
+        case ATTN__EL_F32: {
+            uint32_t b32 = (uint32_t)v;
+            memcpy((float *)dst + i, &b32, 4);
+            break;
+        }
+        case ATTN__EL_F64: {
+            double d;
+            memcpy(&d, &v, 8);
+            ((float *)dst)[i] = (float)d; /* round to nearest; overflow gives inf */
+            break;
+        }
+        case ATTN__EL_I32: {
+            uint32_t b32 = (uint32_t)v;
+            memcpy((int32_t *)dst + i, &b32, 4);
+            break;
+        }
+        case ATTN__EL_I64:
+            memcpy((int64_t *)dst + i, &v, 8);
+            break;
+        case ATTN__EL_U8:
+            break;
+        }
+    }
+}

@@ -1,0 +1,112 @@
+/*
+ * io_internal.h - helpers shared by the file-format modules (npy.c, safetensors.c,
+ * weights.c); not installed.
+ *
+ *   - an atomic file writer: bytes go to a temporary file next to the target, which
+ *     is renamed over the target only when every byte has been written and synced,
+ *     so an output file is written whole or not at all;
+ *   - a reader that knows the file's size, so a header that promises more bytes than
+ *     the file holds is refused before anything is allocated from it;
+ *   - float16 / bfloat16 to float32 conversion and little-endian loads and stores.
+ *
+ * Every message names the file, as "PATH: problem".
+ */
+#ifndef ATTN_IO_INTERNAL_H
+#define ATTN_IO_INTERNAL_H
+
+#include "attn_internal.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- reading ---------------------------------------------------------------- */
+
+typedef struct attn__rfile {
+    FILE *f;
+    const char *path; /* the caller's string, for messages */
+    uint64_t size;    /* bytes in the file when it was opened */
+} attn__rfile;
+
+/* Opens path for reading and records its size. IO error naming the file on failure. */
+int attn__rfile_open(attn_ctx *ctx, attn__rfile *rf, const char *path);
+/* Reads exactly n bytes at byte offset `offset`. A read that would pass the size
+ * recorded at open time fails with FORMAT ("truncated: ... needs bytes A..B but the
+ * file has S"), `what` naming the part being read. */
+int attn__rfile_read(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, void *buf,
+                     uint64_t n, const char *what);
+void attn__rfile_close(attn__rfile *rf);
+
+/* ---- writing, whole or not at all ------------------------------------------- */
+
+typedef struct attn__wfile {
+    FILE *f;
+    char *tmp_path;   /* allocated with ctx's allocator */
+    const char *path; /* the target */
+    int failed;       /* a write failed; commit will refuse */
+} attn__wfile;
+
+/* Creates a temporary file "PATH.tmp.<pid>.<n>" in the target's directory. */
+int attn__wfile_open(attn_ctx *ctx, attn__wfile *wf, const char *path);
+int attn__wfile_write(attn_ctx *ctx, attn__wfile *wf, const void *buf, size_t n);
+/* Flushes, syncs, closes and renames the temporary file over the target. On failure
+ * the temporary file is removed and the target is left as it was. */
+int attn__wfile_commit(attn_ctx *ctx, attn__wfile *wf);
+/* Closes and removes the temporary file; the target is left as it was. */
+void attn__wfile_abort(attn_ctx *ctx, attn__wfile *wf);
+
+/* Writes the elements of t (any strides) in C order, little-endian, through wf. */
+int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t);
+
+/* ---- numbers ---------------------------------------------------------------- */
+
+/* IEEE 754 binary16 and bfloat16 to float32 (exact: every value is representable). */
+float attn__f16_to_f32(uint16_t h);
+float attn__bf16_to_f32(uint16_t h);
+
+static inline uint16_t attn__load_le16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t attn__load_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+static inline uint64_t attn__load_le64(const unsigned char *p)
+{
+    return (uint64_t)attn__load_le32(p) | ((uint64_t)attn__load_le32(p + 4) << 32);
+}
+
+/* Converts n elements of a file's element type, stored at `src` in the given byte
+ * order, into a host array of dst_dtype. `kind` is one of the ATTN__EL_* codes. */
+typedef enum attn__elem {
+    ATTN__EL_F16,
+    ATTN__EL_BF16,
+    ATTN__EL_F32,
+    ATTN__EL_F64,
+    ATTN__EL_I32,
+    ATTN__EL_I64,
+    ATTN__EL_U8  /* bool and uint8: one byte each, copied as they are */
+} attn__elem;
+
+/* Bytes per element of a file element kind. */
+size_t attn__elem_size(attn__elem e);
+/* The attn dtype an element kind loads as: floats -> F32, I32, I64, U8 -> BOOL. */
+attn_dtype attn__elem_dtype(attn__elem e);
+/* Converts n elements from src (file bytes, big_endian or little) into dst (host
+ * array of attn__elem_dtype(e)). */
+void attn__elem_convert(attn__elem e, int big_endian, const unsigned char *src,
+                        void *dst, int64_t n);
+
+/* Reads n elements of kind e stored at `offset` (in the given byte order) and
+ * converts them into dst, a host array of attn__elem_dtype(e). */
+int attn__rfile_read_elems(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, attn__elem e,
+                           int big_endian, int64_t n, void *dst);
+
+/* An owned array: the loaders' result. */
+/* Fills a with an allocated C-contiguous tensor of dtype and shape (contents
+ * undefined). `path` labels the message. */
+int attn__array_alloc(attn_ctx *ctx, attn_array *a, attn_dtype dtype, int ndim,
+                      const int64_t *shape, const char *path);
+
+#endif /* ATTN_IO_INTERNAL_H */

@@ -1,0 +1,499 @@
+/*
+ * npy.c - numpy's .npy format: read and write.
+ *
+ * The format (numpy's NEP 1, "A Simple File Format for NumPy Arrays", and
+ * numpy/lib/format.py's documentation):
+ *
+ *   bytes 0..5   "\x93NUMPY"
+ *   byte  6, 7   major and minor version (1.0, 2.0 or 3.0)
+ *   then         the header length, u16 little-endian (version 1) or u32 (2 and 3)
+ *   then         the header: a Python dict literal, e.g.
+ *                {'descr': '<f4', 'fortran_order': False, 'shape': (2, 5, 16), }
+ *                padded with spaces and ended by '\n' (version 3 allows UTF-8)
+ *   then         the data, numel * itemsize bytes, in C or Fortran order
+ *
+ * This reader parses that dict with a small parser of its own (no eval), checks the
+ * header against the file's size before it allocates anything, and refuses anything
+ * it does not understand with a message "PATH: problem".
+ */
+#include "io_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define NPY_MAGIC "\x93NUMPY"
+#define NPY_MAGIC_LEN 6
+/* numpy's own reader refuses headers above 10000 bytes unless told otherwise; we
+ * allow far more but still keep a lying header length from allocating gigabytes. */
+#define NPY_MAX_HEADER (1u << 20)
+/* More dimensions than this are refused while parsing; attn itself takes 4. */
+#define NPY_PARSE_DIMS 32
+
+/* ---- the header dict ------------------------------------------------------------ */
+
+typedef struct npy_parser {
+    attn_ctx *ctx;
+    const char *path;
+    const char *s; /* header text, not NUL-terminated */
+    size_t n;
+    size_t i;
+} npy_parser;
+
+typedef struct npy_header {
+    char descr[16];
+    int fortran_order;
+    int ndim;
+    int64_t shape[NPY_PARSE_DIMS];
+    int has_descr, has_order, has_shape;
+} npy_header;
+
+static int npy_bad(npy_parser *p, const char *what)
+{
+    return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                      "%s: bad .npy header: %s at byte %zu of the header", p->path, what,
+                      p->i);
+}
+
+static void npy_ws(npy_parser *p)
+{
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' ||
+                           p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+        p->i++;
+}
+
+static int npy_peek(npy_parser *p)
+{
+    npy_ws(p);
+    return p->i < p->n ? (unsigned char)p->s[p->i] : -1;
+}
+
+static int npy_expect(npy_parser *p, char c)
+{
+    if (npy_peek(p) != (unsigned char)c) {
+        char what[32];
+        snprintf(what, sizeof(what), "expected '%c'", c);
+        return npy_bad(p, what);
+    }
+    p->i++;
+    return ATTN_OK;
+}
+
+/* A Python string literal in single or double quotes, without escapes (numpy never
+ * writes any in the keys and descr it produces). */
+static int npy_string(npy_parser *p, char *out, size_t cap)
+{
+    int q = npy_peek(p);
+    if (q != '\'' && q != '"')
+        return npy_bad(p, "expected a quoted string");
+    p->i++;
+    size_t len = 0;
+    while (p->i < p->n && p->s[p->i] != (char)q) {
+        if (p->s[p->i] == '\\')
+            return npy_bad(p, "escapes in strings are not supported");
+        if (len + 1 >= cap)
+            return npy_bad(p, "string too long");
+        out[len++] = p->s[p->i++];
+    }
+    if (p->i >= p->n)
+        return npy_bad(p, "unterminated string");
+    p->i++;
+    out[len] = '\0';
+    return ATTN_OK;
+}
+
+static int npy_word(npy_parser *p, const char *w)
+{
+    size_t len = strlen(w);
+    npy_ws(p);
+    if (p->n - p->i >= len && memcmp(p->s + p->i, w, len) == 0) {
+        p->i += len;
+        return 1;
+    }
+    return 0;
+}
+
+/* A non-negative decimal integer (Python 2 files may append 'L'). */
+static int npy_int(npy_parser *p, int64_t *out)
+{
+    npy_ws(p);
+    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+        return npy_bad(p, "expected a non-negative integer in the shape");
+    int64_t v = 0;
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+        int d = p->s[p->i] - '0';
+        if (v > (INT64_MAX - d) / 10)
+            return attn__fail(p->ctx, ATTN_STATUS_OVERFLOW,
+                              "%s: bad .npy header: a size in the shape does not fit in "
+                              "64 bits",
+                              p->path);
+        v = v * 10 + d;
+        p->i++;
+    }
+    if (p->i < p->n && p->s[p->i] == 'L')
+        p->i++;
+    *out = v;
+    return ATTN_OK;
+}
+
+static int npy_shape(npy_parser *p, npy_header *h)
+{
+    int st = npy_expect(p, '(');
+    if (st)
+        return st;
+    h->ndim = 0;
+    for (;;) {
+        if (npy_peek(p) == ')') {
+            p->i++;
+            break;
+        }
+        if (h->ndim == NPY_PARSE_DIMS)
+            return npy_bad(p, "more than 32 dimensions");
+        st = npy_int(p, &h->shape[h->ndim++]);
+        if (st)
+            return st;
+        int c = npy_peek(p);
+        if (c == ',') {
+            p->i++;
+        } else if (c == ')') {
+            p->i++;
+            break;
+        } else {
+            return npy_bad(p, "expected ',' or ')' in the shape");
+        }
+    }
+    return ATTN_OK;
+}
+
+static int npy_parse_header(npy_parser *p, npy_header *h)
+{
+    memset(h, 0, sizeof(*h));
+    int st = npy_expect(p, '{');
+    if (st)
+        return st;
+    for (;;) {
+        if (npy_peek(p) == '}') {
+            p->i++;
+            break;
+        }
+        char key[32];
+        if ((st = npy_string(p, key, sizeof(key))) || (st = npy_expect(p, ':')))
+            return st;
+        if (strcmp(key, "descr") == 0) {
+            if (h->has_descr)
+                return npy_bad(p, "'descr' given twice");
+            if (npy_peek(p) == '[')
+                return attn__fail(p->ctx, ATTN_STATUS_DTYPE,
+                                  "%s: structured dtypes (a list as 'descr') are not "
+                                  "supported",
+                                  p->path);
+            if ((st = npy_string(p, h->descr, sizeof(h->descr))))
+                return st;
+            h->has_descr = 1;
+        } else if (strcmp(key, "fortran_order") == 0) {
+            if (h->has_order)
+                return npy_bad(p, "'fortran_order' given twice");
+            if (npy_word(p, "True"))
+                h->fortran_order = 1;
+            else if (npy_word(p, "False"))
+                h->fortran_order = 0;
+            else
+                return npy_bad(p, "'fortran_order' must be True or False");
+            h->has_order = 1;
+        } else if (strcmp(key, "shape") == 0) {
+            if (h->has_shape)
+                return npy_bad(p, "'shape' given twice");
+            if ((st = npy_shape(p, h)))
+                return st;
+            h->has_shape = 1;
+        } else {
+            char what[64];
+            snprintf(what, sizeof(what), "unexpected key '%s'", key);
+            return npy_bad(p, what);
+        }
+        int c = npy_peek(p);
+        if (c == ',') {
+            p->i++;
+        } else if (c == '}') {
+            p->i++;
+            break;
+        } else {
+            return npy_bad(p, "expected ',' or '}'");
+        }
+    }
+    npy_ws(p);
+    if (p->i != p->n)
+        return npy_bad(p, "unexpected text after the dict");
+    if (!h->has_descr || !h->has_order || !h->has_shape)
+        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                          "%s: bad .npy header: it lacks '%s'", p->path,
+                          !h->has_descr ? "descr"
+                                        : !h->has_order ? "fortran_order" : "shape");
+    return ATTN_OK;
+}
+
+/* Maps a descr such as '<f4' to an element kind and byte order. */
+static int npy_descr(attn_ctx *ctx, const char *path, const char *descr, attn__elem *e,
+                     int *big_endian)
+{
+    const char *t = descr;
+    *big_endian = 0;
+    if (*t == '<' || *t == '|' || *t == '=') {
+        t++;
+    } else if (*t == '>') {
+        *big_endian = 1;
+        t++;
+    }
+    static const struct {
+        const char *code;
+        attn__elem e;
+    } table[] = {
+        {"f4", ATTN__EL_F32}, {"f8", ATTN__EL_F64}, {"f2", ATTN__EL_F16},
+        {"i4", ATTN__EL_I32}, {"i8", ATTN__EL_I64}, {"b1", ATTN__EL_U8},
+        {"u1", ATTN__EL_U8},
+    };
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
+        if (strcmp(t, table[i].code) == 0) {
+            *e = table[i].e;
+            if (attn__elem_size(*e) == 1)
+                *big_endian = 0;
+            return ATTN_OK;
+        }
+    }
+    return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                      "%s: dtype '%s' is not supported (attn reads float32, float64, "
+                      "float16, int32, int64, bool and uint8)",
+                      path, descr);
+}
+
+/* ---- loading ------------------------------------------------------------------- */
+
+int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
+{
+    if (!out)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "attn_npy_load: out is NULL");
+    memset(out, 0, sizeof(*out));
+    attn__rfile rf;
+    int st = attn__rfile_open(ctx, &rf, path);
+    if (st)
+        return st;
+
+    char *htext = NULL;
+    attn_array raw = {0};
+    unsigned char pre[12];
+    if (rf.size < 10) {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: not a .npy file: %llu bytes is shorter than the 10-byte "
+                        "preamble",
+                        path, (unsigned long long)rf.size);
+        goto done;
+    }
+    if ((st = attn__rfile_read(ctx, &rf, 0, pre, 8, "preamble")))
+        goto done;
+    if (memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0) {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: not a .npy file (it does not start with \\x93NUMPY)", path);
+        goto done;
+    }
+    int major = pre[6], minor = pre[7];
+    uint64_t hlen, prefix;
+    if (major == 1) {
+        if ((st = attn__rfile_read(ctx, &rf, 8, pre + 8, 2, "header length")))
+            goto done;
+        hlen = attn__load_le16(pre + 8);
+        prefix = 10;
+    } else if (major == 2 || major == 3) {
+        if ((st = attn__rfile_read(ctx, &rf, 8, pre + 8, 4, "header length")))
+            goto done;
+        hlen = attn__load_le32(pre + 8);
+        prefix = 12;
+    } else {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: .npy format version %d.%d is not supported (1.0, 2.0 and "
+                        "3.0 are)",
+                        path, major, minor);
+        goto done;
+    }
+    if (hlen > rf.size - prefix) {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: truncated or lying header: the header length %llu runs past "
+                        "the end of the file (%llu bytes)",
+                        path, (unsigned long long)hlen, (unsigned long long)rf.size);
+        goto done;
+    }
+    if (hlen > NPY_MAX_HEADER) {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: the header length %llu is above the %u bytes this reader "
+                        "accepts",
+                        path, (unsigned long long)hlen, NPY_MAX_HEADER);
+        goto done;
+    }
+    htext = attn__alloc(ctx, (size_t)hlen + 1, "npy header");
+    if (!htext) {
+        st = ATTN_STATUS_NO_MEMORY;
+        goto done;
+    }
+    if ((st = attn__rfile_read(ctx, &rf, prefix, htext, hlen, "header")))
+        goto done;
+
+    npy_parser p = {ctx, path, htext, (size_t)hlen, 0};
+    npy_header h;
+    if ((st = npy_parse_header(&p, &h)))
+        goto done;
+    attn__elem e = ATTN__EL_F32;
+    int big_endian = 0;
+    if ((st = npy_descr(ctx, path, h.descr, &e, &big_endian)))
+        goto done;
+
+    char shape_s[NPY_PARSE_DIMS * 22 + 8];
+    attn_shape_format(shape_s, sizeof(shape_s), h.ndim, h.shape);
+    int64_t numel = 1;
+    for (int i = 0; i < h.ndim; i++) {
+        if (!attn__mul_i64(numel, h.shape[i], &numel)) {
+            st = attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                            "%s: the number of elements of shape %s overflows 64 bits",
+                            path, shape_s);
+            goto done;
+        }
+    }
+    uint64_t data_bytes;
+    if ((uint64_t)numel > UINT64_MAX / attn__elem_size(e)) {
+        st = attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                        "%s: the data size of shape %s overflows 64 bits", path, shape_s);
+        goto done;
+    }
+    data_bytes = (uint64_t)numel * attn__elem_size(e);
+    uint64_t after = rf.size - prefix - hlen;
+    if (data_bytes != after) {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        data_bytes > after
+                            ? "%s: truncated: the header promises %llu bytes of data "
+                              "(%lld elements of '%s') but the file has %llu after the "
+                              "header"
+                            : "%s: the header promises %llu bytes of data (%lld elements "
+                              "of '%s') but the file has %llu after the header",
+                        path, (unsigned long long)data_bytes, (long long)numel, h.descr,
+                        (unsigned long long)after);
+        goto done;
+    }
+    if (h.ndim == 0) {
+        st = attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                        "%s: a 0-dimensional (scalar) array is not supported; attn takes "
+                        "1 to 4 dimensions",
+                        path);
+        goto done;
+    }
+    if (h.ndim > ATTN_MAX_DIMS) {
+        st = attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                        "%s: an array of %d dimensions is not supported; attn takes 1 to "
+                        "4",
+                        path, h.ndim);
+        goto done;
+    }
+    if (numel == 0) {
+        st = attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                        "%s: the array of shape %s is empty; attn needs every size >= 1",
+                        path, shape_s);
+        goto done;
+    }
+
+    /* A Fortran-order file holds the transpose of a C-order array of the reversed
+     * shape: read that, then copy it into C order. */
+    int64_t file_shape[ATTN_MAX_DIMS];
+    for (int i = 0; i < h.ndim; i++)
+        file_shape[i] = h.fortran_order ? h.shape[h.ndim - 1 - i] : h.shape[i];
+    attn_dtype dt = attn__elem_dtype(e);
+    if ((st = attn__array_alloc(ctx, &raw, dt, h.ndim, file_shape, path)))
+        goto done;
+    if ((st = attn__rfile_read_elems(ctx, &rf, prefix + hlen, e, big_endian, numel,
+                                         raw.buffer)))
+        goto done;
+    if (!h.fortran_order || h.ndim == 1) {
+        if (h.ndim == 1)
+            raw.tensor.shape[0] = h.shape[0];
+        *out = raw;
+        raw.buffer = NULL;
+        goto done;
+    }
+    attn_tensor view = raw.tensor; /* the C-order view of the file's transpose */
+    for (int i = 0; i < h.ndim; i++) {
+        view.shape[i] = h.shape[i];
+        view.stride[i] = raw.tensor.stride[h.ndim - 1 - i];
+    }
+    if ((st = attn__array_alloc(ctx, out, dt, h.ndim, h.shape, path)))
+        goto done;
+    if ((st = attn_tensor_copy(ctx, &view, &out->tensor)))
+        attn_array_free(ctx, out);
+
+done:
+    if (raw.buffer)
+        attn_array_free(ctx, &raw);
+    if (htext)
+        attn__free(ctx, htext);
+    attn__rfile_close(&rf);
+    return st;
+}
+
+/* ---- saving -------------------------------------------------------------------- */
+
+int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)
+{
+    if (!t)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "attn_npy_save: tensor is NULL");
+    int st = attn_tensor_check(ctx, t, path ? path : "npy output");
+    if (st)
+        return st;
+    const char *descr;
+    switch (t->dtype) {
+    case ATTN_DTYPE_F32:
+        descr = "<f4";
+        break;
+    case ATTN_DTYPE_I32:
+        descr = "<i4";
+        break;
+    case ATTN_DTYPE_I64:
+        descr = "<i8";
+        break;
+    case ATTN_DTYPE_BOOL:
+        descr = "|b1";
+        break;
+    default:
+        return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s: cannot save dtype %d as .npy",
+                          path ? path : "(null)", (int)t->dtype);
+    }
+    char shape[160];
+    int k = snprintf(shape, sizeof(shape), "(");
+    for (int i = 0; i < t->ndim; i++)
+        k += snprintf(shape + k, sizeof(shape) - (size_t)k, "%s%lld", i ? ", " : "",
+                      (long long)t->shape[i]);
+    snprintf(shape + k, sizeof(shape) - (size_t)k, t->ndim == 1 ? ",)" : ")");
+
+    /* numpy pads the header with spaces so that the data starts at a multiple of 64
+     * bytes, and ends it with '\n'. A version 1 header fits any 4-D shape. */
+    char header[256];
+    int len = snprintf(header, sizeof(header),
+                       "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr,
+                       shape);
+    size_t total = 10 + (size_t)len + 1;
+    size_t padded = (total + 63) / 64 * 64;
+    size_t hlen = padded - 10;
+    memset(header + len, ' ', hlen - 1 - (size_t)len);
+    header[hlen - 1] = '\n';
+
+    unsigned char pre[10];
+    memcpy(pre, NPY_MAGIC, NPY_MAGIC_LEN);
+    pre[6] = 1;
+    pre[7] = 0;
+    pre[8] = (unsigned char)(hlen & 0xff);
+    pre[9] = (unsigned char)(hlen >> 8);
+
+    attn__wfile wf;
+    if ((st = attn__wfile_open(ctx, &wf, path)))
+        return st;
+    if ((st = attn__wfile_write(ctx, &wf, pre, sizeof(pre))) ||
+        (st = attn__wfile_write(ctx, &wf, header, hlen)) ||
+        (st = attn__wfile_write_tensor(ctx, &wf, t))) {
+        attn__wfile_abort(ctx, &wf);
+        return st;
+    }
+    return attn__wfile_commit(ctx, &wf);
+}

@@ -1,0 +1,866 @@
+/*
+ * safetensors.c - the .safetensors format (Hugging Face): read and write named
+ * tensors.
+ *
+ * The format (huggingface/safetensors, README "Format"):
+ *
+ *   bytes 0..7   N, the header size, u64 little-endian
+ *   bytes 8..    the header: N bytes of UTF-8 JSON, an object mapping each tensor
+ *                name to {"dtype": "F32", "shape": [2, 3], "data_offsets": [b, e]}
+ *                plus an optional "__metadata__" object of strings; writers pad it
+ *                with spaces
+ *   then         the data section; tensor bytes [b, e) relative to its start,
+ *                little-endian, C order. Tensors must cover the data section
+ *                exactly: no gaps, no overlaps.
+ *
+ * The header is parsed by a small JSON parser of its own and every entry is checked
+ * (dtype known, shape product without overflow, offsets inside the data section and
+ * consistent with the shape, no overlap, no gap) before any tensor is read. Data is
+ * read on demand, so opening a large checkpoint to take one layer costs one layer.
+ */
+#include "io_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The reference implementation refuses headers above 100 MB; so do we. */
+#define ST_MAX_HEADER 100000000ull
+#define ST_MAX_DEPTH 64
+
+/* ---- dtypes ---------------------------------------------------------------------- */
+
+typedef struct st_dtype {
+    const char *name;
+    size_t size;
+    int readable;    /* converts to an attn dtype */
+    attn__elem elem; /* when readable */
+} st_dtype;
+
+/* Every dtype of the format that has a whole number of bytes per element, so offsets
+ * can be checked even for tensors attn does not read. */
+static const st_dtype st_dtypes[] = {
+    {"F32", 4, 1, ATTN__EL_F32},      {"F16", 2, 1, ATTN__EL_F16},
+    {"BF16", 2, 1, ATTN__EL_BF16},    {"F64", 8, 1, ATTN__EL_F64},
+    {"I32", 4, 1, ATTN__EL_I32},      {"I64", 8, 1, ATTN__EL_I64},
+    {"BOOL", 1, 1, ATTN__EL_U8},      {"U8", 1, 1, ATTN__EL_U8},
+    {"I8", 1, 0, ATTN__EL_U8},        {"I16", 2, 0, ATTN__EL_U8},
+    {"U16", 2, 0, ATTN__EL_U8},       {"U32", 4, 0, ATTN__EL_U8},
+    {"U64", 8, 0, ATTN__EL_U8},       {"F8_E4M3", 1, 0, ATTN__EL_U8},
+    {"F8_E5M2", 1, 0, ATTN__EL_U8},   {"F8_E8M0", 1, 0, ATTN__EL_U8},
+    {"C64", 8, 0, ATTN__EL_U8},
+};
+#define ST_NDTYPES ((int)(sizeof(st_dtypes) / sizeof(st_dtypes[0])))
+
+typedef struct st_entry {
+    char *name;
+    int dtype; /* index into st_dtypes */
+    int ndim;  /* any rank in the file; attn reads 1..4 */
+    int64_t shape[ATTN_MAX_DIMS];
+    int64_t numel;
+    uint64_t begin, end; /* relative to the data section */
+} st_entry;
+
+struct attn_safetensors {
+    attn__rfile rf;
+    char *path;
+    uint64_t data_start;
+    uint64_t data_size;
+    int64_t count;
+    int64_t cap;
+    st_entry *entries; /* sorted by begin once the header is checked */
+};
+
+/* A tensor name made safe for a one-line message: at most 80 bytes, control bytes
+ * shown as '?'. */
+static const char *st_safe(const char *name, char *buf, size_t cap)
+{
+    size_t i = 0;
+    for (; name[i] && i + 4 < cap && i < 80; i++)
+        buf[i] = ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) ? '?' : name[i];
+    if (name[i]) {
+        buf[i++] = '.';
+        buf[i++] = '.';
+        buf[i++] = '.';
+    }
+    buf[i] = '\0';
+    return buf;
+}
+
+/* ---- JSON ------------------------------------------------------------------------ */
+
+typedef struct st_parser {
+    attn_ctx *ctx;
+    const char *path;
+    const unsigned char *s;
+    size_t n, i;
+} st_parser;
+
+static int st_bad(st_parser *p, const char *what)
+{
+    return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                      "%s: bad safetensors header: %s at byte %zu of the header", p->path,
+                      what, p->i);
+}
+
+static int st_peek(st_parser *p)
+{
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' ||
+                           p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+        p->i++;
+    return p->i < p->n ? p->s[p->i] : -1;
+}
+
+static int st_expect(st_parser *p, int c)
+{
+    if (st_peek(p) != c) {
+        char what[32];
+        snprintf(what, sizeof(what), "expected '%c'", c);
+        return st_bad(p, what);
+    }
+    p->i++;
+    return ATTN_OK;
+}
+
+static int st_hex4(st_parser *p, unsigned *out)
+{
+    if (p->n - p->i < 4)
+        return st_bad(p, "truncated \\u escape");
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        int c = p->s[p->i++];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
+        else
+            return st_bad(p, "bad hex digit in a \\u escape");
+    }
+    *out = v;
+    return ATTN_OK;
+}
+
+/* A JSON string. With out != NULL, the decoded UTF-8 goes into a new allocation
+ * (never longer than the escaped text). */
+static int st_string(st_parser *p, char **out)
+{
+    if (st_peek(p) != '"')
+        return st_bad(p, "expected a string");
+    p->i++;
+    size_t start = p->i;
+    /* First find the end, to size the result. */
+    while (p->i < p->n && p->s[p->i] != '"') {
+        if (p->s[p->i] == '\\')
+            p->i++;
+        p->i++;
+    }
+    if (p->i >= p->n)
+        return st_bad(p, "unterminated string");
+    size_t end = p->i;
+    char *buf = NULL;
+    if (out) {
+        buf = attn__alloc(p->ctx, end - start + 1, "safetensors name");
+        if (!buf)
+            return ATTN_STATUS_NO_MEMORY;
+    }
+    size_t len = 0;
+    p->i = start;
+    while (p->i < end) {
+        unsigned c = p->s[p->i++];
+        if (c < 0x20) {
+            attn__free(p->ctx, buf);
+            return st_bad(p, "control character in a string");
+        }
+        if (c != '\\') {
+            if (buf)
+                buf[len++] = (char)c;
+            continue;
+        }
+        c = p->s[p->i++]; /* end was found by skipping escapes, so this is < end */
+        unsigned cp = 0;
+        switch (c) {
+        case '"': case '\\': case '/': cp = c; break;
+        case 'b': cp = '\b'; break;
+        case 'f': cp = '\f'; break;
+        case 'n': cp = '\n'; break;
+        case 'r': cp = '\r'; break;
+        case 't': cp = '\t'; break;
+        case 'u': {
+            size_t save_n = p->n;
+            p->n = end; /* an escape must not reach past the closing quote */
+            int st = st_hex4(p, &cp);
+            if (!st && cp >= 0xd800 && cp < 0xdc00) {
+                unsigned lo;
+                if (p->n - p->i < 6 || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
+                    st = st_bad(p, "unpaired surrogate in a \\u escape");
+                } else {
+                    p->i += 2;
+                    st = st_hex4(p, &lo);
+                    if (!st && (lo < 0xdc00 || lo >= 0xe000))
+                        st = st_bad(p, "unpaired surrogate in a \\u escape");
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                }
+            } else if (!st && cp >= 0xdc00 && cp < 0xe000) {
+                st = st_bad(p, "unpaired surrogate in a \\u escape");
+            }
+            p->n = save_n;
+            if (st) {
+                attn__free(p->ctx, buf);
+                return st;
+            }
+            break;
+        }
+        default:
+            attn__free(p->ctx, buf);
+            return st_bad(p, "unknown escape in a string");
+        }
+        if (!buf)
+            continue;
+        /* UTF-8 encoding of cp (at most 4 bytes from at least 6 escaped ones). */
+        if (cp < 0x80) {
+            buf[len++] = (char)cp;
+        } else if (cp < 0x800) {
+            buf[len++] = (char)(0xc0 | (cp >> 6));
+            buf[len++] = (char)(0x80 | (cp & 0x3f));
+        } else if (cp < 0x10000) {
+            buf[len++] = (char)(0xe0 | (cp >> 12));
+            buf[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+            buf[len++] = (char)(0x80 | (cp & 0x3f));
+        } else {
+            buf[len++] = (char)(0xf0 | (cp >> 18));
+            buf[len++] = (char)(0x80 | ((cp >> 12) & 0x3f));
+            buf[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+            buf[len++] = (char)(0x80 | (cp & 0x3f));
+        }
+    }
+    p->i = end + 1;
+    if (buf) {
+        buf[len] = '\0';
+        if (strlen(buf) != len) {
+            attn__free(p->ctx, buf);
+            return st_bad(p, "a NUL character in a name");
+        }
+        *out = buf;
+    }
+    return ATTN_OK;
+}
+
+/* A non-negative JSON integer that fits in 64 bits. */
+static int st_uint(st_parser *p, uint64_t *out, const char *what)
+{
+    int c = st_peek(p);
+    char msg[96];
+    if (c < '0' || c > '9') {
+        snprintf(msg, sizeof(msg), "%s must be non-negative integers", what);
+        return st_bad(p, msg);
+    }
+    uint64_t v = 0;
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+        unsigned d = p->s[p->i] - '0';
+        if (v > (UINT64_MAX - d) / 10) {
+            snprintf(msg, sizeof(msg), "a number in %s does not fit in 64 bits", what);
+            return st_bad(p, msg);
+        }
+        v = v * 10 + d;
+        p->i++;
+    }
+    if (p->i < p->n && (p->s[p->i] == '.' || p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
+        snprintf(msg, sizeof(msg), "%s must be integers", what);
+        return st_bad(p, msg);
+    }
+    *out = v;
+    return ATTN_OK;
+}
+
+/* Skips any JSON value (used for __metadata__ and keys attn does not need). */
+static int st_skip(st_parser *p, int depth)
+{
+    if (depth > ST_MAX_DEPTH)
+        return st_bad(p, "nesting too deep");
+    int c = st_peek(p), st;
+    if (c == '"')
+        return st_string(p, NULL);
+    if (c == '{' || c == '[') {
+        int close = c == '{' ? '}' : ']';
+        p->i++;
+        if (st_peek(p) == close) {
+            p->i++;
+            return ATTN_OK;
+        }
+        for (;;) {
+            if (c == '{') {
+                if ((st = st_string(p, NULL)) || (st = st_expect(p, ':')))
+                    return st;
+            }
+            if ((st = st_skip(p, depth + 1)))
+                return st;
+            int d = st_peek(p);
+            if (d == ',') {
+                p->i++;
+            } else if (d == close) {
+                p->i++;
+                return ATTN_OK;
+            } else {
+                return st_bad(p, "expected ',' or a closing bracket");
+            }
+        }
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        while (p->i < p->n && strchr("+-.eE0123456789", p->s[p->i]) && p->s[p->i])
+            p->i++;
+        return ATTN_OK;
+    }
+    static const char *const words[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++) {
+        size_t len = strlen(words[k]);
+        if (p->n - p->i >= len && memcmp(p->s + p->i, words[k], len) == 0) {
+            p->i += len;
+            return ATTN_OK;
+        }
+    }
+    return st_bad(p, "expected a JSON value");
+}
+
+/* ---- the handle ------------------------------------------------------------------ */
+
+static void st_free(attn_ctx *ctx, attn_safetensors *st)
+{
+    if (!st)
+        return;
+    for (int64_t i = 0; i < st->count; i++)
+        attn__free(ctx, st->entries[i].name);
+    attn__free(ctx, st->entries);
+    attn__rfile_close(&st->rf);
+    attn__free(ctx, st->path);
+    attn__free(ctx, st);
+}
+
+void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st)
+{
+    st_free(ctx, st);
+}
+
+static st_entry *st_push(attn_ctx *ctx, attn_safetensors *st)
+{
+    if (st->count == st->cap) {
+        int64_t cap = st->cap ? st->cap * 2 : 16;
+        st_entry *e = attn__alloc(ctx, (size_t)cap * sizeof(*e), "safetensors entries");
+        if (!e)
+            return NULL;
+        if (st->count)
+            memcpy(e, st->entries, (size_t)st->count * sizeof(*e));
+        attn__free(ctx, st->entries);
+        st->entries = e;
+        st->cap = cap;
+    }
+    st_entry *e = &st->entries[st->count++];
+    memset(e, 0, sizeof(*e));
+    return e;
+}
+
+static int st_find(const attn_safetensors *st, const char *name)
+{
+    for (int64_t i = 0; i < st->count; i++)
+        if (strcmp(st->entries[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* One tensor entry: {"dtype": ..., "shape": [...], "data_offsets": [b, e]}. */
+static int st_parse_entry(st_parser *p, attn_safetensors *st, st_entry *e)
+{
+    char nb[96];
+    const char *nm = st_safe(e->name, nb, sizeof(nb));
+    int rc = st_expect(p, '{');
+    if (rc)
+        return rc;
+    int has_dtype = 0, has_shape = 0, has_offsets = 0;
+    e->numel = 1;
+    int overflow = 0;
+    if (st_peek(p) == '}') {
+        p->i++;
+    } else {
+        for (;;) {
+            char *key = NULL;
+            if ((rc = st_string(p, &key)))
+                return rc;
+            if ((rc = st_expect(p, ':'))) {
+                attn__free(p->ctx, key);
+                return rc;
+            }
+            if (strcmp(key, "dtype") == 0 && !has_dtype) {
+                char *dt = NULL;
+                rc = st_string(p, &dt);
+                if (!rc) {
+                    e->dtype = -1;
+                    for (int k = 0; k < ST_NDTYPES; k++)
+                        if (strcmp(dt, st_dtypes[k].name) == 0)
+                            e->dtype = k;
+                    if (e->dtype < 0) {
+                        char db[96];
+                        rc = attn__fail(p->ctx, ATTN_STATUS_DTYPE,
+                                        "%s: tensor '%s' has an unknown dtype '%s'",
+                                        p->path, nm, st_safe(dt, db, sizeof(db)));
+                    }
+                    attn__free(p->ctx, dt);
+                }
+                has_dtype = 1;
+            } else if (strcmp(key, "shape") == 0 && !has_shape) {
+                rc = st_expect(p, '[');
+                if (!rc && st_peek(p) == ']') {
+                    p->i++;
+                } else {
+                    while (!rc) {
+                        uint64_t v;
+                        if ((rc = st_uint(p, &v, "shape sizes")))
+                            break;
+                        if (v > (uint64_t)INT64_MAX ||
+                            !attn__mul_i64(e->numel, (int64_t)v, &e->numel))
+                            overflow = 1;
+                        if (e->ndim < ATTN_MAX_DIMS)
+                            e->shape[e->ndim] = (int64_t)v;
+                        if (e->ndim < 1000000)
+                            e->ndim++;
+                        int c = st_peek(p);
+                        if (c == ',') {
+                            p->i++;
+                        } else if (c == ']') {
+                            p->i++;
+                            break;
+                        } else {
+                            rc = st_bad(p, "expected ',' or ']' in a shape");
+                        }
+                    }
+                }
+                has_shape = 1;
+            } else if (strcmp(key, "data_offsets") == 0 && !has_offsets) {
+                if (!(rc = st_expect(p, '[')) && !(rc = st_uint(p, &e->begin, "data_offsets")) &&
+                    !(rc = st_expect(p, ',')) && !(rc = st_uint(p, &e->end, "data_offsets")))
+                    rc = st_expect(p, ']');
+                has_offsets = 1;
+            } else if (strcmp(key, "dtype") == 0 || strcmp(key, "shape") == 0 ||
+                       strcmp(key, "data_offsets") == 0) {
+                char what[64];
+                snprintf(what, sizeof(what), "'%s' given twice", key);
+                rc = st_bad(p, what);
+            } else {
+                rc = st_skip(p, 1);
+            }
+            attn__free(p->ctx, key);
+            if (rc)
+                return rc;
+            int c = st_peek(p);
+            if (c == ',') {
+                p->i++;
+            } else if (c == '}') {
+                p->i++;
+                break;
+            } else {
+                return st_bad(p, "expected ',' or '}'");
+            }
+        }
+    }
+    if (!has_dtype || !has_shape || !has_offsets)
+        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                          "%s: tensor '%s' lacks '%s' in the header", p->path, nm,
+                          !has_dtype ? "dtype" : !has_shape ? "shape" : "data_offsets");
+    if (overflow)
+        return attn__fail(p->ctx, ATTN_STATUS_OVERFLOW,
+                          "%s: tensor '%s': the product of its shape overflows 64 bits",
+                          p->path, nm);
+    if (e->begin > e->end)
+        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                          "%s: tensor '%s': data_offsets [%llu, %llu] end before they "
+                          "begin",
+                          p->path, nm, (unsigned long long)e->begin,
+                          (unsigned long long)e->end);
+    if (e->end > st->data_size)
+        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                          "%s: tensor '%s': data_offsets [%llu, %llu] are out of range "
+                          "(the data section has %llu bytes)",
+                          p->path, nm, (unsigned long long)e->begin,
+                          (unsigned long long)e->end, (unsigned long long)st->data_size);
+    size_t es = st_dtypes[e->dtype].size;
+    if ((uint64_t)e->numel > UINT64_MAX / es || (uint64_t)e->numel * es != e->end - e->begin)
+        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+                          "%s: tensor '%s': %lld elements of %s need %llu bytes but "
+                          "data_offsets [%llu, %llu] hold %llu",
+                          p->path, nm, (long long)e->numel, st_dtypes[e->dtype].name,
+                          (unsigned long long)((uint64_t)e->numel * es),
+                          (unsigned long long)e->begin, (unsigned long long)e->end,
+                          (unsigned long long)(e->end - e->begin));
+    return ATTN_OK;
+}
+
+static int st_cmp(const void *a, const void *b)
+{
+    const st_entry *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return 0;
+}
+
+static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned char *h,
+                           size_t n)
+{
+    st_parser p = {ctx, st->path, h, n, 0};
+    int rc = st_expect(&p, '{');
+    if (rc)
+        return rc;
+    int has_meta = 0;
+    if (st_peek(&p) == '}') {
+        p.i++;
+    } else {
+        for (;;) {
+            char *name = NULL;
+            if ((rc = st_string(&p, &name)))
+                return rc;
+            if ((rc = st_expect(&p, ':'))) {
+                attn__free(ctx, name);
+                return rc;
+            }
+            if (strcmp(name, "__metadata__") == 0) {
+                attn__free(ctx, name);
+                if (has_meta)
+                    return st_bad(&p, "'__metadata__' given twice");
+                has_meta = 1;
+                if (st_peek(&p) != '{')
+                    return st_bad(&p, "'__metadata__' must be an object");
+                if ((rc = st_skip(&p, 1)))
+                    return rc;
+            } else {
+                if (st_find(st, name) >= 0) {
+                    char nb[96];
+                    rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                                    "%s: tensor '%s' appears twice in the header",
+                                    st->path, st_safe(name, nb, sizeof(nb)));
+                    attn__free(ctx, name);
+                    return rc;
+                }
+                st_entry *e = st_push(ctx, st);
+                if (!e) {
+                    attn__free(ctx, name);
+                    return ATTN_STATUS_NO_MEMORY;
+                }
+                e->name = name;
+                if ((rc = st_parse_entry(&p, st, e)))
+                    return rc;
+            }
+            int c = st_peek(&p);
+            if (c == ',') {
+                p.i++;
+            } else if (c == '}') {
+                p.i++;
+                break;
+            } else {
+                return st_bad(&p, "expected ',' or '}'");
+            }
+        }
+    }
+    if (st_peek(&p) != -1)
+        return st_bad(&p, "unexpected text after the header object");
+
+    /* The tensors must tile the data section: sorted by offset, each begins where
+     * the previous one ended, and the last ends at the end of the file. */
+    qsort(st->entries, (size_t)st->count, sizeof(st_entry), st_cmp);
+    uint64_t at = 0;
+    for (int64_t i = 0; i < st->count; i++) {
+        const st_entry *e = &st->entries[i];
+        char a[96], b[96];
+        if (e->begin < at)
+            return attn__fail(ctx, ATTN_STATUS_FORMAT,
+                              "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                              st->path, st_safe(st->entries[i - 1].name, a, sizeof(a)),
+                              (unsigned long long)st->entries[i - 1].begin,
+                              (unsigned long long)st->entries[i - 1].end,
+                              st_safe(e->name, b, sizeof(b)), (unsigned long long)e->begin,
+                              (unsigned long long)e->end);
+        if (e->begin > at)
+            return attn__fail(ctx, ATTN_STATUS_FORMAT,
+                              "%s: bytes [%llu, %llu) of the data section belong to no "
+                              "tensor",
+                              st->path, (unsigned long long)at,
+                              (unsigned long long)e->begin);
+        at = e->end;
+    }
+    if (at != st->data_size)
+        return attn__fail(ctx, ATTN_STATUS_FORMAT,
+                          "%s: bytes [%llu, %llu) of the data section belong to no tensor",
+                          st->path, (unsigned long long)at,
+                          (unsigned long long)st->data_size);
+    return ATTN_OK;
+}
+
+int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **out)
+{
+    if (!out)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_safetensors_open: out is NULL");
+    *out = NULL;
+    if (!path)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "no file name given");
+    attn_safetensors *st = attn__alloc(ctx, sizeof(*st), "safetensors handle");
+    if (!st)
+        return ATTN_STATUS_NO_MEMORY;
+    memset(st, 0, sizeof(*st));
+    size_t plen = strlen(path);
+    st->path = attn__alloc(ctx, plen + 1, "file name");
+    if (!st->path) {
+        st_free(ctx, st);
+        return ATTN_STATUS_NO_MEMORY;
+    }
+    memcpy(st->path, path, plen + 1);
+
+    unsigned char *header = NULL;
+    int rc = attn__rfile_open(ctx, &st->rf, st->path);
+    if (rc)
+        goto fail;
+    if (st->rf.size < 8) {
+        rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: not a safetensors file: %llu bytes is shorter than the 8-byte "
+                        "header length",
+                        path, (unsigned long long)st->rf.size);
+        goto fail;
+    }
+    unsigned char len8[8];
+    if ((rc = attn__rfile_read(ctx, &st->rf, 0, len8, 8, "header length")))
+        goto fail;
+    uint64_t n = attn__load_le64(len8);
+    if (n > st->rf.size - 8) {
+        rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: truncated or not a safetensors file: the header length %llu "
+                        "runs past the end of the file (%llu bytes)",
+                        path, (unsigned long long)n, (unsigned long long)st->rf.size);
+        goto fail;
+    }
+    if (n > ST_MAX_HEADER) {
+        rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: the header length %llu is above the %llu bytes this reader "
+                        "accepts",
+                        path, (unsigned long long)n, ST_MAX_HEADER);
+        goto fail;
+    }
+    st->data_start = 8 + n;
+    st->data_size = st->rf.size - st->data_start;
+    header = attn__alloc(ctx, (size_t)n + 1, "safetensors header");
+    if (!header) {
+        rc = ATTN_STATUS_NO_MEMORY;
+        goto fail;
+    }
+    if ((rc = attn__rfile_read(ctx, &st->rf, 8, header, n, "header")))
+        goto fail;
+    if ((rc = st_parse_header(ctx, st, header, (size_t)n)))
+        goto fail;
+    attn__free(ctx, header);
+    *out = st;
+    return ATTN_OK;
+fail:
+    attn__free(ctx, header);
+    st_free(ctx, st);
+    return rc;
+}
+
+int64_t attn_safetensors_count(const attn_safetensors *st)
+{
+    return st ? st->count : 0;
+}
+
+const char *attn_safetensors_name(const attn_safetensors *st, int64_t i)
+{
+    if (!st || i < 0 || i >= st->count)
+        return NULL;
+    return st->entries[i].name;
+}
+
+int attn_safetensors_has(const attn_safetensors *st, const char *name)
+{
+    return st && name && st_find(st, name) >= 0;
+}
+
+int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
+                         attn_array *out)
+{
+    if (!out)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_safetensors_get: out is NULL");
+    memset(out, 0, sizeof(*out));
+    if (!st || !name)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_safetensors_get: NULL handle or name");
+    char nb[96];
+    int idx = st_find(st, name);
+    if (idx < 0)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s: no tensor named '%s'",
+                          st->path, st_safe(name, nb, sizeof(nb)));
+    const st_entry *e = &st->entries[idx];
+    const st_dtype *dt = &st_dtypes[e->dtype];
+    const char *nm = st_safe(name, nb, sizeof(nb));
+    if (!dt->readable)
+        return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                          "%s: tensor '%s' has dtype %s; attn reads F32, F16, BF16, F64, "
+                          "I32, I64, BOOL and U8",
+                          st->path, nm, dt->name);
+    if (e->ndim < 1 || e->ndim > ATTN_MAX_DIMS)
+        return attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                          "%s: tensor '%s' has %d dimensions; attn takes 1 to 4", st->path,
+                          nm, e->ndim);
+    if (e->numel == 0)
+        return attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                          "%s: tensor '%s' is empty; attn needs every size >= 1", st->path,
+                          nm);
+    int rc = attn__array_alloc(ctx, out, attn__elem_dtype(dt->elem), e->ndim, e->shape,
+                               st->path);
+    if (rc)
+        return rc;
+    attn__rfile rf = st->rf; /* reading moves the stream, not the handle's facts */
+    rc = attn__rfile_read_elems(ctx, &rf, st->data_start + e->begin, dt->elem, 0,
+                                e->numel, out->buffer);
+    if (rc)
+        attn_array_free(ctx, out);
+    return rc;
+}
+
+/* ---- saving ---------------------------------------------------------------------- */
+
+typedef struct st_buf {
+    char *p;
+    size_t cap, len; /* len counts even past cap, to measure */
+} st_buf;
+
+static void st_put(st_buf *b, const char *s, size_t n)
+{
+    if (b->p && b->len + n <= b->cap)
+        memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+static void st_puts(st_buf *b, const char *s)
+{
+    st_put(b, s, strlen(s));
+}
+
+/* A JSON string literal: quotes, backslashes and control bytes escaped. */
+static void st_put_json_string(st_buf *b, const char *s)
+{
+    st_put(b, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            char e[2] = {'\\', (char)*c};
+            st_put(b, e, 2);
+        } else if (*c < 0x20) {
+            char e[8];
+            snprintf(e, sizeof(e), "\\u%04x", *c);
+            st_put(b, e, 6);
+        } else {
+            st_put(b, (const char *)c, 1);
+        }
+    }
+    st_put(b, "\"", 1);
+}
+
+static const char *st_save_dtype(attn_dtype d)
+{
+    switch (d) {
+    case ATTN_DTYPE_F32: return "F32";
+    case ATTN_DTYPE_I32: return "I32";
+    case ATTN_DTYPE_I64: return "I64";
+    case ATTN_DTYPE_BOOL: return "BOOL";
+    }
+    return NULL;
+}
+
+static void st_build_header(st_buf *b, const char *const *names, const attn_tensor *t,
+                            int64_t n)
+{
+    uint64_t off = 0;
+    st_puts(b, "{");
+    for (int64_t i = 0; i < n; i++) {
+        char num[64];
+        if (i)
+            st_puts(b, ",");
+        st_put_json_string(b, names[i]);
+        st_puts(b, ":{\"dtype\":\"");
+        st_puts(b, st_save_dtype(t[i].dtype));
+        st_puts(b, "\",\"shape\":[");
+        for (int d = 0; d < t[i].ndim; d++) {
+            snprintf(num, sizeof(num), "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+            st_puts(b, num);
+        }
+        uint64_t bytes = (uint64_t)attn_tensor_numel(&t[i]) * attn_dtype_size(t[i].dtype);
+        snprintf(num, sizeof(num), "],\"data_offsets\":[%llu,%llu]}",
+                 (unsigned long long)off, (unsigned long long)(off + bytes));
+        st_puts(b, num);
+        off += bytes;
+    }
+    st_puts(b, "}");
+    /* Pad with spaces so the data section starts 8-byte aligned, as the reference
+     * writer does. */
+    while ((8 + b->len) % 8)
+        st_puts(b, " ");
+}
+
+int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
+                          const attn_tensor *tensors, int64_t n)
+{
+    const char *where = path ? path : "(null)";
+    if (n < 0 || (n > 0 && (!names || !tensors)))
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "%s: attn_safetensors_save needs %lld names and tensors", where,
+                          (long long)n);
+    char nb[96];
+    for (int64_t i = 0; i < n; i++) {
+        if (!names[i] || !names[i][0] || strcmp(names[i], "__metadata__") == 0)
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "%s: tensor %lld has an empty or reserved name", where,
+                              (long long)i);
+        for (int64_t j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                                  "%s: the name '%s' is given twice", where,
+                                  st_safe(names[i], nb, sizeof(nb)));
+        int rc = attn_tensor_check(ctx, &tensors[i], names[i]);
+        if (rc)
+            return rc;
+        if (!st_save_dtype(tensors[i].dtype))
+            return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s: tensor '%s' has dtype %d", where,
+                              st_safe(names[i], nb, sizeof(nb)), (int)tensors[i].dtype);
+        size_t bytes;
+        if (!attn__bytes(attn_tensor_numel(&tensors[i]), attn_dtype_size(tensors[i].dtype),
+                         &bytes))
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: tensor '%s' is too large",
+                              where, st_safe(names[i], nb, sizeof(nb)));
+    }
+    st_buf b = {NULL, 0, 0};
+    st_build_header(&b, names, tensors, n);
+    size_t hlen = b.len;
+    b.p = attn__alloc(ctx, hlen, "safetensors header");
+    if (!b.p)
+        return ATTN_STATUS_NO_MEMORY;
+    b.cap = hlen;
+    b.len = 0;
+    st_build_header(&b, names, tensors, n);
+
+    unsigned char len8[8];
+    for (int k = 0; k < 8; k++)
+        len8[k] = (unsigned char)(((uint64_t)hlen >> (8 * k)) & 0xff);
+    attn__wfile wf;
+    int rc = attn__wfile_open(ctx, &wf, path);
+    if (!rc && !(rc = attn__wfile_write(ctx, &wf, len8, 8)) &&
+        !(rc = attn__wfile_write(ctx, &wf, b.p, hlen))) {
+        for (int64_t i = 0; i < n && !rc; i++)
+            rc = attn__wfile_write_tensor(ctx, &wf, &tensors[i]);
+        if (rc)
+            attn__wfile_abort(ctx, &wf);
+        else
+            rc = attn__wfile_commit(ctx, &wf);
+    } else if (wf.f) {
+        attn__wfile_abort(ctx, &wf);
+    }
+    attn__free(ctx, b.p);
+    return rc;
+}
