@@ -567,7 +567,8 @@ static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned c
 
     /* The tensors must tile the data section: sorted by offset, each begins where
      * the previous one ended, and the last ends at the end of the file. */
-    qsort(st->entries, (size_t)st->count, sizeof(st_entry), st_cmp);
+    if (st->count > 1)
+        qsort(st->entries, (size_t)st->count, sizeof(st_entry), st_cmp);
     uint64_t at = 0;
     for (int64_t i = 0; i < st->count; i++) {
         const st_entry *e = &st->entries[i];

@@ -56,6 +56,14 @@ static inline unsigned char *io_read(const char *path, size_t *n)
     return b;
 }
 
+static inline uint64_t io_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--)
+        v = (v << 8) | p[k];
+    return v;
+}
+
 static inline int io_exists(const char *path)
 {
     FILE *f = fopen(path, "rb");

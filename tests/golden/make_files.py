@@ -113,6 +113,34 @@ def main():
            "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
            "b": {"dtype": "I64", "shape": [4], "data_offsets": [24, 56]}}
     raw("ref_st.safetensors", st_bytes(hdr, a.tobytes() + b.tobytes()))
+    # Written by the safetensors library itself, with each dtype attn converts, and
+    # the float32 values numpy converts them to (ref_lib_<name>.npy).
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(5)
+    lib = {
+        "w32": rng.standard_normal((3, 4)).astype(np.float32),
+        "w16": rng.standard_normal((2, 3, 4)).astype(np.float16),
+        "w64": rng.standard_normal((5,)).astype(np.float64),
+        "ids": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "mask": np.tril(np.ones((1, 1, 3, 3), dtype=bool)),
+        "u8": np.arange(4, dtype=np.uint8),
+        "i8": np.arange(4, dtype=np.int8),
+        "five": np.zeros((1, 1, 1, 1, 2), dtype=np.float32),
+        "scalar": np.array(1.5, dtype=np.float32),
+        "empty": np.zeros((2, 0), dtype=np.float32),
+    }
+    save_file(lib, path("ref_lib.safetensors"), metadata={"format": "np", "note": "a\"b"})
+    os.chmod(path("ref_lib.safetensors"), 0o644)
+    for k in ("w32", "w16", "w64"):
+        np.save(path("ref_lib_%s.npy" % k), lib[k].astype(np.float32))
+    # BF16 by hand (numpy has no bfloat16): float32 values whose low 16 bits are zero
+    # are exactly their bfloat16 upper halves.
+    f = (rng.standard_normal(8).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+    f[0], f[1] = np.inf, -0.0
+    raw("ref_bf16.safetensors",
+        st_bytes({"x": {"dtype": "BF16", "shape": [2, 4], "data_offsets": [0, 16]}},
+                 (f.view(np.uint32) >> 16).astype("<u2").tobytes()))
+    np.save(path("ref_bf16_as_f32.npy"), f.reshape(2, 4))
     # ---- malformed .safetensors -----------------------------------------------
     good_st = open(path("ref_st.safetensors"), "rb").read()
     data = a.tobytes() + b.tobytes()
