@@ -1,0 +1,265 @@
+/*
+ * test_oom.c - out of memory, allocation by allocation. For every public entry
+ * point that allocates, a counting allocator makes the 1st, 2nd, 3rd ... allocation
+ * fail until the call succeeds. Each failing run must return ATTN_STATUS_NO_MEMORY
+ * with a message, leave no allocation behind, and leave files untouched; the run
+ * that finally succeeds must give the same result as an unconstrained run.
+ */
+#include "attn.h"
+#include "check.h"
+#include "test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <unistd.h>
+
+typedef struct counting {
+    long calls;    /* allocations asked for so far */
+    long fail_at;  /* the allocation (1-based) that fails; 0 = none */
+    long live;     /* allocations not yet freed */
+} counting;
+
+static void *count_alloc(void *user, size_t n)
+{
+    counting *c = user;
+    if (++c->calls == c->fail_at)
+        return NULL;
+    void *p = malloc(n);
+    if (p)
+        c->live++;
+    return p;
+}
+
+static void count_free(void *user, void *p)
+{
+    counting *c = user;
+    c->live--;
+    free(p);
+}
+
+/* One entry point under test: runs with ctx, returns its status, and frees what it
+ * produced on success (through the same ctx). */
+typedef int (*entry_fn)(attn_ctx *ctx, void *arg);
+
+/* Fails allocation 1, 2, ... until the call succeeds; returns how many failed. */
+static long sweep(const char *name, entry_fn fn, void *arg)
+{
+    long fails = 0;
+    for (long k = 1; k < 10000; k++) {
+        counting c = {0, k, 0};
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.threads = 1;
+        ctx.allocator.alloc = count_alloc;
+        ctx.allocator.free = count_free;
+        ctx.allocator.user = &c;
+        int rc = fn(&ctx, arg);
+        if (c.live != 0)
+            fprintf(stderr, "  %s: failing allocation %ld leaves %ld allocations behind\n", name, k, c.live);
+        CHECK_INT(c.live, 0);
+        if (rc == ATTN_OK) {
+            CHECK(c.calls < k); /* it succeeded because allocation k was never asked for */
+            break;
+        }
+        fails++;
+        if (rc != ATTN_STATUS_NO_MEMORY)
+            fprintf(stderr, "  %s: failing allocation %ld gives %s: %s\n", name, k,
+                    attn_status_name(rc), ctx.message);
+        CHECK_INT(rc, ATTN_STATUS_NO_MEMORY);
+        CHECK_STR_CONTAINS(ctx.message, "out of memory");
+    }
+    fprintf(stderr, "  %s: %ld allocations made to fail, each cleanly\n", name, fails);
+    return fails;
+}
+
+/* ---- the entry points ---------------------------------------------------------- */
+
+enum { B = 2, H = 2, T = 9, D = 8, E = H * D };
+static float q[B * H * T * D], k[B * H * T * D], v[B * H * T * D], o[B * H * T * D],
+    w[B * H * T * T];
+static float x[B * T * E], wqkv[3 * E * E], bqkv[3 * E], wo[E * E], bo[E], y[B * T * E];
+
+static int run_alloc(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_tensor t;
+    const int64_t s[2] = {3, 5};
+    int rc = attn_tensor_alloc(ctx, &t, ATTN_DTYPE_F32, 2, s);
+    if (rc == ATTN_OK)
+        attn_tensor_free(ctx, &t);
+    return rc;
+}
+
+static int run_sdpa(attn_ctx *ctx, void *arg)
+{
+    ctx->impl = *(attn_impl *)arg;
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D),
+                tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(o, B, H, T, D),
+                tw = tu_tensor4(w, B, H, T, T);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    return attn_sdpa(ctx, &tq, &tk, &tv, &p, &to, &tw);
+}
+
+static int run_mha(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_mha_weights mw;
+    const int64_t xs[3] = {B, T, E}, w1[2] = {3 * E, E}, b1[1] = {3 * E}, w2[2] = {E, E}, b2[1] = {E};
+    attn_tensor tx, ty;
+    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, x, 3, xs);
+    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, y, 3, xs);
+    attn_tensor_init(NULL, &mw.w_qkv, ATTN_DTYPE_F32, wqkv, 2, w1);
+    attn_tensor_init(NULL, &mw.b_qkv, ATTN_DTYPE_F32, bqkv, 1, b1);
+    attn_tensor_init(NULL, &mw.w_o, ATTN_DTYPE_F32, wo, 2, w2);
+    attn_tensor_init(NULL, &mw.b_o, ATTN_DTYPE_F32, bo, 1, b2);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    return attn_mha_forward(ctx, &mw, H, &tx, &p, &ty, NULL);
+}
+
+static char npy_path[512], st_path[512], out_path[512], out_stem[128];
+
+/* Files in the test folder whose name starts with the output's name: the output
+ * itself or a temporary made for it. */
+static int leftovers(void)
+{
+    int n = 0;
+    DIR *d = opendir(ATTN_TEST_TMP_DIR);
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strncmp(e->d_name, out_stem, strlen(out_stem)) == 0;
+    closedir(d);
+    return n;
+}
+
+static int run_npy_load(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_array a;
+    int rc = attn_npy_load(ctx, npy_path, &a);
+    if (rc == ATTN_OK)
+        attn_array_free(ctx, &a);
+    return rc;
+}
+
+static int run_npy_save(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_tensor t = tu_tensor4(q, B, H, T, D);
+    return attn_npy_save(ctx, out_path, &t);
+}
+
+static int run_st_get(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_safetensors *st;
+    int rc = attn_safetensors_open(ctx, st_path, &st);
+    if (rc)
+        return rc;
+    attn_array a;
+    rc = attn_safetensors_get(ctx, st, "qkv.weight", &a);
+    if (rc == ATTN_OK)
+        attn_array_free(ctx, &a);
+    attn_safetensors_close(ctx, st);
+    return rc;
+}
+
+static int run_st_save(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_tensor t[2];
+    const int64_t s1[2] = {3 * E, E}, s2[1] = {3 * E};
+    attn_tensor_init(NULL, &t[0], ATTN_DTYPE_F32, wqkv, 2, s1);
+    attn_tensor_init(NULL, &t[1], ATTN_DTYPE_F32, bqkv, 1, s2);
+    const char *names[2] = {"a", "b"};
+    return attn_safetensors_save(ctx, out_path, names, t, 2);
+}
+
+static int run_weights_load(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_mha_weights mw;
+    int rc = attn_weights_load(ctx, st_path, NULL, H, &mw);
+    if (rc == ATTN_OK)
+        attn_weights_free(ctx, &mw);
+    return rc;
+}
+
+int main(void)
+{
+    tu_fill(q, B * H * T * D, 1);
+    tu_fill(k, B * H * T * D, 2);
+    tu_fill(v, B * H * T * D, 3);
+    tu_fill(x, B * T * E, 4);
+    tu_fill(wqkv, 3 * E * E, 5);
+    tu_fill(bqkv, 3 * E, 6);
+    tu_fill(wo, E * E, 7);
+    tu_fill(bo, E, 8);
+    snprintf(npy_path, sizeof npy_path, "%s/oom_in_%d.npy", ATTN_TEST_TMP_DIR, (int)getpid());
+    snprintf(st_path, sizeof st_path, "%s/oom_in_%d.safetensors", ATTN_TEST_TMP_DIR, (int)getpid());
+    snprintf(out_stem, sizeof out_stem, "oom_out_%d", (int)getpid());
+    snprintf(out_path, sizeof out_path, "%s/%s.bin", ATTN_TEST_TMP_DIR, out_stem);
+
+    /* Inputs written with the default allocator. */
+    attn_tensor tq = tu_tensor4(q, B, H, T, D);
+    CHECK_INT(attn_npy_save(NULL, npy_path, &tq), ATTN_OK);
+    attn_tensor ws[4];
+    const int64_t s1[2] = {3 * E, E}, s2[1] = {3 * E}, s3[2] = {E, E}, s4[1] = {E};
+    attn_tensor_init(NULL, &ws[0], ATTN_DTYPE_F32, wqkv, 2, s1);
+    attn_tensor_init(NULL, &ws[1], ATTN_DTYPE_F32, bqkv, 1, s2);
+    attn_tensor_init(NULL, &ws[2], ATTN_DTYPE_F32, wo, 2, s3);
+    attn_tensor_init(NULL, &ws[3], ATTN_DTYPE_F32, bo, 1, s4);
+    const char *names[4] = {"qkv.weight", "qkv.bias", "output.weight", "output.bias"};
+    CHECK_INT(attn_safetensors_save(NULL, st_path, names, ws, 4), ATTN_OK);
+
+    TEST("attn_tensor_alloc fails cleanly when its allocation fails");
+    CHECK(sweep("attn_tensor_alloc", run_alloc, NULL) >= 1);
+
+    TEST("attention (reference and default kernel) fails cleanly at every allocation, and then gives the unconstrained result");
+    attn_impl impls[2] = {ATTN_IMPL_REF, ATTN_IMPL_AUTO};
+    for (int i = 0; i < 2; i++) {
+        float want[B * H * T * D];
+        attn_ctx plain;
+        attn_ctx_init(&plain);
+        CHECK_INT(run_sdpa(&plain, &impls[i]), ATTN_OK);
+        memcpy(want, o, sizeof o);
+        sweep(i ? "attn_sdpa (default)" : "attn_sdpa (ref)", run_sdpa, &impls[i]);
+        CHECK(memcmp(want, o, sizeof o) == 0);
+    }
+
+    TEST("multi-head attention fails cleanly at every allocation");
+    CHECK(sweep("attn_mha_forward", run_mha, NULL) >= 1);
+
+    TEST("the file readers and the weight loader fail cleanly at every allocation");
+    CHECK(sweep("attn_npy_load", run_npy_load, NULL) >= 1);
+    CHECK(sweep("attn_safetensors_open+get", run_st_get, NULL) >= 1);
+    CHECK(sweep("attn_weights_load", run_weights_load, NULL) >= 1);
+
+    TEST("a writer that runs out of memory leaves no file and no temporary behind");
+    unlink(out_path);
+    sweep("attn_npy_save", run_npy_save, NULL);
+    unlink(out_path);
+    counting c = {0, 1, 0};
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.allocator.alloc = count_alloc;
+    ctx.allocator.free = count_free;
+    ctx.allocator.user = &c;
+    CHECK_INT(run_npy_save(&ctx, NULL), ATTN_STATUS_NO_MEMORY);
+    CHECK_INT(leftovers(), 0);
+    c = (counting){0, 1, 0};
+    CHECK_INT(run_st_save(&ctx, NULL), ATTN_STATUS_NO_MEMORY);
+    CHECK_INT(leftovers(), 0);
+    sweep("attn_safetensors_save", run_st_save, NULL);
+
+    unlink(npy_path);
+    unlink(st_path);
+    unlink(out_path);
+    return check_summary("test_oom");
+}
