@@ -410,6 +410,47 @@ int attn_weights_load(attn_ctx *ctx, const char *path, const char *prefix,
 /* Frees what attn_weights_load allocated (same ctx) and clears w. NULL-safe. */
 void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
 
+/* ------------------------------------------------------------------------------
+ * Fast paths: instruction-set dispatch, threads, the fused kernel by name
+ *
+ * The fused kernel and the GEMM come in three builds: portable C ("scalar"),
+ * AVX2 + FMA ("avx2") and AVX-512 ("avx512"). Which one runs is decided once per
+ * process from cpuid and xgetbv (the CPU has the instructions and the OS saves
+ * their registers); the environment variable ATTN_ARCH=ref|scalar|avx2|avx512|auto
+ * forces a path for the whole process, and ctx->arch (when not AUTO) for calls
+ * made with that context. "ref" makes attn_sdpa run the reference.
+ * ---------------------------------------------------------------------------- */
+
+/* "auto", "ref", "scalar", "avx2", "avx512" ("unknown" otherwise). */
+const char *attn_arch_name(attn_arch arch);
+/* The inverse of attn_arch_name; INVALID_ARGUMENT for any other name. */
+int attn_arch_parse(const char *name, attn_arch *arch);
+/* 1 when this build and this CPU can run arch (AUTO, REF and SCALAR always can). */
+int attn_arch_supported(attn_arch arch);
+/* The fastest path this build and CPU can run, ignoring ATTN_ARCH. */
+attn_arch attn_arch_best(void);
+/* The path calls with ctx run (never AUTO): ctx->arch if set, else ATTN_ARCH if it
+ * names a path the machine can run, else attn_arch_best(). ctx may be NULL. */
+attn_arch attn_arch_selected(const attn_ctx *ctx);
+/* One sentence saying why attn_arch_selected(ctx) is what it is, e.g.
+ * "forced by ATTN_ARCH=avx2" or "auto: best path for this CPU (cpuid ...)".
+ * The string is the library's (static); do not free it. */
+const char *attn_arch_reason(const attn_ctx *ctx);
+
+/* Online CPU cores (at least 1). */
+int attn_threads_online(void);
+/* The most threads a large call with ctx uses: ctx->threads, or the online cores
+ * when that is 0 (or ctx is NULL). Small problems use fewer (one for the
+ * chapter's sizes), and results never depend on the count. */
+int attn_threads_resolve(const attn_ctx *ctx);
+
+/* The fused online-softmax kernel (FlashAttention-style, no [Tq, Tk] scratch) by
+ * name, whatever ctx->impl says. Same contract and checks as attn_sdpa. It uses
+ * attn_arch_selected(ctx); "ref" there means its portable C build. */
+int attn_sdpa_fused(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                    const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
+                    attn_tensor *weights);
+
 #ifdef __cplusplus
 }
 #endif

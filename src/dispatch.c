@@ -1,0 +1,219 @@
+/*
+ * dispatch.c - which instruction set the fast kernels use, decided once per
+ * process, overridable, and reported.
+ *
+ * The decision (BLIS-style): a path runs only when the CPU has the instructions
+ * (cpuid) AND the operating system saves the registers they use across context
+ * switches (xgetbv: XCR0 bits for the SSE/AVX state, plus the opmask and the upper
+ * ZMM state for AVX-512). The best such path is the default. The environment
+ * variable ATTN_ARCH=ref|scalar|avx2|avx512 (or auto) forces one; a forced path the
+ * machine cannot run falls back to the best one, and the reason says so. A
+ * context's ctx->arch, when not AUTO, wins over both for calls made with that
+ * context; a ctx->arch the machine cannot run is an UNSUPPORTED error, since the
+ * caller asked for it in code.
+ *
+ * attn_arch_reason() returns the sentence the benchmark and the experiment's trace
+ * print. The library itself never prints.
+ */
+#include "fused.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(ATTN_HAVE_X86) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define ATTN_DISPATCH_X86 1
+#endif
+
+typedef struct cpu_features {
+    int avx2;   /* AVX2 and FMA, with the YMM state enabled by the OS */
+    int avx512; /* AVX-512 F, DQ, BW, VL, with the opmask and ZMM state enabled */
+    char detail[160];
+} cpu_features;
+
+static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
+static cpu_features dispatch_cpu;
+static attn_arch dispatch_arch = ATTN_ARCH_SCALAR;
+static char dispatch_reason[320];
+
+#ifdef ATTN_DISPATCH_X86
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    /* xgetbv with ecx = 0 reads XCR0; only valid when cpuid says OSXSAVE. */
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+static void detect_cpu(cpu_features *f)
+{
+    memset(f, 0, sizeof *f);
+#ifdef ATTN_DISPATCH_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        snprintf(f->detail, sizeof f->detail, "cpuid leaf 1 unavailable");
+        return;
+    }
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+    const int ymm_os = (xcr0 & 0x6) == 0x6;    /* XMM and YMM state */
+    const int zmm_os = (xcr0 & 0xe6) == 0xe6;  /* plus opmask, ZMM_Hi256, Hi16_ZMM */
+    unsigned b7 = 0;
+    if (__get_cpuid_max(0, NULL) >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        b7 = b;
+    }
+    const int avx2 = (b7 >> 5) & 1;
+    const int avx512 = ((b7 >> 16) & 1) && ((b7 >> 17) & 1) && ((b7 >> 30) & 1) &&
+                       ((b7 >> 31) & 1); /* F, DQ, BW, VL */
+    f->avx2 = avx && avx2 && fma && ymm_os;
+    f->avx512 = f->avx2 && avx512 && zmm_os;
+    snprintf(f->detail, sizeof f->detail,
+             "cpuid avx2=%d fma=%d avx512f/dq/bw/vl=%d, xgetbv XCR0=0x%llx (ymm %s, zmm %s)",
+             avx2, fma, avx512, (unsigned long long)xcr0, ymm_os ? "on" : "off",
+             zmm_os ? "on" : "off");
+#else
+    snprintf(f->detail, sizeof f->detail, "not an x86-64 build: portable C only");
+#endif
+}
+
+static attn_arch best_arch(const cpu_features *f)
+{
+    if (f->avx512)
+        return ATTN_ARCH_AVX512;
+    if (f->avx2)
+        return ATTN_ARCH_AVX2;
+    return ATTN_ARCH_SCALAR;
+}
+
+static int parse_arch(const char *s, attn_arch *arch)
+{
+    static const struct { const char *name; attn_arch arch; } names[] = {
+        {"auto", ATTN_ARCH_AUTO},     {"ref", ATTN_ARCH_REF},
+        {"scalar", ATTN_ARCH_SCALAR}, {"avx2", ATTN_ARCH_AVX2},
+        {"avx512", ATTN_ARCH_AVX512},
+    };
+    for (size_t n = 0; n < sizeof names / sizeof names[0]; n++)
+        if (strcmp(s, names[n].name) == 0) {
+            *arch = names[n].arch;
+            return 1;
+        }
+    return 0;
+}
+
+static int cpu_supports(const cpu_features *f, attn_arch arch)
+{
+    switch (arch) {
+    case ATTN_ARCH_AUTO:
+    case ATTN_ARCH_REF:
+    case ATTN_ARCH_SCALAR:
+        return 1;
+    case ATTN_ARCH_AVX2:
+        return f->avx2;
+    case ATTN_ARCH_AVX512:
+        return f->avx512;
+    }
+    return 0;
+}
+
+static void dispatch_decide(void)
+{
+    detect_cpu(&dispatch_cpu);
+    const attn_arch best = best_arch(&dispatch_cpu);
+    const char *env = getenv("ATTN_ARCH");
+    attn_arch forced = ATTN_ARCH_AUTO;
+    dispatch_arch = best;
+    if (!env || !*env) {
+        snprintf(dispatch_reason, sizeof dispatch_reason, "auto: best path for this CPU (%s)",
+                 dispatch_cpu.detail);
+    } else if (!parse_arch(env, &forced)) {
+        snprintf(dispatch_reason, sizeof dispatch_reason,
+                 "ATTN_ARCH=%.32s is not one of ref|scalar|avx2|avx512|auto, so auto: %s",
+                 env, dispatch_cpu.detail);
+    } else if (forced == ATTN_ARCH_AUTO) {
+        snprintf(dispatch_reason, sizeof dispatch_reason, "ATTN_ARCH=auto: %s",
+                 dispatch_cpu.detail);
+    } else if (!cpu_supports(&dispatch_cpu, forced)) {
+        snprintf(dispatch_reason, sizeof dispatch_reason,
+                 "ATTN_ARCH=%s, but this CPU or build cannot run it, so %s (%s)", env,
+                 attn_arch_name(best), dispatch_cpu.detail);
+    } else {
+        dispatch_arch = forced;
+        snprintf(dispatch_reason, sizeof dispatch_reason, "forced by ATTN_ARCH=%s", env);
+    }
+}
+
+const char *attn_arch_name(attn_arch arch)
+{
+    switch (arch) {
+    case ATTN_ARCH_AUTO:
+        return "auto";
+    case ATTN_ARCH_REF:
+        return "ref";
+    case ATTN_ARCH_SCALAR:
+        return "scalar";
+    case ATTN_ARCH_AVX2:
+        return "avx2";
+    case ATTN_ARCH_AVX512:
+        return "avx512";
+    }
+    return "unknown";
+}
+
+int attn_arch_parse(const char *name, attn_arch *arch)
+{
+    if (!name || !arch)
+        return ATTN_STATUS_INVALID_ARGUMENT;
+    return parse_arch(name, arch) ? ATTN_OK : ATTN_STATUS_INVALID_ARGUMENT;
+}
+
+int attn_arch_supported(attn_arch arch)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    return cpu_supports(&dispatch_cpu, arch);
+}
+
+attn_arch attn_arch_best(void)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    return best_arch(&dispatch_cpu);
+}
+
+attn_arch attn_arch_selected(const attn_ctx *ctx)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    if (ctx && ctx->arch != ATTN_ARCH_AUTO)
+        return ctx->arch;
+    return dispatch_arch;
+}
+
+const char *attn_arch_reason(const attn_ctx *ctx)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    if (ctx && ctx->arch != ATTN_ARCH_AUTO)
+        return cpu_supports(&dispatch_cpu, ctx->arch)
+                   ? "forced by the context (ctx->arch)"
+                   : "forced by the context (ctx->arch), but this CPU or build cannot run it";
+    return dispatch_reason;
+}
+
+int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    if (ctx && ctx->arch != ATTN_ARCH_AUTO) {
+        if ((int)ctx->arch < ATTN_ARCH_AUTO || (int)ctx->arch > ATTN_ARCH_AVX512)
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "ctx->arch = %d is not an attn_arch value", (int)ctx->arch);
+        if (!cpu_supports(&dispatch_cpu, ctx->arch))
+            return attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                              "ctx->arch = %s, but this CPU or build cannot run it (%s)",
+                              attn_arch_name(ctx->arch), dispatch_cpu.detail);
+        *arch = ctx->arch;
+        return ATTN_OK;
+    }
+    *arch = dispatch_arch;
+    return ATTN_OK;
+}

@@ -1,0 +1,603 @@
+/*
+ * fused_kernel.h - the body of the fused attention kernel, written once over the
+ * SIMD layer of src/simd.h and compiled once per instruction set by
+ * src/sdpa_fused.c (portable C), src/sdpa_fused_avx2.c and src/sdpa_fused_avx512.c.
+ * Not a public header; it is included only by those three files, each of which
+ * defines ATTN_SIMD_<ISA> and the micro-tile sizes
+ *
+ *     FK_MR   query rows per micro-tile (both products)
+ *     FK_NKV  vectors of keys per micro-tile of the score product
+ *     FK_NV   vectors of value columns per micro-tile of the weighted sum
+ *
+ * and then exports the two static functions below through an attn__fused_kernel.
+ *
+ * THE CONTRACT
+ *
+ * What it computes: for one (b, h) and a tile of query rows i0 .. i1-1, with the
+ * online softmax of Milakov and Gimelshein (arXiv 1805.02867) in the tiled form of
+ * FlashAttention (Dao et al., arXiv 2205.14135; loop order of FlashAttention-2,
+ * arXiv 2307.08691: the query tile is the outer loop and owns its output):
+ *
+ *     m_i = -inf, l_i = 0, O_i = 0                      for every row i of the tile
+ *     for each key tile j0 .. j1-1 that is not hidden entirely:
+ *         S = (Q K^T) * scale, masked entries = -inf    [br, bc] in scratch
+ *         m_new = max(m_i, max_j S_ij)                  rows with nothing new: skip
+ *         P_ij = exp(S_ij - m_new)                      exactly 0 where masked
+ *         l_i = l_i * exp(m_i - m_new) + sum_j P_ij
+ *         O_i = O_i * exp(m_i - m_new) + P V            [br, Dv] in scratch
+ *         m_i = m_new
+ *     out_i = O_i / l_i; a row with l_i = 0 saw no key: empty (error or zeros)
+ *
+ * The running max starts at -INFINITY, never at a large negative number, so a
+ * masked score never leaks weight, and 1/l is taken only when l > 0.
+ *
+ * Tile sizes: br = 64 query rows and bc = 64 keys (the planner in sdpa_fused.c
+ * shrinks them to the problem when it is smaller, rounded up to FK_MR and FK_NK).
+ * Scratch per worker, caller-allocated, never allocated here: the query tile packed
+ * in micro-panels [br/FK_MR][D][FK_MR], the key tile packed transposed in
+ * micro-panels [bc/FK_NK][D][FK_NK], the value tile [bc][dvp], scores [br][bc],
+ * the output accumulator [br][dvp] and m, l [br]. With D = Dv = 64 that is 80 KiB,
+ * which stays in L2 while the key tiles stream.
+ *
+ * Tails: the packing routines handle every tail, so the micro-kernels only ever
+ * see whole micro-tiles: query rows past Tq are packed as zeros (computed, never
+ * written), keys past Tk are packed as zeros and their scores set to -inf, value
+ * columns past Dv are zeros (dvp = Dv rounded up to the vector width). The head
+ * dim D is the reduction axis of the score product and needs no padding.
+ *
+ * Masks: each key tile is classified once per query tile (fk_tile_kind): SKIP when
+ * the causal flag or the explicit mask hides every (i, j) of it - it is then never
+ * loaded; FULL when nothing in it is hidden - no mask work at all; PARTIAL
+ * otherwise - the mask (any numpy-broadcast boolean view, read through
+ * attn__mask4's strides) and the causal flag are applied element by element after
+ * the scale. Scores are scaled before masking so that any scale, even a negative
+ * one, leaves masked entries at -inf.
+ *
+ * Work items: one item is (b, h, query tile); items are independent and each
+ * writes only its own rows of out (and weights), so the result does not depend on
+ * which thread runs an item or how many threads there are. Query tile boundaries
+ * depend only on the shapes, never on the thread count.
+ *
+ * Weights: only when asked for; after the output pass, the item recomputes each
+ * key tile's scores and writes exp(S - m_i) / l_i straight into the caller's
+ * weights (zeros for hidden tiles and empty rows). No [Tq, Tk] scratch is used.
+ *
+ * The row path (job->row_path) serves problems with fewer query rows than a
+ * micro-tile, such as one decoding step against a cache (S5) or the chapter's toy
+ * size: one item is one query row; K and V rows are read in place (unit stride
+ * along the head dim required) in two streaming passes, the scores of the row kept
+ * in a [Tk] scratch row, so the bandwidth goes to K and V only.
+ *
+ * Room to grow: the (b, h) of K and V is looked up in one place per item
+ * (fk_kv_head), so fewer key/value heads than query heads (GQA/MQA) is a change
+ * there; a key/value cache is a K/V view longer than the query (Tq < Tk, already
+ * allowed); a causal mask aligned to the bottom right is an offset (Tk - Tq) in
+ * fk_causal_limit and fk_tile_kind.
+ */
+#ifndef ATTN_FUSED_KERNEL_H
+#define ATTN_FUSED_KERNEL_H
+
+#include "fused.h"
+#include "simd.h"
+
+#include <float.h>
+#include <math.h>
+
+#if !defined(FK_MR) || !defined(FK_NKV) || !defined(FK_NV)
+#error "define FK_MR, FK_NKV and FK_NV before including fused_kernel.h"
+#endif
+
+#define FK_NK (FK_NKV * SIMD_W)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FK_INLINE static inline __attribute__((always_inline))
+#else
+#define FK_INLINE static inline
+#endif
+
+enum { FK_SKIP = 0, FK_FULL = 1, FK_PARTIAL = 2 };
+
+static int64_t fk_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static int64_t fk_min(int64_t a, int64_t b) { return a < b ? a : b; }
+/* Scratch sub-buffers start on 64-byte boundaries relative to the worker's base. */
+static int64_t fk_align(int64_t n) { return fk_round_up(n, 16); }
+
+static int64_t fk_ws_floats(const attn__fused_job *job)
+{
+    const attn__sdpa_shapes *s = job->s;
+    if (job->row_path)
+        return fk_align(s->D) + fk_align(s->Tk) + fk_align(job->dvp);
+    return fk_align(job->br * s->D) + fk_align(job->bc * s->D) +
+           fk_align(job->bc * job->dvp) + fk_align(job->br * job->bc) +
+           fk_align(job->br * job->dvp) + 2 * fk_align(job->br);
+}
+
+/* The key/value head that query head (b, h) reads; the one place to change for
+ * GQA/MQA (h / (H / H_kv)). */
+static void fk_kv_head(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t *kb,
+                       int64_t *kh)
+{
+    (void)s;
+    *kb = b;
+    *kh = h;
+}
+
+/* The last key query i may see under the causal flag, plus one (top-left aligned,
+ * as SPEC says: position t sees 0..t). */
+static int64_t fk_causal_limit(const attn__sdpa_shapes *s, int64_t i)
+{
+    return fk_min(s->Tk, i + 1);
+}
+
+/* Classifies the tile rows [i0, i1) x keys [j0, j1); nkp is the padded key count. */
+static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
+                        int64_t i1, int64_t j0, int64_t j1, int64_t nkp)
+{
+    if (s->causal && j0 >= fk_causal_limit(s, i1 - 1))
+        return FK_SKIP;
+    int partial = (j1 - j0 != nkp);
+    if (s->causal && j1 > fk_causal_limit(s, i0))
+        partial = 1;
+    if (!s->mask.data)
+        return partial ? FK_PARTIAL : FK_FULL;
+    int64_t allowed = 0;
+    const int64_t ms3 = s->mask.stride[3];
+    for (int64_t i = i0; i < i1; i++) {
+        const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, i, 0);
+        int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
+        for (int64_t j = j0; j < je; j++)
+            allowed += mrow[j * ms3] != 0;
+    }
+    if (allowed == 0)
+        return FK_SKIP;
+    if (allowed != (i1 - i0) * (j1 - j0))
+        partial = 1;
+    return partial ? FK_PARTIAL : FK_FULL;
+}
+
+/* Query rows i0 .. i0+nr-1 into micro-panels [nr/FK_MR][D][FK_MR]; rows past Tq
+ * are zeros. */
+static void fk_pack_q(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
+                      int64_t nr, float *qp)
+{
+    const int64_t D = s->D;
+    for (int64_t r = 0; r < nr; r++) {
+        float *dst = qp + (r / FK_MR) * D * FK_MR + (r % FK_MR);
+        int64_t i = i0 + r;
+        if (i < s->Tq) {
+            const float *src = qb + i * s->q_s[2];
+            for (int64_t d = 0; d < D; d++)
+                dst[d * FK_MR] = src[d * s->q_s[3]];
+        } else {
+            for (int64_t d = 0; d < D; d++)
+                dst[d * FK_MR] = 0.0f;
+        }
+    }
+}
+
+/* Keys j0 .. j0+nkp-1 transposed into micro-panels [nkp/FK_NK][D][FK_NK] and their
+ * values into [nkp][dvp]; keys past Tk and columns past Dv are zeros. Returns 1
+ * when a value is not finite (inf or NaN), so that the caller can keep a masked
+ * key's value out of the output (0 * inf would be NaN). */
+static int fk_pack_kv(const attn__sdpa_shapes *s, const float *kb, const float *vb,
+                       int64_t j0, int64_t nkp, int64_t dvp, float *kp, float *vp)
+{
+    const int64_t D = s->D, Dv = s->Dv;
+    int nonfinite = 0;
+    for (int64_t c = 0; c < nkp; c++) {
+        float *kdst = kp + (c / FK_NK) * D * FK_NK + (c % FK_NK);
+        float *vdst = vp + c * dvp;
+        int64_t j = j0 + c;
+        if (j < s->Tk) {
+            const float *ksrc = kb + j * s->k_s[2];
+            for (int64_t d = 0; d < D; d++)
+                kdst[d * FK_NK] = ksrc[d * s->k_s[3]];
+            if (vp) {
+                const float *vsrc = vb + j * s->v_s[2];
+                int64_t e = 0;
+                float vmax = 0.0f;
+                if (s->v_s[3] == 1)
+                    for (; e < Dv; e++) {
+                        vdst[e] = vsrc[e];
+                        vmax = fmaxf(vmax, fabsf(vsrc[e]));
+                    }
+                else
+                    for (; e < Dv; e++) {
+                        vdst[e] = vsrc[e * s->v_s[3]];
+                        vmax = fmaxf(vmax, fabsf(vdst[e]));
+                    }
+                for (; e < dvp; e++)
+                    vdst[e] = 0.0f;
+                /* fmaxf drops NaN, so check the values once more only when needed. */
+                if (!(vmax <= FLT_MAX))
+                    nonfinite = 1;
+                else
+                    for (int64_t x = 0; x < Dv && !nonfinite; x++)
+                        nonfinite = vdst[x] != vdst[x];
+            }
+        } else {
+            for (int64_t d = 0; d < D; d++)
+                kdst[d * FK_NK] = 0.0f;
+            if (vp)
+                for (int64_t e = 0; e < dvp; e++)
+                    vdst[e] = 0.0f;
+        }
+    }
+    return nonfinite;
+}
+
+/* Score micro-kernel: S[r][c] = sum_d qp[d][r] * kp[d][c] for r < FK_MR and
+ * c < FK_NK, summed over d in increasing order; S has row stride lds. */
+FK_INLINE void fk_ukr_qk(int64_t D, const float *qp, const float *kp, float *S,
+                         int64_t lds)
+{
+    simd_f32 acc[FK_MR][FK_NKV];
+    for (int r = 0; r < FK_MR; r++)
+        for (int c = 0; c < FK_NKV; c++)
+            acc[r][c] = simd_zero();
+    for (int64_t d = 0; d < D; d++) {
+        simd_f32 kv[FK_NKV];
+        for (int c = 0; c < FK_NKV; c++)
+            kv[c] = simd_load(kp + d * FK_NK + c * SIMD_W);
+        for (int r = 0; r < FK_MR; r++) {
+            simd_f32 qv = simd_set1(qp[d * FK_MR + r]);
+            for (int c = 0; c < FK_NKV; c++)
+                acc[r][c] = simd_fma(qv, kv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < FK_MR; r++)
+        for (int c = 0; c < FK_NKV; c++)
+            simd_store(S + r * lds + c * SIMD_W, acc[r][c]);
+}
+
+/* Weighted-sum micro-kernel: O[r][c] += sum_j P[r][j] * V[j][c] for r < FK_MR and
+ * nv vectors of columns (nv is a constant at each call site), summed over j in
+ * increasing order. */
+FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *P, int64_t ldp, const float *V,
+                         int64_t ldv, float *O, int64_t ldo, const int nv)
+{
+    simd_f32 acc[FK_MR][FK_NV];
+    for (int r = 0; r < FK_MR; r++)
+        for (int c = 0; c < nv; c++)
+            acc[r][c] = simd_load(O + r * ldo + c * SIMD_W);
+    for (int64_t j = 0; j < nkeys; j++) {
+        simd_f32 vv[FK_NV];
+        for (int c = 0; c < nv; c++)
+            vv[c] = simd_load(V + j * ldv + c * SIMD_W);
+        for (int r = 0; r < FK_MR; r++) {
+            simd_f32 pv = simd_set1(P[r * ldp + j]);
+            for (int c = 0; c < nv; c++)
+                acc[r][c] = simd_fma(pv, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < FK_MR; r++)
+        for (int c = 0; c < nv; c++)
+            simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
+}
+
+/* S [nr][ldS] = Q K^T for nr query rows and nkp keys, then times the scale, then
+ * the mask for PARTIAL tiles. */
+static void fk_scores(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
+                      int64_t nr, int64_t j0, int64_t nkp, int kind, const float *qp,
+                      const float *kp, float *S, int64_t ldS)
+{
+    const int64_t D = s->D;
+    for (int64_t rb = 0; rb < nr; rb += FK_MR)
+        for (int64_t cb = 0; cb < nkp; cb += FK_NK)
+            fk_ukr_qk(D, qp + rb * D, kp + cb * D, S + rb * ldS + cb, ldS);
+    const simd_f32 vscale = simd_set1(s->scale);
+    for (int64_t r = 0; r < nr; r++) {
+        float *srow = S + r * ldS;
+        for (int64_t c = 0; c < nkp; c += SIMD_W)
+            simd_store(srow + c, simd_mul(simd_load(srow + c), vscale));
+    }
+    if (kind != FK_PARTIAL)
+        return;
+    for (int64_t r = 0; r < nr; r++) {
+        float *srow = S + r * ldS;
+        int64_t i = i0 + r;
+        int64_t jv = fk_min(nkp, s->Tk - j0); /* real keys in the tile */
+        if (i < s->Tq) {
+            if (s->causal)
+                jv = fk_min(jv, fk_causal_limit(s, i) - j0);
+            if (jv < 0)
+                jv = 0;
+            if (s->mask.data) {
+                const uint8_t *mrow =
+                    s->mask.data + attn__off4(s->mask.stride, b, h, i, j0);
+                const int64_t ms3 = s->mask.stride[3];
+                for (int64_t c = 0; c < jv; c++)
+                    if (!mrow[c * ms3])
+                        srow[c] = -INFINITY;
+            }
+        }
+        for (int64_t c = jv; c < nkp; c++)
+            srow[c] = -INFINITY;
+    }
+}
+
+/* One (b, h, query tile). */
+static void fk_tile_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    const attn__sdpa_shapes *s = job->s;
+    const int64_t BH = s->B * s->H;
+    /* The last query tiles first: under the causal mask they are the heaviest. */
+    const int64_t qt = job->n_qt - 1 - item / BH;
+    const int64_t b = (item % BH) / s->H, h = (item % BH) % s->H;
+    const int64_t D = s->D, Dv = s->Dv, br = job->br, bc = job->bc, dvp = job->dvp;
+    const int64_t i0 = qt * br, i1 = fk_min(i0 + br, s->Tq);
+    const int64_t nr = fk_round_up(i1 - i0, FK_MR);
+
+    float *ws = job->ws + (int64_t)worker * job->ws_floats;
+    float *qp = ws;
+    float *kp = qp + fk_align(br * D);
+    float *vp = kp + fk_align(bc * D);
+    float *S = vp + fk_align(bc * dvp);
+    float *O = S + fk_align(br * bc);
+    float *m = O + fk_align(br * dvp);
+    float *l = m + fk_align(br);
+
+    int64_t kb_, kh_;
+    fk_kv_head(s, b, h, &kb_, &kh_);
+    const float *qb = job->q + b * s->q_s[0] + h * s->q_s[1];
+    const float *kb = job->k + kb_ * s->k_s[0] + kh_ * s->k_s[1];
+    const float *vb = job->v + kb_ * s->v_s[0] + kh_ * s->v_s[1];
+    float *ob = job->out + b * s->o_s[0] + h * s->o_s[1];
+
+    fk_pack_q(s, qb, i0, nr, qp);
+    for (int64_t r = 0; r < nr; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        for (int64_t e = 0; e < dvp; e++)
+            O[r * dvp + e] = 0.0f;
+    }
+
+    const int64_t j_end = s->causal ? fk_causal_limit(s, i1 - 1) : s->Tk;
+    for (int64_t j0 = 0; j0 < j_end; j0 += bc) {
+        const int64_t j1 = fk_min(j0 + bc, s->Tk);
+        const int64_t nkp = fk_round_up(j1 - j0, FK_NK);
+        const int kind = fk_tile_kind(s, b, h, i0, i1, j0, j1, nkp);
+        if (kind == FK_SKIP)
+            continue;
+        const int v_nonfinite = fk_pack_kv(s, kb, vb, j0, nkp, dvp, kp, vp);
+        fk_scores(s, b, h, i0, nr, j0, nkp, kind, qp, kp, S, bc);
+
+        /* Online softmax: fold this tile into each row's (m, l, O). */
+        for (int64_t r = 0; r < nr; r++) {
+            float *srow = S + r * bc;
+            simd_f32 vmax = simd_set1(-INFINITY);
+            for (int64_t c = 0; c < nkp; c += SIMD_W)
+                vmax = simd_max(vmax, simd_load(srow + c));
+            const float mt = simd_hmax(vmax);
+            if (mt == -INFINITY) {
+                /* Nothing visible in this tile for this row: P = 0, state unchanged. */
+                for (int64_t c = 0; c < nkp; c += SIMD_W)
+                    simd_store(srow + c, simd_zero());
+                continue;
+            }
+            const float mnew = m[r] > mt ? m[r] : mt;
+            const float alpha = simd_exp_nonpos_1(m[r] - mnew); /* 0 when m was -inf */
+            const simd_f32 vm = simd_set1(mnew);
+            simd_f32 vsum = simd_zero();
+            for (int64_t c = 0; c < nkp; c += SIMD_W) {
+                simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(srow + c), vm));
+                simd_store(srow + c, p);
+                vsum = simd_add(vsum, p);
+            }
+            l[r] = l[r] * alpha + simd_hsum(vsum);
+            if (alpha != 1.0f) {
+                const simd_f32 va = simd_set1(alpha);
+                float *orow = O + r * dvp;
+                for (int64_t e = 0; e < dvp; e += SIMD_W)
+                    simd_store(orow + e, simd_mul(simd_load(orow + e), va));
+            }
+            m[r] = mnew;
+        }
+
+        /* O += P V, micro-tile by micro-tile. A value row that is not finite must
+         * not reach a row that masks its key (the reference skips masked keys), so
+         * such rare tiles take a plain loop that skips zero weights. */
+        if (v_nonfinite && kind == FK_PARTIAL) {
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t j = 0; j < nkp; j++) {
+                    const float pj = S[r * bc + j];
+                    if (pj == 0.0f)
+                        continue;
+                    for (int64_t e = 0; e < dvp; e++)
+                        O[r * dvp + e] += pj * vp[j * dvp + e];
+                }
+            continue;
+        }
+        for (int64_t rb = 0; rb < nr; rb += FK_MR) {
+            int64_t e = 0;
+            for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
+                fk_ukr_pv(nkp, S + rb * bc, bc, vp + e, dvp, O + rb * dvp + e, dvp,
+                          FK_NV);
+            for (; e < dvp; e += SIMD_W)
+                fk_ukr_pv(nkp, S + rb * bc, bc, vp + e, dvp, O + rb * dvp + e, dvp, 1);
+        }
+    }
+
+    /* out = O / l; rows that saw no key are empty. */
+    int64_t empty = INT64_MAX;
+    for (int64_t r = 0; r < i1 - i0; r++) {
+        const int64_t i = i0 + r;
+        float *orow = ob + i * s->o_s[2];
+        const float *acc = O + r * dvp;
+        if (l[r] == 0.0f) {
+            if (empty == INT64_MAX)
+                empty = (b * s->H + h) * s->Tq + i;
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = 0.0f;
+            continue;
+        }
+        const float inv = 1.0f / l[r];
+        if (s->o_s[3] == 1) {
+            int64_t e = 0;
+            const simd_f32 vinv = simd_set1(inv);
+            for (; e + SIMD_W <= Dv; e += SIMD_W)
+                simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
+            for (; e < Dv; e++)
+                orow[e] = acc[e] * inv;
+        } else {
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = acc[e] * inv;
+        }
+    }
+    if (empty < job->empty_first[worker])
+        job->empty_first[worker] = empty;
+
+    if (!job->weights)
+        return;
+
+    /* Weights, only when asked for: exp(S - m) / l written tile by tile. */
+    float *wb = job->weights + b * s->w_s[0] + h * s->w_s[1];
+    for (int64_t j0 = 0; j0 < s->Tk; j0 += bc) {
+        const int64_t j1 = fk_min(j0 + bc, s->Tk);
+        const int64_t nkp = fk_round_up(j1 - j0, FK_NK);
+        const int kind = fk_tile_kind(s, b, h, i0, i1, j0, j1, nkp);
+        if (kind != FK_SKIP) {
+            fk_pack_kv(s, kb, NULL, j0, nkp, dvp, kp, NULL);
+            fk_scores(s, b, h, i0, nr, j0, nkp, kind, qp, kp, S, bc);
+        }
+        for (int64_t r = 0; r < i1 - i0; r++) {
+            float *wrow = wb + (i0 + r) * s->w_s[2];
+            float *srow = S + r * bc;
+            if (kind == FK_SKIP || l[r] == 0.0f) {
+                for (int64_t j = j0; j < j1; j++)
+                    wrow[j * s->w_s[3]] = 0.0f;
+                continue;
+            }
+            const simd_f32 vm = simd_set1(m[r]);
+            const simd_f32 vinv = simd_set1(1.0f / l[r]);
+            for (int64_t c = 0; c < nkp; c += SIMD_W)
+                simd_store(srow + c, simd_mul(simd_exp_nonpos(simd_sub(simd_load(srow + c), vm)),
+                                              vinv));
+            for (int64_t j = j0; j < j1; j++)
+                wrow[j * s->w_s[3]] = srow[j - j0];
+        }
+    }
+}
+
+/* Dot product of n floats, vectorised along n, summed in a fixed order. */
+FK_INLINE float fk_dot(const float *a, const float *x, int64_t n)
+{
+    simd_f32 acc0 = simd_zero(), acc1 = simd_zero();
+    int64_t d = 0;
+    for (; d + 2 * SIMD_W <= n; d += 2 * SIMD_W) {
+        acc0 = simd_fma(simd_load(a + d), simd_load(x + d), acc0);
+        acc1 = simd_fma(simd_load(a + d + SIMD_W), simd_load(x + d + SIMD_W), acc1);
+    }
+    for (; d + SIMD_W <= n; d += SIMD_W)
+        acc0 = simd_fma(simd_load(a + d), simd_load(x + d), acc0);
+    float sum = simd_hsum(simd_add(acc0, acc1));
+    for (; d < n; d++)
+        sum += a[d] * x[d];
+    return sum;
+}
+
+/* One (b, h, query row): the row path, for fewer query rows than a micro-tile. */
+static void fk_row_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    const attn__sdpa_shapes *s = job->s;
+    const int64_t i = item % s->Tq, bh = item / s->Tq;
+    const int64_t b = bh / s->H, h = bh % s->H;
+    const int64_t D = s->D, Dv = s->Dv;
+
+    float *ws = job->ws + (int64_t)worker * job->ws_floats;
+    float *qrow = ws;
+    float *sc = qrow + fk_align(D);
+    float *acc = sc + fk_align(s->Tk);
+
+    int64_t kb_, kh_;
+    fk_kv_head(s, b, h, &kb_, &kh_);
+    const float *qsrc = job->q + attn__off4(s->q_s, b, h, i, 0);
+    const float *kb = job->k + kb_ * s->k_s[0] + kh_ * s->k_s[1];
+    const float *vb = job->v + kb_ * s->v_s[0] + kh_ * s->v_s[1];
+    float *orow = job->out + attn__off4(s->o_s, b, h, i, 0);
+    float *wrow = job->weights ? job->weights + attn__off4(s->w_s, b, h, i, 0) : NULL;
+
+    for (int64_t d = 0; d < D; d++)
+        qrow[d] = qsrc[d * s->q_s[3]];
+    const int64_t jn = s->causal ? fk_causal_limit(s, i) : s->Tk;
+    const uint8_t *mrow =
+        s->mask.data ? s->mask.data + attn__off4(s->mask.stride, b, h, i, 0) : NULL;
+
+    /* Pass 1 over K: scores and their max. */
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < jn; j++) {
+        float x = -INFINITY;
+        if (!mrow || mrow[j * s->mask.stride[3]])
+            x = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
+        sc[j] = x;
+        mx = x > mx ? x : mx;
+    }
+    for (int64_t j = jn; j < s->Tk; j++)
+        sc[j] = -INFINITY;
+
+    if (mx == -INFINITY) {
+        int64_t flat = item; /* (b * H + h) * Tq + i */
+        if (flat < job->empty_first[worker])
+            job->empty_first[worker] = flat;
+        for (int64_t e = 0; e < Dv; e++)
+            orow[e * s->o_s[3]] = 0.0f;
+        if (wrow)
+            for (int64_t j = 0; j < s->Tk; j++)
+                wrow[j * s->w_s[3]] = 0.0f;
+        return;
+    }
+
+    /* Softmax numerators and their sum. */
+    const simd_f32 vm = simd_set1(mx);
+    simd_f32 vsum = simd_zero();
+    int64_t j = 0;
+    for (; j + SIMD_W <= jn; j += SIMD_W) {
+        simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(sc + j), vm));
+        simd_store(sc + j, p);
+        vsum = simd_add(vsum, p);
+    }
+    float l = simd_hsum(vsum);
+    for (; j < jn; j++) {
+        sc[j] = simd_exp_nonpos_1(sc[j] - mx);
+        l += sc[j];
+    }
+    const float inv = 1.0f / l;
+
+    /* Pass 2 over V: the weighted sum, skipping keys with weight 0. */
+    const int64_t dv_full = Dv / SIMD_W * SIMD_W;
+    for (int64_t e = 0; e < job->dvp; e++)
+        acc[e] = 0.0f;
+    for (j = 0; j < jn; j++) {
+        const float p = sc[j];
+        if (p == 0.0f)
+            continue;
+        const float *vrow = vb + j * s->v_s[2];
+        const simd_f32 vp = simd_set1(p);
+        int64_t e = 0;
+        for (; e < dv_full; e += SIMD_W)
+            simd_store(acc + e, simd_fma(vp, simd_load(vrow + e), simd_load(acc + e)));
+        for (; e < Dv; e++)
+            acc[e] += p * vrow[e];
+    }
+    for (int64_t e = 0; e < Dv; e++)
+        orow[e * s->o_s[3]] = acc[e] * inv;
+    if (wrow) {
+        for (j = 0; j < jn; j++)
+            wrow[j * s->w_s[3]] = sc[j] * inv;
+        for (; j < s->Tk; j++)
+            wrow[j * s->w_s[3]] = 0.0f;
+    }
+}
+
+static void fk_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    if (job->row_path)
+        fk_row_item(arg, item, worker);
+    else
+        fk_tile_item(arg, item, worker);
+}
+
+#endif /* ATTN_FUSED_KERNEL_H */

@@ -1,0 +1,198 @@
+/*
+ * simd.h - the thin SIMD layer the fused kernels are written over; not installed.
+ *
+ * One kernel body (src/fused_kernel.h, src/gemm_kernel.h) is compiled three times:
+ * by src/sdpa_fused.c with no ISA flags (portable C), by src/sdpa_fused_avx2.c with
+ * -mavx2 -mfma and by src/sdpa_fused_avx512.c with -mavx512f (CMake adds the flags
+ * to those files only). Each of those files defines exactly one of
+ *
+ *     ATTN_SIMD_SCALAR   ATTN_SIMD_AVX2   ATTN_SIMD_AVX512
+ *
+ * before including this header, which then provides, for that instruction set:
+ *
+ *     simd_f32                a vector of SIMD_W floats (a plain float for SCALAR)
+ *     simd_zero/set1/load/store/add/sub/mul/max/fma   (loads and stores unaligned;
+ *                             simd_fma(a, b, c) = a * b + c)
+ *     simd_hmax, simd_hsum    horizontal max and sum, in a fixed order
+ *     simd_exp_nonpos(x)      e^x for x <= 0 (including -inf), see below
+ *
+ * The choice is made by the defining file, not by the compiler's predefined macros,
+ * so that an -march=native build still compiles the portable file as portable C.
+ *
+ * Nothing here allocates, branches on data or depends on the thread count, so a
+ * result is the same bit for bit whoever computes it.
+ */
+#ifndef ATTN_SIMD_H
+#define ATTN_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(ATTN_SIMD_AVX512) + defined(ATTN_SIMD_AVX2) + defined(ATTN_SIMD_SCALAR) != 1
+#error "define exactly one of ATTN_SIMD_AVX512, ATTN_SIMD_AVX2, ATTN_SIMD_SCALAR"
+#endif
+
+/*
+ * e^x for x <= 0, in the three instruction sets, by the same steps:
+ *
+ *   x < -87.33 (below the smallest normal float, and -inf): exactly 0, so a masked
+ *   score gets weight exactly 0 and no denormal appears;
+ *   otherwise n = round(x log2 e), r = x - n ln 2 (ln 2 split in two so that n ln2_hi
+ *   is exact, Cody and Waite), e^r by its Taylor series to degree 7 (|r| <= ln2 / 2,
+ *   so the first dropped term is below 2^-27 relative), times 2^n built in the
+ *   exponent bits. Worst error about 2 ulp, checked by tests/test_fused_exp.c.
+ */
+#define SIMD_EXP_MIN (-87.33f)
+#define SIMD_LOG2E 1.44269504088896341f
+#define SIMD_LN2_HI 0.693359375f
+#define SIMD_LN2_LO (-2.12194440e-4f)
+#define SIMD_C2 (1.0f / 2.0f)
+#define SIMD_C3 (1.0f / 6.0f)
+#define SIMD_C4 (1.0f / 24.0f)
+#define SIMD_C5 (1.0f / 120.0f)
+#define SIMD_C6 (1.0f / 720.0f)
+#define SIMD_C7 (1.0f / 5040.0f)
+
+/* The portable scalar version; every path uses it for single values (the running
+ * max's correction factor), and the SCALAR path for everything. */
+static inline float simd_exp_nonpos_1(float x)
+{
+    if (!(x >= SIMD_EXP_MIN))
+        return 0.0f; /* also -inf; NaN gives 0 too, but scores are never NaN here */
+    /* Adding 1.5 * 2^23 rounds to the nearest integer in the default rounding mode. */
+    const float shifter = 12582912.0f;
+    float n = (x * SIMD_LOG2E + shifter) - shifter; /* IEEE: not folded without fast-math */
+    float r = x - n * SIMD_LN2_HI;
+    r = r - n * SIMD_LN2_LO;
+    float p = SIMD_C7;
+    p = p * r + SIMD_C6;
+    p = p * r + SIMD_C5;
+    p = p * r + SIMD_C4;
+    p = p * r + SIMD_C3;
+    p = p * r + SIMD_C2;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#if defined(ATTN_SIMD_AVX512)
+#include <immintrin.h>
+
+#define SIMD_W 16
+typedef __m512 simd_f32;
+
+static inline simd_f32 simd_zero(void) { return _mm512_setzero_ps(); }
+static inline simd_f32 simd_set1(float x) { return _mm512_set1_ps(x); }
+static inline simd_f32 simd_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void simd_store(float *p, simd_f32 v) { _mm512_storeu_ps(p, v); }
+static inline simd_f32 simd_add(simd_f32 a, simd_f32 b) { return _mm512_add_ps(a, b); }
+static inline simd_f32 simd_sub(simd_f32 a, simd_f32 b) { return _mm512_sub_ps(a, b); }
+static inline simd_f32 simd_mul(simd_f32 a, simd_f32 b) { return _mm512_mul_ps(a, b); }
+static inline simd_f32 simd_max(simd_f32 a, simd_f32 b) { return _mm512_max_ps(a, b); }
+static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c)
+{
+    return _mm512_fmadd_ps(a, b, c);
+}
+static inline float simd_hmax(simd_f32 v) { return _mm512_reduce_max_ps(v); }
+static inline float simd_hsum(simd_f32 v) { return _mm512_reduce_add_ps(v); }
+
+static inline simd_f32 simd_exp_nonpos(simd_f32 x)
+{
+    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP_MIN), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(SIMD_EXP_MIN));
+    simd_f32 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SIMD_LOG2E)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    simd_f32 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SIMD_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SIMD_LN2_LO), r);
+    simd_f32 p = _mm512_set1_ps(SIMD_C7);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(e));
+}
+
+#elif defined(ATTN_SIMD_AVX2)
+#include <immintrin.h>
+
+#define SIMD_W 8
+typedef __m256 simd_f32;
+
+static inline simd_f32 simd_zero(void) { return _mm256_setzero_ps(); }
+static inline simd_f32 simd_set1(float x) { return _mm256_set1_ps(x); }
+static inline simd_f32 simd_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void simd_store(float *p, simd_f32 v) { _mm256_storeu_ps(p, v); }
+static inline simd_f32 simd_add(simd_f32 a, simd_f32 b) { return _mm256_add_ps(a, b); }
+static inline simd_f32 simd_sub(simd_f32 a, simd_f32 b) { return _mm256_sub_ps(a, b); }
+static inline simd_f32 simd_mul(simd_f32 a, simd_f32 b) { return _mm256_mul_ps(a, b); }
+static inline simd_f32 simd_max(simd_f32 a, simd_f32 b) { return _mm256_max_ps(a, b); }
+static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c)
+{
+    return _mm256_fmadd_ps(a, b, c);
+}
+static inline float simd_hmax(simd_f32 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+static inline float simd_hsum(simd_f32 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline simd_f32 simd_exp_nonpos(simd_f32 x)
+{
+    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(SIMD_EXP_MIN), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(SIMD_EXP_MIN));
+    simd_f32 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SIMD_LOG2E)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    simd_f32 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SIMD_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SIMD_LN2_LO), r);
+    simd_f32 p = _mm256_set1_ps(SIMD_C7);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+#else /* ATTN_SIMD_SCALAR */
+
+#define SIMD_W 1
+typedef float simd_f32;
+
+static inline simd_f32 simd_zero(void) { return 0.0f; }
+static inline simd_f32 simd_set1(float x) { return x; }
+static inline simd_f32 simd_load(const float *p) { return *p; }
+static inline void simd_store(float *p, simd_f32 v) { *p = v; }
+static inline simd_f32 simd_add(simd_f32 a, simd_f32 b) { return a + b; }
+static inline simd_f32 simd_sub(simd_f32 a, simd_f32 b) { return a - b; }
+static inline simd_f32 simd_mul(simd_f32 a, simd_f32 b) { return a * b; }
+static inline simd_f32 simd_max(simd_f32 a, simd_f32 b) { return a > b ? a : b; }
+/* Two roundings (no fmaf): a software fmaf would be slow where FMA is missing. */
+static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c) { return a * b + c; }
+static inline float simd_hmax(simd_f32 v) { return v; }
+static inline float simd_hsum(simd_f32 v) { return v; }
+static inline simd_f32 simd_exp_nonpos(simd_f32 x) { return simd_exp_nonpos_1(x); }
+
+#endif
+
+#endif /* ATTN_SIMD_H */

@@ -1,0 +1,165 @@
+/*
+ * threads.c - a small pthread pool of our own for the fast kernels.
+ *
+ * Workers are created on first use (as many as the largest call has asked for,
+ * at most ATTN_POOL_MAX) and then sleep on a condition variable between calls, so
+ * a call pays a wake-up, not a thread creation. The calling thread works too (as
+ * worker 0). Items are handed out from one atomic counter; each item must write
+ * results that depend on the item alone, so the answer never depends on the
+ * thread count or the schedule (tests/test_threads.c checks that bit for bit).
+ *
+ * Two callers on different threads do not share the pool: the second one, finding
+ * it busy, runs its items on its own thread. Nothing here allocates; the kernel's
+ * scratch is allocated by the caller, one slice per worker.
+ */
+#include "fused.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#define ATTN_POOL_MAX 64
+
+/* Below this many floating-point operations per thread, a thread is not worth
+ * waking (a wake-up and a join cost some tens of microseconds on a busy machine). */
+#define ATTN_FLOPS_PER_THREAD 1.0e6
+
+typedef struct pool_job {
+    attn__task_fn fn;
+    void *arg;
+    int64_t n_items;
+    _Atomic int64_t next;
+} pool_job;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_cond_t done;
+    int started;              /* workers created: ids 1 .. started */
+    uint64_t generation;      /* bumped for every job */
+    uint64_t start_gen[ATTN_POOL_MAX + 1];
+    pool_job *job;
+    int participants;         /* workers 1 .. participants run the current job */
+    int active;               /* of those, how many have not finished */
+    int busy;                 /* a caller owns the pool */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          0, 0, {0}, NULL, 0, 0, 0};
+
+static void run_items(pool_job *job, int worker)
+{
+    for (;;) {
+        int64_t item = atomic_fetch_add(&job->next, 1);
+        if (item >= job->n_items)
+            return;
+        job->fn(job->arg, item, worker);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    const int id = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool.lock);
+    uint64_t seen = pool.start_gen[id];
+    for (;;) {
+        while (pool.generation == seen)
+            pthread_cond_wait(&pool.wake, &pool.lock);
+        seen = pool.generation;
+        if (id > pool.participants)
+            continue;
+        pool_job *job = pool.job;
+        pthread_mutex_unlock(&pool.lock);
+        run_items(job, id);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.active == 0)
+            pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+/* With pool.lock held: makes sure workers 1 .. want exist; returns how many do. */
+static int pool_grow(int want)
+{
+    while (pool.started < want) {
+        pthread_attr_t attr;
+        pthread_t thread;
+        int id = pool.started + 1;
+        pool.start_gen[id] = pool.generation;
+        if (pthread_attr_init(&attr) != 0)
+            break;
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&thread, &attr, worker_main, (void *)(intptr_t)id);
+        pthread_attr_destroy(&attr);
+        if (rc != 0)
+            break;
+        pool.started = id;
+    }
+    return pool.started < want ? pool.started : want;
+}
+
+void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *arg)
+{
+    pool_job job;
+    job.fn = fn;
+    job.arg = arg;
+    job.n_items = n_items;
+    atomic_init(&job.next, 0);
+    if (threads > ATTN_POOL_MAX + 1)
+        threads = ATTN_POOL_MAX + 1;
+    if ((int64_t)threads > n_items)
+        threads = (int)n_items;
+    if (threads <= 1) {
+        run_items(&job, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    if (pool.busy) {
+        pthread_mutex_unlock(&pool.lock);
+        run_items(&job, 0);
+        return;
+    }
+    pool.busy = 1;
+    const int helpers = pool_grow(threads - 1);
+    pool.job = &job;
+    pool.participants = helpers;
+    pool.active = helpers;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+
+    run_items(&job, 0);
+
+    pthread_mutex_lock(&pool.lock);
+    while (pool.active > 0)
+        pthread_cond_wait(&pool.done, &pool.lock);
+    pool.job = NULL;
+    pool.busy = 0;
+    pthread_mutex_unlock(&pool.lock);
+}
+
+int attn_threads_online(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        return 1;
+    return n > ATTN_POOL_MAX + 1 ? ATTN_POOL_MAX + 1 : (int)n;
+}
+
+int attn_threads_resolve(const attn_ctx *ctx)
+{
+    int t = ctx ? ctx->threads : 0;
+    if (t <= 0)
+        return attn_threads_online();
+    return t > ATTN_POOL_MAX + 1 ? ATTN_POOL_MAX + 1 : t;
+}
+
+int attn__threads_for(const attn_ctx *ctx, double flops, int64_t n_items)
+{
+    int t = attn_threads_resolve(ctx);
+    if ((int64_t)t > n_items)
+        t = (int)(n_items < 1 ? 1 : n_items);
+    double by_work = flops / ATTN_FLOPS_PER_THREAD;
+    if (by_work < (double)t)
+        t = by_work < 1.0 ? 1 : (int)by_work;
+    return t;
+}

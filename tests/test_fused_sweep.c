@@ -1,0 +1,378 @@
+/*
+ * test_fused_sweep.c - the fused kernel against the reference and a double-precision
+ * oracle, over the sizes, masks, views, instruction sets and thread counts of
+ * issue 5:
+ *
+ *   B in {1, 3}, H in {1, 2, 5}, Tq and Tk in {1, 3, 17, 64, 113, 255},
+ *   D in {1, 4, 40, 64, 72, 128} (Dv = D), masks none / causal / padding / random /
+ *   with fully masked rows, contiguous and strided views, every ISA path this
+ *   machine can run, 1 and 2 threads.
+ *
+ * Sampling: every (Tq, Tk, D, mask kind) is run (1080 problems, so every size meets
+ * every mask); B, H, the view kind and whether weights are asked for cycle with
+ * co-prime periods over those problems, so each of their values appears about
+ * evenly at every size. Every problem runs on every path and both thread counts.
+ *
+ * The bound, per problem and per output (out, and weights when asked for):
+ *
+ *     max |fused - oracle| <= 2 * max |reference - oracle| + floor
+ *
+ * The reference is the naive float32 computation; its error against the double
+ * oracle measures how hard the problem is for float32 (it grows with Tk and D). The
+ * fused kernel sums in another order and uses its own exp (about 2 ulp against
+ * libm's 0.5 ulp), so it may differ by a similar amount, hence the factor 2. The
+ * floor, 2e-6, is 16 float32 ulps at 1.0 (outputs here are below 1 in magnitude
+ * since v is uniform in [-1, 1), and weights are at most 1): it covers problems
+ * where the reference happens to be exact (Tk = 1, or one visible key) while the
+ * fused kernel rounds once or twice more.
+ */
+#include "attn.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FLOOR 2e-6
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static double uni(void) /* uniform in [0, 1), xorshift64* */
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+
+/* A float32 [d0, d1, d2, d3] tensor in one of three memory layouts:
+ *   0: contiguous;
+ *   1: memory [d0, d2, d1, d3] seen through a transpose of axes 1 and 2 (the heads
+ *      split of multi-head attention);
+ *   2: every other float along the last axis (stride 2), in padded memory. */
+typedef struct view {
+    attn_tensor t;
+    float *mem;
+} view;
+
+static void view_make(view *vw, int kind, int64_t d0, int64_t d1, int64_t d2, int64_t d3)
+{
+    const int64_t n = d0 * d1 * d2 * d3;
+    vw->mem = calloc((size_t)(kind == 2 ? 2 * n : n), sizeof(float));
+    attn_tensor *t = &vw->t;
+    memset(t, 0, sizeof *t);
+    t->data = vw->mem;
+    t->dtype = ATTN_DTYPE_F32;
+    t->ndim = 4;
+    t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2, t->shape[3] = d3;
+    if (kind == 1) {
+        t->stride[3] = 1, t->stride[1] = d3, t->stride[2] = d1 * d3, t->stride[0] = d1 * d2 * d3;
+    } else {
+        int64_t e = kind == 2 ? 2 : 1;
+        t->stride[3] = e, t->stride[2] = e * d3, t->stride[1] = e * d2 * d3,
+        t->stride[0] = e * d1 * d2 * d3;
+    }
+}
+
+static float *view_at(view *vw, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    const int64_t *s = vw->t.stride;
+    return vw->mem + a * s[0] + b * s[1] + c * s[2] + d * s[3];
+}
+
+enum { MASK_NONE, MASK_CAUSAL, MASK_PADDING, MASK_RANDOM, MASK_EMPTY_ROWS, MASK_KINDS };
+static const char *mask_names[] = {"none", "causal", "padding", "random", "empty-rows"};
+
+typedef struct problem {
+    int64_t B, H, Tq, Tk, D;
+    int mask_kind, view_kind, want_weights;
+} problem;
+
+typedef struct result {
+    double err_out, err_w;
+    int status;
+} result;
+
+/* One problem's inputs, the broadcast mask for the oracle, and the oracle's answer. */
+typedef struct fixture {
+    problem pb;
+    view q, k, v;
+    attn_tensor mask_t;
+    uint8_t *mask;      /* the mask tensor's data, in its own (broadcast) shape */
+    uint8_t *full_mask; /* [B, H, Tq, Tk] after broadcast and the causal flag */
+    int causal_flag;
+    double *o_out, *o_w; /* oracle [B, H, Tq, D], [B, H, Tq, Tk] */
+    int empty_rows;      /* rows with no visible key */
+} fixture;
+
+static void fixture_make(fixture *f, const problem *pb)
+{
+    memset(f, 0, sizeof *f);
+    f->pb = *pb;
+    const int64_t B = pb->B, H = pb->H, Tq = pb->Tq, Tk = pb->Tk, D = pb->D;
+    view_make(&f->q, pb->view_kind, B, H, Tq, D);
+    /* The stride-2 view only on k and v: it makes the kernel pack them. */
+    view_make(&f->k, pb->view_kind, B, H, Tk, D);
+    view_make(&f->v, pb->view_kind, B, H, Tk, D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t i = 0; i < Tq; i++)
+                for (int64_t d = 0; d < D; d++)
+                    *view_at(&f->q, b, h, i, d) = (float)(2.0 * uni() - 1.0);
+            for (int64_t j = 0; j < Tk; j++)
+                for (int64_t d = 0; d < D; d++) {
+                    *view_at(&f->k, b, h, j, d) = (float)(2.0 * uni() - 1.0);
+                    *view_at(&f->v, b, h, j, d) = (float)(2.0 * uni() - 1.0);
+                }
+        }
+
+    /* The mask tensor, in a broadcast shape that depends on the kind. */
+    int64_t ms[4] = {1, 1, 1, 1};
+    int mndim = 4;
+    switch (pb->mask_kind) {
+    case MASK_NONE:
+        break;
+    case MASK_CAUSAL:
+        if (Tq == Tk) {
+            f->causal_flag = 1;
+        } else { /* causal needs Tq == Tk; the same rule as an explicit mask */
+            mndim = 2, ms[0] = Tq, ms[1] = Tk;
+        }
+        break;
+    case MASK_PADDING: /* [B, 1, 1, Tk]: odd samples pad their last quarter of keys */
+        ms[0] = B, ms[3] = Tk;
+        f->causal_flag = Tq == Tk && (Tq % 2 == 1); /* padding AND causal, sometimes */
+        break;
+    case MASK_RANDOM: /* [H, Tq, Tk] (3-D, broadcast over B), about 70% visible */
+        mndim = 3, ms[0] = H, ms[1] = Tq, ms[2] = Tk;
+        break;
+    case MASK_EMPTY_ROWS: /* [B, 1, Tq, Tk]: every third query row sees nothing */
+        ms[0] = B, ms[2] = Tq, ms[3] = Tk;
+        break;
+    }
+    if (pb->mask_kind != MASK_NONE && !(pb->mask_kind == MASK_CAUSAL && f->causal_flag)) {
+        int64_t n = ms[0] * ms[1] * ms[2] * ms[3];
+        f->mask = malloc((size_t)n);
+        int64_t shape[4];
+        for (int a = 0; a < mndim; a++)
+            shape[a] = ms[a];
+        attn_tensor_init(NULL, &f->mask_t, ATTN_DTYPE_BOOL, f->mask, mndim, shape);
+        for (int64_t x = 0; x < n; x++) {
+            int64_t j = x % Tk, rest = x / Tk;
+            int64_t i = rest % Tq, outer = rest / Tq;
+            uint8_t m = 1;
+            if (pb->mask_kind == MASK_CAUSAL)
+                m = j <= i;
+            else if (pb->mask_kind == MASK_PADDING)
+                m = !((x / Tk) % 2 == 1 && j >= Tk - Tk / 4);
+            else if (pb->mask_kind == MASK_RANDOM)
+                m = uni() < 0.7 || j == i % Tk; /* every row keeps one key */
+            else if (pb->mask_kind == MASK_EMPTY_ROWS)
+                m = (i % 3 != 1) && (uni() < 0.7 || j == (i + outer) % Tk);
+            f->mask[x] = m;
+        }
+    }
+
+    /* Broadcast for the oracle. */
+    f->full_mask = malloc((size_t)(B * H * Tq * Tk));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Tq; i++)
+                for (int64_t j = 0; j < Tk; j++) {
+                    uint8_t m = 1;
+                    if (f->mask) {
+                        const int64_t *st = f->mask_t.stride;
+                        int off = 4 - mndim;
+                        int64_t idx[4] = {b, h, i, j};
+                        int64_t o = 0;
+                        for (int a = 0; a < mndim; a++)
+                            o += (ms[a] == 1 ? 0 : idx[a + off]) * st[a];
+                        m = f->mask[o];
+                    }
+                    if (f->causal_flag && j > i)
+                        m = 0;
+                    f->full_mask[((b * H + h) * Tq + i) * Tk + j] = m;
+                }
+
+    /* The oracle, in double, straight from softmax(q k^T * scale, masked) v. */
+    f->o_out = calloc((size_t)(B * H * Tq * D), sizeof(double));
+    f->o_w = calloc((size_t)(B * H * Tq * Tk), sizeof(double));
+    double *row = malloc((size_t)Tk * sizeof(double));
+    const double scale = 1.0 / sqrt((double)D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Tq; i++) {
+                const uint8_t *mrow = f->full_mask + ((b * H + h) * Tq + i) * Tk;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < Tk; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++)
+                        s += (double)*view_at(&f->q, b, h, i, d) *
+                             (double)*view_at(&f->k, b, h, j, d);
+                    row[j] = mrow[j] ? s * scale : -INFINITY;
+                    if (row[j] > mx)
+                        mx = row[j];
+                }
+                double *orow = f->o_out + ((b * H + h) * Tq + i) * D;
+                double *wrow = f->o_w + ((b * H + h) * Tq + i) * Tk;
+                if (mx == -INFINITY) {
+                    f->empty_rows++;
+                    continue; /* zeros */
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    row[j] = mrow[j] ? exp(row[j] - mx) : 0.0;
+                    sum += row[j];
+                }
+                for (int64_t j = 0; j < Tk; j++) {
+                    wrow[j] = row[j] / sum;
+                    for (int64_t d = 0; d < D; d++)
+                        orow[d] += wrow[j] * (double)*view_at(&f->v, b, h, j, d);
+                }
+            }
+    free(row);
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->q.mem), free(f->k.mem), free(f->v.mem);
+    free(f->mask), free(f->full_mask), free(f->o_out), free(f->o_w);
+}
+
+/* Runs one kernel on the fixture and measures its error against the oracle. */
+static result run_one(fixture *f, attn_impl impl, attn_arch arch, int threads,
+                      attn_empty_rows empty_rows, char *msg, size_t msg_size)
+{
+    const problem *pb = &f->pb;
+    const int64_t B = pb->B, H = pb->H, Tq = pb->Tq, Tk = pb->Tk, D = pb->D;
+    result r = {0, 0, 0};
+    float *out = malloc((size_t)(B * H * Tq * D) * sizeof(float));
+    float *w = pb->want_weights ? malloc((size_t)(B * H * Tq * Tk) * sizeof(float)) : NULL;
+    /* NaN fill: a kernel that forgets to write an element fails the check. */
+    for (int64_t x = 0; x < B * H * Tq * D; x++)
+        out[x] = NAN;
+    for (int64_t x = 0; w && x < B * H * Tq * Tk; x++)
+        w[x] = NAN;
+    attn_tensor to, tw;
+    const int64_t os[4] = {B, H, Tq, D}, wsh[4] = {B, H, Tq, Tk};
+    attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, out, 4, os);
+    if (w)
+        attn_tensor_init(NULL, &tw, ATTN_DTYPE_F32, w, 4, wsh);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.mask = f->mask ? &f->mask_t : NULL;
+    p.causal = f->causal_flag;
+    p.empty_rows = empty_rows;
+    r.status = attn_sdpa(&ctx, &f->q.t, &f->k.t, &f->v.t, &p, &to, w ? &tw : NULL);
+    if (msg)
+        snprintf(msg, msg_size, "%s", ctx.message);
+    if (r.status == ATTN_OK) {
+        for (int64_t x = 0; x < B * H * Tq * D; x++) {
+            double e = fabs((double)out[x] - f->o_out[x]);
+            if (!(e <= r.err_out))
+                r.err_out = isnan(e) ? INFINITY : e;
+        }
+        for (int64_t x = 0; w && x < B * H * Tq * Tk; x++) {
+            double e = fabs((double)w[x] - f->o_w[x]);
+            if (!(e <= r.err_w))
+                r.err_w = isnan(e) ? INFINITY : e;
+        }
+    }
+    free(out);
+    free(w);
+    return r;
+}
+
+int main(void)
+{
+    static const int64_t Bs[] = {1, 3}, Hs[] = {1, 2, 5};
+    static const int64_t Ts[] = {1, 3, 17, 64, 113, 255};
+    static const int64_t Ds[] = {1, 4, 40, 64, 72, 128};
+    attn_arch archs[3];
+    int n_archs = 0;
+    const attn_arch all[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int a = 0; a < 3; a++)
+        if (attn_arch_supported(all[a]))
+            archs[n_archs++] = all[a];
+    fprintf(stderr, "paths on this machine:");
+    for (int a = 0; a < n_archs; a++)
+        fprintf(stderr, " %s", attn_arch_name(archs[a]));
+    fprintf(stderr, "\n");
+
+    TEST("the fused kernel stays within twice the reference's float32 error (plus 2e-6) "
+         "on every path, size, mask, view and thread count of the sweep");
+    double worst_ratio = 0;
+    char worst[400] = "";
+    int n = 0, problems = 0;
+    for (int iq = 0; iq < 6; iq++)
+        for (int ik = 0; ik < 6; ik++)
+            for (int id = 0; id < 6; id++)
+                for (int mk = 0; mk < MASK_KINDS; mk++, n++) {
+                    problem pb;
+                    pb.Tq = Ts[iq], pb.Tk = Ts[ik], pb.D = Ds[id];
+                    pb.mask_kind = mk;
+                    /* Co-prime periods 2, 3 and 7 (and 11 over 3 view kinds) spread the
+                     * other axes evenly over sizes and masks. */
+                    pb.B = Bs[n % 2];
+                    pb.H = Hs[n % 3];
+                    pb.view_kind = (n / 11) % 3;
+                    pb.want_weights = n % 7 < 3;
+                    /* Keep the largest problems from dominating the run time. */
+                    if (pb.Tq * pb.Tk * pb.D > 255 * 255 * 64)
+                        pb.B = 1, pb.H = pb.H > 2 ? 2 : pb.H;
+                    fixture f;
+                    fixture_make(&f, &pb);
+                    problems++;
+                    const attn_empty_rows er =
+                        f.empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
+                    result ref = run_one(&f, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, er, NULL, 0);
+                    CHECK_INT(ref.status, ATTN_OK);
+                    for (int a = 0; a < n_archs; a++)
+                        for (int t = 1; t <= 2; t++) {
+                            result fu = run_one(&f, ATTN_IMPL_FUSED, archs[a], t, er, NULL, 0);
+                            char what[200];
+                            snprintf(what, sizeof what,
+                                     "B=%lld H=%lld Tq=%lld Tk=%lld D=%lld mask=%s view=%d "
+                                     "weights=%d arch=%s threads=%d",
+                                     (long long)pb.B, (long long)pb.H, (long long)pb.Tq,
+                                     (long long)pb.Tk, (long long)pb.D, mask_names[pb.mask_kind],
+                                     pb.view_kind, pb.want_weights, attn_arch_name(archs[a]), t);
+                            CHECK_INT(fu.status, ATTN_OK);
+                            const double bo = 2 * ref.err_out + FLOOR, bw = 2 * ref.err_w + FLOOR;
+                            if (!(fu.err_out <= bo) || !(fu.err_w <= bw))
+                                fprintf(stderr, "  %s: out err %.3g (bound %.3g), weights err %.3g "
+                                                "(bound %.3g)\n",
+                                        what, fu.err_out, bo, fu.err_w, bw);
+                            CHECK(fu.err_out <= bo);
+                            CHECK(fu.err_w <= bw);
+                            double ratio = fu.err_out / bo;
+                            if (ratio > worst_ratio) {
+                                worst_ratio = ratio;
+                                snprintf(worst, sizeof worst, "%s (err %.3g, ref err %.3g)", what,
+                                         fu.err_out, ref.err_out);
+                            }
+                        }
+                    /* An empty row is an error by default, on every path, with the
+                     * reference's status. */
+                    if (f.empty_rows) {
+                        for (int a = 0; a < n_archs; a++) {
+                            char msg[ATTN_MESSAGE_SIZE];
+                            result fe = run_one(&f, ATTN_IMPL_FUSED, archs[a], 2,
+                                                ATTN_EMPTY_ROWS_ERROR, msg, sizeof msg);
+                            CHECK_INT(fe.status, ATTN_STATUS_EMPTY_ROW);
+                            CHECK_STR_CONTAINS(msg, "query 1 of batch 0, head 0");
+                        }
+                    }
+                    fixture_free(&f);
+                }
+    fprintf(stderr, "%d problems; worst error / bound = %.3f at %s\n", problems, worst_ratio,
+            worst);
+    return check_summary("test_fused_sweep");
+}
