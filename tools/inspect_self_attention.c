@@ -8,10 +8,23 @@
  * the chapter: the shapes, the token ids, the first head's first weight row and
  * which keys the last real token of sample 0 may attend to.
  *
+ * With the same seed it computes on the same numbers as the chapter's PyTorch code:
+ * x and both nn.Linear layers are drawn as torch.manual_seed + torch.randn +
+ * nn.Linear's default initialisation draw them (src/rng.c).
+ *
+ * For a learner there is more to see on request: --trace prints every step with its
+ * formula and shape, --dump DIR writes every array (.npy, .safetensors), --heatmap
+ * FILE.svg and --show draw the masks and each head's weights for one sample.
+ *
  * Usage: inspect_self_attention [--batch-size 2] [--seq-len 5] [--embed-dim 16]
- *                               [--num-heads 4] [--seed 42]
+ *                               [--num-heads 4] [--seed 42] [--trace] [--dump DIR]
+ *                               [--heatmap FILE.svg] [--show] [--sample 0]
  */
+#define _POSIX_C_SOURCE 200809L /* mkdir, isatty, fileno */
+
 #include "attn.h"
+#include "common_heatmap.h"
+#include "common_trace.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +32,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct options {
     int64_t batch_size; /* B */
@@ -26,6 +41,11 @@ typedef struct options {
     int64_t embed_dim;  /* E */
     int64_t num_heads;  /* H */
     uint64_t seed;
+    int trace;          /* --trace: print each step with its formula and shape */
+    const char *dump;   /* --dump DIR: write every array there, or NULL */
+    const char *heatmap; /* --heatmap FILE.svg, or NULL */
+    int show;           /* --show: heatmaps in the terminal */
+    int64_t sample;     /* --sample N: which sample --heatmap and --show draw */
 } options;
 
 static const char *prog = "inspect_self_attention";
@@ -43,7 +63,20 @@ static void usage(FILE *f)
             "  --seq-len T      tokens per sequence (default 5)\n"
             "  --embed-dim E    embedding size (default 16); must be divisible by H\n"
             "  --num-heads H    attention heads (default 4)\n"
-            "  --seed N         random seed for x and the weights (default 42)\n"
+            "  --seed N         random seed for x and the weights (default 42); the same\n"
+            "                   seed draws the same numbers as torch.manual_seed(N)\n"
+            "\n"
+            "What to show besides the seven lines:\n"
+            "  --trace          each step with its formula and shape, the masks and how\n"
+            "                   they broadcast, and which kernel ran\n"
+            "  --dump DIR       write x.npy, token_ids.npy, padding_mask.npy,\n"
+            "                   causal_mask.npy, combined_mask.npy, weights.safetensors\n"
+            "                   (qkv.weight, qkv.bias, output.weight, output.bias),\n"
+            "                   output.npy and attention.npy into DIR (created if needed)\n"
+            "  --heatmap FILE   an SVG of the padding, causal and combined masks and each\n"
+            "                   head's attention weights for one sample\n"
+            "  --show           the same heatmaps in the terminal\n"
+            "  --sample N       the sample --heatmap and --show draw (default 0)\n"
             "  -h, --help       show this help and exit\n"
             "\n"
             "Output: seven lines, x_shape, token_ids, output_shape, attention_shape,\n"
@@ -82,6 +115,11 @@ static int parse_options(int argc, char **argv, options *o)
     o->embed_dim = 16;
     o->num_heads = 4;
     o->seed = 42;
+    o->trace = 0;
+    o->dump = NULL;
+    o->heatmap = NULL;
+    o->show = 0;
+    o->sample = 0;
     /* Sizes are capped so that the experiment's arrays stay printable and in memory. */
     const int64_t max_size = 1 << 20;
     for (int i = 1; i < argc; i++) {
@@ -90,10 +128,19 @@ static int parse_options(int argc, char **argv, options *o)
             usage(stdout);
             return 1;
         }
-        const char *names[] = {"--batch-size", "--seq-len", "--embed-dim", "--num-heads", "--seed"};
+        if (!strcmp(arg, "--trace")) {
+            o->trace = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--show")) {
+            o->show = 1;
+            continue;
+        }
+        const char *names[] = {"--batch-size", "--seq-len", "--embed-dim", "--num-heads", "--seed",
+                               "--sample", "--dump", "--heatmap"};
         int which = -1;
         const char *value = NULL;
-        for (int n = 0; n < 5; n++) {
+        for (int n = 0; n < 8; n++) {
             size_t len = strlen(names[n]);
             if (!strncmp(arg, names[n], len) && (arg[len] == '\0' || arg[len] == '=')) {
                 which = n;
@@ -111,9 +158,21 @@ static int parse_options(int argc, char **argv, options *o)
             }
             value = argv[++i];
         }
+        if (which >= 6) { /* paths */
+            if (value[0] == '\0') {
+                fprintf(stderr, "%s: %s needs a non-empty path\n", prog, names[which]);
+                return 2;
+            }
+            if (which == 6)
+                o->dump = value;
+            else
+                o->heatmap = value;
+            continue;
+        }
         int64_t v;
-        int ok = which == 4 ? parse_int(names[which], value, 0, INT64_MAX, &v)
-                            : parse_int(names[which], value, 1, max_size, &v);
+        int ok = which == 4   ? parse_int(names[which], value, 0, INT64_MAX, &v)
+                 : which == 5 ? parse_int(names[which], value, 0, max_size, &v)
+                              : parse_int(names[which], value, 1, max_size, &v);
         if (!ok)
             return 2;
         switch (which) {
@@ -122,7 +181,14 @@ static int parse_options(int argc, char **argv, options *o)
         case 2: o->embed_dim = v; break;
         case 3: o->num_heads = v; break;
         case 4: o->seed = (uint64_t)v; break;
+        case 5: o->sample = v; break;
         }
+    }
+    if (o->sample >= o->batch_size) {
+        fprintf(stderr, "%s: --sample %" PRId64 " is out of range for --batch-size %" PRId64
+                        " (samples are 0 .. %" PRId64 ")\n",
+                prog, o->sample, o->batch_size, o->batch_size - 1);
+        return 2;
     }
     if (o->embed_dim % o->num_heads != 0) {
         fprintf(stderr, "%s: --embed-dim %" PRId64 " is not divisible by --num-heads %" PRId64 "\n",
@@ -220,16 +286,14 @@ static int experiment_run(attn_ctx *ctx, const options *o, experiment *e)
     TRY(attn_tensor_alloc(ctx, &e->output, ATTN_DTYPE_F32, 3, x_shape));
     TRY(attn_tensor_alloc(ctx, &e->attention, ATTN_DTYPE_F32, 4, attn_shape));
 
-    /* x ~ N(0, 1), then nn.Linear's default initialisation of the two projections:
-     * weight and bias uniform in +-1/sqrt(in_features) (in_features = E for both). */
+    /* x ~ N(0, 1), then nn.Linear's default initialisation of the two projections
+     * (qkv = Linear(E, 3E), then output = Linear(E, E); weight then bias, uniform in
+     * +-1/sqrt(in_features)), draw for draw as PyTorch after torch.manual_seed. */
     attn_rng rng;
     attn_rng_seed(&rng, o->seed);
     attn_rng_randn(&rng, e->x.data, B * T * E);
-    const float bound = (float)(1.0 / sqrt((double)E));
-    attn_rng_uniform(&rng, e->w.w_qkv.data, 3 * E * E, -bound, bound);
-    attn_rng_uniform(&rng, e->w.b_qkv.data, 3 * E, -bound, bound);
-    attn_rng_uniform(&rng, e->w.w_o.data, E * E, -bound, bound);
-    attn_rng_uniform(&rng, e->w.b_o.data, E, -bound, bound);
+    attn_rng_linear_init(&rng, e->w.w_qkv.data, e->w.b_qkv.data, 3 * E, E);
+    attn_rng_linear_init(&rng, e->w.w_o.data, e->w.b_o.data, E, E);
 
     int64_t *ids = e->token_ids.data;
     for (int64_t b = 0; b < B; b++) {
@@ -291,6 +355,200 @@ static void experiment_print(const options *o, const experiment *e)
     printf("]\n");
 }
 
+/* ------------------------------------------------------------------------------
+ * --trace: which kernel ran, then the step table (tools/common_trace.c)
+ * ---------------------------------------------------------------------------- */
+
+static void print_trace(const attn_ctx *ctx, const options *o)
+{
+    char kernel[256];
+    char reason[512];
+    const char *arch_reason = attn_arch_reason(ctx);
+    attn_arch arch = attn_arch_selected(ctx);
+    if (ctx->impl == ATTN_IMPL_REF) {
+        snprintf(kernel, sizeof kernel,
+                 "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/sdpa_ref.c)");
+        snprintf(reason, sizeof reason, "ctx->impl is ATTN_IMPL_REF");
+    } else if (arch == ATTN_ARCH_REF) {
+        snprintf(kernel, sizeof kernel,
+                 "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/sdpa_ref.c)");
+        snprintf(reason, sizeof reason, "ctx->impl is %s but the selected arch is ref (%s)",
+                 ctx->impl == ATTN_IMPL_FUSED ? "FUSED" : "AUTO", arch_reason);
+    } else {
+        snprintf(kernel, sizeof kernel,
+                 "fused online-softmax kernel (attn_sdpa_fused, src/sdpa_fused.c), %s build",
+                 attn_arch_name(arch));
+        snprintf(reason, sizeof reason, "ctx->impl is %s, so attn_sdpa runs the fused kernel; arch %s",
+                 ctx->impl == ATTN_IMPL_FUSED ? "FUSED" : "AUTO (the default)", arch_reason);
+    }
+    trace_info t;
+    t.B = o->batch_size;
+    t.T = o->seq_len;
+    t.E = o->embed_dim;
+    t.H = o->num_heads;
+    t.seed = o->seed;
+    t.pad_id = 0;
+    t.attention_kernel = kernel;
+    t.kernel_reason = reason;
+    t.threads = attn_threads_resolve(ctx);
+    trace_print(stdout, &t);
+}
+
+/* ------------------------------------------------------------------------------
+ * --dump DIR: every array, in the formats the attn program reads
+ * ---------------------------------------------------------------------------- */
+
+static int dump_all(attn_ctx *ctx, const char *dir, const experiment *e)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "%s: cannot create directory %s: %s\n", prog, dir, strerror(errno));
+        return 1;
+    }
+    const struct {
+        const char *file;
+        const attn_tensor *t;
+    } arrays[] = {
+        {"x.npy", &e->x},
+        {"token_ids.npy", &e->token_ids},
+        {"padding_mask.npy", &e->padding_mask},
+        {"causal_mask.npy", &e->causal_mask},
+        {"combined_mask.npy", &e->combined_mask},
+        {"output.npy", &e->output},
+        {"attention.npy", &e->attention},
+    };
+    char path[4096];
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, arrays[i].file);
+        if (attn_npy_save(ctx, path, arrays[i].t) != ATTN_OK) {
+            fprintf(stderr, "%s: %s\n", prog, ctx->message);
+            return 1;
+        }
+    }
+    /* The chapter module's parameter names (nn.Module.state_dict()). */
+    const char *names[4] = {"qkv.weight", "qkv.bias", "output.weight", "output.bias"};
+    const attn_tensor tensors[4] = {e->w.w_qkv, e->w.b_qkv, e->w.w_o, e->w.b_o};
+    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
+    if (attn_safetensors_save(ctx, path, names, tensors, 4) != ATTN_OK) {
+        fprintf(stderr, "%s: %s\n", prog, ctx->message);
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------
+ * --heatmap FILE.svg and --show: one sample's masks and weights
+ * (tools/common_heatmap.c)
+ * ---------------------------------------------------------------------------- */
+
+/* Panels for sample s: padding mask [T] (one row: it is the same for every query),
+ * causal mask [T, T], combined mask [T, T], then one [T, T] panel per head. The
+ * masks are shown as 0/1 values, and every cell the mask forbids is marked. */
+typedef struct picture {
+    heatmap_panel panels[3 + 64];
+    int n;
+    float *mask_values;   /* padding [T], causal [T, T], combined [T, T] as 0/1 */
+    uint8_t *mask_off;    /* the same three, 1 where the mask is false */
+    char titles[3 + 64][64];
+    char title[512];
+} picture;
+
+static int picture_build(const options *o, const experiment *e, picture *pic)
+{
+    const int64_t T = o->seq_len, H = o->num_heads, s = o->sample;
+    const int64_t n = T + 2 * T * T;
+    memset(pic, 0, sizeof *pic);
+    if (H > 64) {
+        fprintf(stderr, "%s: --heatmap and --show draw at most 64 heads, got %" PRId64 "\n",
+                prog, H);
+        return 1;
+    }
+    pic->mask_values = malloc((size_t)n * sizeof(float));
+    pic->mask_off = malloc((size_t)n);
+    if (!pic->mask_values || !pic->mask_off) {
+        fprintf(stderr, "%s: out of memory for the heatmaps\n", prog);
+        return 1;
+    }
+    const uint8_t *pad = (const uint8_t *)e->padding_mask.data + s * T;
+    const uint8_t *cau = e->causal_mask.data;
+    const uint8_t *comb = (const uint8_t *)e->combined_mask.data + s * T * T;
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t m = i < T ? pad[i] : i < T + T * T ? cau[i - T] : comb[i - T - T * T];
+        pic->mask_values[i] = m ? 1.0f : 0.0f;
+        pic->mask_off[i] = !m;
+    }
+    const int64_t *ids = (const int64_t *)e->token_ids.data + s * T;
+    const char *what[3] = {"padding mask", "causal mask", "combined mask"};
+    const int64_t offset[3] = {0, T, T + T * T};
+    for (int k = 0; k < 3; k++) {
+        heatmap_panel *p = &pic->panels[k];
+        snprintf(pic->titles[k], sizeof pic->titles[k], "%s", what[k]);
+        p->title = pic->titles[k];
+        p->rows = k == 0 ? 1 : T;
+        p->cols = T;
+        p->values = pic->mask_values + offset[k];
+        p->masked = pic->mask_off + offset[k];
+        p->row_stride = p->mask_row_stride = k == 0 ? 0 : T;
+        p->col_stride = p->mask_col_stride = 1;
+        p->row_labels = k == 0 ? NULL : ids;
+        p->col_labels = ids;
+        p->row_axis = k == 0 ? NULL : "query";
+        p->col_axis = "key";
+        p->is_mask = 1;
+    }
+    const float *att = (const float *)e->attention.data + s * H * T * T;
+    for (int64_t h = 0; h < H; h++) {
+        heatmap_panel *p = &pic->panels[3 + h];
+        snprintf(pic->titles[3 + h], sizeof pic->titles[3 + h], "head %" PRId64 " weights", h);
+        p->title = pic->titles[3 + h];
+        p->rows = p->cols = T;
+        p->values = att + h * T * T;
+        p->row_stride = p->mask_row_stride = T;
+        p->col_stride = p->mask_col_stride = 1;
+        p->masked = pic->mask_off + T + T * T; /* the combined mask, for every head */
+        p->row_labels = p->col_labels = ids;
+        p->row_axis = "query";
+        p->col_axis = "key";
+        p->is_mask = 0;
+    }
+    pic->n = (int)(3 + H);
+    int used = snprintf(pic->title, sizeof pic->title,
+                        "sample %" PRId64 ", token ids [", s);
+    for (int64_t t = 0; t < T && used < (int)sizeof pic->title - 40; t++)
+        used += snprintf(pic->title + used, sizeof pic->title - (size_t)used,
+                         t ? ", %" PRId64 : "%" PRId64, ids[t]);
+    snprintf(pic->title + used, sizeof pic->title - (size_t)used,
+             "] (pad id 0): masks and attention weights, B=%" PRId64 " T=%" PRId64
+             " E=%" PRId64 " H=%" PRId64 ", seed %" PRIu64,
+             o->batch_size, T, o->embed_dim, H, o->seed);
+    return 0;
+}
+
+static void picture_free(picture *pic)
+{
+    free(pic->mask_values);
+    free(pic->mask_off);
+}
+
+static int write_heatmap_svg(const char *path, const picture *pic)
+{
+    /* Written next to the target and renamed over it, so a reader never sees half. */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
+        return 1;
+    }
+    int bad = heatmap_write_svg(f, pic->title, pic->panels, pic->n, 3, 4) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
+        remove(tmp);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -308,6 +566,28 @@ int main(int argc, char **argv)
         return 1;
     }
     experiment_print(&o, &e);
+    /* The seven lines above stay exactly the chapter's; what follows is asked for. */
+    if (o.trace) {
+        printf("\n");
+        print_trace(&ctx, &o);
+    }
+    rc = 0;
+    if (o.dump)
+        rc = dump_all(&ctx, o.dump, &e);
+    if (rc == 0 && (o.heatmap || o.show)) {
+        picture pic;
+        rc = picture_build(&o, &e, &pic);
+        if (rc == 0 && o.heatmap)
+            rc = write_heatmap_svg(o.heatmap, &pic);
+        if (rc == 0 && o.show) {
+            printf("\n%s\n\n", pic.title);
+            int color = isatty(fileno(stdout)) && !getenv("NO_COLOR");
+            heatmap_print_terminal(stdout, pic.panels, pic.n, color);
+        }
+        picture_free(&pic);
+    }
     experiment_free(&ctx, &e);
-    return fflush(stdout) == 0 ? 0 : 1;
+    if (fflush(stdout) != 0)
+        return 1;
+    return rc;
 }
