@@ -57,6 +57,11 @@ void attn__wfile_abort(attn_ctx *ctx, attn__wfile *wf);
 /* Writes the elements of t (any strides) in C order, little-endian, through wf. */
 int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t);
 
+/* Writes t as a complete .npy file (preamble, header, data) through wf; the caller
+ * commits or aborts. attn_npy_save is open + this + commit; the attn program uses it
+ * to write all its outputs before renaming any. */
+int attn__npy_write(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t);
+
 /* ---- numbers ---------------------------------------------------------------- */
 
 /* IEEE 754 binary16 and bfloat16 to float32 (exact: every value is representable). */

@@ -435,8 +435,9 @@ done:
 
 /* ---- saving -------------------------------------------------------------------- */
 
-int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)
+int attn__npy_write(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t)
 {
+    const char *path = wf->path;
     if (!t)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "attn_npy_save: tensor is NULL");
     int st = attn_tensor_check(ctx, t, path ? path : "npy output");
@@ -461,11 +462,7 @@ int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)
                           path ? path : "(null)", (int)t->dtype);
     }
     char shape[160];
-    int k = snprintf(shape, sizeof(shape), "(");
-    for (int i = 0; i < t->ndim; i++)
-        k += snprintf(shape + k, sizeof(shape) - (size_t)k, "%s%lld", i ? ", " : "",
-                      (long long)t->shape[i]);
-    snprintf(shape + k, sizeof(shape) - (size_t)k, t->ndim == 1 ? ",)" : ")");
+    attn_shape_format(shape, sizeof(shape), t->ndim, t->shape);
 
     /* numpy pads the header with spaces so that the data starts at a multiple of 64
      * bytes, and ends it with '\n'. A version 1 header fits any 4-D shape. */
@@ -485,13 +482,23 @@ int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)
     pre[7] = 0;
     pre[8] = (unsigned char)(hlen & 0xff);
     pre[9] = (unsigned char)(hlen >> 8);
+    if ((st = attn__wfile_write(ctx, wf, pre, sizeof(pre))) ||
+        (st = attn__wfile_write(ctx, wf, header, hlen)))
+        return st;
+    return attn__wfile_write_tensor(ctx, wf, t);
+}
 
+int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)
+{
+    if (!t)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "attn_npy_save: tensor is NULL");
+    int st = attn_tensor_check(ctx, t, path ? path : "npy output");
+    if (st)
+        return st;
     attn__wfile wf;
     if ((st = attn__wfile_open(ctx, &wf, path)))
         return st;
-    if ((st = attn__wfile_write(ctx, &wf, pre, sizeof(pre))) ||
-        (st = attn__wfile_write(ctx, &wf, header, hlen)) ||
-        (st = attn__wfile_write_tensor(ctx, &wf, t))) {
+    if ((st = attn__npy_write(ctx, &wf, t))) {
         attn__wfile_abort(ctx, &wf);
         return st;
     }

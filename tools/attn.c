@@ -15,6 +15,9 @@
 
 /* Subcommands register here: { "name", "one-line summary", function }. */
 static const attn_cmd commands[] = {
+    {"forward", "multi-head self-attention with weights from a .safetensors file",
+     attn_cmd_forward},
+    {"sdpa", "scaled dot-product attention on .npy arrays", attn_cmd_sdpa},
     {NULL, NULL, NULL}, /* placeholder so the table is never empty */
 };
 

@@ -15,4 +15,8 @@ typedef struct attn_cmd {
     int (*run)(int argc, char **argv);
 } attn_cmd;
 
+/* tools/attn_forward.c and tools/attn_sdpa.c */
+int attn_cmd_forward(int argc, char **argv);
+int attn_cmd_sdpa(int argc, char **argv);
+
 #endif

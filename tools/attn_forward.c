@@ -1,0 +1,250 @@
+/*
+ * attn_forward.c - `attn forward`: multi-head self-attention (the chapter's module)
+ * with weights from a .safetensors file, on an input from a .npy file.
+ *
+ *   x [B, T, E] (or [T, E]) -> attn_mha_forward -> y [B, T, E] (or [T, E])
+ *   optional: the attention weights [B, H, T, T] (or [H, T, T])
+ *
+ * Masks: --token-ids/--pad-id build the padding mask [B, 1, 1, T], --mask adds a
+ * boolean mask of any shape that broadcasts to [B, H, T, T], --causal the causal
+ * mask; all combine by AND.
+ */
+#include "attn.h"
+#include "attn_cmds.h"
+#include "common_cli.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define PROG "attn forward"
+
+static const char HELP[] =
+    "NAME\n"
+    "    attn forward - multi-head self-attention with weights from a file\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    attn forward --weights W.safetensors [--prefix P] --num-heads H\n"
+    "                 --input X.npy [--token-ids IDS.npy --pad-id N] [--causal]\n"
+    "                 [--mask M.npy] [--empty-rows error|zero]\n"
+    "                 --output Y.npy [--attention A.npy]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Runs the chapter's multi-head self-attention on X:\n"
+    "\n"
+    "        qkv = X W_qkv^T + b_qkv            [B, T, 3E], split into q, k, v\n"
+    "        q, k, v -> [B, H, T, D]            D = E / H\n"
+    "        weights = softmax(q k^T / sqrt(D)) with masked keys at -inf\n"
+    "        Y = merge(weights v) W_o^T + b_o   [B, T, E]\n"
+    "\n"
+    "    X is [B, T, E] (a batch) or [T, E] (one sequence); Y has the shape of X.\n"
+    "    Arrays are .npy files (float32, or float64/float16, converted).\n"
+    "\n"
+    "OPTIONS\n"
+    "    --weights W.safetensors\n"
+    "        The projection weights, by any of these names (each under --prefix):\n"
+    "          qkv.weight [3E,E], qkv.bias [3E], output.weight [E,E], output.bias [E]\n"
+    "              (the chapter's module);\n"
+    "          in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias\n"
+    "              (PyTorch nn.MultiheadAttention's state_dict; biases optional);\n"
+    "          q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight [E,E]\n"
+    "              (separate projections; each .bias optional, zeros if absent).\n"
+    "        F32, F16, BF16 and F64 tensors are read (converted to float32).\n"
+    "    --prefix P\n"
+    "        A prefix for every weight name, e.g. 'layers.0.attn.' (default none).\n"
+    "    --num-heads H\n"
+    "        The number of heads, at least 1; E must be divisible by H.\n"
+    "    --input X.npy\n"
+    "        The input, [B, T, E] or [T, E].\n"
+    "    --token-ids IDS.npy, --pad-id N\n"
+    "        Token ids [B, T] (or [T]; int32 or int64) and the pad id: keys whose id is\n"
+    "        N are masked (a padding mask [B, 1, 1, T]). Give both or neither.\n"
+    "    --causal\n"
+    "        Position t attends to positions 0..t only (mask [1, 1, T, T]).\n"
+    "    --mask M.npy\n"
+    "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
+    "        to [B, H, T, T] by numpy's rule.\n"
+    "    --empty-rows error|zero\n"
+    "        A query whose keys are all masked is an error (default), or gets zero\n"
+    "        output and zero weights ('zero').\n"
+    "    --output Y.npy\n"
+    "        Where to write the output (float32, the shape of X).\n"
+    "    --attention A.npy\n"
+    "        Also write the attention weights, [B, H, T, T] (or [H, T, T] for [T, E]).\n"
+    "    -h, --help\n"
+    "        Print this help and exit.\n"
+    "\n"
+    "    Options take their value as the next argument or after '=' (--num-heads=4).\n"
+    "    Output files are written whole or not at all: each goes to a temporary file\n"
+    "    next to it, and all are renamed into place only when all are written.\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 on success, 2 on a usage error (an unknown or missing option, a bad\n"
+    "    number), 1 on any other error (a file that cannot be read, shapes that do\n"
+    "    not fit, a fully masked query row); an error prints one line on stderr.\n"
+    "\n"
+    "EXAMPLE\n"
+    "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
+    "        --token-ids ids.npy --pad-id 0 --causal --output y.npy --attention a.npy\n"
+    "\n"
+    "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
+
+int attn_cmd_forward(int argc, char **argv)
+{
+    const char *weights = NULL, *prefix = "", *input = NULL, *ids_path = NULL;
+    const char *mask_path = NULL, *output = NULL, *attention = NULL;
+    int64_t num_heads = 0, pad_id = 0;
+    int causal = 0, empty_rows = 0;
+    static const char *const empty_choices[] = {"error", "zero", NULL};
+    cli_opt opts[] = {
+        {"weights", CLI_STRING, &weights, NULL, 0, 0, 0},
+        {"prefix", CLI_STRING, &prefix, NULL, 0, 0, 0},
+        {"num-heads", CLI_INT, &num_heads, NULL, 1, INT64_MAX, 0},
+        {"input", CLI_STRING, &input, NULL, 0, 0, 0},
+        {"token-ids", CLI_STRING, &ids_path, NULL, 0, 0, 0},
+        {"pad-id", CLI_INT, &pad_id, NULL, 0, 0, 0},
+        {"causal", CLI_FLAG, &causal, NULL, 0, 0, 0},
+        {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
+        {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
+        {"output", CLI_STRING, &output, NULL, 0, 0, 0},
+        {"attention", CLI_STRING, &attention, NULL, 0, 0, 0},
+    };
+    const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
+    int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
+    if (rc != CLI_PARSED)
+        return rc;
+    static const char *const required[] = {"weights", "num-heads", "input", "output", NULL};
+    if ((rc = cli_require(PROG, opts, nopts, required)) != CLI_PARSED)
+        return rc;
+    if (cli_seen(opts, nopts, "token-ids") != cli_seen(opts, nopts, "pad-id"))
+        return cli_usage_error(PROG, "--token-ids and --pad-id go together");
+    if (attention && strcmp(attention, output) == 0)
+        return cli_usage_error(PROG, "--output and --attention name the same file");
+
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_mha_weights w;
+    attn_array x = {0}, ids = {0}, user_mask = {0};
+    attn_tensor pad = {0}, both = {0}, out = {0}, att = {0};
+    const attn_tensor *mask = NULL;
+    int status = CLI_EXIT_ERROR;
+    memset(&w, 0, sizeof(w));
+
+    if (attn_weights_load(&ctx, weights, prefix, num_heads, &w) != ATTN_OK) {
+        cli_fail(PROG, &ctx);
+        goto done;
+    }
+    const int64_t E = w.w_o.shape[0], H = num_heads;
+    if (cli_load_npy(PROG, &ctx, "--input", input, &x))
+        goto done;
+    if (x.tensor.dtype != ATTN_DTYPE_F32 || (x.tensor.ndim != 2 && x.tensor.ndim != 3) ||
+        x.tensor.shape[x.tensor.ndim - 1] != E) {
+        char s[96];
+        cli_error(PROG,
+                  "--input %s: expected a float array [B, T, %lld] or [T, %lld] (E from the "
+                  "weights), got %s %s",
+                  input, (long long)E, (long long)E, attn_dtype_name(x.tensor.dtype),
+                  cli_shape(&x.tensor, s, sizeof(s)));
+        goto done;
+    }
+    const int single = x.tensor.ndim == 2;
+    const int64_t B = single ? 1 : x.tensor.shape[0];
+    const int64_t T = x.tensor.shape[x.tensor.ndim - 2];
+    attn_tensor x3;
+    const int64_t s3[3] = {B, T, E};
+    attn_tensor_init(&ctx, &x3, ATTN_DTYPE_F32, x.tensor.data, 3, s3);
+
+    if (ids_path) {
+        if (cli_load_npy(PROG, &ctx, "--token-ids", ids_path, &ids))
+            goto done;
+        attn_tensor ids2 = ids.tensor;
+        int ok = ids.tensor.dtype == ATTN_DTYPE_I64 || ids.tensor.dtype == ATTN_DTYPE_I32;
+        if (ok && ids.tensor.ndim == 1 && single) {
+            const int64_t s2[2] = {1, ids.tensor.shape[0]};
+            attn_tensor_init(&ctx, &ids2, ids.tensor.dtype, ids.tensor.data, 2, s2);
+        }
+        if (!ok || ids2.ndim != 2 || ids2.shape[0] != B || ids2.shape[1] != T) {
+            char s[96];
+            cli_error(PROG, "--token-ids %s: expected int32 or int64 ids [%lld, %lld], got %s %s",
+                      ids_path, (long long)B, (long long)T, attn_dtype_name(ids.tensor.dtype),
+                      cli_shape(&ids.tensor, s, sizeof(s)));
+            goto done;
+        }
+        const int64_t sp[4] = {B, 1, 1, T};
+        if (attn_tensor_alloc(&ctx, &pad, ATTN_DTYPE_BOOL, 4, sp) ||
+            attn_mask_padding(&ctx, &ids2, pad_id, &pad)) {
+            cli_fail(PROG, &ctx);
+            goto done;
+        }
+        mask = &pad;
+    }
+    if (mask_path) {
+        if (cli_load_npy(PROG, &ctx, "--mask", mask_path, &user_mask))
+            goto done;
+        if (user_mask.tensor.dtype != ATTN_DTYPE_BOOL) {
+            cli_error(PROG, "--mask %s: a mask must be bool or uint8, not %s", mask_path,
+                      attn_dtype_name(user_mask.tensor.dtype));
+            goto done;
+        }
+        if (attn_mask_check(&ctx, &user_mask.tensor, B, H, T, T)) {
+            cli_error(PROG, "--mask %s: %s", mask_path, ctx.message);
+            goto done;
+        }
+        if (mask) {
+            int nd;
+            int64_t sb[ATTN_MAX_DIMS];
+            if (attn_broadcast_shape(&ctx, pad.ndim, pad.shape, user_mask.tensor.ndim,
+                                     user_mask.tensor.shape, &nd, sb) ||
+                attn_tensor_alloc(&ctx, &both, ATTN_DTYPE_BOOL, nd, sb) ||
+                attn_mask_and(&ctx, &pad, &user_mask.tensor, &both)) {
+                cli_fail(PROG, &ctx);
+                goto done;
+            }
+            mask = &both;
+        } else {
+            mask = &user_mask.tensor;
+        }
+    }
+
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.mask = mask;
+    p.causal = causal;
+    p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
+    const int64_t sa[4] = {B, H, T, T};
+    if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3) ||
+        (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa))) {
+        cli_fail(PROG, &ctx);
+        goto done;
+    }
+    if (attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
+        cli_fail(PROG, &ctx);
+        goto done;
+    }
+
+    /* One sequence in, one sequence out: drop the batch axis of size 1 again. */
+    attn_tensor results[2];
+    const char *paths[2] = {output, attention};
+    results[0] = out;
+    results[1] = att;
+    if (single) {
+        const int64_t so[2] = {T, E}, sw[3] = {H, T, T};
+        attn_tensor_reshape(&ctx, &out, 2, so, &results[0]);
+        if (attention)
+            attn_tensor_reshape(&ctx, &att, 3, sw, &results[1]);
+    }
+    if (cli_save_npys(PROG, &ctx, attention ? 2 : 1, paths, results))
+        goto done;
+    status = CLI_EXIT_OK;
+
+done:
+    attn_weights_free(&ctx, &w);
+    attn_array_free(&ctx, &x);
+    attn_array_free(&ctx, &ids);
+    attn_array_free(&ctx, &user_mask);
+    attn_tensor_free(&ctx, &pad);
+    attn_tensor_free(&ctx, &both);
+    attn_tensor_free(&ctx, &out);
+    attn_tensor_free(&ctx, &att);
+    return status;
+}

@@ -1,0 +1,240 @@
+/*
+ * common_cli.c - option parsing and error printing for the attn subcommands; see
+ * common_cli.h for the conventions.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "common_cli.h"
+#include "io_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Prints "PROG: " + the message on one line: a newline inside the message (a file
+ * name with a newline, say) is shown as a space so the error stays one line. */
+static void vline(const char *prog, const char *suffix, const char *fmt, va_list ap)
+{
+    char buf[1024];
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    for (char *c = buf; *c; c++)
+        if (*c == '\n' || *c == '\r')
+            *c = ' ';
+    fprintf(stderr, "%s: %s%s\n", prog, buf, suffix);
+}
+
+void cli_error(const char *prog, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vline(prog, "", fmt, ap);
+    va_end(ap);
+}
+
+int cli_usage_error(const char *prog, const char *fmt, ...)
+{
+    char suffix[160];
+    snprintf(suffix, sizeof(suffix), " (run '%s --help')", prog);
+    va_list ap;
+    va_start(ap, fmt);
+    vline(prog, suffix, fmt, ap);
+    va_end(ap);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_fail(const char *prog, const attn_ctx *ctx)
+{
+    cli_error(prog, "%s", ctx->message[0] ? ctx->message : attn_strerror(ctx->status));
+    return CLI_EXIT_ERROR;
+}
+
+const char *cli_shape(const attn_tensor *t, char *buf, size_t cap)
+{
+    attn_shape_format(buf, cap, t->ndim, t->shape);
+    return buf;
+}
+
+int cli_parse_int64(const char *s, int64_t *out)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || s[0] == ' ' || s[0] == '\t')
+        return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+int cli_parse_double(const char *s, double *out)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || s[0] == ' ' || s[0] == '\t' || !isfinite(v))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+const cli_opt *cli_find(const cli_opt *opts, int nopts, const char *name)
+{
+    for (int i = 0; i < nopts; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+int cli_seen(const cli_opt *opts, int nopts, const char *name)
+{
+    const cli_opt *o = cli_find(opts, nopts, name);
+    return o && o->seen;
+}
+
+static int set_value(const char *prog, cli_opt *o, const char *v)
+{
+    switch (o->kind) {
+    case CLI_FLAG:
+        *(int *)o->dest = 1;
+        return CLI_PARSED;
+    case CLI_STRING:
+        if (!*v)
+            return cli_usage_error(prog, "--%s needs a non-empty value", o->name);
+        *(const char **)o->dest = v;
+        return CLI_PARSED;
+    case CLI_INT: {
+        int64_t x;
+        if (!cli_parse_int64(v, &x))
+            return cli_usage_error(prog, "--%s takes a whole number, not '%s'", o->name, v);
+        if ((o->min || o->max) && (x < o->min || x > o->max)) {
+            if (o->max == INT64_MAX)
+                return cli_usage_error(prog, "--%s must be at least %lld (got %lld)",
+                                       o->name, (long long)o->min, (long long)x);
+            return cli_usage_error(prog, "--%s must be in %lld..%lld (got %lld)", o->name,
+                                   (long long)o->min, (long long)o->max, (long long)x);
+        }
+        *(int64_t *)o->dest = x;
+        return CLI_PARSED;
+    }
+    case CLI_FLOAT: {
+        double x;
+        if (!cli_parse_double(v, &x))
+            return cli_usage_error(prog, "--%s takes a finite number, not '%s'", o->name, v);
+        *(double *)o->dest = x;
+        return CLI_PARSED;
+    }
+    case CLI_CHOICE:
+        for (int k = 0; o->choices[k]; k++)
+            if (strcmp(o->choices[k], v) == 0) {
+                *(int *)o->dest = k;
+                return CLI_PARSED;
+            }
+        {
+            char list[256] = "";
+            for (int k = 0; o->choices[k]; k++) {
+                strncat(list, k ? "|" : "", sizeof(list) - strlen(list) - 1);
+                strncat(list, o->choices[k], sizeof(list) - strlen(list) - 1);
+            }
+            return cli_usage_error(prog, "--%s takes %s, not '%s'", o->name, list, v);
+        }
+    }
+    return CLI_EXIT_USAGE;
+}
+
+int cli_parse(const char *prog, int argc, char **argv, cli_opt *opts, int nopts,
+              const char *help_text)
+{
+    for (int i = 0; i < nopts; i++)
+        opts[i].seen = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(help_text, stdout);
+            return CLI_EXIT_OK;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !a[2])
+            return cli_usage_error(prog, "unexpected argument '%s'", a);
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        cli_opt *o = NULL;
+        for (int k = 0; k < nopts; k++)
+            if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0)
+                o = &opts[k];
+        if (!o)
+            return cli_usage_error(prog, "unknown option '--%.*s'", (int)len, name);
+        if (o->seen)
+            return cli_usage_error(prog, "--%s is given twice", o->name);
+        o->seen = 1;
+        const char *v = NULL;
+        if (o->kind == CLI_FLAG) {
+            if (eq)
+                return cli_usage_error(prog, "--%s takes no value", o->name);
+        } else if (eq) {
+            v = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return cli_usage_error(prog, "--%s needs a value", o->name);
+            v = argv[++i];
+        }
+        int rc = set_value(prog, o, v);
+        if (rc != CLI_PARSED)
+            return rc;
+    }
+    return CLI_PARSED;
+}
+
+int cli_require(const char *prog, const cli_opt *opts, int nopts, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (!cli_seen(opts, nopts, names[i]))
+            return cli_usage_error(prog, "missing --%s", names[i]);
+    return CLI_PARSED;
+}
+
+int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *path,
+                 attn_array *out)
+{
+    if (attn_npy_load(ctx, path, out) == ATTN_OK)
+        return 0;
+    cli_error(prog, "%s: %s", what, ctx->message);
+    return CLI_EXIT_ERROR;
+}
+
+int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
+                  const attn_tensor *tensors)
+{
+    attn__wfile wf[8];
+    int opened = 0, rc = 0;
+    if (n > 8) {
+        cli_error(prog, "internal error: more than 8 outputs");
+        return CLI_EXIT_ERROR;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        rc = attn__wfile_open(ctx, &wf[i], paths[i]);
+        if (rc)
+            break;
+        opened++;
+        rc = attn__npy_write(ctx, &wf[i], &tensors[i]);
+    }
+    /* Every byte is written; now sync and rename, one file after the other. */
+    for (int i = 0; i < opened && !rc; i++) {
+        rc = attn__wfile_commit(ctx, &wf[i]); /* on failure it removes its own file */
+    }
+    if (rc) {
+        for (int i = 0; i < opened; i++)
+            if (wf[i].tmp_path)
+                attn__wfile_abort(ctx, &wf[i]);
+        return cli_fail(prog, ctx);
+    }
+    return 0;
+}

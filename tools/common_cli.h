@@ -1,0 +1,94 @@
+/*
+ * common_cli.h - option parsing and error printing shared by the attn subcommands
+ * (and any other tool in tools/).
+ *
+ * Conventions (SPEC section 4): options are long, "--name VALUE" or "--name=VALUE";
+ * "--help" / "-h" asks for the help text; exit status 0 on success, 2 on a usage
+ * error, 1 on any other error; every error is ONE line on stderr, prefixed with the
+ * program name, e.g.
+ *
+ *   attn forward: missing --num-heads (run 'attn forward --help')
+ *   attn forward: W.safetensors: tensor 'qkv.bias' is missing
+ */
+#ifndef ATTN_COMMON_CLI_H
+#define ATTN_COMMON_CLI_H
+
+#include "attn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_ERROR 1
+#define CLI_EXIT_USAGE 2
+
+typedef enum cli_kind {
+    CLI_FLAG,   /* no value; *(int *)dest = 1 */
+    CLI_STRING, /* *(const char **)dest = the value */
+    CLI_INT,    /* *(int64_t *)dest, a whole decimal number in [min, max] */
+    CLI_FLOAT,  /* *(double *)dest, a finite number */
+    CLI_CHOICE  /* *(int *)dest = the index of the value in `choices` */
+} cli_kind;
+
+typedef struct cli_opt {
+    const char *name; /* without the dashes: "num-heads" */
+    cli_kind kind;
+    void *dest;
+    const char *const *choices; /* CLI_CHOICE: a NULL-terminated list */
+    int64_t min, max;           /* CLI_INT: the allowed range (both 0: any value) */
+    int seen;                   /* set by cli_parse */
+} cli_opt;
+
+/* What cli_parse returns besides an exit status. */
+#define CLI_PARSED (-1)
+
+/* Parses argv[1..argc-1] (argv[0] is the subcommand's name, used in messages as
+ * "attn NAME"). Returns CLI_PARSED when the options are fine, CLI_EXIT_OK when help
+ * was asked for (help_text has been printed to stdout), or CLI_EXIT_USAGE after
+ * printing one line on stderr. */
+int cli_parse(const char *prog, int argc, char **argv, cli_opt *opts, int nopts,
+              const char *help_text);
+
+/* The option of that name (NULL if none), to ask whether it was seen. */
+const cli_opt *cli_find(const cli_opt *opts, int nopts, const char *name);
+int cli_seen(const cli_opt *opts, int nopts, const char *name);
+
+/* Prints "PROG: missing --NAME (run 'PROG --help')" unless every named option was
+ * given; the names are a NULL-terminated list. Returns CLI_PARSED or CLI_EXIT_USAGE. */
+int cli_require(const char *prog, const cli_opt *opts, int nopts, const char *const *names);
+
+/* One line "PROG: MESSAGE" on stderr. */
+void cli_error(const char *prog, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* A usage error: one line with a pointer to --help; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *prog, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Prints the library's message from ctx as one line; returns CLI_EXIT_ERROR. */
+int cli_fail(const char *prog, const attn_ctx *ctx);
+
+/* A tensor's shape as a Python tuple, "(2, 5, 16)", in buf. */
+const char *cli_shape(const attn_tensor *t, char *buf, size_t cap);
+
+/* Strict number parsing: the whole string, no overflow. 1 on success. */
+int cli_parse_int64(const char *s, int64_t *out);
+int cli_parse_double(const char *s, double *out);
+
+/* Loads an .npy file; on failure prints one line and returns CLI_EXIT_ERROR. `what`
+ * names the option (e.g. "--input") for the message. */
+int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *path,
+                 attn_array *out);
+
+/* Writes n tensors as .npy files, all or nothing as far as the file system allows:
+ * every file is written to a temporary file and synced first, and only then renamed
+ * into place, so a failed write (a full disk, a bad path) leaves no output changed.
+ * Prints one line on failure and returns CLI_EXIT_ERROR; 0 on success. */
+int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
+                  const attn_tensor *tensors);
+
+#endif /* ATTN_COMMON_CLI_H */
