@@ -18,6 +18,8 @@ static const attn_cmd commands[] = {
     {"forward", "multi-head self-attention with weights from a .safetensors file",
      attn_cmd_forward},
     {"sdpa", "scaled dot-product attention on .npy arrays", attn_cmd_sdpa},
+    {"bench", "time attention (SPEC shapes S1-S6 or custom) against the machine's peak",
+     attn_cmd_bench},
     {NULL, NULL, NULL}, /* placeholder so the table is never empty */
 };
 

@@ -18,5 +18,6 @@ typedef struct attn_cmd {
 /* tools/attn_forward.c and tools/attn_sdpa.c */
 int attn_cmd_forward(int argc, char **argv);
 int attn_cmd_sdpa(int argc, char **argv);
+int attn_cmd_bench(int argc, char **argv); /* tools/attn_bench.c */
 
 #endif
