@@ -152,8 +152,11 @@ static void svg_panel(FILE *f, const layout *L, const heatmap_panel *p, double x
                    "transform=\"rotate(-90 %.1f %.1f)\">",
                 ax, ay, ax, ay);
         xml_text(f, p->row_axis);
-        fputs(" token id \xe2\x86\x92</text>\n", f);
+        fputs(" token id</text>\n", f); /* rows go down: an arrow would point up */
     }
+    if (!p->row_labels && p->rows == 1)
+        fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">any query</text>\n",
+                gx - 5, gy + 0.5 * L->cell + 4);
 
     char row[96], col[96];
     for (int64_t i = 0; i < p->rows; i++) {
@@ -262,7 +265,7 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
     double height = y + row_h + 30;
     if (height < 330)
         height = 330;
-    width = legend_x + 120;
+    width = legend_x + 170;
 
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" "
