@@ -1,0 +1,313 @@
+/*
+ * test_golden.c - attn against PyTorch, on the cases of tests/data/golden/ (made by
+ * tests/golden/gen_golden.py; MANIFEST records the torch version).
+ *
+ * kind=mha cases: the weights load (by the case's name set, prefix and stored dtype)
+ * to exactly the fused weights PyTorch used, and attn_mha_forward's output and
+ * attention weights match nn.MultiheadAttention's.
+ * kind=sdpa cases: attn_sdpa matches plain-PyTorch attention.
+ * Both kernels (the reference and the default one) are checked.
+ *
+ * Tolerance: |attn - torch| <= ATOL + RTOL * |torch|, with ATOL = 2e-6, RTOL = 1e-5.
+ * The expected values are float64 results rounded once to float32, so the difference
+ * is attn's own float32 rounding. Here E <= 20 and T <= 9: a float32 dot product of n
+ * terms carries at most about n * 2^-24 * sum|terms| (n = 20, sum|terms| ~ 5: ~6e-6)
+ * and typically sqrt(n) times less (~1e-6); the chain projection -> softmax ->
+ * weighted sum -> projection adds a few such errors of outputs of size O(1). The
+ * worst difference seen with torch 2.15 is 2.4e-7 (printed for every case), so
+ * 2e-6 leaves a margin of about 8 while any real mistake (a swapped head, a wrong
+ * scale, a mask off by one) moves outputs by 1e-2 or more.
+ */
+#include "attn.h"
+#include "check.h"
+#include "io_test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ATOL 2e-6
+#define RTOL 1e-5
+
+typedef struct kv {
+    char key[64];
+    char val[256];
+} kv;
+
+typedef struct gcase {
+    char name[256];
+    char dir[600];
+    kv items[32];
+    int n;
+} gcase;
+
+static const char *get(const gcase *c, const char *key)
+{
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->items[i].key, key) == 0)
+            return c->items[i].val;
+    return "";
+}
+
+static const char *path_of(const gcase *c, const char *key, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s", c->dir, get(c, key));
+    return buf;
+}
+
+static int read_case(gcase *c, const char *name)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->name, sizeof(c->name), "%s", name);
+    snprintf(c->dir, sizeof(c->dir), "%s/golden/%s", ATTN_TEST_DATA_DIR, name);
+    char p[1200];
+    snprintf(p, sizeof(p), "%s/case.txt", c->dir);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return -1;
+    char line[400];
+    while (fgets(line, sizeof(line), f) && c->n < 32) {
+        line[strcspn(line, "\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (line[0] == '#' || !eq)
+            continue;
+        *eq = '\0';
+        if (strlen(line) >= sizeof(c->items[0].key) || strlen(eq + 1) >= sizeof(c->items[0].val))
+            continue;
+        memcpy(c->items[c->n].key, line, strlen(line) + 1);
+        memcpy(c->items[c->n].val, eq + 1, strlen(eq + 1) + 1);
+        c->n++;
+    }
+    fclose(f);
+    return 0;
+}
+
+/* Compares a float32 result with an expected .npy; returns the worst |diff|. */
+static double compare(const gcase *c, const char *what, const attn_tensor *got,
+                      const char *key)
+{
+    char p[1200];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_array e;
+    int rc = attn_npy_load(&ctx, path_of(c, key, p, sizeof(p)), &e);
+    CHECK_INT(rc, 0);
+    if (rc)
+        return INFINITY;
+    int64_t n = attn_tensor_numel(&e.tensor);
+    CHECK_INT(attn_tensor_numel(got), n);
+    double worst = 0;
+    int bad = 0;
+    const float *g = got->data, *x = e.tensor.data;
+    for (int64_t i = 0; i < n && attn_tensor_numel(got) == n; i++) {
+        double d = fabs((double)g[i] - (double)x[i]);
+        if (!(d <= ATOL + RTOL * fabs((double)x[i]))) {
+            if (bad++ < 3)
+                fprintf(stderr, "  %s %s[%lld]: attn %.9g, torch %.9g\n", c->name, what,
+                        (long long)i, g[i], x[i]);
+        }
+        if (!(d <= worst))
+            worst = d;
+    }
+    CHECK_INT(bad, 0);
+    attn_array_free(&ctx, &e);
+    return worst;
+}
+
+/* The loaded weights must equal, bit for bit, the float32 weights PyTorch used (the
+ * stored F16/BF16 values are exact in float32, and separate q/k/v concatenate). */
+static void compare_exact(const gcase *c, const char *file, const attn_tensor *got)
+{
+    char p[1200];
+    snprintf(p, sizeof(p), "%s/%s", c->dir, file);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_array e;
+    CHECK_INT(attn_npy_load(&ctx, p, &e), 0);
+    int64_t n = attn_tensor_numel(&e.tensor);
+    CHECK_INT(attn_tensor_numel(got), n);
+    CHECK_INT(got->ndim, e.tensor.ndim);
+    if (e.buffer && attn_tensor_numel(got) == n)
+        CHECK(memcmp(got->data, e.tensor.data, (size_t)n * 4) == 0);
+    attn_array_free(&ctx, &e);
+}
+
+static void run_mha(const gcase *c, attn_impl impl)
+{
+    char p[1200];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    int64_t H = atoll(get(c, "num_heads"));
+    attn_mha_weights w;
+    int rc = attn_weights_load(&ctx, path_of(c, "weights", p, sizeof(p)), get(c, "prefix"), H,
+                               &w);
+    CHECK_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "  %s: %s\n", c->name, ctx.message);
+        return;
+    }
+    compare_exact(c, "w_qkv.npy", &w.w_qkv);
+    compare_exact(c, "b_qkv.npy", &w.b_qkv);
+    compare_exact(c, "w_o.npy", &w.w_o);
+    compare_exact(c, "b_o.npy", &w.b_o);
+
+    attn_array x = {0}, ids = {0}, m = {0};
+    attn_tensor pad = {0}, both = {0}, out = {0}, att = {0};
+    CHECK_INT(attn_npy_load(&ctx, path_of(c, "input", p, sizeof(p)), &x), 0);
+    int single = x.tensor.ndim == 2;
+    int64_t E = w.w_o.shape[0];
+    int64_t B = single ? 1 : x.tensor.shape[0], T = x.tensor.shape[x.tensor.ndim - 2];
+    attn_tensor x3;
+    const int64_t s3[3] = {B, T, E};
+    CHECK_INT(attn_tensor_init(&ctx, &x3, ATTN_DTYPE_F32, x.tensor.data, 3, s3), 0);
+
+    const attn_tensor *mask = NULL;
+    if (get(c, "token_ids")[0]) {
+        CHECK_INT(attn_npy_load(&ctx, path_of(c, "token_ids", p, sizeof(p)), &ids), 0);
+        attn_tensor ids2;
+        const int64_t si[2] = {B, T}, sp[4] = {B, 1, 1, T};
+        attn_tensor_init(&ctx, &ids2, ids.tensor.dtype, ids.tensor.data, 2, si);
+        CHECK_INT(attn_tensor_alloc(&ctx, &pad, ATTN_DTYPE_BOOL, 4, sp), 0);
+        CHECK_INT(attn_mask_padding(&ctx, &ids2, atoll(get(c, "pad_id")), &pad), 0);
+        mask = &pad;
+    }
+    if (get(c, "mask")[0]) {
+        CHECK_INT(attn_npy_load(&ctx, path_of(c, "mask", p, sizeof(p)), &m), 0);
+        mask = &m.tensor;
+        if (pad.data) {
+            int nd;
+            int64_t sb[4];
+            CHECK_INT(attn_broadcast_shape(&ctx, 4, pad.shape, m.tensor.ndim, m.tensor.shape,
+                                           &nd, sb), 0);
+            CHECK_INT(attn_tensor_alloc(&ctx, &both, ATTN_DTYPE_BOOL, nd, sb), 0);
+            CHECK_INT(attn_mask_and(&ctx, &pad, &m.tensor, &both), 0);
+            mask = &both;
+        }
+    }
+    attn_sdpa_params prm;
+    attn_sdpa_params_init(&prm);
+    prm.mask = mask;
+    prm.causal = atoi(get(c, "causal"));
+    const int64_t sa[4] = {B, H, T, T};
+    CHECK_INT(attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa), 0);
+    rc = attn_mha_forward(&ctx, &w, H, &x3, &prm, &out, &att);
+    CHECK_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "  %s: %s\n", c->name, ctx.message);
+    } else {
+        double e1 = compare(c, "output", &out, "output");
+        double e2 = compare(c, "attention", &att, "attention");
+        fprintf(stderr, "   %-26s %-5s worst |diff| output %.2e, weights %.2e\n", c->name,
+                impl == ATTN_IMPL_REF ? "ref" : "auto", e1, e2);
+    }
+    attn_weights_free(&ctx, &w);
+    attn_array_free(&ctx, &x);
+    attn_array_free(&ctx, &ids);
+    attn_array_free(&ctx, &m);
+    attn_tensor_free(&ctx, &pad);
+    attn_tensor_free(&ctx, &both);
+    attn_tensor_free(&ctx, &out);
+    attn_tensor_free(&ctx, &att);
+}
+
+static void run_sdpa(const gcase *c, attn_impl impl)
+{
+    char p[1200];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    attn_array q = {0}, k = {0}, v = {0}, m = {0};
+    attn_tensor out = {0}, att = {0};
+    CHECK_INT(attn_npy_load(&ctx, path_of(c, "query", p, sizeof(p)), &q), 0);
+    CHECK_INT(attn_npy_load(&ctx, path_of(c, "key", p, sizeof(p)), &k), 0);
+    CHECK_INT(attn_npy_load(&ctx, path_of(c, "value", p, sizeof(p)), &v), 0);
+    if (get(c, "mask")[0])
+        CHECK_INT(attn_npy_load(&ctx, path_of(c, "mask", p, sizeof(p)), &m), 0);
+    if (!q.buffer || !k.buffer || !v.buffer)
+        return;
+    int nd = q.tensor.ndim;
+    int64_t so[4], sw[4];
+    for (int i = 0; i < nd; i++)
+        so[i] = sw[i] = q.tensor.shape[i];
+    so[nd - 1] = v.tensor.shape[nd - 1];
+    sw[nd - 1] = k.tensor.shape[nd - 2];
+    CHECK_INT(attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, nd, so), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, nd, sw), 0);
+    attn_sdpa_params prm;
+    attn_sdpa_params_init(&prm);
+    prm.mask = m.buffer ? &m.tensor : NULL;
+    prm.causal = atoi(get(c, "causal"));
+    if (get(c, "scale")[0]) {
+        prm.has_scale = 1;
+        prm.scale = strtof(get(c, "scale"), NULL);
+    }
+    int zero = strcmp(get(c, "empty_rows"), "zero") == 0;
+    prm.empty_rows = zero ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
+    int rc = attn_sdpa(&ctx, &q.tensor, &k.tensor, &v.tensor, &prm, &out, &att);
+    CHECK_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "  %s: %s\n", c->name, ctx.message);
+    } else {
+        double e1 = compare(c, "output", &out, "output");
+        double e2 = compare(c, "attention", &att, "attention");
+        fprintf(stderr, "   %-26s %-5s worst |diff| output %.2e, weights %.2e\n", c->name,
+                impl == ATTN_IMPL_REF ? "ref" : "auto", e1, e2);
+    }
+    if (zero) {
+        /* The same case without 'zero' must refuse the fully masked row. */
+        prm.empty_rows = ATTN_EMPTY_ROWS_ERROR;
+        CHECK_INT(attn_sdpa(&ctx, &q.tensor, &k.tensor, &v.tensor, &prm, &out, &att),
+                  ATTN_STATUS_EMPTY_ROW);
+    }
+    attn_array_free(&ctx, &q);
+    attn_array_free(&ctx, &k);
+    attn_array_free(&ctx, &v);
+    attn_array_free(&ctx, &m);
+    attn_tensor_free(&ctx, &out);
+    attn_tensor_free(&ctx, &att);
+}
+
+int main(void)
+{
+    char p[1024];
+    snprintf(p, sizeof(p), "%s/golden/MANIFEST", ATTN_TEST_DATA_DIR);
+    FILE *f = fopen(p, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return check_summary("test_golden");
+    char line[256];
+    int mha = 0, sdpa = 0;
+    TEST("every golden case agrees with PyTorch within 2e-6 + 1e-5 * |torch| (both "
+         "kernels), and every weight name set loads to PyTorch's exact weights");
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#') {
+            fprintf(stderr, "   %s\n", line);
+            continue;
+        }
+        if (!line[0])
+            continue;
+        gcase c;
+        CHECK_INT(read_case(&c, line), 0);
+        const char *kind = get(&c, "kind");
+        for (int impl = 0; impl < 2; impl++) {
+            attn_impl which = impl ? ATTN_IMPL_REF : ATTN_IMPL_AUTO;
+            if (strcmp(kind, "mha") == 0)
+                run_mha(&c, which);
+            else if (strcmp(kind, "sdpa") == 0)
+                run_sdpa(&c, which);
+            else
+                CHECK(0);
+        }
+        mha += strcmp(kind, "mha") == 0;
+        sdpa += strcmp(kind, "sdpa") == 0;
+    }
+    fclose(f);
+    CHECK(mha >= 6);
+    CHECK(sdpa >= 5);
+    return check_summary("test_golden");
+}
