@@ -106,4 +106,26 @@ typedef struct attn__gemm_args {
 
 int attn__gemm(attn_ctx *ctx, attn_arch arch, const attn__gemm_args *g);
 
+/* One call's plan, shared by the workers (see src/gemm_kernel.h). */
+typedef struct attn__gemm_job {
+    const attn__gemm_args *g;
+    float *wp;     /* packed w: [ceil(N / nr)][K][nr] */
+    float *bp;     /* packed bias: [ceil(N / nr) * nr] */
+    int64_t mb;    /* rows of x per work item (a multiple of mr) */
+    int64_t nb;    /* panels of w per work item */
+} attn__gemm_job;
+
+typedef struct attn__gemm_kernel {
+    attn_arch arch;
+    int mr, nr;
+    void (*pack)(void *job, int64_t panel, int worker);
+    void (*tile)(void *job, int64_t item, int worker);
+} attn__gemm_kernel;
+
+extern const attn__gemm_kernel attn__gemm_kernel_scalar;
+#ifdef ATTN_HAVE_X86
+extern const attn__gemm_kernel attn__gemm_kernel_avx2;
+extern const attn__gemm_kernel attn__gemm_kernel_avx512;
+#endif
+
 #endif /* ATTN_FUSED_H */

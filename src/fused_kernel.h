@@ -369,7 +369,15 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
             simd_f32 vmax = simd_set1(-INFINITY);
             for (int64_t c = 0; c < nkp; c += SIMD_W)
                 vmax = simd_max(vmax, simd_load(srow + c));
-            const float mt = simd_hmax(vmax);
+            float mt = simd_hmax(vmax);
+            if (mt == -INFINITY) {
+                /* The vector max may drop NaN; a NaN score is visible (the mask
+                 * decides visibility) and must make its row NaN, as in the
+                 * reference. Only this rare case needs the check. */
+                for (int64_t c = 0; c < nkp; c++)
+                    if (srow[c] != srow[c])
+                        mt = srow[c];
+            }
             if (mt == -INFINITY) {
                 /* Nothing visible in this tile for this row: P = 0, state unchanged. */
                 for (int64_t c = 0; c < nkp; c += SIMD_W)
@@ -399,13 +407,18 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
          * not reach a row that masks its key (the reference skips masked keys), so
          * such rare tiles take a plain loop that skips zero weights. */
         if (v_nonfinite && kind == FK_PARTIAL) {
+            /* The same fma per element and order as the micro-kernel, so the rows
+             * that see only finite values get the same bits as without the NaN. */
             for (int64_t r = 0; r < nr; r++)
                 for (int64_t j = 0; j < nkp; j++) {
                     const float pj = S[r * bc + j];
                     if (pj == 0.0f)
                         continue;
-                    for (int64_t e = 0; e < dvp; e++)
-                        O[r * dvp + e] += pj * vp[j * dvp + e];
+                    const simd_f32 pv = simd_set1(pj);
+                    for (int64_t e = 0; e < dvp; e += SIMD_W)
+                        simd_store(O + r * dvp + e,
+                                   simd_fma(pv, simd_load(vp + j * dvp + e),
+                                            simd_load(O + r * dvp + e)));
                 }
             continue;
         }
@@ -525,19 +538,25 @@ static void fk_row_item(void *arg, int64_t item, int worker)
     const uint8_t *mrow =
         s->mask.data ? s->mask.data + attn__off4(s->mask.stride, b, h, i, 0) : NULL;
 
-    /* Pass 1 over K: scores and their max. */
+    /* Pass 1 over K: scores and their max. Visibility comes from the mask, not the
+     * scores, so that a NaN score makes the row NaN rather than empty. */
     float mx = -INFINITY;
+    int64_t visible = 0;
     for (int64_t j = 0; j < jn; j++) {
         float x = -INFINITY;
-        if (!mrow || mrow[j * s->mask.stride[3]])
+        if (!mrow || mrow[j * s->mask.stride[3]]) {
             x = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
+            visible++;
+            if (x != x)
+                mx = x;
+        }
         sc[j] = x;
         mx = x > mx ? x : mx;
     }
     for (int64_t j = jn; j < s->Tk; j++)
         sc[j] = -INFINITY;
 
-    if (mx == -INFINITY) {
+    if (visible == 0) {
         int64_t flat = item; /* (b * H + h) * Tq + i */
         if (flat < job->empty_first[worker])
             job->empty_first[worker] = flat;

@@ -4,10 +4,13 @@
  *   x [..., in]   W [out, in]   b [out] (optional)   y [..., out]
  *
  * The weight layout is PyTorch's, [out_features, in_features], so row o of W is the
- * vector that output feature o takes the dot product with. This is the plain loop
- * (the reference); the leading axes of x and y (up to three) are walked by stride.
+ * vector that output feature o takes the dot product with. attn_linear runs the
+ * blocked, vectorised GEMM of src/gemm*.c on the instruction set the dispatcher
+ * selects (src/dispatch.c); with ATTN_ARCH=ref (or ctx->arch = ATTN_ARCH_REF) it
+ * runs the plain loop below, the reference. The leading axes of x and y (up to
+ * three) are walked by stride in both.
  */
-#include "attn_internal.h"
+#include "fused.h"
 
 #include <string.h>
 
@@ -46,12 +49,10 @@ int attn__linear_check(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W
     return ATTN_OK;
 }
 
-int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W, const attn_tensor *b,
-                attn_tensor *y)
+/* The reference: one dot product per output element, in increasing k. */
+static void linear_ref(const attn_tensor *x, const attn_tensor *W, const attn_tensor *b,
+                       attn_tensor *y)
 {
-    int rc = attn__linear_check(ctx, x, W, b, y);
-    if (rc)
-        return rc;
     int64_t xs[4], xst[4], ys[4], yst[4];
     attn__as4d(x, xs, xst);
     attn__as4d(y, ys, yst);
@@ -71,5 +72,55 @@ int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W, const
                     yr[o * yst[3]] = acc + (bd ? bd[o * b->stride[0]] : 0.0f);
                 }
             }
-    return ATTN_OK;
+}
+
+int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W, const attn_tensor *b,
+                attn_tensor *y)
+{
+    int rc = attn__linear_check(ctx, x, W, b, y);
+    if (rc)
+        return rc;
+    attn_arch arch;
+    if ((rc = attn__arch_resolve(ctx, &arch)))
+        return rc;
+    if (arch == ATTN_ARCH_REF) {
+        linear_ref(x, W, b, y);
+        return ATTN_OK;
+    }
+    int64_t xs[4], xst[4], ys[4], yst[4];
+    attn__as4d(x, xs, xst);
+    attn__as4d(y, ys, yst);
+    const int64_t M = xs[0] * xs[1] * xs[2]; /* checked: x's element count fits */
+    size_t bytes;
+    if (!attn__bytes(2 * M, sizeof(int64_t), &bytes))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "linear: %lld rows overflow",
+                          (long long)M);
+    int64_t *rows = attn__alloc(ctx, bytes, "linear row offsets"); /* [2, M] */
+    if (!rows)
+        return ATTN_STATUS_NO_MEMORY;
+    int64_t m = 0;
+    for (int64_t i0 = 0; i0 < xs[0]; i0++)
+        for (int64_t i1 = 0; i1 < xs[1]; i1++)
+            for (int64_t i2 = 0; i2 < xs[2]; i2++, m++) {
+                rows[m] = attn__off4(xst, i0, i1, i2, 0);
+                rows[M + m] = attn__off4(yst, i0, i1, i2, 0);
+            }
+    attn__gemm_args g;
+    g.M = M;
+    g.N = ys[3];
+    g.K = xs[3];
+    g.x = x->data;
+    g.x_row = rows;
+    g.x_cs = xst[3];
+    g.w = W->data;
+    g.w_rs = W->stride[0];
+    g.w_cs = W->stride[1];
+    g.bias = b ? b->data : NULL;
+    g.b_s = b ? b->stride[0] : 0;
+    g.y = y->data;
+    g.y_row = rows + M;
+    g.y_cs = yst[3];
+    rc = attn__gemm(ctx, arch, &g);
+    attn__free(ctx, rows);
+    return rc;
 }

@@ -36,7 +36,7 @@
  * e^x for x <= 0, in the three instruction sets, by the same steps:
  *
  *   x < -87.33 (below the smallest normal float, and -inf): exactly 0, so a masked
- *   score gets weight exactly 0 and no denormal appears;
+ *   score gets weight exactly 0 and no denormal appears; NaN stays NaN;
  *   otherwise n = round(x log2 e), r = x - n ln 2 (ln 2 split in two so that n ln2_hi
  *   is exact, Cody and Waite), e^r by its Taylor series to degree 7 (|r| <= ln2 / 2,
  *   so the first dropped term is below 2^-27 relative), times 2^n built in the
@@ -57,8 +57,10 @@
  * max's correction factor), and the SCALAR path for everything. */
 static inline float simd_exp_nonpos_1(float x)
 {
-    if (!(x >= SIMD_EXP_MIN))
-        return 0.0f; /* also -inf; NaN gives 0 too, but scores are never NaN here */
+    if (x != x)
+        return x; /* NaN stays NaN: a NaN score makes its row NaN, as in the reference */
+    if (x < SIMD_EXP_MIN)
+        return 0.0f; /* also -inf */
     /* Adding 1.5 * 2^23 rounds to the nearest integer in the default rounding mode. */
     const float shifter = 12582912.0f;
     float n = (x * SIMD_LOG2E + shifter) - shifter; /* IEEE: not folded without fast-math */
@@ -101,8 +103,9 @@ static inline float simd_hsum(simd_f32 v) { return _mm512_reduce_add_ps(v); }
 
 static inline simd_f32 simd_exp_nonpos(simd_f32 x)
 {
-    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP_MIN), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(SIMD_EXP_MIN));
+    /* Not below the minimum, or NaN (unordered): NaN then flows through to p. */
+    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP_MIN), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_set1_ps(SIMD_EXP_MIN), x); /* returns x when x is NaN */
     simd_f32 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SIMD_LOG2E)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     simd_f32 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SIMD_LN2_HI), x);
@@ -155,8 +158,9 @@ static inline float simd_hsum(simd_f32 v)
 
 static inline simd_f32 simd_exp_nonpos(simd_f32 x)
 {
-    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(SIMD_EXP_MIN), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(SIMD_EXP_MIN));
+    /* Not below the minimum, or NaN (unordered): NaN then flows through to p. */
+    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(SIMD_EXP_MIN), _CMP_NLT_UQ);
+    x = _mm256_max_ps(_mm256_set1_ps(SIMD_EXP_MIN), x); /* returns x when x is NaN */
     simd_f32 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SIMD_LOG2E)),
                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     simd_f32 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SIMD_LN2_HI), x);

@@ -1,0 +1,140 @@
+/*
+ * gemm_kernel.h - the body of the projection GEMM, written once over src/simd.h
+ * and compiled per instruction set by src/gemm.c (portable C), src/gemm_avx2.c and
+ * src/gemm_avx512.c, each of which defines ATTN_SIMD_<ISA>, GK_MR (rows of x per
+ * micro-tile) and GK_NRV (vectors of output columns per micro-tile) first.
+ *
+ * THE CONTRACT
+ *
+ * It computes y[m, n] = sum_k x[m, k] w[n, k] + bias[n] (nn.Linear, W [N, K]).
+ * Both x and w are contiguous along k only, so one side must be repacked for
+ * vector loads along n: w is packed once per call (gk_pack_item, in parallel)
+ * into panels [ceil(N / NR)][K][NR] with NR = GK_NRV * SIMD_W, zero-padded past N.
+ * x is never copied: the micro-kernel broadcasts x[m, k] straight from the caller's
+ * rows (any strides), so a micro-tile reads GK_MR rows of x and one panel of w and
+ * keeps its GK_MR x NR sums in registers over the whole of k, in increasing k.
+ *
+ * Tails: rows past M are served by repeating row M-1 (valid memory) and their sums
+ * are dropped; columns past N are zeros in the packed panel and are dropped. Full
+ * micro-tiles with a unit column stride store straight into y; others go through
+ * a small stack tile.
+ *
+ * Work items: one item is a block of GK_MB rows x GK_NB panels; items write
+ * disjoint parts of y and each sum has one order, so the result does not depend on
+ * the thread count. The panel of w an item reads (K x NR floats) stays in L2 while
+ * it walks the block's rows.
+ */
+#ifndef ATTN_GEMM_KERNEL_H
+#define ATTN_GEMM_KERNEL_H
+
+#include "fused.h"
+#include "simd.h"
+
+#if !defined(GK_MR) || !defined(GK_NRV)
+#error "define GK_MR and GK_NRV before including gemm_kernel.h"
+#endif
+
+#define GK_NR (GK_NRV * SIMD_W)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define GK_INLINE static inline __attribute__((always_inline))
+#else
+#define GK_INLINE static inline
+#endif
+
+/* Packs panel `item` of w (NR output features) and of the bias. */
+static void gk_pack_item(void *arg, int64_t item, int worker)
+{
+    (void)worker;
+    const attn__gemm_job *job = (const attn__gemm_job *)arg;
+    const attn__gemm_args *g = job->g;
+    const int64_t K = g->K;
+    float *dst = job->wp + item * K * GK_NR;
+    float *bdst = job->bp + item * GK_NR;
+    for (int64_t c = 0; c < GK_NR; c++) {
+        const int64_t n = item * GK_NR + c;
+        if (n < g->N) {
+            const float *src = g->w + n * g->w_rs;
+            if (g->w_cs == 1)
+                for (int64_t k = 0; k < K; k++)
+                    dst[k * GK_NR + c] = src[k];
+            else
+                for (int64_t k = 0; k < K; k++)
+                    dst[k * GK_NR + c] = src[k * g->w_cs];
+            bdst[c] = g->bias ? g->bias[n * g->b_s] : 0.0f;
+        } else {
+            for (int64_t k = 0; k < K; k++)
+                dst[k * GK_NR + c] = 0.0f;
+            bdst[c] = 0.0f;
+        }
+    }
+}
+
+/* The micro-kernel: out[r][c] = bias[c] + sum_k x_r[k * xcs] * wp[k][c]. */
+GK_INLINE void gk_ukr(int64_t K, const float *const *xr, int64_t xcs, const float *wp,
+                      const float *bias, float *out, int64_t ldo)
+{
+    simd_f32 acc[GK_MR][GK_NRV];
+    for (int r = 0; r < GK_MR; r++)
+        for (int c = 0; c < GK_NRV; c++)
+            acc[r][c] = simd_zero();
+    for (int64_t k = 0; k < K; k++) {
+        simd_f32 wv[GK_NRV];
+        for (int c = 0; c < GK_NRV; c++)
+            wv[c] = simd_load(wp + k * GK_NR + c * SIMD_W);
+        for (int r = 0; r < GK_MR; r++) {
+            simd_f32 xv = simd_set1(xr[r][k * xcs]);
+            for (int c = 0; c < GK_NRV; c++)
+                acc[r][c] = simd_fma(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int c = 0; c < GK_NRV; c++) {
+        simd_f32 bv = simd_load(bias + c * SIMD_W);
+        for (int r = 0; r < GK_MR; r++)
+            simd_store(out + r * ldo + c * SIMD_W, simd_add(acc[r][c], bv));
+    }
+}
+
+static void gk_tile_item(void *arg, int64_t item, int worker)
+{
+    (void)worker;
+    const attn__gemm_job *job = (const attn__gemm_job *)arg;
+    const attn__gemm_args *g = job->g;
+    const int64_t n_panels = (g->N + GK_NR - 1) / GK_NR;
+    const int64_t n_pblocks = (n_panels + job->nb - 1) / job->nb;
+    const int64_t mb = item / n_pblocks, pb = item % n_pblocks;
+    const int64_t m0 = mb * job->mb, m1 = m0 + job->mb < g->M ? m0 + job->mb : g->M;
+    const int64_t p0 = pb * job->nb, p1 = p0 + job->nb < n_panels ? p0 + job->nb : n_panels;
+    float tile[GK_MR * GK_NR];
+    for (int64_t p = p0; p < p1; p++) {
+        const float *wp = job->wp + p * g->K * GK_NR;
+        const float *bp = job->bp + p * GK_NR;
+        const int64_t n0 = p * GK_NR;
+        const int64_t nc = g->N - n0 < GK_NR ? g->N - n0 : GK_NR;
+        for (int64_t m = m0; m < m1; m += GK_MR) {
+            const int64_t mr = m1 - m < GK_MR ? m1 - m : GK_MR;
+            const float *xr[GK_MR];
+            for (int r = 0; r < GK_MR; r++)
+                xr[r] = g->x + g->x_row[m + (r < mr ? r : mr - 1)];
+            if (mr == GK_MR && nc == GK_NR && g->y_cs == 1) {
+                /* Straight into y when the tile's rows are evenly spaced. */
+                const int64_t ldo = g->y_row[m + 1] - g->y_row[m];
+                int even = 1;
+                for (int r = 2; r < GK_MR; r++)
+                    even &= g->y_row[m + r] - g->y_row[m] == r * ldo;
+                if (even) {
+                    gk_ukr(g->K, xr, g->x_cs, wp, bp, g->y + g->y_row[m] + n0, ldo);
+                    continue;
+                }
+            }
+            gk_ukr(g->K, xr, g->x_cs, wp, bp, tile, GK_NR);
+            for (int64_t r = 0; r < mr; r++) {
+                float *yrow = g->y + g->y_row[m + r];
+                for (int64_t c = 0; c < nc; c++)
+                    yrow[(n0 + c) * g->y_cs] = tile[r * GK_NR + c];
+            }
+        }
+    }
+}
+
+#endif /* ATTN_GEMM_KERNEL_H */
