@@ -122,7 +122,9 @@ int trace_print(FILE *f, const trace_info *t)
     fprintf(f, "attention:   %s\n", t->attention_kernel ? t->attention_kernel : "unknown");
     if (t->kernel_reason)
         fprintf(f, "why:         %s\n", t->kernel_reason);
-    fprintf(f, "projections: attn_linear (src/linear.c), %d thread%s at most\n", t->threads,
-            t->threads == 1 ? "" : "s");
+    fprintf(f, "projections: attn_linear (src/linear.c)\n");
+    fprintf(f, "threads:     at most %d (attn_threads_resolve); small calls such as the "
+               "chapter's use fewer, and the count never changes the results\n",
+            t->threads);
     return ferror(f) ? -1 : 0;
 }
