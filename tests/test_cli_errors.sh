@@ -76,6 +76,10 @@ err_has "missing --value"
 run 2 "$ATTN" nosuchcommand
 [ -e "$WORK/y.npy" ] || [ -e "$WORK/o.npy" ] && bad "a usage error wrote an output" || ok
 
+say "a negative number is a value, not an option: --pad-id -1 (no key is a pad) runs"
+run 0 "$ATTN" "${fwd[@]}" --token-ids "$G/mha_chapter_pad_causal/ids.npy" --pad-id -1 --output "$WORK/neg.npy"
+[ -s "$WORK/neg.npy" ] && ok || bad "--pad-id -1 did not write"
+
 say "options take their value after '=' too"
 run 0 "$ATTN" forward --weights="$W" --num-heads=3 --input="$X" --output="$WORK/eq.npy"
 [ -s "$WORK/eq.npy" ] && ok || bad "--output= did not write"
