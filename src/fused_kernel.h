@@ -193,27 +193,27 @@ static int fk_pack_kv(const attn__sdpa_shapes *s, const float *kb, const float *
             for (int64_t d = 0; d < D; d++)
                 kdst[d * FK_NK] = ksrc[d * s->k_s[3]];
             if (vp) {
+                /* x * 0 is NaN exactly when x is inf or NaN; the sum of those
+                 * products flags a non-finite value in the row. */
                 const float *vsrc = vb + j * s->v_s[2];
+                const simd_f32 zero = simd_zero();
+                simd_f32 chk = simd_zero();
                 int64_t e = 0;
-                float vmax = 0.0f;
                 if (s->v_s[3] == 1)
-                    for (; e < Dv; e++) {
-                        vdst[e] = vsrc[e];
-                        vmax = fmaxf(vmax, fabsf(vsrc[e]));
+                    for (; e + SIMD_W <= Dv; e += SIMD_W) {
+                        simd_f32 x = simd_load(vsrc + e);
+                        simd_store(vdst + e, x);
+                        chk = simd_add(chk, simd_mul(x, zero));
                     }
-                else
-                    for (; e < Dv; e++) {
-                        vdst[e] = vsrc[e * s->v_s[3]];
-                        vmax = fmaxf(vmax, fabsf(vdst[e]));
-                    }
+                float chk1 = simd_hsum(chk);
+                for (; e < Dv; e++) {
+                    vdst[e] = vsrc[e * s->v_s[3]];
+                    chk1 += vdst[e] * 0.0f;
+                }
                 for (; e < dvp; e++)
                     vdst[e] = 0.0f;
-                /* fmaxf drops NaN, so check the values once more only when needed. */
-                if (!(vmax <= FLT_MAX))
+                if (chk1 != chk1)
                     nonfinite = 1;
-                else
-                    for (int64_t x = 0; x < Dv && !nonfinite; x++)
-                        nonfinite = vdst[x] != vdst[x];
             }
         } else {
             for (int64_t d = 0; d < D; d++)
