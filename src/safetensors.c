@@ -69,6 +69,7 @@ struct attn_safetensors {
     int64_t count;
     int64_t cap;
     st_entry *entries; /* sorted by begin once the header is checked */
+    int64_t *by_name;  /* entry indices sorted by name, for lookups */
 };
 
 /* A tensor name made safe for a one-line message: at most 80 bytes, control bytes
@@ -333,6 +334,7 @@ static void st_free(attn_ctx *ctx, attn_safetensors *st)
     for (int64_t i = 0; i < st->count; i++)
         attn__free(ctx, st->entries[i].name);
     attn__free(ctx, st->entries);
+    attn__free(ctx, st->by_name);
     attn__rfile_close(&st->rf);
     attn__free(ctx, st->path);
     attn__free(ctx, st);
@@ -361,12 +363,64 @@ static st_entry *st_push(attn_ctx *ctx, attn_safetensors *st)
     return e;
 }
 
-static int st_find(const attn_safetensors *st, const char *name)
+/* Binary search in the name index (built once the header is parsed), so a hostile
+ * header with a million names costs n log n, not n^2. */
+static int64_t st_find(const attn_safetensors *st, const char *name)
 {
-    for (int64_t i = 0; i < st->count; i++)
-        if (strcmp(st->entries[i].name, name) == 0)
-            return (int)i;
+    int64_t lo = 0, hi = st->by_name ? st->count : 0;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->entries[st->by_name[mid]].name, name);
+        if (c == 0)
+            return st->by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return -1;
+}
+
+/* The index is sorted as (name, entry) pairs, so the comparator needs no context. */
+typedef struct st_named {
+    const char *name;
+    int64_t idx;
+} st_named;
+
+static int st_cmp_name(const void *a, const void *b)
+{
+    return strcmp(((const st_named *)a)->name, ((const st_named *)b)->name);
+}
+
+/* Builds st->by_name and refuses a name given twice. */
+static int st_index_names(attn_ctx *ctx, attn_safetensors *st)
+{
+    size_t n = st->count > 0 ? (size_t)st->count : 1;
+    st_named *tmp = attn__alloc(ctx, n * sizeof(*tmp), "safetensors name index");
+    if (!tmp)
+        return ATTN_STATUS_NO_MEMORY;
+    for (int64_t i = 0; i < st->count; i++) {
+        tmp[i].name = st->entries[i].name;
+        tmp[i].idx = i;
+    }
+    if (st->count > 1)
+        qsort(tmp, (size_t)st->count, sizeof(*tmp), st_cmp_name);
+    for (int64_t i = 1; i < st->count; i++) {
+        if (strcmp(tmp[i - 1].name, tmp[i].name) == 0) {
+            char nb[96];
+            int rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                                "%s: tensor '%s' appears twice in the header", st->path,
+                                st_safe(tmp[i].name, nb, sizeof(nb)));
+            attn__free(ctx, tmp);
+            return rc;
+        }
+    }
+    st->by_name = attn__alloc(ctx, n * sizeof(int64_t), "safetensors name index");
+    if (st->by_name)
+        for (int64_t i = 0; i < st->count; i++)
+            st->by_name[i] = tmp[i].idx;
+    attn__free(ctx, tmp);
+    return st->by_name ? ATTN_OK : ATTN_STATUS_NO_MEMORY;
 }
 
 /* One tensor entry: {"dtype": ..., "shape": [...], "data_offsets": [b, e]}. */
@@ -534,14 +588,6 @@ static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned c
                 if ((rc = st_skip(&p, 1)))
                     return rc;
             } else {
-                if (st_find(st, name) >= 0) {
-                    char nb[96];
-                    rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
-                                    "%s: tensor '%s' appears twice in the header",
-                                    st->path, st_safe(name, nb, sizeof(nb)));
-                    attn__free(ctx, name);
-                    return rc;
-                }
                 st_entry *e = st_push(ctx, st);
                 if (!e) {
                     attn__free(ctx, name);
@@ -569,6 +615,8 @@ static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned c
      * the previous one ended, and the last ends at the end of the file. */
     if (st->count > 1)
         qsort(st->entries, (size_t)st->count, sizeof(st_entry), st_cmp);
+    if ((rc = st_index_names(ctx, st)))
+        return rc;
     uint64_t at = 0;
     for (int64_t i = 0; i < st->count; i++) {
         const st_entry *e = &st->entries[i];
@@ -694,7 +742,7 @@ int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                           "attn_safetensors_get: NULL handle or name");
     char nb[96];
-    int idx = st_find(st, name);
+    int64_t idx = st_find(st, name);
     if (idx < 0)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s: no tensor named '%s'",
                           st->path, st_safe(name, nb, sizeof(nb)));
