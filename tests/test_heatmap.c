@@ -427,6 +427,14 @@ static void test_terminal(void)
     txt = read_file(path);
     CHECK_INT(count(txt, "\x1b[48;2;"), 15);
     CHECK_INT(count(txt, "\x1b[0m"), 15);
+
+    TEST("with colour on, a cell shows its value on its colour (not a block that would "
+         "hide the colour)");
+    CHECK_STR_CONTAINS(txt, "0.50");
+    CHECK_STR_CONTAINS(txt, "0.25");
+    CHECK(strstr(txt, "\xe2\x96\x88") == NULL);
+    /* value 1.0 gets viridis yellow and dark text */
+    CHECK_STR_CONTAINS(txt, "\x1b[48;2;253;231;37m\x1b[38;2;20;20;20m1.00\x1b[0m");
     free(txt);
 }
 

@@ -358,7 +358,7 @@ int heatmap_print_terminal(FILE *f, const heatmap_panel *panels, int n, int colo
 {
     for (int k = 0; k < n; k++) {
         const heatmap_panel *p = &panels[k];
-        int w = 3, lw = 5;
+        int w = color ? 4 : 3, lw = 5; /* colour mode prints "0.54" in each cell */
         for (int64_t j = 0; j < p->cols; j++)
             if (p->col_labels && digits(p->col_labels[j]) + 1 > w)
                 w = digits(p->col_labels[j]) + 1;
@@ -397,17 +397,35 @@ int heatmap_print_terminal(FILE *f, const heatmap_panel *panels, int n, int colo
                         fprintf(f, "\x1b[48;2;%d;%d;%dm\x1b[38;2;%s", rgb[0], rgb[1], rgb[2],
                                 is_light(rgb) ? "20;20;20m" : "240;240;240m");
                 }
-                for (int c = 0; c < w; c++)
-                    fputs(masked ? "\xc3\x97" /* U+00D7 multiplication sign */ : shade(v), f);
-                if (color)
-                    fputs("\x1b[0m", f);
+                if (color) {
+                    /* The background carries the shade, so the cell shows the number
+                     * (a block character would paint over the colour). */
+                    char txt[32];
+                    if (masked)
+                        snprintf(txt, sizeof txt, "\xc3\x97"); /* U+00D7 multiplication sign */
+                    else if (p->is_mask)
+                        snprintf(txt, sizeof txt, "%d", v != 0.0 ? 1 : 0);
+                    else
+                        snprintf(txt, sizeof txt, "%.2f", v);
+                    int tw = masked ? 1 : (int)strlen(txt);
+                    int left = (w - tw) / 2;
+                    fprintf(f, "%*s%s%*s\x1b[0m", left, "", txt, w - tw - left, "");
+                } else {
+                    for (int c = 0; c < w; c++)
+                        fputs(masked ? "\xc3\x97" /* U+00D7 multiplication sign */ : shade(v), f);
+                }
             }
             fputc('\n', f);
         }
         fputc('\n', f);
     }
-    fputs("key: \xc2\xb7 0   \xe2\x96\x91 <0.25   \xe2\x96\x92 <0.5   \xe2\x96\x93 <0.75   "
-          "\xe2\x96\x88 >=0.75   \xc3\x97 masked (may not attend)\n",
-          f);
+    if (color)
+        fputs("key: colour from dark purple (0) to yellow (1), as in the SVG; "
+              "\xc3\x97 masked (may not attend)\n",
+              f);
+    else
+        fputs("key: \xc2\xb7 0   \xe2\x96\x91 <0.25   \xe2\x96\x92 <0.5   \xe2\x96\x93 <0.75   "
+              "\xe2\x96\x88 >=0.75   \xc3\x97 masked (may not attend)\n",
+              f);
     return ferror(f) ? -1 : 0;
 }

@@ -44,9 +44,10 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
                       int first_row, int per_row);
 
 /* Prints the panels one after another with Unicode shading (' ' '░' '▒' '▓' '█'
- * for values in fifths; masked cells as '×'), token ids on the axes. With
- * `color` nonzero, cells also get a 24-bit background colour from the same scale
- * as the SVG. Returns 0, or -1 if writing failed. */
+ * for 0 and then by quarters; masked cells as '×'), token ids on the axes. With
+ * `color` nonzero, each cell instead gets a 24-bit background colour from the same
+ * scale as the SVG and shows its value ("0.54"; 1/0 for masks; '×' if masked).
+ * Returns 0, or -1 if writing failed. */
 int heatmap_print_terminal(FILE *f, const heatmap_panel *panels, int n, int color);
 
 /* The colour scale (viridis-like, dark purple at 0 to yellow at 1) as 8-bit RGB. */
