@@ -88,6 +88,8 @@
 #endif
 
 #define FK_NK (FK_NKV * SIMD_W)
+/* Vectors of value columns the row path keeps in registers. */
+#define FK_ROW_NV 8
 
 #if defined(__GNUC__) || defined(__clang__)
 #define FK_INLINE static inline __attribute__((always_inline))
@@ -321,10 +323,12 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_job *job = (const attn__fused_job *)arg;
     const attn__sdpa_shapes *s = job->s;
-    const int64_t BH = s->B * s->H;
-    /* The last query tiles first: under the causal mask they are the heaviest. */
-    const int64_t qt = job->n_qt - 1 - item / BH;
-    const int64_t b = (item % BH) / s->H, h = (item % BH) % s->H;
+    /* Items go head by head, so that consecutive items reuse the head's K and V
+     * from cache; within a head the last query tiles come first, since under the
+     * causal mask they are the heaviest and the light ones then fill the tail. */
+    const int64_t bh = item / job->n_qt;
+    const int64_t qt = job->n_qt - 1 - item % job->n_qt;
+    const int64_t b = bh / s->H, h = bh % s->H;
     const int64_t D = s->D, Dv = s->Dv, br = job->br, bc = job->bc, dvp = job->dvp;
     const int64_t i0 = qt * br, i1 = fk_min(i0 + br, s->Tq);
     const int64_t nr = fk_round_up(i1 - i0, FK_MR);
@@ -510,6 +514,62 @@ FK_INLINE float fk_dot(const float *a, const float *x, int64_t n)
     return sum;
 }
 
+/* Four dot products of q with consecutive rows of k (row stride ldk), times the
+ * scale, into out[0..3]; each summed in the same order as fk_dot. */
+FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, float scale,
+                       float *out)
+{
+    simd_f32 a0 = simd_zero(), a1 = simd_zero(), a2 = simd_zero(), a3 = simd_zero();
+    simd_f32 b0 = simd_zero(), b1 = simd_zero(), b2 = simd_zero(), b3 = simd_zero();
+    int64_t d = 0;
+    for (; d + 2 * SIMD_W <= n; d += 2 * SIMD_W) {
+        const simd_f32 x = simd_load(q + d), y = simd_load(q + d + SIMD_W);
+        a0 = simd_fma(x, simd_load(k + d), a0);
+        b0 = simd_fma(y, simd_load(k + d + SIMD_W), b0);
+        a1 = simd_fma(x, simd_load(k + ldk + d), a1);
+        b1 = simd_fma(y, simd_load(k + ldk + d + SIMD_W), b1);
+        a2 = simd_fma(x, simd_load(k + 2 * ldk + d), a2);
+        b2 = simd_fma(y, simd_load(k + 2 * ldk + d + SIMD_W), b2);
+        a3 = simd_fma(x, simd_load(k + 3 * ldk + d), a3);
+        b3 = simd_fma(y, simd_load(k + 3 * ldk + d + SIMD_W), b3);
+    }
+    for (; d + SIMD_W <= n; d += SIMD_W) {
+        const simd_f32 x = simd_load(q + d);
+        a0 = simd_fma(x, simd_load(k + d), a0);
+        a1 = simd_fma(x, simd_load(k + ldk + d), a1);
+        a2 = simd_fma(x, simd_load(k + 2 * ldk + d), a2);
+        a3 = simd_fma(x, simd_load(k + 3 * ldk + d), a3);
+    }
+    float s0 = simd_hsum(simd_add(a0, b0)), s1 = simd_hsum(simd_add(a1, b1));
+    float s2 = simd_hsum(simd_add(a2, b2)), s3 = simd_hsum(simd_add(a3, b3));
+    for (; d < n; d++) {
+        s0 += q[d] * k[d];
+        s1 += q[d] * k[ldk + d];
+        s2 += q[d] * k[2 * ldk + d];
+        s3 += q[d] * k[3 * ldk + d];
+    }
+    out[0] = s0 * scale, out[1] = s1 * scale, out[2] = s2 * scale, out[3] = s3 * scale;
+}
+
+/* acc[c] = sum_j p[j] * v[j][c] for nv vectors of columns, over keys with p != 0. */
+FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const float *v, int64_t ldv,
+                         float *acc, const int nv)
+{
+    simd_f32 a[FK_ROW_NV];
+    for (int c = 0; c < nv; c++)
+        a[c] = simd_zero();
+    for (int64_t j = 0; j < nkeys; j++) {
+        if (p[j] == 0.0f)
+            continue;
+        const simd_f32 pj = simd_set1(p[j]);
+        const float *vrow = v + j * ldv;
+        for (int c = 0; c < nv; c++)
+            a[c] = simd_fma(pj, simd_load(vrow + c * SIMD_W), a[c]);
+    }
+    for (int c = 0; c < nv; c++)
+        simd_store(acc + c * SIMD_W, a[c]);
+}
+
 /* One (b, h, query row): the row path, for fewer query rows than a micro-tile. */
 static void fk_row_item(void *arg, int64_t item, int worker)
 {
@@ -542,18 +602,24 @@ static void fk_row_item(void *arg, int64_t item, int worker)
      * scores, so that a NaN score makes the row NaN rather than empty. */
     float mx = -INFINITY;
     int64_t visible = 0;
-    for (int64_t j = 0; j < jn; j++) {
-        float x = -INFINITY;
+    int64_t j = 0;
+    if (!mrow)
+        for (; j + 4 <= jn; j += 4)
+            fk_dot4(qrow, kb + j * s->k_s[2], s->k_s[2], D, s->scale, sc + j);
+    for (; j < jn; j++)
+        sc[j] = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
+    for (j = 0; j < jn; j++) {
+        float x = sc[j];
         if (!mrow || mrow[j * s->mask.stride[3]]) {
-            x = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
             visible++;
             if (x != x)
                 mx = x;
+        } else {
+            x = sc[j] = -INFINITY;
         }
-        sc[j] = x;
         mx = x > mx ? x : mx;
     }
-    for (int64_t j = jn; j < s->Tk; j++)
+    for (j = jn; j < s->Tk; j++)
         sc[j] = -INFINITY;
 
     if (visible == 0) {
@@ -563,7 +629,7 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         for (int64_t e = 0; e < Dv; e++)
             orow[e * s->o_s[3]] = 0.0f;
         if (wrow)
-            for (int64_t j = 0; j < s->Tk; j++)
+            for (j = 0; j < s->Tk; j++)
                 wrow[j * s->w_s[3]] = 0.0f;
         return;
     }
@@ -571,7 +637,7 @@ static void fk_row_item(void *arg, int64_t item, int worker)
     /* Softmax numerators and their sum. */
     const simd_f32 vm = simd_set1(mx);
     simd_f32 vsum = simd_zero();
-    int64_t j = 0;
+    j = 0;
     for (; j + SIMD_W <= jn; j += SIMD_W) {
         simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(sc + j), vm));
         simd_store(sc + j, p);
@@ -584,21 +650,20 @@ static void fk_row_item(void *arg, int64_t item, int worker)
     }
     const float inv = 1.0f / l;
 
-    /* Pass 2 over V: the weighted sum, skipping keys with weight 0. */
+    /* Pass 2 over V: the weighted sum, skipping keys with weight 0; the sums of up
+     * to FK_ROW_NV vectors of columns stay in registers over all the keys. */
     const int64_t dv_full = Dv / SIMD_W * SIMD_W;
-    for (int64_t e = 0; e < job->dvp; e++)
-        acc[e] = 0.0f;
-    for (j = 0; j < jn; j++) {
-        const float p = sc[j];
-        if (p == 0.0f)
-            continue;
-        const float *vrow = vb + j * s->v_s[2];
-        const simd_f32 vp = simd_set1(p);
-        int64_t e = 0;
-        for (; e < dv_full; e += SIMD_W)
-            simd_store(acc + e, simd_fma(vp, simd_load(vrow + e), simd_load(acc + e)));
-        for (; e < Dv; e++)
-            acc[e] += p * vrow[e];
+    int64_t e0 = 0;
+    for (; e0 + FK_ROW_NV * SIMD_W <= dv_full; e0 += FK_ROW_NV * SIMD_W)
+        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, FK_ROW_NV);
+    for (; e0 < dv_full; e0 += SIMD_W)
+        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, 1);
+    for (; e0 < Dv; e0++) {
+        float a = 0.0f;
+        for (j = 0; j < jn; j++)
+            if (sc[j] != 0.0f)
+                a += sc[j] * vb[j * s->v_s[2] + e0];
+        acc[e0] = a;
     }
     for (int64_t e = 0; e < Dv; e++)
         orow[e * s->o_s[3]] = acc[e] * inv;
