@@ -160,15 +160,21 @@ int attn_sdpa_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
                         attn__may_attend(&s, b, h, i, j) ? dot * s.scale : -INFINITY;
                 }
 
-            /* Step 2: softmax over the key axis. A masked key has exp(-inf) = 0 weight.
-             * A row with no visible key is an error, or all zeros when asked. */
+            /* Step 2: softmax over the key axis, from the row's maximum so that exp
+             * never overflows. A masked key has exp(-inf) = 0 weight. A row with no
+             * visible key is an error, or all zeros when asked. (Visibility is read
+             * from the mask, not from the scores, so a NaN score is not taken for a
+             * masked one: it makes its own row NaN, as in PyTorch.) */
             for (int64_t i = 0; i < Tq; i++) {
                 float *row = scores + i * Tk;
                 float max = -INFINITY;
-                for (int64_t j = 0; j < Tk; j++)
+                int64_t visible = 0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    visible += attn__may_attend(&s, b, h, i, j);
                     if (row[j] > max)
                         max = row[j];
-                if (max == -INFINITY) {
+                }
+                if (visible == 0) {
                     if (s.empty_rows == ATTN_EMPTY_ROWS_ERROR) {
                         attn__free(ctx, scores);
                         return attn__empty_row_fail(ctx, &s, b, h, i);
