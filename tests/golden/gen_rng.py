@@ -21,6 +21,15 @@ Format (kept simple so the C test needs no .npy reader):
     or default (the same script re-run with ATEN_CPU_CAPABILITY=default).
   - version.txt records torch's version and the CPU capability it used.
 
+To check another PyTorch against the stored files without rewriting them (e.g.
+Debian's 1.13 from `apt install python3-torch`, which runs as /usr/bin/python3):
+
+    /usr/bin/python3 tests/golden/gen_rng.py --compare
+
+It re-draws every case with the running torch and prints, per case, how many floats
+differ in their bits (it needs only torch and numpy). Run it with
+ATEN_CPU_CAPABILITY=default to compare torch's baseline kernels instead.
+
 The chapter module (SPEC section 1), written out here as PyTorch code:
   qkv = Linear(E, 3E); q, k, v = qkv(x).split(E, dim=-1);
   each viewed [B, T, H, D] and transposed to [B, H, T, D];
@@ -151,8 +160,72 @@ def draw_cases(flavor, lines):
         lines.append(f"linear {name}{suffix}.f32 {flavor} {seed} {fan_in} {fan_out}")
 
 
+def compare():
+    """Re-draws every manifest case with the running torch; returns the number of
+    cases whose floats differ in any bit from the stored files."""
+    def stored(rel):
+        return np.fromfile(os.path.join(OUT, rel), dtype="<f4")
+
+    def report(label, got, want):
+        got = np.ascontiguousarray(got, dtype="<f4").ravel()
+        if got.size != want.size:
+            print(f"{label}: {got.size} values drawn, {want.size} stored")
+            return 1
+        diff = int(np.sum(got.view("<u4") != want.view("<u4")))
+        worst = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) if got.size else 0.0
+        print(f"{label}: {diff} of {got.size} floats differ in their bits (largest difference {worst:.3g})")
+        return 1 if diff else 0
+
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "?")()
+    print(f"torch {torch.__version__}, CPU capability {capability}, "
+          f"ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '(unset)')}")
+    # The stored 'default' flavor is what torch's baseline kernels draw, the 'avx2' one
+    # (and the model cases) what its AVX2/AVX-512 kernels draw: compare like with like.
+    env = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    flavor_now = "default" if env == "default" or str(capability).upper() == "DEFAULT" else "avx2"
+    print(f"comparing the '{flavor_now}' flavor cases")
+    bad = 0
+    with open(os.path.join(OUT, "manifest.txt")) as f:
+        lines = [line.split() for line in f if line.strip()]
+    for fields in lines:
+        kind = fields[0]
+        if (fields[2] if kind != "model" else "avx2") != flavor_now:
+            continue
+        if kind == "model":
+            name, seed, B, T, E, H = fields[1], int(fields[2]), *map(int, fields[3:7])
+            torch.manual_seed(seed)
+            x = torch.randn(B, T, E)
+            module = ChapterSelfAttention(E, H)
+            bad += report(f"model {name} x", x.numpy(), stored(f"{name}/x.f32"))
+            params = [module.qkv.weight, module.qkv.bias, module.output.weight, module.output.bias]
+            got = np.concatenate([p.detach().numpy().ravel() for p in params])
+            want = np.concatenate([stored(f"{name}/{n}.f32") for n in
+                                   ["qkv_weight", "qkv_bias", "output_weight", "output_bias"]])
+            bad += report(f"model {name} weights", got, want)
+            continue
+        rel, flavor, seed = fields[1], fields[2], int(fields[3])
+        torch.manual_seed(seed)
+        if kind == "randn":
+            got = torch.cat([torch.randn(int(n)) for n in fields[4].split(",")]).numpy()
+        elif kind == "uniform":
+            got = torch.empty(int(fields[4])).uniform_(float(fields[5]), float(fields[6])).numpy()
+        elif kind == "linear":
+            layer = nn.Linear(int(fields[4]), int(fields[5]))
+            got = torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()]).numpy()
+        else:
+            print(f"unknown manifest line: {' '.join(fields)}")
+            bad += 1
+            continue
+        bad += report(f"{kind} {rel} ({flavor} flavor)", got, stored(rel))
+    return bad
+
+
 def main():
     torch.set_num_threads(1)
+    if len(sys.argv) > 1 and sys.argv[1] == "--compare":
+        bad = compare()
+        print(f"{bad} case(s) differ")
+        sys.exit(1 if bad else 0)
     if len(sys.argv) > 1 and sys.argv[1] == "--default-flavor-only":
         # Child process started with ATEN_CPU_CAPABILITY=default: print manifest lines.
         lines = []
