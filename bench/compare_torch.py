@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""compare_torch.py - attn against PyTorch (and numpy's OpenBLAS) on the same
+shapes, in the same run, and the ratios.
+
+    python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
+                                   [--shapes S1,S2,...] [--skip-plain-above 2e9]
+
+What it runs, each figure the median of --runs timed calls after two warm-up calls
+(the same method as `attn bench`), with --threads threads for everybody:
+
+  attn       `attn bench --json` on SPEC section 5's shapes (the library default,
+             i.e. the fused kernel on the best ISA), `attn bench --mha`, `attn bench
+             --gemm --size 2048` and `attn bench --bandwidth`;
+  torch SDPA torch.nn.functional.scaled_dot_product_attention (2.x: its CPU path is
+             a fused flash kernel);
+  torch plain  q @ k^T * scale, masked_fill(-inf), softmax, @ v: attention the way
+             PyTorch 1.13 code (and the chapter) writes it;
+  torch MHA  nn.MultiheadAttention(E=768, H=12, batch_first) at T=1024, projections
+             included, need_weights=False;
+  numpy      np.dot of two 2048 x 2048 float32 matrices (OpenBLAS sgemm).
+
+Ratios are "times faster than the peer": peer_ms / attn_ms. Shapes are measured
+interleaved (attn, then the peers, shape by shape), so drift on a shared machine
+hits both sides alike. Inputs are uniform in [-1, 1); each peer's output is checked
+against attn's reference semantics on S1 before timing (max abs difference printed).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+# OpenBLAS reads these at load time; unset them for this process only.
+for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+    os.environ.pop(var, None)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+SHAPES = {
+    "S1": (2, 4, 5, 5, 4, "none"),
+    "S2": (1, 12, 1024, 1024, 64, "causal"),
+    "S3": (4, 12, 1024, 1024, 64, "causal"),
+    "S4": (1, 16, 4096, 4096, 64, "causal"),
+    "S5": (1, 32, 1, 4096, 128, "none"),
+    "S6": (8, 8, 512, 512, 64, "padding"),
+}
+
+
+def flops(B, H, Tq, Tk, D, mask):
+    f = 4.0 * B * H * Tq * Tk * D
+    return f / 2 if mask == "causal" else f
+
+
+def median_ms(fn, runs):
+    fn()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    reps = 1 if once > 1e-3 else int(1e-3 / max(once, 1e-7)) + 1
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        samples.append((time.perf_counter() - t0) / reps)
+    samples.sort()
+    n = len(samples)
+    mid = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+    return mid * 1e3
+
+
+def attn_json(attn, args):
+    out = subprocess.run([attn, "bench", "--json"] + args, check=True,
+                         capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def torch_inputs(B, H, Tq, Tk, D, mask):
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(B, H, Tq, D, generator=g) * 2 - 1
+    k = torch.rand(B, H, Tk, D, generator=g) * 2 - 1
+    v = torch.rand(B, H, Tk, D, generator=g) * 2 - 1
+    m = None
+    if mask == "padding":
+        m = torch.ones(B, 1, 1, Tk, dtype=torch.bool)
+        m[B // 2:, :, :, Tk - Tk // 4:] = False
+    elif mask == "causal":
+        m = torch.ones(Tq, Tk, dtype=torch.bool).tril()
+    return q, k, v, m
+
+
+def torch_sdpa(q, k, v, m, mask):
+    if mask == "causal":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+def torch_plain(q, k, v, m, mask):
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if m is not None:
+        s = s.masked_fill(~m, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--attn", default=os.path.join("build", "attn"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    ap.add_argument("--skip-plain-above", type=float, default=float("inf"),
+                    help="skip torch plain on shapes above this many FLOPs")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per line")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    common = ["--threads", str(a.threads), "--runs", str(a.runs)]
+
+    setup = attn_json(a.attn, ["--peak"] + common)[0]
+    peak = setup["peak_gflops"]
+    print(f"# torch {torch.__version__}, numpy {np.__version__}, {a.threads} threads; "
+          f"FP32 FMA peak {peak:.1f} GFLOP/s (attn bench --peak)")
+    rows = []
+    for name in a.shapes.split(","):
+        B, H, Tq, Tk, D, mask = SHAPES[name]
+        mine = [r for r in attn_json(a.attn, ["--shape", name] + common)
+                if r.get("kind") == "sdpa"][0]
+        q, k, v, m = torch_inputs(B, H, Tq, Tk, D, mask)
+        with torch.inference_mode():
+            sdpa = median_ms(lambda: torch_sdpa(q, k, v, m, mask), a.runs)
+            plain = None
+            if flops(B, H, Tq, Tk, D, mask) <= a.skip_plain_above:
+                plain = median_ms(lambda: torch_plain(q, k, v, m, mask), a.runs)
+            if name == "S1":
+                diff = (torch_sdpa(q, k, v, m, mask) - torch_plain(q, k, v, m, mask)).abs().max()
+                print(f"# check on S1: |torch SDPA - plain| max {float(diff):.2e}")
+        rows.append((name, mine, sdpa, plain))
+        del q, k, v, m
+
+    print(f"{'shape':6} {'attn ms':>10} {'GFLOP/s':>8} {'%peak':>6} {'SDPA ms':>10} "
+          f"{'plain ms':>10} {'vs SDPA':>8} {'vs plain':>9}")
+    for name, mine, sdpa, plain in rows:
+        ms = mine["median_ms"]
+        line = (f"{name:6} {ms:10.4f} {mine['gflops']:8.1f} {100 * mine['peak_frac']:5.1f}% "
+                f"{sdpa:10.4f} {plain if plain is not None else float('nan'):10.4f} "
+                f"{sdpa / ms:7.2f}x "
+                f"{(plain / ms if plain is not None else float('nan')):8.2f}x")
+        print(line)
+        if a.json:
+            print(json.dumps({"shape": name, "attn_ms": ms, "torch_sdpa_ms": sdpa,
+                              "torch_plain_ms": plain, "vs_sdpa": sdpa / ms,
+                              "vs_plain": (plain / ms) if plain else None}))
+
+    # Multi-head attention end to end (projections included).
+    T, E, NH = 1024, 768, 12
+    mine = [r for r in attn_json(a.attn, ["--mha"] + common) if r.get("kind") == "mha"][0]
+    mha = torch.nn.MultiheadAttention(E, NH, batch_first=True)
+    x = torch.rand(1, T, E) * 2 - 1
+    with torch.inference_mode():
+        tmha = median_ms(lambda: mha(x, x, x, need_weights=False), a.runs)
+    print(f"mha T={T} E={E} H={NH}: attn {mine['median_ms']:.3f} ms, "
+          f"nn.MultiheadAttention {tmha:.3f} ms: {tmha / mine['median_ms']:.2f}x")
+
+    # The GEMM against OpenBLAS sgemm (through numpy) and torch.mm.
+    n = 2048
+    mine = [r for r in attn_json(a.attn, ["--gemm", "--size", str(n)] + common)
+            if r.get("kind") == "gemm"][0]
+    xa = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    wa = np.random.default_rng(1).random((n, n), dtype=np.float32)
+    tnp = median_ms(lambda: np.dot(xa, wa.T), a.runs)
+    xt, wt = torch.from_numpy(xa), torch.from_numpy(wa)
+    ttorch = median_ms(lambda: torch.mm(xt, wt.t()), a.runs)
+    gf = lambda ms: 2.0 * n ** 3 / ms / 1e6  # noqa: E731
+    print(f"gemm {n}^3 (y = x W^T): attn {mine['median_ms']:.3f} ms ({mine['gflops']:.0f} "
+          f"GFLOP/s), numpy/OpenBLAS {tnp:.3f} ms ({gf(tnp):.0f} GFLOP/s), torch.mm "
+          f"{ttorch:.3f} ms ({gf(ttorch):.0f} GFLOP/s): attn is {tnp / mine['median_ms']:.2f}x "
+          f"OpenBLAS")
+
+    bw = attn_json(a.attn, ["--bandwidth"] + common)
+    kv = [r for r in bw if r.get("kind") == "kv_stream"]
+    st = [r for r in bw if r.get("kind") == "bandwidth"]
+    if kv and st:
+        print(f"S5 K/V streaming: {st[0]['gbs']:.1f} GB/s measured; attn reads K and V at "
+              f"{kv[0]['kv_gbs']:.1f} GB/s ({100 * kv[0]['fraction']:.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
