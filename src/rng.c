@@ -115,15 +115,26 @@ void attn_rng_seed(attn_rng *rng, uint64_t seed)
     rng->flavor = ATTN_RNG_TORCH_AVX2;
 }
 
-/* Regenerates all 624 words at once (the "twist" of MT19937). */
+/* One step of the recurrence: the upper bit of `upper`, the lower 31 of `lower`,
+ * shifted and twisted, XOR the word M places on. */
+static uint32_t mt_step(uint32_t upper, uint32_t lower, uint32_t far)
+{
+    uint32_t y = (upper & MT_UPPER) | (lower & MT_LOWER);
+    return far ^ (y >> 1) ^ ((y & 1u) ? MT_MATRIX_A : 0u);
+}
+
+/* Regenerates all 624 words at once (the "twist" of MT19937), in three runs so that
+ * no index wraps: word k uses words k + 1 and k + M (mod N) of the new-or-old state,
+ * exactly as the reference implementation updates in place. */
 static void mt_twist(attn_rng *rng)
 {
     uint32_t *s = rng->state;
-    for (int k = 0; k < MT_N; k++) {
-        uint32_t y = (s[k] & MT_UPPER) | (s[(k + 1) % MT_N] & MT_LOWER);
-        uint32_t v = s[(k + MT_M) % MT_N] ^ (y >> 1);
-        s[k] = (y & 1u) ? v ^ MT_MATRIX_A : v;
-    }
+    int k = 0;
+    for (; k < MT_N - MT_M; k++)
+        s[k] = mt_step(s[k], s[k + 1], s[k + MT_M]);
+    for (; k < MT_N - 1; k++)
+        s[k] = mt_step(s[k], s[k + 1], s[k + MT_M - MT_N]);
+    s[MT_N - 1] = mt_step(s[MT_N - 1], s[0], s[MT_M - 1]);
     rng->index = 0;
 }
 
