@@ -105,6 +105,9 @@ grep -A2 "^head 0 weights" "$tmp/show" | tail -1 | grep -q "^    1 ███ ×�
 "$INSPECT" --heatmap "$tmp/x.svg" --sample 2 >"$tmp/out" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && [ ! -e "$tmp/x.svg" ] \
     && ok "--sample 2 with B=2 is refused: $(cat "$tmp/err")" || bad "--sample 2 gave status $rc"
+"$INSPECT" --show --seq-len 300 >"$tmp/out" 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && [ ! -s "$tmp/out" ] \
+    && ok "pictures of more than 256 tokens are refused: $(cat "$tmp/err")" || bad "--show --seq-len 300 gave status $rc"
 "$INSPECT" --heatmap "$tmp/no_such_dir/x.svg" >"$tmp/out" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] \
     && ok "an unwritable --heatmap path fails with status 1: $(cat "$tmp/err")" || bad "unwritable --heatmap gave status $rc"

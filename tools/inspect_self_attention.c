@@ -184,6 +184,14 @@ static int parse_options(int argc, char **argv, options *o)
         case 5: o->sample = v; break;
         }
     }
+    /* A picture of T x T cells per head stops being readable (and an SVG with a
+     * titled <rect> per cell stops being small) long before memory runs out. */
+    if ((o->heatmap || o->show) && (o->seq_len > 256 || o->num_heads > 64)) {
+        fprintf(stderr, "%s: --heatmap and --show draw at most --seq-len 256 and --num-heads 64, "
+                        "got %" PRId64 " and %" PRId64 "\n",
+                prog, o->seq_len, o->num_heads);
+        return 2;
+    }
     if (o->sample >= o->batch_size) {
         fprintf(stderr, "%s: --sample %" PRId64 " is out of range for --batch-size %" PRId64
                         " (samples are 0 .. %" PRId64 ")\n",
