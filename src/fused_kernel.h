@@ -36,7 +36,8 @@
  * Scratch per worker, caller-allocated, never allocated here: the query tile packed
  * in micro-panels [br/FK_MR][D][FK_MR], the key tile packed transposed in
  * micro-panels [bc/FK_NK][D][FK_NK], the value tile [bc][dvp], scores [br][bc],
- * the output accumulator [br][dvp] and m, l [br]. With D = Dv = 64 that is 80 KiB,
+ * the output accumulator [br][dvp], m [br] and l as per-lane partial sums
+ * [br][W] (reduced once, at the end). With D = Dv = 64 that is under 100 KiB,
  * which stays in L2 while the key tiles stream.
  *
  * Tails: the packing routines handle every tail, so the micro-kernels only ever
@@ -111,7 +112,8 @@ static int64_t fk_ws_floats(const attn__fused_job *job)
         return fk_align(s->D) + fk_align(s->Tk) + fk_align(job->dvp);
     return fk_align(job->br * s->D) + fk_align(job->bc * s->D) +
            fk_align(job->bc * job->dvp) + fk_align(job->br * job->bc) +
-           fk_align(job->br * job->dvp) + 2 * fk_align(job->br);
+           fk_align(job->br * job->dvp) + 2 * fk_align(job->br) +
+           fk_align(job->br * SIMD_W);
 }
 
 /* The key/value head that query head (b, h) reads; the one place to change for
@@ -178,14 +180,19 @@ static void fk_pack_q(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
 }
 
 /* Keys j0 .. j0+nkp-1 transposed into micro-panels [nkp/FK_NK][D][FK_NK] and their
- * values into [nkp][dvp]; keys past Tk and columns past Dv are zeros. Returns 1
- * when a value is not finite (inf or NaN), so that the caller can keep a masked
- * key's value out of the output (0 * inf would be NaN). */
+ * values into [nkp][dvp] (unless vp is NULL); keys past Tk and columns past Dv are
+ * zeros. With `check`, returns 1 when a value is not finite (inf or NaN), so that
+ * the caller can keep a masked key's value out of the output (0 * inf is NaN). */
 static int fk_pack_kv(const attn__sdpa_shapes *s, const float *kb, const float *vb,
-                       int64_t j0, int64_t nkp, int64_t dvp, float *kp, float *vp)
+                       int64_t j0, int64_t nkp, int64_t dvp, float *kp, float *vp,
+                       int check)
 {
     const int64_t D = s->D, Dv = s->Dv;
-    int nonfinite = 0;
+    /* x * 0 is NaN exactly when x is inf or NaN; the sum of those products flags a
+     * non-finite value anywhere in the tile's values. */
+    const simd_f32 zero = simd_zero();
+    simd_f32 chk = simd_zero();
+    float chk1 = 0.0f;
     for (int64_t c = 0; c < nkp; c++) {
         float *kdst = kp + (c / FK_NK) * D * FK_NK + (c % FK_NK);
         float *vdst = vp + c * dvp;
@@ -195,27 +202,21 @@ static int fk_pack_kv(const attn__sdpa_shapes *s, const float *kb, const float *
             for (int64_t d = 0; d < D; d++)
                 kdst[d * FK_NK] = ksrc[d * s->k_s[3]];
             if (vp) {
-                /* x * 0 is NaN exactly when x is inf or NaN; the sum of those
-                 * products flags a non-finite value in the row. */
                 const float *vsrc = vb + j * s->v_s[2];
-                const simd_f32 zero = simd_zero();
-                simd_f32 chk = simd_zero();
                 int64_t e = 0;
                 if (s->v_s[3] == 1)
                     for (; e + SIMD_W <= Dv; e += SIMD_W) {
                         simd_f32 x = simd_load(vsrc + e);
                         simd_store(vdst + e, x);
-                        chk = simd_add(chk, simd_mul(x, zero));
+                        if (check)
+                            chk = simd_add(chk, simd_mul(x, zero));
                     }
-                float chk1 = simd_hsum(chk);
                 for (; e < Dv; e++) {
                     vdst[e] = vsrc[e * s->v_s[3]];
                     chk1 += vdst[e] * 0.0f;
                 }
                 for (; e < dvp; e++)
                     vdst[e] = 0.0f;
-                if (chk1 != chk1)
-                    nonfinite = 1;
             }
         } else {
             for (int64_t d = 0; d < D; d++)
@@ -225,13 +226,14 @@ static int fk_pack_kv(const attn__sdpa_shapes *s, const float *kb, const float *
                     vdst[e] = 0.0f;
         }
     }
-    return nonfinite;
+    chk1 += simd_hsum(chk);
+    return chk1 != chk1;
 }
 
-/* Score micro-kernel: S[r][c] = sum_d qp[d][r] * kp[d][c] for r < FK_MR and
- * c < FK_NK, summed over d in increasing order; S has row stride lds. */
+/* Score micro-kernel: S[r][c] = (sum_d qp[d][r] * kp[d][c]) * scale for r < FK_MR
+ * and c < FK_NK, summed over d in increasing order; S has row stride lds. */
 FK_INLINE void fk_ukr_qk(int64_t D, const float *qp, const float *kp, float *S,
-                         int64_t lds)
+                         int64_t lds, simd_f32 vscale)
 {
     simd_f32 acc[FK_MR][FK_NKV];
     for (int r = 0; r < FK_MR; r++)
@@ -249,7 +251,7 @@ FK_INLINE void fk_ukr_qk(int64_t D, const float *qp, const float *kp, float *S,
     }
     for (int r = 0; r < FK_MR; r++)
         for (int c = 0; c < FK_NKV; c++)
-            simd_store(S + r * lds + c * SIMD_W, acc[r][c]);
+            simd_store(S + r * lds + c * SIMD_W, simd_mul(acc[r][c], vscale));
 }
 
 /* Weighted-sum micro-kernel: O[r][c] += sum_j P[r][j] * V[j][c] for r < FK_MR and
@@ -284,15 +286,10 @@ static void fk_scores(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t 
                       const float *kp, float *S, int64_t ldS)
 {
     const int64_t D = s->D;
+    const simd_f32 vscale = simd_set1(s->scale);
     for (int64_t rb = 0; rb < nr; rb += FK_MR)
         for (int64_t cb = 0; cb < nkp; cb += FK_NK)
-            fk_ukr_qk(D, qp + rb * D, kp + cb * D, S + rb * ldS + cb, ldS);
-    const simd_f32 vscale = simd_set1(s->scale);
-    for (int64_t r = 0; r < nr; r++) {
-        float *srow = S + r * ldS;
-        for (int64_t c = 0; c < nkp; c += SIMD_W)
-            simd_store(srow + c, simd_mul(simd_load(srow + c), vscale));
-    }
+            fk_ukr_qk(D, qp + rb * D, kp + cb * D, S + rb * ldS + cb, ldS, vscale);
     if (kind != FK_PARTIAL)
         return;
     for (int64_t r = 0; r < nr; r++) {
@@ -341,6 +338,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     float *O = S + fk_align(br * bc);
     float *m = O + fk_align(br * dvp);
     float *l = m + fk_align(br);
+    float *lv = l + fk_align(br); /* [br][SIMD_W]: l as per-lane partial sums */
 
     int64_t kb_, kh_;
     fk_kv_head(s, b, h, &kb_, &kh_);
@@ -352,7 +350,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     fk_pack_q(s, qb, i0, nr, qp);
     for (int64_t r = 0; r < nr; r++) {
         m[r] = -INFINITY;
-        l[r] = 0.0f;
+        simd_store(lv + r * SIMD_W, simd_zero());
         for (int64_t e = 0; e < dvp; e++)
             O[r * dvp + e] = 0.0f;
     }
@@ -364,7 +362,14 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         const int kind = fk_tile_kind(s, b, h, i0, i1, j0, j1, nkp);
         if (kind == FK_SKIP)
             continue;
-        const int v_nonfinite = fk_pack_kv(s, kb, vb, j0, nkp, dvp, kp, vp);
+        /* V is read in place when the tile is whole, nothing in it is masked (so no
+         * masked value can leak) and rows are unit-stride multiples of the vector;
+         * otherwise it is packed, and checked for inf/NaN when something is masked. */
+        const int v_direct = kind == FK_FULL && s->v_s[3] == 1 && dvp == Dv;
+        const float *vt = v_direct ? vb + j0 * s->v_s[2] : vp;
+        const int64_t ldv = v_direct ? s->v_s[2] : dvp;
+        const int v_nonfinite =
+            fk_pack_kv(s, kb, vb, j0, nkp, dvp, kp, v_direct ? NULL : vp, kind == FK_PARTIAL);
         fk_scores(s, b, h, i0, nr, j0, nkp, kind, qp, kp, S, bc);
 
         /* Online softmax: fold this tile into each row's (m, l, O). */
@@ -397,7 +402,9 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
                 simd_store(srow + c, p);
                 vsum = simd_add(vsum, p);
             }
-            l[r] = l[r] * alpha + simd_hsum(vsum);
+            /* l stays a vector of partial sums until the end: no reduction here. */
+            simd_store(lv + r * SIMD_W,
+                       simd_fma(simd_load(lv + r * SIMD_W), simd_set1(alpha), vsum));
             if (alpha != 1.0f) {
                 const simd_f32 va = simd_set1(alpha);
                 float *orow = O + r * dvp;
@@ -429,14 +436,16 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         for (int64_t rb = 0; rb < nr; rb += FK_MR) {
             int64_t e = 0;
             for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
-                fk_ukr_pv(nkp, S + rb * bc, bc, vp + e, dvp, O + rb * dvp + e, dvp,
+                fk_ukr_pv(nkp, S + rb * bc, bc, vt + e, ldv, O + rb * dvp + e, dvp,
                           FK_NV);
             for (; e < dvp; e += SIMD_W)
-                fk_ukr_pv(nkp, S + rb * bc, bc, vp + e, dvp, O + rb * dvp + e, dvp, 1);
+                fk_ukr_pv(nkp, S + rb * bc, bc, vt + e, ldv, O + rb * dvp + e, dvp, 1);
         }
     }
 
     /* out = O / l; rows that saw no key are empty. */
+    for (int64_t r = 0; r < nr; r++)
+        l[r] = simd_hsum(simd_load(lv + r * SIMD_W));
     int64_t empty = INT64_MAX;
     for (int64_t r = 0; r < i1 - i0; r++) {
         const int64_t i = i0 + r;
@@ -475,7 +484,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         const int64_t nkp = fk_round_up(j1 - j0, FK_NK);
         const int kind = fk_tile_kind(s, b, h, i0, i1, j0, j1, nkp);
         if (kind != FK_SKIP) {
-            fk_pack_kv(s, kb, NULL, j0, nkp, dvp, kp, NULL);
+            fk_pack_kv(s, kb, NULL, j0, nkp, dvp, kp, NULL, 0);
             fk_scores(s, b, h, i0, nr, j0, nkp, kind, qp, kp, S, bc);
         }
         for (int64_t r = 0; r < i1 - i0; r++) {
