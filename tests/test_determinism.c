@@ -1,0 +1,146 @@
+/*
+ * test_determinism.c - the same inputs give the same bits: across repeated runs,
+ * across thread counts (1, 2, 3), for attention alone and for multi-head attention
+ * end to end, on every instruction-set path this machine runs. Between paths the
+ * summation order differs (vector widths, fused multiply-adds), so there the test
+ * measures the largest difference, prints it, and holds it to the float32 error
+ * bound the correctness sweep uses.
+ */
+#include "attn.h"
+#include "check.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 2, H = 3, T = 131, D = 64, E = H * D };
+
+static float q[B * H * T * D], k[B * H * T * D], v[B * H * T * D];
+static float x[B * T * E], wqkv[3 * E * E], bqkv[3 * E], wo[E * E], bo[E];
+static unsigned char pad[B * T];
+
+static void run_sdpa(attn_arch arch, int threads, float *out)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D),
+                tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(out, B, H, T, D), tm;
+    const int64_t ms[4] = {B, 1, 1, T};
+    attn_tensor_init(NULL, &tm, ATTN_DTYPE_BOOL, pad, 4, ms);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    p.mask = &tm;
+    CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
+}
+
+static void run_mha(attn_arch arch, int threads, float *out)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_mha_weights mw;
+    const int64_t xs[3] = {B, T, E}, w1[2] = {3 * E, E}, b1[1] = {3 * E}, w2[2] = {E, E},
+                  b2[1] = {E}, ms[4] = {B, 1, 1, T};
+    attn_tensor tx, ty, tm;
+    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, x, 3, xs);
+    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, out, 3, xs);
+    attn_tensor_init(NULL, &mw.w_qkv, ATTN_DTYPE_F32, wqkv, 2, w1);
+    attn_tensor_init(NULL, &mw.b_qkv, ATTN_DTYPE_F32, bqkv, 1, b1);
+    attn_tensor_init(NULL, &mw.w_o, ATTN_DTYPE_F32, wo, 2, w2);
+    attn_tensor_init(NULL, &mw.b_o, ATTN_DTYPE_F32, bo, 1, b2);
+    attn_tensor_init(NULL, &tm, ATTN_DTYPE_BOOL, pad, 4, ms);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    p.mask = &tm;
+    CHECK_INT(attn_mha_forward(&ctx, &mw, H, &tx, &p, &ty, NULL), ATTN_OK);
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+int main(void)
+{
+    tu_fill(q, B * H * T * D, 1);
+    tu_fill(k, B * H * T * D, 2);
+    tu_fill(v, B * H * T * D, 3);
+    tu_fill(x, B * T * E, 4);
+    tu_fill(wqkv, 3 * E * E, 5);
+    tu_fill(bqkv, 3 * E, 6);
+    tu_fill(wo, E * E, 7);
+    tu_fill(bo, E, 8);
+    /* Weights at nn.Linear's scale (uniform in +-1/sqrt(E)) keep every stage O(1). */
+    for (int i = 0; i < 3 * E * E; i++)
+        wqkv[i] /= sqrtf((float)E);
+    for (int i = 0; i < E * E; i++)
+        wo[i] /= sqrtf((float)E);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            pad[b * T + t] = !(b == 1 && t >= T - 40); /* sample 1 ends in 40 pads */
+
+    const attn_arch archs[] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    enum { N_ARCH = sizeof archs / sizeof archs[0] };
+    const size_t n_attn = B * H * T * D, n_mha = B * T * E;
+    float *attn_out[N_ARCH] = {0}, *mha_out[N_ARCH] = {0};
+    for (int a = 0; a < N_ARCH; a++) {
+        if (!attn_arch_supported(archs[a])) {
+            fprintf(stderr, "-- path %s: not supported on this machine, skipped\n", attn_arch_name(archs[a]));
+            continue;
+        }
+        fprintf(stderr, "== path %s\n", attn_arch_name(archs[a]));
+        float *o1 = malloc(n_attn * 4), *o2 = malloc(n_attn * 4), *m1 = malloc(n_mha * 4),
+              *m2 = malloc(n_mha * 4);
+        TEST("two runs with the same inputs give the same bits (attention and multi-head attention)");
+        run_sdpa(archs[a], 2, o1);
+        run_sdpa(archs[a], 2, o2);
+        CHECK(memcmp(o1, o2, n_attn * 4) == 0);
+        run_mha(archs[a], 2, m1);
+        run_mha(archs[a], 2, m2);
+        CHECK(memcmp(m1, m2, n_mha * 4) == 0);
+        TEST("1, 2 and 3 threads give the same bits (attention and multi-head attention)");
+        for (int th = 1; th <= 3; th += 2) {
+            run_sdpa(archs[a], th, o2);
+            CHECK(memcmp(o1, o2, n_attn * 4) == 0);
+            run_mha(archs[a], th, m2);
+            CHECK(memcmp(m1, m2, n_mha * 4) == 0);
+        }
+        attn_out[a] = o1;
+        mha_out[a] = m1;
+        free(o2), free(m2);
+    }
+    /* Paths sum in other orders (vector widths, fused multiply-adds). Float32
+     * rounding of D = 64 and E = 192 term sums of O(1) values is a few 1e-7 per sum
+     * (6e-8 times the square root of the length, times the magnitudes), so 1e-5
+     * leaves a wide margin while still catching a wrong tail or a lost term (errors
+     * of order 1e-2). */
+    TEST("between instruction-set paths the results stay within float32 rounding (differences printed)");
+    for (int a = 0; a < N_ARCH; a++)
+        for (int b = a + 1; b < N_ARCH; b++) {
+            if (!attn_out[a] || !attn_out[b])
+                continue;
+            double da = max_diff(attn_out[a], attn_out[b], n_attn);
+            double dm = max_diff(mha_out[a], mha_out[b], n_mha);
+            fprintf(stderr, "   %-6s vs %-6s: max |difference| attention %.3g, multi-head %.3g%s\n",
+                    attn_arch_name(archs[a]), attn_arch_name(archs[b]), da, dm,
+                    da == 0 && dm == 0 ? " (bit-identical)" : "");
+            CHECK(da <= 1e-5);
+            CHECK(dm <= 1e-5);
+        }
+    for (int a = 0; a < N_ARCH; a++) {
+        free(attn_out[a]);
+        free(mha_out[a]);
+    }
+    return check_summary("test_determinism");
+}
