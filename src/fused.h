@@ -64,7 +64,7 @@ typedef struct attn__fused_job {
 typedef struct attn__fused_kernel {
     attn_arch arch;
     int width; /* floats per vector */
-    int mr;    /* query rows per micro-tile */
+    int mr;    /* query rows per micro-tile (tiles hold a multiple of it) */
     int nk;    /* keys per micro-tile of the score product */
     /* Scratch floats one worker needs for a job planned with these sizes. */
     int64_t (*ws_floats)(const attn__fused_job *job);

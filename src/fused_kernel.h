@@ -5,8 +5,9 @@
  * Not a public header; it is included only by those three files, each of which
  * defines ATTN_SIMD_<ISA> and the micro-tile sizes
  *
- *     FK_MR   query rows per micro-tile (both products)
- *     FK_NKV  vectors of keys per micro-tile of the score product
+ *     FK_MK   keys per micro-tile of the score product
+ *     FK_NQV  vectors of query rows per micro-tile of the score product
+ *     FK_MR   query rows per micro-tile of the weighted sum
  *     FK_NV   vectors of value columns per micro-tile of the weighted sum
  *
  * and then exports the two static functions below through an attn__fused_kernel.
@@ -20,8 +21,8 @@
  *
  *     m_i = -inf, l_i = 0, O_i = 0                      for every row i of the tile
  *     for each key tile j0 .. j1-1 that is not hidden entirely:
- *         S = (Q K^T) * scale, masked entries = -inf    [br, bc] in scratch
- *         m_new = max(m_i, max_j S_ij)                  rows with nothing new: skip
+ *         S = (Q K^T) * scale, masked entries = -inf    [bc, br] in scratch
+ *         m_new = max(m_i, max_j S_ij)
  *         P_ij = exp(S_ij - m_new)                      exactly 0 where masked
  *         l_i = l_i * exp(m_i - m_new) + sum_j P_ij
  *         O_i = O_i * exp(m_i - m_new) + P V            [br, Dv] in scratch
@@ -31,20 +32,29 @@
  * The running max starts at -INFINITY, never at a large negative number, so a
  * masked score never leaks weight, and 1/l is taken only when l > 0.
  *
- * Tile sizes: br = 64 query rows and bc = 64 keys (the planner in sdpa_fused.c
- * shrinks them to the problem when it is smaller, rounded up to FK_MR and FK_NK).
- * Scratch per worker, caller-allocated, never allocated here: the query tile packed
- * in micro-panels [br/FK_MR][D][FK_MR], the key tile packed transposed in
- * micro-panels [bc/FK_NK][D][FK_NK], the value tile [bc][dvp], scores [br][bc],
- * the output accumulator [br][dvp], m [br] and l as per-lane partial sums
- * [br][W] (reduced once, at the end). With D = Dv = 64 that is under 100 KiB,
- * which stays in L2 while the key tiles stream.
+ * Layout: the scores are kept transposed, key-major ([bc][br]), with query rows
+ * along the vector lanes. The score micro-kernel then broadcasts key elements
+ * straight from the caller's K (any strides, never copied) against the query tile,
+ * which is packed once per item as Q^T micro-panels [br/FK_QW][D][FK_QW]; and
+ * every softmax step (max, exp, sum, the correction factor) runs along the key
+ * axis, a vector of query rows at a time, with no horizontal reduction. The
+ * weighted-sum micro-kernel broadcasts P^T entries and loads rows of V: in place
+ * for whole unmasked tiles with unit-stride rows of a multiple of the vector
+ * width, else from a packed copy [bc][dvp].
  *
- * Tails: the packing routines handle every tail, so the micro-kernels only ever
- * see whole micro-tiles: query rows past Tq are packed as zeros (computed, never
- * written), keys past Tk are packed as zeros and their scores set to -inf, value
- * columns past Dv are zeros (dvp = Dv rounded up to the vector width). The head
- * dim D is the reduction axis of the score product and needs no padding.
+ * Tile sizes: br = 64 query rows and bc = 64 keys (the planner in sdpa_fused.c
+ * shrinks them to the problem when it is smaller, rounded up to FK_QW and FK_MK).
+ * Scratch per worker, caller-allocated, never allocated here: Q^T [br][D], the
+ * value tile [bc][dvp], the scores/weights [bc][br], the output accumulator
+ * [br][dvp] and m, l, the correction factor and 1/l, [br] each. With D = Dv = 64
+ * that is under 64 KiB, which stays in L1/L2 while the key tiles stream.
+ *
+ * Tails: micro-kernels only ever see whole micro-tiles. Query rows past Tq are
+ * packed as zeros (computed, never written); keys past Tk re-read the last key
+ * (valid memory) and their scores are set to -inf; value columns past Dv are zeros
+ * in the packed copy (dvp = Dv rounded up to the vector width), and a tile with
+ * such columns or missing keys always uses the packed copy. The head dim D is the
+ * reduction axis of the score product and needs no padding.
  *
  * Masks: each key tile is classified once per query tile (fk_tile_kind): SKIP when
  * the causal flag or the explicit mask hides every (i, j) of it - it is then never
@@ -63,9 +73,9 @@
  * key tile's scores and writes exp(S - m_i) / l_i straight into the caller's
  * weights (zeros for hidden tiles and empty rows). No [Tq, Tk] scratch is used.
  *
- * The row path (job->row_path) serves problems with fewer query rows than a
- * micro-tile, such as one decoding step against a cache (S5) or the chapter's toy
- * size: one item is one query row; K and V rows are read in place (unit stride
+ * The row path (job->row_path) serves problems with a handful of query rows
+ * (ATTN_FUSED_ROW_MAX in sdpa_fused.c), such as one decoding step against a cache
+ * (S5) or the chapter's toy size: one item is one query row; K and V rows are read in place (unit stride
  * along the head dim required) in two streaming passes, the scores of the row kept
  * in a [Tk] scratch row, so the bandwidth goes to K and V only.
  *
@@ -84,11 +94,12 @@
 #include <float.h>
 #include <math.h>
 
-#if !defined(FK_MR) || !defined(FK_NKV) || !defined(FK_NV)
-#error "define FK_MR, FK_NKV and FK_NV before including fused_kernel.h"
+#if !defined(FK_MR) || !defined(FK_NV) || !defined(FK_MK) || !defined(FK_NQV)
+#error "define FK_MR, FK_NV, FK_MK and FK_NQV before including fused_kernel.h"
 #endif
 
-#define FK_NK (FK_NKV * SIMD_W)
+/* Query rows per micro-tile of the score product, along the vector lanes. */
+#define FK_QW (FK_NQV * SIMD_W)
 /* Vectors of value columns the row path keeps in registers. */
 #define FK_ROW_NV 8
 
@@ -110,10 +121,9 @@ static int64_t fk_ws_floats(const attn__fused_job *job)
     const attn__sdpa_shapes *s = job->s;
     if (job->row_path)
         return fk_align(s->D) + fk_align(s->Tk) + fk_align(job->dvp);
-    return fk_align(job->br * s->D) + fk_align(job->bc * s->D) +
-           fk_align(job->bc * job->dvp) + fk_align(job->br * job->bc) +
-           fk_align(job->br * job->dvp) + 2 * fk_align(job->br) +
-           fk_align(job->br * SIMD_W);
+    return fk_align(job->br * s->D) + fk_align(job->bc * job->dvp) +
+           fk_align(job->bc * job->br) + fk_align(job->br * job->dvp) +
+           4 * fk_align(job->br);
 }
 
 /* The key/value head that query head (b, h) reads; the one place to change for
@@ -159,105 +169,94 @@ static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_
     return partial ? FK_PARTIAL : FK_FULL;
 }
 
-/* Query rows i0 .. i0+nr-1 into micro-panels [nr/FK_MR][D][FK_MR]; rows past Tq
- * are zeros. */
-static void fk_pack_q(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
-                      int64_t nr, float *qp)
+/* Query rows i0 .. i0+nr-1, transposed into micro-panels [nr/FK_QW][D][FK_QW], so
+ * that query rows lie along the vector lanes; rows past Tq are zeros. */
+static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
+                       int64_t nr, float *qt)
 {
     const int64_t D = s->D;
     for (int64_t r = 0; r < nr; r++) {
-        float *dst = qp + (r / FK_MR) * D * FK_MR + (r % FK_MR);
+        float *dst = qt + (r / FK_QW) * D * FK_QW + (r % FK_QW);
         int64_t i = i0 + r;
         if (i < s->Tq) {
             const float *src = qb + i * s->q_s[2];
             for (int64_t d = 0; d < D; d++)
-                dst[d * FK_MR] = src[d * s->q_s[3]];
+                dst[d * FK_QW] = src[d * s->q_s[3]];
         } else {
             for (int64_t d = 0; d < D; d++)
-                dst[d * FK_MR] = 0.0f;
+                dst[d * FK_QW] = 0.0f;
         }
     }
 }
 
-/* Keys j0 .. j0+nkp-1 transposed into micro-panels [nkp/FK_NK][D][FK_NK] and their
- * values into [nkp][dvp] (unless vp is NULL); keys past Tk and columns past Dv are
- * zeros. With `check`, returns 1 when a value is not finite (inf or NaN), so that
- * the caller can keep a masked key's value out of the output (0 * inf is NaN). */
-static int fk_pack_kv(const attn__sdpa_shapes *s, const float *kb, const float *vb,
-                       int64_t j0, int64_t nkp, int64_t dvp, float *kp, float *vp,
-                       int check)
+/* Values of keys j0 .. j0+nkp-1 into [nkp][dvp]; keys past Tk and columns past Dv
+ * are zeros. With `check`, returns 1 when a value is not finite (inf or NaN), so
+ * that the caller can keep a masked key's value out of the output (0 * inf is
+ * NaN). */
+static int fk_pack_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, int64_t nkp,
+                     int64_t dvp, float *vp, int check)
 {
-    const int64_t D = s->D, Dv = s->Dv;
+    const int64_t Dv = s->Dv;
     /* x * 0 is NaN exactly when x is inf or NaN; the sum of those products flags a
      * non-finite value anywhere in the tile's values. */
     const simd_f32 zero = simd_zero();
     simd_f32 chk = simd_zero();
     float chk1 = 0.0f;
     for (int64_t c = 0; c < nkp; c++) {
-        float *kdst = kp + (c / FK_NK) * D * FK_NK + (c % FK_NK);
         float *vdst = vp + c * dvp;
-        int64_t j = j0 + c;
+        const int64_t j = j0 + c;
+        int64_t e = 0;
         if (j < s->Tk) {
-            const float *ksrc = kb + j * s->k_s[2];
-            for (int64_t d = 0; d < D; d++)
-                kdst[d * FK_NK] = ksrc[d * s->k_s[3]];
-            if (vp) {
-                const float *vsrc = vb + j * s->v_s[2];
-                int64_t e = 0;
-                if (s->v_s[3] == 1)
-                    for (; e + SIMD_W <= Dv; e += SIMD_W) {
-                        simd_f32 x = simd_load(vsrc + e);
-                        simd_store(vdst + e, x);
-                        if (check)
-                            chk = simd_add(chk, simd_mul(x, zero));
-                    }
-                for (; e < Dv; e++) {
-                    vdst[e] = vsrc[e * s->v_s[3]];
-                    chk1 += vdst[e] * 0.0f;
+            const float *vsrc = vb + j * s->v_s[2];
+            if (s->v_s[3] == 1)
+                for (; e + SIMD_W <= Dv; e += SIMD_W) {
+                    simd_f32 x = simd_load(vsrc + e);
+                    simd_store(vdst + e, x);
+                    if (check)
+                        chk = simd_add(chk, simd_mul(x, zero));
                 }
-                for (; e < dvp; e++)
-                    vdst[e] = 0.0f;
+            for (; e < Dv; e++) {
+                vdst[e] = vsrc[e * s->v_s[3]];
+                chk1 += vdst[e] * 0.0f;
             }
-        } else {
-            for (int64_t d = 0; d < D; d++)
-                kdst[d * FK_NK] = 0.0f;
-            if (vp)
-                for (int64_t e = 0; e < dvp; e++)
-                    vdst[e] = 0.0f;
         }
+        for (; e < dvp; e++)
+            vdst[e] = 0.0f;
     }
     chk1 += simd_hsum(chk);
     return chk1 != chk1;
 }
 
-/* Score micro-kernel: S[r][c] = (sum_d qp[d][r] * kp[d][c]) * scale for r < FK_MR
- * and c < FK_NK, summed over d in increasing order; S has row stride lds. */
-FK_INLINE void fk_ukr_qk(int64_t D, const float *qp, const float *kp, float *S,
-                         int64_t lds, simd_f32 vscale)
+/* Score micro-kernel, transposed: ST[kk][c] = (sum_d k_kk[d] * qt[d][c]) * scale for
+ * FK_MK keys kk (key rows read in place at krow[kk], element stride ks, broadcast
+ * one element at a time) and FK_QW query rows c (qt, a packed micro-panel
+ * [D][FK_QW]), summed over d in increasing order; ST has key stride ldst. */
+FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const float *qt,
+                         float *ST, int64_t ldst, simd_f32 vscale)
 {
-    simd_f32 acc[FK_MR][FK_NKV];
-    for (int r = 0; r < FK_MR; r++)
-        for (int c = 0; c < FK_NKV; c++)
-            acc[r][c] = simd_zero();
+    simd_f32 acc[FK_MK][FK_NQV];
+    for (int kk = 0; kk < FK_MK; kk++)
+        for (int c = 0; c < FK_NQV; c++)
+            acc[kk][c] = simd_zero();
     for (int64_t d = 0; d < D; d++) {
-        simd_f32 kv[FK_NKV];
-        for (int c = 0; c < FK_NKV; c++)
-            kv[c] = simd_load(kp + d * FK_NK + c * SIMD_W);
-        for (int r = 0; r < FK_MR; r++) {
-            simd_f32 qv = simd_set1(qp[d * FK_MR + r]);
-            for (int c = 0; c < FK_NKV; c++)
-                acc[r][c] = simd_fma(qv, kv[c], acc[r][c]);
+        simd_f32 qv[FK_NQV];
+        for (int c = 0; c < FK_NQV; c++)
+            qv[c] = simd_load(qt + d * FK_QW + c * SIMD_W);
+        for (int kk = 0; kk < FK_MK; kk++) {
+            simd_f32 kv = simd_set1(krow[kk][d * ks]);
+            for (int c = 0; c < FK_NQV; c++)
+                acc[kk][c] = simd_fma(kv, qv[c], acc[kk][c]);
         }
     }
-    for (int r = 0; r < FK_MR; r++)
-        for (int c = 0; c < FK_NKV; c++)
-            simd_store(S + r * lds + c * SIMD_W, simd_mul(acc[r][c], vscale));
+    for (int kk = 0; kk < FK_MK; kk++)
+        for (int c = 0; c < FK_NQV; c++)
+            simd_store(ST + kk * ldst + c * SIMD_W, simd_mul(acc[kk][c], vscale));
 }
 
-/* Weighted-sum micro-kernel: O[r][c] += sum_j P[r][j] * V[j][c] for r < FK_MR and
+/* Weighted-sum micro-kernel: O[r][c] += sum_j PT[j][r] * V[j][c] for r < FK_MR and
  * nv vectors of columns (nv is a constant at each call site), summed over j in
- * increasing order. */
-FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *P, int64_t ldp, const float *V,
+ * increasing order; PT has key stride ldp, V row stride ldv, O row stride ldo. */
+FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const float *V,
                          int64_t ldv, float *O, int64_t ldo, const int nv)
 {
     simd_f32 acc[FK_MR][FK_NV];
@@ -269,7 +268,7 @@ FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *P, int64_t ldp, const float
         for (int c = 0; c < nv; c++)
             vv[c] = simd_load(V + j * ldv + c * SIMD_W);
         for (int r = 0; r < FK_MR; r++) {
-            simd_f32 pv = simd_set1(P[r * ldp + j]);
+            simd_f32 pv = simd_set1(PT[j * ldp + r]);
             for (int c = 0; c < nv; c++)
                 acc[r][c] = simd_fma(pv, vv[c], acc[r][c]);
         }
@@ -279,40 +278,51 @@ FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *P, int64_t ldp, const float
             simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
 }
 
-/* S [nr][ldS] = Q K^T for nr query rows and nkp keys, then times the scale, then
- * the mask for PARTIAL tiles. */
+/* ST [nkp][ldst] = (K Q^T) * scale for nkp keys from j0 and nr query rows from i0,
+ * then the mask for PARTIAL tiles (keys past Tk count as masked). */
 static void fk_scores(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
-                      int64_t nr, int64_t j0, int64_t nkp, int kind, const float *qp,
-                      const float *kp, float *S, int64_t ldS)
+                      int64_t nr, int64_t j0, int64_t nkp, int kind, const float *qt,
+                      const float *kb, float *ST, int64_t ldst)
 {
     const int64_t D = s->D;
     const simd_f32 vscale = simd_set1(s->scale);
-    for (int64_t rb = 0; rb < nr; rb += FK_MR)
-        for (int64_t cb = 0; cb < nkp; cb += FK_NK)
-            fk_ukr_qk(D, qp + rb * D, kp + cb * D, S + rb * ldS + cb, ldS, vscale);
+    for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
+        const float *krow[FK_MK];
+        for (int kk = 0; kk < FK_MK; kk++) {
+            /* Keys past Tk repeat the last key (valid memory); they are masked below. */
+            const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
+            krow[kk] = kb + j * s->k_s[2];
+        }
+        for (int64_t rb = 0; rb < nr; rb += FK_QW)
+            fk_ukr_qk(D, krow, s->k_s[3], qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+    }
     if (kind != FK_PARTIAL)
         return;
-    for (int64_t r = 0; r < nr; r++) {
-        float *srow = S + r * ldS;
-        int64_t i = i0 + r;
-        int64_t jv = fk_min(nkp, s->Tk - j0); /* real keys in the tile */
-        if (i < s->Tq) {
-            if (s->causal)
-                jv = fk_min(jv, fk_causal_limit(s, i) - j0);
-            if (jv < 0)
-                jv = 0;
-            if (s->mask.data) {
-                const uint8_t *mrow =
-                    s->mask.data + attn__off4(s->mask.stride, b, h, i, j0);
-                const int64_t ms3 = s->mask.stride[3];
-                for (int64_t c = 0; c < jv; c++)
-                    if (!mrow[c * ms3])
-                        srow[c] = -INFINITY;
-            }
+    const int64_t rows = fk_min(nr, s->Tq - i0); /* real query rows */
+    for (int64_t c = 0; c < nkp; c++) {
+        const int64_t j = j0 + c;
+        float *strow = ST + c * ldst;
+        if (j >= s->Tk) {
+            for (int64_t r = 0; r < nr; r++)
+                strow[r] = -INFINITY;
+            continue;
         }
-        for (int64_t c = jv; c < nkp; c++)
-            srow[c] = -INFINITY;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t i = i0 + r;
+            if ((s->causal && j >= fk_causal_limit(s, i)) ||
+                (s->mask.data && !s->mask.data[attn__off4(s->mask.stride, b, h, i, j)]))
+                strow[r] = -INFINITY;
+        }
     }
+}
+
+/* The running max with -inf (a row that has seen nothing yet) raised to -FLT_MAX,
+ * so that exp(S - m) is exp(-inf) = 0 for masked scores rather than exp(NaN).
+ * The operand order keeps NaN: simd_max returns its second operand when either is
+ * NaN, and a NaN max must make its row NaN. */
+FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
+{
+    return simd_max(simd_set1(-FLT_MAX), m);
 }
 
 /* One (b, h, query tile). */
@@ -324,21 +334,21 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
      * from cache; within a head the last query tiles come first, since under the
      * causal mask they are the heaviest and the light ones then fill the tail. */
     const int64_t bh = item / job->n_qt;
-    const int64_t qt = job->n_qt - 1 - item % job->n_qt;
+    const int64_t qt_index = job->n_qt - 1 - item % job->n_qt;
     const int64_t b = bh / s->H, h = bh % s->H;
     const int64_t D = s->D, Dv = s->Dv, br = job->br, bc = job->bc, dvp = job->dvp;
-    const int64_t i0 = qt * br, i1 = fk_min(i0 + br, s->Tq);
-    const int64_t nr = fk_round_up(i1 - i0, FK_MR);
+    const int64_t i0 = qt_index * br, i1 = fk_min(i0 + br, s->Tq);
+    const int64_t nr = fk_round_up(i1 - i0, FK_QW);
 
     float *ws = job->ws + (int64_t)worker * job->ws_floats;
-    float *qp = ws;
-    float *kp = qp + fk_align(br * D);
-    float *vp = kp + fk_align(bc * D);
-    float *S = vp + fk_align(bc * dvp);
-    float *O = S + fk_align(br * bc);
-    float *m = O + fk_align(br * dvp);
-    float *l = m + fk_align(br);
-    float *lv = l + fk_align(br); /* [br][SIMD_W]: l as per-lane partial sums */
+    float *qt = ws;                      /* [nr/FK_QW][D][FK_QW] */
+    float *vp = qt + fk_align(br * D);   /* [bc][dvp] */
+    float *ST = vp + fk_align(bc * dvp); /* [bc][br]: scores, then weights, key-major */
+    float *O = ST + fk_align(bc * br);   /* [br][dvp] */
+    float *m = O + fk_align(br * dvp);   /* [br] running max */
+    float *l = m + fk_align(br);         /* [br] running sum */
+    float *alpha = l + fk_align(br);     /* [br] this tile's correction factor */
+    float *inv = alpha + fk_align(br);   /* [br] 1 / l, or 0 for an empty row */
 
     int64_t kb_, kh_;
     fk_kv_head(s, b, h, &kb_, &kh_);
@@ -347,10 +357,10 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     const float *vb = job->v + kb_ * s->v_s[0] + kh_ * s->v_s[1];
     float *ob = job->out + b * s->o_s[0] + h * s->o_s[1];
 
-    fk_pack_q(s, qb, i0, nr, qp);
+    fk_pack_qt(s, qb, i0, nr, qt);
     for (int64_t r = 0; r < nr; r++) {
         m[r] = -INFINITY;
-        simd_store(lv + r * SIMD_W, simd_zero());
+        l[r] = 0.0f;
         for (int64_t e = 0; e < dvp; e++)
             O[r * dvp + e] = 0.0f;
     }
@@ -358,7 +368,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     const int64_t j_end = s->causal ? fk_causal_limit(s, i1 - 1) : s->Tk;
     for (int64_t j0 = 0; j0 < j_end; j0 += bc) {
         const int64_t j1 = fk_min(j0 + bc, s->Tk);
-        const int64_t nkp = fk_round_up(j1 - j0, FK_NK);
+        const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
         const int kind = fk_tile_kind(s, b, h, i0, i1, j0, j1, nkp);
         if (kind == FK_SKIP)
             continue;
@@ -369,60 +379,45 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         const float *vt = v_direct ? vb + j0 * s->v_s[2] : vp;
         const int64_t ldv = v_direct ? s->v_s[2] : dvp;
         const int v_nonfinite =
-            fk_pack_kv(s, kb, vb, j0, nkp, dvp, kp, v_direct ? NULL : vp, kind == FK_PARTIAL);
-        fk_scores(s, b, h, i0, nr, j0, nkp, kind, qp, kp, S, bc);
+            v_direct ? 0 : fk_pack_v(s, vb, j0, nkp, dvp, vp, kind == FK_PARTIAL);
+        fk_scores(s, b, h, i0, nr, j0, nkp, kind, qt, kb, ST, br);
 
-        /* Online softmax: fold this tile into each row's (m, l, O). */
-        for (int64_t r = 0; r < nr; r++) {
-            float *srow = S + r * bc;
+        /* Online softmax, a vector of query rows at a time: every step is along the
+         * key axis, so no horizontal reduction is needed. */
+        for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
             simd_f32 vmax = simd_set1(-INFINITY);
-            for (int64_t c = 0; c < nkp; c += SIMD_W)
-                vmax = simd_max(vmax, simd_load(srow + c));
-            float mt = simd_hmax(vmax);
-            if (mt == -INFINITY) {
-                /* The vector max may drop NaN; a NaN score is visible (the mask
-                 * decides visibility) and must make its row NaN, as in the
-                 * reference. Only this rare case needs the check. */
-                for (int64_t c = 0; c < nkp; c++)
-                    if (srow[c] != srow[c])
-                        mt = srow[c];
-            }
-            if (mt == -INFINITY) {
-                /* Nothing visible in this tile for this row: P = 0, state unchanged. */
-                for (int64_t c = 0; c < nkp; c += SIMD_W)
-                    simd_store(srow + c, simd_zero());
-                continue;
-            }
-            const float mnew = m[r] > mt ? m[r] : mt;
-            const float alpha = simd_exp_nonpos_1(m[r] - mnew); /* 0 when m was -inf */
-            const simd_f32 vm = simd_set1(mnew);
+            for (int64_t c = 0; c < nkp; c++)
+                vmax = simd_max(vmax, simd_load(ST + c * br + r0));
+            const simd_f32 mold = simd_load(m + r0);
+            const simd_f32 mnew = simd_max(mold, vmax);
+            const simd_f32 msafe = fk_max_for_exp(mnew);
+            simd_store(alpha + r0, simd_exp_nonpos(simd_sub(mold, msafe)));
+            simd_store(m + r0, mnew);
             simd_f32 vsum = simd_zero();
-            for (int64_t c = 0; c < nkp; c += SIMD_W) {
-                simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(srow + c), vm));
-                simd_store(srow + c, p);
+            for (int64_t c = 0; c < nkp; c++) {
+                simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe));
+                simd_store(ST + c * br + r0, p);
                 vsum = simd_add(vsum, p);
             }
-            /* l stays a vector of partial sums until the end: no reduction here. */
-            simd_store(lv + r * SIMD_W,
-                       simd_fma(simd_load(lv + r * SIMD_W), simd_set1(alpha), vsum));
-            if (alpha != 1.0f) {
-                const simd_f32 va = simd_set1(alpha);
+            simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
+        }
+        for (int64_t r = 0; r < nr; r++)
+            if (alpha[r] != 1.0f) {
+                const simd_f32 va = simd_set1(alpha[r]);
                 float *orow = O + r * dvp;
                 for (int64_t e = 0; e < dvp; e += SIMD_W)
                     simd_store(orow + e, simd_mul(simd_load(orow + e), va));
             }
-            m[r] = mnew;
-        }
 
         /* O += P V, micro-tile by micro-tile. A value row that is not finite must
          * not reach a row that masks its key (the reference skips masked keys), so
-         * such rare tiles take a plain loop that skips zero weights. */
-        if (v_nonfinite && kind == FK_PARTIAL) {
-            /* The same fma per element and order as the micro-kernel, so the rows
-             * that see only finite values get the same bits as without the NaN. */
+         * such rare tiles take a plain loop that skips zero weights, with the same
+         * fma per element and order as the micro-kernel, so that rows that see only
+         * finite values get the same bits as without the NaN. */
+        if (v_nonfinite) {
             for (int64_t r = 0; r < nr; r++)
                 for (int64_t j = 0; j < nkp; j++) {
-                    const float pj = S[r * bc + j];
+                    const float pj = ST[j * br + r];
                     if (pj == 0.0f)
                         continue;
                     const simd_f32 pv = simd_set1(pj);
@@ -436,39 +431,32 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         for (int64_t rb = 0; rb < nr; rb += FK_MR) {
             int64_t e = 0;
             for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
-                fk_ukr_pv(nkp, S + rb * bc, bc, vt + e, ldv, O + rb * dvp + e, dvp,
-                          FK_NV);
+                fk_ukr_pv(nkp, ST + rb, br, vt + e, ldv, O + rb * dvp + e, dvp, FK_NV);
             for (; e < dvp; e += SIMD_W)
-                fk_ukr_pv(nkp, S + rb * bc, bc, vt + e, ldv, O + rb * dvp + e, dvp, 1);
+                fk_ukr_pv(nkp, ST + rb, br, vt + e, ldv, O + rb * dvp + e, dvp, 1);
         }
     }
 
     /* out = O / l; rows that saw no key are empty. */
-    for (int64_t r = 0; r < nr; r++)
-        l[r] = simd_hsum(simd_load(lv + r * SIMD_W));
     int64_t empty = INT64_MAX;
+    for (int64_t r = 0; r < nr; r++)
+        inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
     for (int64_t r = 0; r < i1 - i0; r++) {
         const int64_t i = i0 + r;
         float *orow = ob + i * s->o_s[2];
         const float *acc = O + r * dvp;
-        if (l[r] == 0.0f) {
-            if (empty == INT64_MAX)
-                empty = (b * s->H + h) * s->Tq + i;
-            for (int64_t e = 0; e < Dv; e++)
-                orow[e * s->o_s[3]] = 0.0f;
-            continue;
-        }
-        const float inv = 1.0f / l[r];
+        if (l[r] == 0.0f && empty == INT64_MAX)
+            empty = (b * s->H + h) * s->Tq + i;
         if (s->o_s[3] == 1) {
             int64_t e = 0;
-            const simd_f32 vinv = simd_set1(inv);
+            const simd_f32 vinv = simd_set1(inv[r]);
             for (; e + SIMD_W <= Dv; e += SIMD_W)
                 simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
             for (; e < Dv; e++)
-                orow[e] = acc[e] * inv;
+                orow[e] = acc[e] * inv[r];
         } else {
             for (int64_t e = 0; e < Dv; e++)
-                orow[e * s->o_s[3]] = acc[e] * inv;
+                orow[e * s->o_s[3]] = acc[e] * inv[r];
         }
     }
     if (empty < job->empty_first[worker])
@@ -481,27 +469,27 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     float *wb = job->weights + b * s->w_s[0] + h * s->w_s[1];
     for (int64_t j0 = 0; j0 < s->Tk; j0 += bc) {
         const int64_t j1 = fk_min(j0 + bc, s->Tk);
-        const int64_t nkp = fk_round_up(j1 - j0, FK_NK);
+        const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
         const int kind = fk_tile_kind(s, b, h, i0, i1, j0, j1, nkp);
-        if (kind != FK_SKIP) {
-            fk_pack_kv(s, kb, NULL, j0, nkp, dvp, kp, NULL, 0);
-            fk_scores(s, b, h, i0, nr, j0, nkp, kind, qp, kp, S, bc);
+        if (kind == FK_SKIP) {
+            for (int64_t i = i0; i < i1; i++)
+                for (int64_t j = j0; j < j1; j++)
+                    wb[i * s->w_s[2] + j * s->w_s[3]] = 0.0f;
+            continue;
+        }
+        fk_scores(s, b, h, i0, nr, j0, nkp, kind, qt, kb, ST, br);
+        for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
+            const simd_f32 msafe = fk_max_for_exp(simd_load(m + r0));
+            const simd_f32 vinv = simd_load(inv + r0);
+            for (int64_t c = 0; c < nkp; c++)
+                simd_store(ST + c * br + r0,
+                           simd_mul(simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe)),
+                                    vinv));
         }
         for (int64_t r = 0; r < i1 - i0; r++) {
             float *wrow = wb + (i0 + r) * s->w_s[2];
-            float *srow = S + r * bc;
-            if (kind == FK_SKIP || l[r] == 0.0f) {
-                for (int64_t j = j0; j < j1; j++)
-                    wrow[j * s->w_s[3]] = 0.0f;
-                continue;
-            }
-            const simd_f32 vm = simd_set1(m[r]);
-            const simd_f32 vinv = simd_set1(1.0f / l[r]);
-            for (int64_t c = 0; c < nkp; c += SIMD_W)
-                simd_store(srow + c, simd_mul(simd_exp_nonpos(simd_sub(simd_load(srow + c), vm)),
-                                              vinv));
             for (int64_t j = j0; j < j1; j++)
-                wrow[j * s->w_s[3]] = srow[j - j0];
+                wrow[j * s->w_s[3]] = ST[(j - j0) * br + r];
         }
     }
 }

@@ -11,19 +11,22 @@
  */
 #define ATTN_SIMD_SCALAR 1
 #define FK_MR 4
-#define FK_NKV 4
 #define FK_NV 4
+#define FK_MK 4
+#define FK_NQV 4
 #include "fused_kernel.h"
 
 #include <stdint.h>
 
 const attn__fused_kernel attn__fused_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, FK_MR, FK_NK, fk_ws_floats, fk_item,
+    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item,
 };
 
 /* Query rows and keys per tile; see the contract in src/fused_kernel.h. */
 #define ATTN_FUSED_BR 64
 #define ATTN_FUSED_BC 64
+/* Up to this many query rows, the row path (see src/fused_kernel.h). */
+#define ATTN_FUSED_ROW_MAX 8
 
 static const attn__fused_kernel *fused_kernel_for(attn_arch arch)
 {
@@ -60,8 +63,9 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
     job.weights = weights ? (float *)weights->data : NULL;
     job.dvp = round_up(s.Dv, kern->width);
 
-    /* Fewer query rows than a micro-tile: one item per row, K and V read in place. */
-    job.row_path = s.Tq < kern->mr && s.k_s[3] == 1 && s.v_s[3] == 1;
+    /* A handful of query rows (a decoding step, the chapter's toy size): one item
+     * per row, K and V streamed in place. */
+    job.row_path = s.Tq <= ATTN_FUSED_ROW_MAX && s.k_s[3] == 1 && s.v_s[3] == 1;
     int64_t n_items;
     if (job.row_path) {
         n_items = s.B * s.H * s.Tq;
