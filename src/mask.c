@@ -149,6 +149,11 @@ int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H
 {
     if (!mask)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "mask is NULL");
+    if (B < 1 || H < 1 || Tq < 1 || Tk < 1)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_mask_check: sizes B=%lld, H=%lld, Tq=%lld, Tk=%lld must be at "
+                          "least 1",
+                          (long long)B, (long long)H, (long long)Tq, (long long)Tk);
     attn__mask4 m;
     return attn__mask4_init(ctx, mask, B, H, Tq, Tk, &m);
 }

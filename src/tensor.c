@@ -36,6 +36,8 @@ int attn_shape_format(char *buf, size_t size, int ndim, const int64_t *shape)
 {
     /* Built in a local buffer first: 4 sizes of at most 20 digits fit easily. */
     char tmp[128];
+    if (!shape)
+        ndim = 0; /* nothing to show: "()" */
     int n = snprintf(tmp, sizeof tmp, "(");
     for (int i = 0; i < ndim && i < ATTN_MAX_DIMS; i++)
         n += snprintf(tmp + n, sizeof tmp - (size_t)n, i ? ", %lld" : "%lld", (long long)shape[i]);
@@ -171,7 +173,8 @@ int attn_tensor_is_contiguous(const attn_tensor *t)
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->stride[i] != n)
             return 0;
-        n *= t->shape[i];
+        if (!attn__mul_i64(n, t->shape[i], &n)) /* no array has that many elements */
+            return 0;
     }
     return 1;
 }
@@ -189,6 +192,13 @@ int attn_tensor_check(attn_ctx *ctx, const attn_tensor *t, const char *name)
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s has unknown dtype %d", name, (int)t->dtype);
     if (!t->data)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s has no data (NULL pointer)", name);
+    /* The element count must fit too: a view that reads one element through stride 0
+     * can still claim more elements than any loop over it can count. */
+    if (attn_tensor_numel(t) < 0) {
+        char s[128];
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: shape %s has more elements than fit in 64 bits",
+                          name, attn__shape_str(t, s, sizeof s));
+    }
     /* The largest element offset must fit in 64 bits, and so must its byte offset. */
     int64_t last = 0;
     for (int i = 0; i < t->ndim; i++) {
@@ -322,6 +332,16 @@ int attn_broadcast_shape(attn_ctx *ctx, int ndim_a, const int64_t *shape_a, int 
         ndim_a > ATTN_MAX_DIMS || ndim_b > ATTN_MAX_DIMS)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                           "attn_broadcast_shape: bad arguments (ndim %d and %d)", ndim_a, ndim_b);
+    for (int i = 0; i < ndim_a + ndim_b; i++) {
+        int64_t v = i < ndim_a ? shape_a[i] : shape_b[i - ndim_a];
+        if (v < 1) {
+            char sa[128], sb[128];
+            attn_shape_format(sa, sizeof sa, ndim_a, shape_a);
+            attn_shape_format(sb, sizeof sb, ndim_b, shape_b);
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "attn_broadcast_shape: shapes %s and %s have a size below 1", sa, sb);
+        }
+    }
     int n = ndim_a > ndim_b ? ndim_a : ndim_b;
     int64_t res[ATTN_MAX_DIMS];
     for (int i = 0; i < n; i++) {

@@ -22,8 +22,8 @@ typedef enum wset { WSET_CHAPTER, WSET_TORCH, WSET_SEPARATE, WSET_COUNT } wset;
 
 static const char *const wset_names[WSET_COUNT] = {
     "the chapter's (qkv.weight, qkv.bias, output.weight, output.bias)",
-    "nn.MultiheadAttention's (in_proj_weight, in_proj_bias, out_proj.weight, "
-    "out_proj.bias)",
+    ("nn.MultiheadAttention's (in_proj_weight, in_proj_bias, out_proj.weight, "
+     "out_proj.bias)"),
     "separate projections (q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight)",
 };
 /* The name whose presence selects a set. */

@@ -1,0 +1,1219 @@
+/*
+ * test_args.c - every public function of include/attn.h with bad arguments.
+ *
+ * attn is embedded in other programs and fed whatever a caller has: NULL pointers,
+ * sizes below 1, negative strides, unknown dtypes, 0 or 5 dimensions, shapes whose
+ * element count overflows 64 bits or whose byte count overflows size_t, tensors whose
+ * strides reach past a 64-bit offset. Each such call must return its documented
+ * status, leave that status and a non-empty message in ctx, and never crash. Each
+ * call is made twice: with a context (status and message checked) and with ctx NULL
+ * (the same status, nothing to write the message to).
+ *
+ * Functions that return void must accept NULL where the header says so; functions
+ * that return a value without a context (attn_tensor_numel, attn_dtype_size, ...)
+ * must return their documented "bad" value.
+ *
+ * The test reads include/attn.h and fails when a function declared there is not
+ * exercised here, so a function added later cannot be skipped silently.
+ *
+ * The random number functions (src/rng.c) take no context and return no status; the
+ * header does not promise that they accept NULL. They are called with NULL in a child
+ * process, and whether the child survives is reported, not checked (see KNOWN_GAPS).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "attn.h"
+#include "check.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef ATTN_TEST_DATA_DIR
+#define ATTN_TEST_DATA_DIR "tests/data"
+#endif
+#ifndef ATTN_TEST_TMP_DIR
+#define ATTN_TEST_TMP_DIR "."
+#endif
+
+/* ---- bookkeeping ----------------------------------------------------------------- */
+
+static long bad_inputs = 0; /* calls made with a bad argument */
+
+#define MAX_COVERED 128
+static const char *covered[MAX_COVERED];
+static int n_covered = 0;
+
+static void covers(const char *fn)
+{
+    for (int i = 0; i < n_covered; i++)
+        if (strcmp(covered[i], fn) == 0)
+            return;
+    if (n_covered < MAX_COVERED)
+        covered[n_covered++] = fn;
+}
+
+/* One failing call: runs `call` (an expression that uses the attn_ctx pointer C)
+ * with a fresh context and then with C = NULL; both must return `want`, and the
+ * context must hold `want` and a message. */
+#define EXPECT_FAIL(want, call)                                                        \
+    do {                                                                               \
+        attn_ctx ctx_;                                                                 \
+        attn_ctx_init(&ctx_);                                                          \
+        attn_ctx *C = &ctx_;                                                           \
+        int rc_ = (call);                                                              \
+        CHECK_INT(rc_, (want));                                                        \
+        CHECK_INT(ctx_.status, (want));                                                \
+        if (ctx_.message[0] == '\0') {                                                 \
+            check_failures_++;                                                         \
+            fprintf(stderr, "%s:%d: no message for %s\n", __FILE__, __LINE__, #call);  \
+        }                                                                              \
+        C = NULL;                                                                      \
+        CHECK_INT((call), (want));                                                     \
+        bad_inputs += 2;                                                               \
+    } while (0)
+
+/* A failure that comes from a field of the context (ctx->arch, ctx->impl): checked
+ * with a context only, since a NULL context has the defaults. */
+#define EXPECT_FAIL_CTX(want, setup, call)                                             \
+    do {                                                                               \
+        attn_ctx ctx_;                                                                 \
+        attn_ctx_init(&ctx_);                                                          \
+        attn_ctx *C = &ctx_;                                                           \
+        setup;                                                                         \
+        int rc_ = (call);                                                              \
+        CHECK_INT(rc_, (want));                                                        \
+        CHECK_INT(ctx_.status, (want));                                                \
+        CHECK(ctx_.message[0] != '\0');                                                \
+        bad_inputs++;                                                                  \
+    } while (0)
+
+/* The same, for a call whose result must be ATTN_OK (the valid baseline: it shows the
+ * bad variants fail because of what was changed, not because of the rest). */
+#define EXPECT_OK(call)                                                                \
+    do {                                                                               \
+        attn_ctx ctx_;                                                                 \
+        attn_ctx_init(&ctx_);                                                          \
+        attn_ctx *C = &ctx_;                                                           \
+        int rc_ = (call);                                                              \
+        if (rc_ != ATTN_OK) {                                                          \
+            check_failures_++;                                                         \
+            fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,    \
+                    attn_status_name(rc_), ctx_.message);                              \
+        }                                                                              \
+        check_count_++;                                                                \
+    } while (0)
+
+/* ---- bad tensors ----------------------------------------------------------------- */
+
+/* One way to spoil a valid tensor, and the status it must cause. */
+typedef struct variant {
+    const char *what;
+    int status;
+} variant;
+
+enum {
+    V_DATA_NULL,
+    V_NDIM_0,
+    V_NDIM_5,
+    V_NDIM_NEG,
+    V_SIZE_0,      /* on every axis in turn */
+    V_SIZE_NEG,    /* on every axis in turn */
+    V_STRIDE_NEG,  /* on every axis in turn */
+    V_DTYPE_99,
+    V_DTYPE_NEG,
+    V_NUMEL_OVF,   /* sizes 2^32 on every axis with stride 0: offsets fit, count does not */
+    V_OFFSET_OVF,  /* a stride that carries the last offset past 2^63 */
+    V_BYTES_OVF,   /* an offset that fits in 64 bits but its bytes do not fit size_t */
+    V_WRONG_DTYPE, /* a valid dtype the argument does not take */
+    V_COUNT
+};
+
+static const variant variants[V_COUNT] = {
+    {"data NULL", ATTN_STATUS_INVALID_ARGUMENT},
+    {"ndim 0", ATTN_STATUS_INVALID_ARGUMENT},
+    {"ndim 5", ATTN_STATUS_INVALID_ARGUMENT},
+    {"ndim -1", ATTN_STATUS_INVALID_ARGUMENT},
+    {"a size of 0", ATTN_STATUS_INVALID_ARGUMENT},
+    {"a size of -3", ATTN_STATUS_INVALID_ARGUMENT},
+    {"a stride of -1", ATTN_STATUS_INVALID_ARGUMENT},
+    {"dtype 99", ATTN_STATUS_DTYPE},
+    {"dtype -1", ATTN_STATUS_DTYPE},
+    {"an element count past 2^63", ATTN_STATUS_OVERFLOW},
+    {"strides past a 64-bit offset", ATTN_STATUS_OVERFLOW},
+    {"a byte offset past size_t", ATTN_STATUS_OVERFLOW},
+    {"a dtype the call does not take", ATTN_STATUS_DTYPE},
+};
+
+/* How many tensors variant v makes from t (the per-axis ones make one per axis). */
+static int variant_count(int v, const attn_tensor *t)
+{
+    return (v == V_SIZE_0 || v == V_SIZE_NEG || v == V_STRIDE_NEG) ? t->ndim : 1;
+}
+
+/* The k-th tensor of variant v made from the valid t; `wrong` is the dtype the
+ * argument does not take. */
+static attn_tensor spoil(const attn_tensor *t, int v, int k, attn_dtype wrong)
+{
+    attn_tensor b = *t;
+    switch (v) {
+    case V_DATA_NULL: b.data = NULL; break;
+    case V_NDIM_0: b.ndim = 0; break;
+    case V_NDIM_5: b.ndim = 5; break;
+    case V_NDIM_NEG: b.ndim = -1; break;
+    case V_SIZE_0: b.shape[k] = 0; break;
+    case V_SIZE_NEG: b.shape[k] = -3; break;
+    case V_STRIDE_NEG: b.shape[k] = b.shape[k] > 1 ? b.shape[k] : 2; b.stride[k] = -1; break;
+    case V_DTYPE_99: b.dtype = (attn_dtype)99; break;
+    case V_DTYPE_NEG: b.dtype = (attn_dtype)-1; break;
+    case V_NUMEL_OVF:
+        for (int i = 0; i < b.ndim; i++) {
+            b.shape[i] = (int64_t)1 << 32;
+            b.stride[i] = 0;
+        }
+        if (b.ndim == 1) /* one axis cannot overflow: use the largest size there is */
+            b.shape[0] = INT64_MAX, b.stride[0] = 0;
+        break;
+    case V_OFFSET_OVF:
+        b.shape[0] = 3;
+        b.stride[0] = INT64_MAX / 2 + 1;
+        break;
+    case V_BYTES_OVF:
+        b.shape[0] = 2;
+        b.stride[0] = (int64_t)1 << 62; /* offset 2^62 fits; 2^62 * 4 bytes does not */
+        if (attn_dtype_size(b.dtype) == 1) /* one byte each: the offset itself */
+            b.stride[0] = INT64_MAX;
+        break;
+    case V_WRONG_DTYPE: b.dtype = wrong; break;
+    }
+    return b;
+}
+
+/* The status variant v must give; a one-dimensional tensor whose only size is
+ * INT64_MAX with stride 0 has a count that fits, so V_NUMEL_OVF needs 2+ dims. */
+static int variant_status(int v, const attn_tensor *t)
+{
+    (void)t;
+    return variants[v].status;
+}
+
+/* Runs every variant of the tensor at *slot (restoring it after each), expecting
+ * the variant's status from `call`. V_WRONG_DTYPE is skipped when wrong == -2. */
+#define FOR_EACH_VARIANT(slot, wrong, call)                                            \
+    do {                                                                               \
+        const attn_tensor saved_ = *(slot);                                            \
+        for (int v_ = 0; v_ < V_COUNT; v_++) {                                         \
+            if (v_ == V_WRONG_DTYPE && (int)(wrong) == -2)                             \
+                continue;                                                              \
+            if (v_ == V_NUMEL_OVF && saved_.ndim < 2)                                  \
+                continue;                                                              \
+            for (int k_ = 0; k_ < variant_count(v_, &saved_); k_++) {                  \
+                *(slot) = spoil(&saved_, v_, k_, (attn_dtype)(wrong));                 \
+                int before_ = check_failures_;                                         \
+                EXPECT_FAIL(variant_status(v_, &saved_), call);                        \
+                if (check_failures_ != before_)                                        \
+                    fprintf(stderr, "  (that was %s = %s, axis %d, in %s)\n", #slot,   \
+                            variants[v_].what, k_, #call);                             \
+            }                                                                          \
+        }                                                                              \
+        *(slot) = saved_;                                                              \
+    } while (0)
+
+#define NO_WRONG_DTYPE (-2)
+
+static attn_tensor make(attn_dtype dt, void *data, int ndim, int64_t a, int64_t b,
+                        int64_t c, int64_t d)
+{
+    const int64_t shape[4] = {a, b, c, d};
+    attn_tensor t;
+    if (attn_tensor_init(NULL, &t, dt, data, ndim, shape) != ATTN_OK) {
+        fprintf(stderr, "test setup: attn_tensor_init failed\n");
+        exit(1);
+    }
+    return t;
+}
+
+/* ---- the tests ------------------------------------------------------------------- */
+
+static void test_status_and_ctx(void)
+{
+    TEST("status names and messages exist for every status and an unknown one is "
+         "named UNKNOWN; attn_ctx_init(NULL) does nothing");
+    covers("attn_status_name");
+    covers("attn_strerror");
+    covers("attn_ctx_init");
+    for (int s = ATTN_STATUS_UNSUPPORTED; s <= ATTN_OK; s++) {
+        CHECK(strcmp(attn_status_name(s), "UNKNOWN") != 0);
+        CHECK(strcmp(attn_strerror(s), "unknown status") != 0);
+    }
+    const int odd[] = {1, -11, 42, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        CHECK_STR_EQ(attn_status_name(odd[i]), "UNKNOWN");
+        CHECK_STR_EQ(attn_strerror(odd[i]), "unknown status");
+        bad_inputs += 2;
+    }
+    attn_ctx_init(NULL);
+    bad_inputs++;
+}
+
+static void test_dtype(void)
+{
+    TEST("an unknown dtype has size 0 and the name \"unknown\"");
+    covers("attn_dtype_size");
+    covers("attn_dtype_name");
+    const int odd[] = {-1, 4, 99, INT_MAX};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        CHECK_INT(attn_dtype_size((attn_dtype)odd[i]), 0);
+        CHECK_STR_EQ(attn_dtype_name((attn_dtype)odd[i]), "unknown");
+        bad_inputs += 2;
+    }
+}
+
+/* An allocator that refuses anything above 1 MiB, so a huge request fails the same
+ * way with or without a sanitizer's allocator underneath. */
+static void *limited_alloc(void *user, size_t size)
+{
+    (void)user;
+    return size > ((size_t)1 << 20) ? NULL : malloc(size);
+}
+
+static void test_tensor_init_alloc(void)
+{
+    TEST("attn_tensor_init and attn_tensor_alloc refuse a NULL tensor or shape, 0, 5 or "
+         "-1 dims, sizes below 1, unknown dtypes, and counts or bytes that overflow");
+    covers("attn_tensor_init");
+    covers("attn_tensor_alloc");
+    covers("attn_tensor_free");
+    float buf[24];
+    attn_tensor t;
+    const int64_t ok[4] = {2, 3, 4, 1};
+    EXPECT_OK(attn_tensor_init(C, &t, ATTN_DTYPE_F32, buf, 3, ok));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_init(C, NULL, ATTN_DTYPE_F32, buf, 3, ok));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_init(C, &t, ATTN_DTYPE_F32, buf, 3, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_alloc(C, NULL, ATTN_DTYPE_F32, 3, ok));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_alloc(C, &t, ATTN_DTYPE_F32, 3, NULL));
+    const int ndims[] = {0, 5, -1, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof ndims / sizeof ndims[0]; i++) {
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_tensor_init(C, &t, ATTN_DTYPE_F32, buf, ndims[i], ok));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_tensor_alloc(C, &t, ATTN_DTYPE_F32, ndims[i], ok));
+    }
+    const int dts[] = {-1, 4, 99};
+    for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+        EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_init(C, &t, (attn_dtype)dts[i], buf, 3, ok));
+        EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_alloc(C, &t, (attn_dtype)dts[i], 3, ok));
+    }
+    const int64_t small[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
+        for (int axis = 0; axis < 3; axis++) {
+            int64_t s[4] = {2, 3, 4, 1};
+            s[axis] = small[i];
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                        attn_tensor_init(C, &t, ATTN_DTYPE_F32, buf, 3, s));
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                        attn_tensor_alloc(C, &t, ATTN_DTYPE_F32, 3, s));
+        }
+    /* Element counts past 2^63, and counts that fit but whose bytes do not. */
+    const int64_t big64[4] = {(int64_t)1 << 32, (int64_t)1 << 32, 1, 1};
+    const int64_t big64b[4] = {INT64_MAX, 2, 1, 1};
+    const int64_t big64c[4] = {3037000500, 3037000500, 1, 1}; /* (2^31.5)^2 > 2^63 */
+    const int64_t bytes_ovf[1] = {(int64_t)1 << 62};            /* * 4 bytes > 2^64 */
+    const int64_t bytes_ovf8[2] = {(int64_t)1 << 31, (int64_t)1 << 31}; /* * 8 */
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_init(C, &t, ATTN_DTYPE_F32, buf, 2, big64));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_init(C, &t, ATTN_DTYPE_BOOL, buf, 2, big64b));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_init(C, &t, ATTN_DTYPE_BOOL, buf, 2, big64c));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_init(C, &t, ATTN_DTYPE_F32, buf, 1, bytes_ovf));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_init(C, &t, ATTN_DTYPE_I64, buf, 2, bytes_ovf8));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_alloc(C, &t, ATTN_DTYPE_F32, 2, big64));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_alloc(C, &t, ATTN_DTYPE_F32, 1, bytes_ovf));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_alloc(C, &t, ATTN_DTYPE_I64, 2, bytes_ovf8));
+
+    TEST("attn_tensor_alloc of more memory than the allocator gives fails with "
+         "NO_MEMORY and a message, and attn_tensor_free accepts NULL");
+    const int64_t huge[1] = {(int64_t)1 << 40}; /* 4 TiB of float */
+    attn_ctx limited;
+    attn_ctx_init(&limited);
+    limited.allocator.alloc = limited_alloc;
+    int rc = attn_tensor_alloc(&limited, &t, ATTN_DTYPE_F32, 1, huge);
+    CHECK_INT(rc, ATTN_STATUS_NO_MEMORY);
+    CHECK_INT(limited.status, ATTN_STATUS_NO_MEMORY);
+    CHECK(limited.message[0] != '\0');
+    bad_inputs++;
+    attn_tensor_free(&limited, NULL);
+    attn_tensor_free(NULL, NULL);
+    attn_tensor empty;
+    memset(&empty, 0, sizeof empty);
+    attn_tensor_free(&limited, &empty);
+    bad_inputs += 3;
+}
+
+static void test_tensor_queries(void)
+{
+    TEST("attn_tensor_numel is -1 and attn_tensor_is_contiguous is 0 for a NULL or "
+         "malformed tensor; numel is -1 when the count overflows");
+    covers("attn_tensor_numel");
+    covers("attn_tensor_is_contiguous");
+    float buf[24];
+    attn_tensor t = make(ATTN_DTYPE_F32, buf, 3, 2, 3, 4, 1);
+    CHECK_INT(attn_tensor_numel(&t), 24);
+    CHECK_INT(attn_tensor_is_contiguous(&t), 1);
+    CHECK_INT(attn_tensor_numel(NULL), -1);
+    CHECK_INT(attn_tensor_is_contiguous(NULL), 0);
+    bad_inputs += 2;
+    const int ndims[] = {0, 5, -1};
+    for (size_t i = 0; i < 3; i++) {
+        attn_tensor b = t;
+        b.ndim = ndims[i];
+        CHECK_INT(attn_tensor_numel(&b), -1);
+        CHECK_INT(attn_tensor_is_contiguous(&b), 0);
+        bad_inputs += 2;
+    }
+    attn_tensor b = t;
+    b.shape[1] = -3;
+    CHECK_INT(attn_tensor_numel(&b), -1);
+    bad_inputs++;
+    b = spoil(&t, V_NUMEL_OVF, 0, ATTN_DTYPE_F32);
+    CHECK_INT(attn_tensor_numel(&b), -1);
+    bad_inputs++;
+    /* Contiguous strides of a shape whose count overflows: the answer may be either,
+     * but the check must not overflow (UBSan watches). */
+    b = t;
+    b.ndim = 4;
+    for (int i = 0; i < 4; i++)
+        b.shape[i] = (int64_t)1 << 20;
+    b.stride[3] = 1;
+    b.stride[2] = (int64_t)1 << 20;
+    b.stride[1] = (int64_t)1 << 40;
+    b.stride[0] = (int64_t)1 << 60;
+    (void)attn_tensor_is_contiguous(&b);
+    bad_inputs++;
+}
+
+static void test_tensor_check(void)
+{
+    TEST("attn_tensor_check refuses NULL, NULL data, bad ndim, sizes below 1, negative "
+         "strides, unknown dtypes, overflowing counts, offsets and bytes (NULL name ok)");
+    covers("attn_tensor_check");
+    float buf[24];
+    attn_tensor t = make(ATTN_DTYPE_F32, buf, 3, 2, 3, 4, 1);
+    EXPECT_OK(attn_tensor_check(C, &t, "t"));
+    EXPECT_OK(attn_tensor_check(C, &t, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_check(C, NULL, "t"));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_check(C, NULL, NULL));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_check(C, &t, "t"));
+    attn_tensor one = make(ATTN_DTYPE_BOOL, buf, 1, 5, 1, 1, 1);
+    FOR_EACH_VARIANT(&one, NO_WRONG_DTYPE, attn_tensor_check(C, &one, NULL));
+}
+
+static void test_tensor_views(void)
+{
+    TEST("transpose, reshape, narrow and copy refuse bad tensors, NULL views, axes out "
+         "of range, ranges outside the axis, shapes that do not match or overflow");
+    covers("attn_tensor_transpose");
+    covers("attn_tensor_reshape");
+    covers("attn_tensor_narrow");
+    covers("attn_tensor_copy");
+    float buf[24], buf2[24];
+    attn_tensor t = make(ATTN_DTYPE_F32, buf, 3, 2, 3, 4, 1), view;
+    attn_tensor d = make(ATTN_DTYPE_F32, buf2, 3, 2, 3, 4, 1);
+
+    EXPECT_OK(attn_tensor_transpose(C, &t, 0, 2, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_transpose(C, NULL, 0, 1, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_transpose(C, &t, 0, 1, NULL));
+    const int axes[][2] = {{-1, 0}, {0, -1}, {3, 0}, {0, 3}, {INT_MIN, INT_MAX}};
+    for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_tensor_transpose(C, &t, axes[i][0], axes[i][1], &view));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_transpose(C, &t, 0, 1, &view));
+
+    const int64_t s6[2] = {6, 4}, s5[2] = {5, 4}, s0[2] = {0, 4}, sneg[2] = {-6, -4};
+    const int64_t sovf[3] = {(int64_t)1 << 32, (int64_t)1 << 32, 2};
+    EXPECT_OK(attn_tensor_reshape(C, &t, 2, s6, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, NULL, 2, s6, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, 2, s6, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, 2, NULL, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, 0, s6, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, 5, s6, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, -1, s6, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, 2, s0, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &t, 2, sneg, &view));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_tensor_reshape(C, &t, 2, s5, &view));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_tensor_reshape(C, &t, 3, sovf, &view));
+    attn_tensor tt;
+    attn_tensor_transpose(NULL, &t, 0, 1, &tt);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_reshape(C, &tt, 2, s6, &view));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_reshape(C, &t, 2, s6, &view));
+
+    EXPECT_OK(attn_tensor_narrow(C, &t, 1, 1, 2, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_narrow(C, NULL, 1, 1, 2, &view));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_narrow(C, &t, 1, 1, 2, NULL));
+    const int bad_axes[] = {-1, 3, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof bad_axes / sizeof bad_axes[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_tensor_narrow(C, &t, bad_axes[i], 0, 1, &view));
+    const int64_t ranges[][2] = {{-1, 1},        {0, 0},          {0, -1},
+                                 {2, 2},         {3, 1},          {0, 4},
+                                 {INT64_MAX, 1}, {1, INT64_MAX},  {INT64_MIN, 2},
+                                 {0, INT64_MIN}, {INT64_MAX, INT64_MAX}};
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_tensor_narrow(C, &t, 1, ranges[i][0], ranges[i][1], &view));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_narrow(C, &t, 0, 0, 1, &view));
+
+    EXPECT_OK(attn_tensor_copy(C, &t, &d));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_copy(C, NULL, &d));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_copy(C, &t, NULL));
+    attn_tensor di = make(ATTN_DTYPE_I32, buf2, 3, 2, 3, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_copy(C, &t, &di));
+    attn_tensor ds = make(ATTN_DTYPE_F32, buf2, 3, 3, 2, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_tensor_copy(C, &t, &ds));
+    attn_tensor d2 = make(ATTN_DTYPE_F32, buf2, 2, 6, 4, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_tensor_copy(C, &t, &d2));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_copy(C, &t, &d));
+    FOR_EACH_VARIANT(&d, NO_WRONG_DTYPE, attn_tensor_copy(C, &t, &d));
+}
+
+static void test_shapes(void)
+{
+    TEST("attn_shape_format takes a NULL or 0-byte buffer, NULL shape, ndim below 1 or "
+         "above 4; attn_broadcast_shape refuses NULLs, bad ndims and sizes below 1");
+    covers("attn_shape_format");
+    covers("attn_broadcast_shape");
+    const int64_t shape[5] = {2, 5, 16, 7, 9};
+    char buf[8];
+    int n = attn_shape_format(NULL, 0, 3, shape);
+    CHECK_INT(n, (int)strlen("(2, 5, 16)"));
+    CHECK_INT(attn_shape_format(buf, 0, 3, shape), n);
+    CHECK_INT(attn_shape_format(buf, sizeof buf, 3, shape), n);
+    CHECK_INT((int)strlen(buf), (int)sizeof buf - 1); /* cut, terminated */
+    CHECK(attn_shape_format(buf, sizeof buf, 3, NULL) >= 2);
+    CHECK(attn_shape_format(buf, sizeof buf, -1, shape) >= 2);
+    CHECK(attn_shape_format(buf, sizeof buf, INT_MIN, shape) >= 2);
+    CHECK(attn_shape_format(buf, sizeof buf, 5, shape) >= 2);
+    CHECK(attn_shape_format(buf, sizeof buf, INT_MAX, shape) >= 2);
+    bad_inputs += 7;
+
+    int nd;
+    int64_t out[4];
+    const int64_t a[2] = {5, 1}, b[3] = {2, 1, 7}, zero[2] = {0, 1}, neg[2] = {5, -1};
+    const int64_t nb[2] = {4, 5}; /* 5 against 7 */
+    EXPECT_OK(attn_broadcast_shape(C, 2, a, 3, b, &nd, out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 2, NULL, 3, b, &nd, out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 2, a, 3, NULL, &nd, out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 2, a, 3, b, NULL, out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 2, a, 3, b, &nd, NULL));
+    const int ndims[] = {0, 5, -1, INT_MAX};
+    for (size_t i = 0; i < sizeof ndims / sizeof ndims[0]; i++) {
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_broadcast_shape(C, ndims[i], a, 3, b, &nd, out));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_broadcast_shape(C, 2, a, ndims[i], b, &nd, out));
+    }
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 2, zero, 3, b, &nd, out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 2, neg, 3, b, &nd, out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_broadcast_shape(C, 3, b, 2, neg, &nd, out));
+    EXPECT_FAIL(ATTN_STATUS_MASK_BROADCAST, attn_broadcast_shape(C, 2, nb, 3, b, &nd, out));
+}
+
+static void test_masks(void)
+{
+    TEST("the mask functions refuse bad tensors, wrong dtypes, wrong output shapes, "
+         "lengths and sizes below 1, and shapes that do not broadcast");
+    covers("attn_mask_padding");
+    covers("attn_mask_causal");
+    covers("attn_mask_and");
+    covers("attn_mask_check");
+    int64_t ids_buf[6] = {1, 2, 0, 3, 0, 0};
+    uint8_t pad_buf[6], causal_buf[9], both_buf[18], m2[9];
+    attn_tensor ids = make(ATTN_DTYPE_I64, ids_buf, 2, 2, 3, 1, 1);
+    attn_tensor pad = make(ATTN_DTYPE_BOOL, pad_buf, 4, 2, 1, 1, 3);
+    attn_tensor causal = make(ATTN_DTYPE_BOOL, causal_buf, 4, 1, 1, 3, 3);
+    attn_tensor both = make(ATTN_DTYPE_BOOL, both_buf, 4, 2, 1, 3, 3);
+
+    EXPECT_OK(attn_mask_padding(C, &ids, 0, &pad));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_padding(C, NULL, 0, &pad));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_padding(C, &ids, 0, NULL));
+    FOR_EACH_VARIANT(&ids, ATTN_DTYPE_F32, attn_mask_padding(C, &ids, 0, &pad));
+    FOR_EACH_VARIANT(&pad, ATTN_DTYPE_F32, attn_mask_padding(C, &ids, 0, &pad));
+    attn_tensor ids3 = make(ATTN_DTYPE_I64, ids_buf, 3, 1, 2, 3, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mask_padding(C, &ids3, 0, &pad));
+    attn_tensor pad_wrong = make(ATTN_DTYPE_BOOL, pad_buf, 4, 1, 2, 1, 3);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mask_padding(C, &ids, 0, &pad_wrong));
+    attn_tensor pad_3d = make(ATTN_DTYPE_BOOL, pad_buf, 3, 2, 1, 3, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mask_padding(C, &ids, 0, &pad_3d));
+
+    EXPECT_OK(attn_mask_causal(C, 3, &causal));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_causal(C, 3, NULL));
+    const int64_t bad_T[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof bad_T / sizeof bad_T[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_causal(C, bad_T[i], &causal));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mask_causal(C, 4, &causal));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mask_causal(C, INT64_MAX, &causal));
+    FOR_EACH_VARIANT(&causal, ATTN_DTYPE_F32, attn_mask_causal(C, 3, &causal));
+
+    EXPECT_OK(attn_mask_and(C, &pad, &causal, &both));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_and(C, NULL, &causal, &both));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_and(C, &pad, NULL, &both));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_and(C, &pad, &causal, NULL));
+    FOR_EACH_VARIANT(&pad, ATTN_DTYPE_I32, attn_mask_and(C, &pad, &causal, &both));
+    FOR_EACH_VARIANT(&causal, ATTN_DTYPE_I32, attn_mask_and(C, &pad, &causal, &both));
+    FOR_EACH_VARIANT(&both, ATTN_DTYPE_F32, attn_mask_and(C, &pad, &causal, &both));
+    attn_tensor c4 = make(ATTN_DTYPE_BOOL, m2, 2, 2, 4, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_MASK_BROADCAST, attn_mask_and(C, &pad, &c4, &both));
+    attn_tensor both_wrong = make(ATTN_DTYPE_BOOL, both_buf, 4, 1, 2, 3, 3);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mask_and(C, &pad, &causal, &both_wrong));
+
+    EXPECT_OK(attn_mask_check(C, &both, 2, 4, 3, 3));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mask_check(C, NULL, 2, 4, 3, 3));
+    FOR_EACH_VARIANT(&both, ATTN_DTYPE_F32, attn_mask_check(C, &both, 2, 4, 3, 3));
+    const int64_t bad_sizes[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof bad_sizes / sizeof bad_sizes[0]; i++)
+        for (int axis = 0; axis < 4; axis++) {
+            int64_t s[4] = {2, 4, 3, 3};
+            s[axis] = bad_sizes[i];
+            /* A mask of all ones broadcasts to anything: only the size check can
+             * refuse these. */
+            attn_tensor ones = make(ATTN_DTYPE_BOOL, m2, 1, 1, 1, 1, 1);
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                        attn_mask_check(C, &ones, s[0], s[1], s[2], s[3]));
+        }
+    EXPECT_FAIL(ATTN_STATUS_MASK_BROADCAST, attn_mask_check(C, &both, 3, 4, 3, 3));
+    EXPECT_FAIL(ATTN_STATUS_MASK_BROADCAST, attn_mask_check(C, &both, 2, 4, 5, 3));
+}
+
+static void test_linear(void)
+{
+    TEST("attn_linear refuses bad x, W, b and y, non-float32 dtypes, shapes that do not "
+         "fit, and an unknown ctx->arch; b may be NULL");
+    covers("attn_linear");
+    float x_buf[2 * 3 * 4], w_buf[5 * 4], b_buf[5], y_buf[2 * 3 * 5];
+    memset(x_buf, 0, sizeof x_buf);
+    memset(w_buf, 0, sizeof w_buf);
+    memset(b_buf, 0, sizeof b_buf);
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, 2, 3, 4, 1);
+    attn_tensor W = make(ATTN_DTYPE_F32, w_buf, 2, 5, 4, 1, 1);
+    attn_tensor b = make(ATTN_DTYPE_F32, b_buf, 1, 5, 1, 1, 1);
+    attn_tensor y = make(ATTN_DTYPE_F32, y_buf, 3, 2, 3, 5, 1);
+    EXPECT_OK(attn_linear(C, &x, &W, &b, &y));
+    EXPECT_OK(attn_linear(C, &x, &W, NULL, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear(C, NULL, &W, &b, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear(C, &x, NULL, &b, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear(C, &x, &W, &b, NULL));
+    FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, attn_linear(C, &x, &W, &b, &y));
+    FOR_EACH_VARIANT(&W, ATTN_DTYPE_I32, attn_linear(C, &x, &W, &b, &y));
+    FOR_EACH_VARIANT(&b, ATTN_DTYPE_I32, attn_linear(C, &x, &W, &b, &y));
+    FOR_EACH_VARIANT(&y, ATTN_DTYPE_I32, attn_linear(C, &x, &W, &b, &y));
+    attn_tensor W_in = make(ATTN_DTYPE_F32, w_buf, 2, 4, 5, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W_in, NULL, &y));
+    attn_tensor W3 = make(ATTN_DTYPE_F32, w_buf, 3, 1, 5, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W3, NULL, &y));
+    attn_tensor b4 = make(ATTN_DTYPE_F32, b_buf, 1, 4, 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W, &b4, &y));
+    attn_tensor b2 = make(ATTN_DTYPE_F32, b_buf, 2, 1, 5, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W, &b2, &y));
+    attn_tensor y_lead = make(ATTN_DTYPE_F32, y_buf, 3, 3, 2, 5, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W, &b, &y_lead));
+    attn_tensor y_nd = make(ATTN_DTYPE_F32, y_buf, 2, 6, 5, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W, &b, &y_nd));
+    attn_tensor y_out = make(ATTN_DTYPE_F32, y_buf, 3, 2, 3, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear(C, &x, &W, &b, &y_out));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    attn_linear(C, &x, &W, &b, &y));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)-1,
+                    attn_linear(C, &x, &W, &b, &y));
+}
+
+/* The attention calls share one contract; each is run through the same checks. */
+typedef int (*sdpa_fn)(attn_ctx *, const attn_tensor *, const attn_tensor *,
+                       const attn_tensor *, const attn_sdpa_params *, attn_tensor *,
+                       attn_tensor *);
+
+/* checks_ctx: 0 = the call reads neither ctx->arch nor ctx->impl, 1 = ctx->arch,
+ * 2 = both. */
+static void sdpa_contract(const char *name, sdpa_fn f, int checks_ctx)
+{
+    enum { B = 2, H = 2, Tq = 3, Tk = 4, D = 4, Dv = 3 };
+    static float q_buf[B * H * Tq * D], k_buf[B * H * Tk * D], v_buf[B * H * Tk * Dv];
+    static float o_buf[B * H * Tq * Dv], w_buf[B * H * Tq * Tk];
+    static uint8_t m_buf[B * Tk];
+    for (int i = 0; i < B * Tk; i++)
+        m_buf[i] = 1;
+    attn_tensor q = make(ATTN_DTYPE_F32, q_buf, 4, B, H, Tq, D);
+    attn_tensor k = make(ATTN_DTYPE_F32, k_buf, 4, B, H, Tk, D);
+    attn_tensor v = make(ATTN_DTYPE_F32, v_buf, 4, B, H, Tk, Dv);
+    attn_tensor out = make(ATTN_DTYPE_F32, o_buf, 4, B, H, Tq, Dv);
+    attn_tensor w = make(ATTN_DTYPE_F32, w_buf, 4, B, H, Tq, Tk);
+    attn_tensor mask = make(ATTN_DTYPE_BOOL, m_buf, 4, B, 1, 1, Tk);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.mask = &mask;
+
+    fprintf(stderr, "   %s\n", name);
+    EXPECT_OK(f(C, &q, &k, &v, &p, &out, &w));
+    EXPECT_OK(f(C, &q, &k, &v, NULL, &out, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, NULL, &k, &v, &p, &out, &w));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, NULL, &v, &p, &out, &w));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, NULL, &p, &out, &w));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, NULL, &w));
+    FOR_EACH_VARIANT(&q, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &w));
+    FOR_EACH_VARIANT(&k, ATTN_DTYPE_I64, f(C, &q, &k, &v, &p, &out, &w));
+    FOR_EACH_VARIANT(&v, ATTN_DTYPE_BOOL, f(C, &q, &k, &v, &p, &out, &w));
+    FOR_EACH_VARIANT(&out, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &w));
+    FOR_EACH_VARIANT(&w, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &w));
+    FOR_EACH_VARIANT(&mask, ATTN_DTYPE_F32, f(C, &q, &k, &v, &p, &out, &w));
+
+    /* Shapes that do not fit together. */
+    attn_tensor k_d = make(ATTN_DTYPE_F32, k_buf, 4, B, H, Tk, D - 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k_d, &v, &p, &out, &w));
+    attn_tensor v_t = make(ATTN_DTYPE_F32, v_buf, 4, B, H, Tk - 1, Dv);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v_t, &p, &out, &w));
+    attn_tensor k_h = make(ATTN_DTYPE_F32, k_buf, 4, B, 1, Tk, D);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k_h, &v, &p, &out, &w));
+    attn_tensor v_b = make(ATTN_DTYPE_F32, v_buf, 4, 1, H, Tk, Dv);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v_b, &p, &out, &w));
+    attn_tensor out_d = make(ATTN_DTYPE_F32, o_buf, 4, B, H, Tq, Dv - 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out_d, &w));
+    attn_tensor out_3 = make(ATTN_DTYPE_F32, o_buf, 3, B * H, Tq, Dv, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out_3, &w));
+    attn_tensor w_t = make(ATTN_DTYPE_F32, w_buf, 4, B, H, Tk, Tq);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &w_t));
+
+    /* Parameters. */
+    attn_sdpa_params bad = p;
+    bad.causal = 1; /* Tq != Tk */
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &bad, &out, &w));
+    const int modes[] = {-1, 2, 99, INT_MAX};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        bad = p;
+        bad.empty_rows = (attn_empty_rows)modes[i];
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &w));
+    }
+    const float scales[] = {NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+        bad = p;
+        bad.has_scale = 1;
+        bad.scale = scales[i];
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &w));
+    }
+    uint8_t m5[5] = {1, 1, 1, 1, 1};
+    attn_tensor mask5 = make(ATTN_DTYPE_BOOL, m5, 1, 5, 1, 1, 1);
+    bad = p;
+    bad.mask = &mask5;
+    EXPECT_FAIL(ATTN_STATUS_MASK_BROADCAST, f(C, &q, &k, &v, &bad, &out, &w));
+    attn_tensor mask3b = make(ATTN_DTYPE_BOOL, m_buf, 4, 1, 1, 2, Tk); /* Tq is 3 */
+    bad.mask = &mask3b;
+    EXPECT_FAIL(ATTN_STATUS_MASK_BROADCAST, f(C, &q, &k, &v, &bad, &out, &w));
+
+    /* A context that asks for a kernel or instruction set that does not exist (the
+     * reference uses neither field). */
+    if (checks_ctx) {
+        EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                        f(C, &q, &k, &v, &p, &out, &w));
+        EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)-1,
+                        f(C, &q, &k, &v, &p, &out, &w));
+    }
+    if (checks_ctx == 2) {
+        EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->impl = (attn_impl)7,
+                        f(C, &q, &k, &v, &p, &out, &w));
+        EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->impl = (attn_impl)-1,
+                        f(C, &q, &k, &v, &p, &out, &w));
+    }
+}
+
+static void test_sdpa(void)
+{
+    TEST("attn_sdpa, attn_sdpa_ref and attn_sdpa_fused refuse the same bad tensors, "
+         "shapes, masks, scales, empty_rows values and contexts with the same statuses; "
+         "attn_sdpa_params_init(NULL) does nothing");
+    covers("attn_sdpa_params_init");
+    covers("attn_sdpa");
+    covers("attn_sdpa_ref");
+    covers("attn_sdpa_fused");
+    attn_sdpa_params_init(NULL);
+    bad_inputs++;
+    sdpa_contract("attn_sdpa", attn_sdpa, 2);
+    sdpa_contract("attn_sdpa_ref", attn_sdpa_ref, 0);
+    sdpa_contract("attn_sdpa_fused", attn_sdpa_fused, 1);
+}
+
+static void test_mha(void)
+{
+    TEST("attn_mha_weights_check and attn_mha_forward refuse NULL weights, bad weight "
+         "tensors and shapes, num_heads below 1 or not dividing E, bad x and out, and a "
+         "workspace whose size overflows");
+    covers("attn_mha_weights_check");
+    covers("attn_mha_forward");
+    enum { E = 4, B = 2, T = 3, H = 2 };
+    static float wqkv[3 * E * E], bqkv[3 * E], wo[E * E], bo[E], x_buf[B * T * E],
+        o_buf[B * T * E], a_buf[B * H * T * T];
+    attn_mha_weights w;
+    w.w_qkv = make(ATTN_DTYPE_F32, wqkv, 2, 3 * E, E, 1, 1);
+    w.b_qkv = make(ATTN_DTYPE_F32, bqkv, 1, 3 * E, 1, 1, 1);
+    w.w_o = make(ATTN_DTYPE_F32, wo, 2, E, E, 1, 1);
+    w.b_o = make(ATTN_DTYPE_F32, bo, 1, E, 1, 1, 1);
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, B, T, E, 1);
+    attn_tensor out = make(ATTN_DTYPE_F32, o_buf, 3, B, T, E, 1);
+    attn_tensor att = make(ATTN_DTYPE_F32, a_buf, 4, B, H, T, T);
+    int64_t e = 0;
+
+    EXPECT_OK(attn_mha_weights_check(C, &w, H, &e));
+    EXPECT_OK(attn_mha_weights_check(C, &w, H, NULL));
+    EXPECT_OK(attn_mha_forward(C, &w, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_weights_check(C, NULL, H, &e));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_forward(C, NULL, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_forward(C, &w, H, NULL, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_forward(C, &w, H, &x, NULL, NULL, &att));
+    const int64_t heads[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_weights_check(C, &w, heads[i], &e));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_mha_forward(C, &w, heads[i], &x, NULL, &out, NULL));
+    }
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &w, 3, &e));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &w, INT64_MAX, &e));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward(C, &w, 3, &x, NULL, &out, NULL));
+    attn_tensor *slots[4] = {&w.w_qkv, &w.b_qkv, &w.w_o, &w.b_o};
+    for (int s = 0; s < 4; s++) {
+        FOR_EACH_VARIANT(slots[s], ATTN_DTYPE_I32, attn_mha_weights_check(C, &w, H, &e));
+        FOR_EACH_VARIANT(slots[s], ATTN_DTYPE_I32,
+                         attn_mha_forward(C, &w, H, &x, NULL, &out, &att));
+    }
+    /* Weight shapes that do not fit each other. */
+    attn_mha_weights bw = w;
+    bw.w_o = make(ATTN_DTYPE_F32, wo, 2, E, E - 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &bw, H, &e));
+    bw = w;
+    bw.w_o = make(ATTN_DTYPE_F32, wo, 1, E * E, 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &bw, H, &e));
+    bw = w;
+    bw.w_qkv = make(ATTN_DTYPE_F32, wqkv, 2, 2 * E, E, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &bw, H, &e));
+    bw = w;
+    bw.w_qkv = make(ATTN_DTYPE_F32, wqkv, 2, E, 3 * E, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &bw, H, &e));
+    bw = w;
+    bw.b_qkv = make(ATTN_DTYPE_F32, bqkv, 1, E, 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &bw, H, &e));
+    bw = w;
+    bw.b_o = make(ATTN_DTYPE_F32, bo, 2, 1, E, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_weights_check(C, &bw, H, &e));
+    /* E so large that 3E would overflow: w_o [E, E] has a count past 2^63 first. */
+    bw = w;
+    bw.w_o.shape[0] = bw.w_o.shape[1] = (int64_t)1 << 62;
+    bw.w_o.stride[0] = bw.w_o.stride[1] = 0;
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_mha_weights_check(C, &bw, H, &e));
+
+    /* x and out. */
+    FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, attn_mha_forward(C, &w, H, &x, NULL, &out, &att));
+    FOR_EACH_VARIANT(&out, ATTN_DTYPE_I32, attn_mha_forward(C, &w, H, &x, NULL, &out, &att));
+    FOR_EACH_VARIANT(&att, ATTN_DTYPE_I32, attn_mha_forward(C, &w, H, &x, NULL, &out, &att));
+    attn_tensor x2 = make(ATTN_DTYPE_F32, x_buf, 2, B * T, E, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward(C, &w, H, &x2, NULL, &out, NULL));
+    attn_tensor xe = make(ATTN_DTYPE_F32, x_buf, 3, B, E, T, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward(C, &w, H, &xe, NULL, &out, NULL));
+    attn_tensor ot = make(ATTN_DTYPE_F32, o_buf, 3, T, B, E, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward(C, &w, H, &x, NULL, &ot, NULL));
+    attn_tensor at = make(ATTN_DTYPE_F32, a_buf, 4, B, H + 1, T, T - 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward(C, &w, H, &x, NULL, &out, &at));
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.empty_rows = (attn_empty_rows)5;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_forward(C, &w, H, &x, &p, &out, NULL));
+    /* x [2^30, 2^30, E] read through stride 0: its count fits in 64 bits, but the
+     * workspace [B, T, 4E] does not. */
+    attn_tensor xb = x, ob = out;
+    xb.shape[0] = ob.shape[0] = (int64_t)1 << 30;
+    xb.shape[1] = ob.shape[1] = (int64_t)1 << 30;
+    xb.stride[0] = xb.stride[1] = ob.stride[0] = ob.stride[1] = 0;
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_mha_forward(C, &w, H, &xb, NULL, &ob, NULL));
+}
+
+static void test_files(void)
+{
+    TEST("the .npy and .safetensors functions refuse NULL paths, handles, names and "
+         "outputs, missing files and directories, and bad tensors to save; the free "
+         "and close functions accept NULL");
+    covers("attn_array_free");
+    covers("attn_npy_load");
+    covers("attn_npy_save");
+    covers("attn_safetensors_open");
+    covers("attn_safetensors_close");
+    covers("attn_safetensors_count");
+    covers("attn_safetensors_name");
+    covers("attn_safetensors_has");
+    covers("attn_safetensors_get");
+    covers("attn_safetensors_save");
+    const char *good_npy = ATTN_TEST_DATA_DIR "/files/ref_f32.npy";
+    const char *good_st = ATTN_TEST_DATA_DIR "/files/ref_st.safetensors";
+    const char *missing = ATTN_TEST_DATA_DIR "/no/such/file";
+    const char *dir = ATTN_TEST_DATA_DIR;
+    const char *out_npy = ATTN_TEST_TMP_DIR "/test_args_out.npy";
+    const char *out_st = ATTN_TEST_TMP_DIR "/test_args_out.safetensors";
+    const char *no_dir = ATTN_TEST_TMP_DIR "/no/such/dir/out.npy";
+    attn_array a;
+
+    attn_array_free(NULL, NULL);
+    memset(&a, 0, sizeof a);
+    attn_array_free(NULL, &a);
+    bad_inputs += 2;
+
+    EXPECT_OK((attn_npy_load(C, good_npy, &a), attn_array_free(C, &a), ATTN_OK));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load(C, NULL, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load(C, good_npy, NULL));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, missing, &a));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, dir, &a));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, "", &a));
+
+    float buf[6] = {1, 2, 3, 4, 5, 6};
+    attn_tensor t = make(ATTN_DTYPE_F32, buf, 2, 2, 3, 1, 1);
+    EXPECT_OK(attn_npy_save(C, out_npy, &t));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_save(C, NULL, &t));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_save(C, "", &t));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_save(C, out_npy, NULL));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_save(C, no_dir, &t));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_save(C, dir, &t));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_npy_save(C, out_npy, &t));
+
+    attn_safetensors *st = NULL;
+    EXPECT_OK((attn_safetensors_open(C, good_st, &st), attn_safetensors_close(C, st), ATTN_OK));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_open(C, NULL, &st));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_open(C, good_st, NULL));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_safetensors_open(C, missing, &st));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_safetensors_open(C, dir, &st));
+    attn_safetensors_close(NULL, NULL);
+    bad_inputs++;
+
+    CHECK_INT(attn_safetensors_count(NULL), 0);
+    CHECK(attn_safetensors_name(NULL, 0) == NULL);
+    CHECK_INT(attn_safetensors_has(NULL, "x"), 0);
+    bad_inputs += 3;
+    if (attn_safetensors_open(NULL, good_st, &st) == ATTN_OK) {
+        int64_t n = attn_safetensors_count(st);
+        CHECK(n >= 1);
+        CHECK(attn_safetensors_name(st, -1) == NULL);
+        CHECK(attn_safetensors_name(st, n) == NULL);
+        CHECK(attn_safetensors_name(st, INT64_MIN) == NULL);
+        CHECK(attn_safetensors_name(st, INT64_MAX) == NULL);
+        CHECK_INT(attn_safetensors_has(st, NULL), 0);
+        CHECK_INT(attn_safetensors_has(st, ""), 0);
+        bad_inputs += 6;
+        const char *first = attn_safetensors_name(st, 0);
+        EXPECT_OK((attn_safetensors_get(C, st, first, &a), attn_array_free(C, &a), ATTN_OK));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get(C, NULL, first, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get(C, st, NULL, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get(C, st, first, NULL));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get(C, st, "", &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_safetensors_get(C, st, "no such tensor\n\x01", &a));
+        attn_safetensors_close(NULL, st);
+    } else {
+        CHECK(!"test_args: cannot open the reference .safetensors file");
+    }
+
+    const char *names[2] = {"a", "b"};
+    attn_tensor ts[2] = {t, t};
+    EXPECT_OK(attn_safetensors_save(C, out_st, names, ts, 2));
+    EXPECT_OK(attn_safetensors_save(C, out_st, NULL, NULL, 0));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_save(C, NULL, names, ts, 2));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_save(C, "", names, ts, 2));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_save(C, out_st, NULL, ts, 2));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_save(C, out_st, names, NULL, 2));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_save(C, out_st, names, ts, -1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_safetensors_save(C, out_st, names, ts, INT64_MIN));
+    const char *bad_names[][2] = {{NULL, "b"}, {"a", NULL}, {"", "b"},
+                                  {"__metadata__", "b"}, {"a", "a"}};
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                    attn_safetensors_save(C, out_st, bad_names[i], ts, 2));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_safetensors_save(C, no_dir, names, ts, 2));
+    FOR_EACH_VARIANT(&ts[1], NO_WRONG_DTYPE, attn_safetensors_save(C, out_st, names, ts, 2));
+    remove(out_npy);
+    remove(out_st);
+}
+
+static void test_weights(void)
+{
+    TEST("attn_weights_load refuses a NULL w or path, num_heads below 1, a prefix over "
+         "300 bytes and missing files; attn_weights_free accepts NULL and cleared weights");
+    covers("attn_weights_load");
+    covers("attn_weights_free");
+    const char *good = ATTN_TEST_DATA_DIR "/golden/mha_chapter_pad_causal/weights.safetensors";
+    attn_mha_weights w;
+    EXPECT_OK((attn_weights_load(C, good, "", 3, &w), attn_weights_free(C, &w), ATTN_OK));
+    EXPECT_OK((attn_weights_load(C, good, NULL, 3, &w), attn_weights_free(C, &w), ATTN_OK));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load(C, good, "", 3, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load(C, NULL, "", 3, &w));
+    const int64_t heads[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load(C, good, "", heads[i], &w));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_weights_load(C, good, "", 5, &w));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_weights_load(C, good, "", INT64_MAX, &w));
+    char long_prefix[400];
+    memset(long_prefix, 'p', sizeof long_prefix - 1);
+    long_prefix[sizeof long_prefix - 1] = '\0';
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load(C, good, long_prefix, 3, &w));
+    EXPECT_FAIL(ATTN_STATUS_IO,
+                attn_weights_load(C, ATTN_TEST_DATA_DIR "/no/such.safetensors", "", 3, &w));
+    EXPECT_FAIL(ATTN_STATUS_FORMAT, attn_weights_load(C, good, "no.such.prefix.", 3, &w));
+    attn_weights_free(NULL, NULL);
+    memset(&w, 0, sizeof w);
+    attn_weights_free(NULL, &w);
+    bad_inputs += 2;
+}
+
+static void test_dispatch_threads(void)
+{
+    TEST("the dispatch and thread queries take NULL contexts, unknown arch values and "
+         "names, and thread counts below 1 or absurdly high");
+    covers("attn_arch_name");
+    covers("attn_arch_parse");
+    covers("attn_arch_supported");
+    covers("attn_arch_best");
+    covers("attn_arch_selected");
+    covers("attn_arch_reason");
+    covers("attn_threads_online");
+    covers("attn_threads_resolve");
+    const int odd[] = {-1, 5, 42, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        CHECK_STR_EQ(attn_arch_name((attn_arch)odd[i]), "unknown");
+        CHECK_INT(attn_arch_supported((attn_arch)odd[i]), 0);
+        bad_inputs += 2;
+    }
+    attn_arch a = ATTN_ARCH_AUTO;
+    CHECK_INT(attn_arch_parse(NULL, &a), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_arch_parse("avx2", NULL), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_arch_parse(NULL, NULL), ATTN_STATUS_INVALID_ARGUMENT);
+    const char *names[] = {"", "AVX2", "avx2 ", "avx", "unknown", "sse"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        CHECK_INT(attn_arch_parse(names[i], &a), ATTN_STATUS_INVALID_ARGUMENT);
+    bad_inputs += 3 + (long)(sizeof names / sizeof names[0]);
+    attn_arch best = attn_arch_best();
+    CHECK(best >= ATTN_ARCH_REF && best <= ATTN_ARCH_AVX512);
+    attn_arch sel = attn_arch_selected(NULL);
+    CHECK(sel >= ATTN_ARCH_REF && sel <= ATTN_ARCH_AVX512);
+    CHECK(attn_arch_reason(NULL) != NULL && attn_arch_reason(NULL)[0] != '\0');
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = (attn_arch)42;
+    CHECK(attn_arch_reason(&ctx) != NULL && attn_arch_reason(&ctx)[0] != '\0');
+    bad_inputs += 3;
+
+    int online = attn_threads_online();
+    CHECK(online >= 1);
+    CHECK(attn_threads_resolve(NULL) >= 1);
+    const int counts[] = {-1, -1000, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        ctx.threads = counts[i];
+        int t = attn_threads_resolve(&ctx);
+        CHECK(t >= 1);
+        CHECK(t <= (counts[i] > 0 ? 4096 : online));
+        bad_inputs++;
+    }
+}
+
+/* ---- the random number functions ----------------------------------------------- */
+
+typedef void (*child_fn)(void);
+
+/* Runs fn in a child process; 1 if it returned normally. */
+static int survives(child_fn fn)
+{
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        /* The child's crash report (from a sanitizer build) is noise here. */
+        if (!freopen("/dev/null", "w", stderr))
+            _exit(3);
+        fn();
+        _exit(0);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static void rng_seed_null(void) { attn_rng_seed(NULL, 1); }
+static void rng_u32_null(void) { (void)attn_rng_u32(NULL); }
+static void rng_u64_null(void) { (void)attn_rng_u64(NULL); }
+static void rng_normal_null(void) { (void)attn_rng_normal_f64(NULL); }
+static void rng_randn_null_rng(void)
+{
+    float x[4];
+    attn_rng_randn(NULL, x, 4);
+}
+static void rng_randn_null_out(void)
+{
+    attn_rng r;
+    attn_rng_seed(&r, 1);
+    attn_rng_randn(&r, NULL, 4);
+}
+static void rng_uniform_null_out(void)
+{
+    attn_rng r;
+    attn_rng_seed(&r, 1);
+    attn_rng_uniform(&r, NULL, 4, 0.0f, 1.0f);
+}
+static void rng_linear_null_weight(void)
+{
+    attn_rng r;
+    attn_rng_seed(&r, 1);
+    attn_rng_linear_init(&r, NULL, NULL, 4, 4);
+}
+static void rng_linear_overflow(void)
+{
+    /* out * in overflows int64 (signed overflow: UBSan stops here); it must be
+     * refused as a size below 1 rather than wrap to 0. */
+    attn_rng r;
+    attn_rng_seed(&r, 1);
+    float w[1];
+    attn_rng_linear_init(&r, w, NULL, INT64_MIN, 4);
+}
+static void rng_bad_index(void)
+{
+    attn_rng r;
+    attn_rng_seed(&r, 1);
+    r.index = -5; /* a corrupted or uninitialised struct */
+    (void)attn_rng_u32(&r);
+}
+
+static void test_rng(void)
+{
+    TEST("the random number functions with sizes below 1 do nothing; with NULL "
+         "pointers, overflowing sizes or a corrupted state they are run in a child "
+         "process and whether they survive is reported (the header promises nothing)");
+    covers("attn_rng_seed");
+    covers("attn_rng_u32");
+    covers("attn_rng_u64");
+    covers("attn_rng_normal_f64");
+    covers("attn_rng_randn");
+    covers("attn_rng_uniform");
+    covers("attn_rng_linear_init");
+    attn_rng r, r0;
+    attn_rng_seed(&r, 42);
+    r0 = r;
+    float sentinel[2] = {123.0f, 456.0f};
+    const int64_t sizes[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        attn_rng_randn(&r, sentinel, sizes[i]);
+        attn_rng_uniform(&r, sentinel, sizes[i], 0.0f, 1.0f);
+        bad_inputs += 2;
+    }
+    /* out_features * in_features elements are drawn: none when either is 0 or one is
+     * negative (INT64_MIN is left to the child process below: the product overflows). */
+    attn_rng_linear_init(&r, sentinel, NULL, 0, 4);
+    attn_rng_linear_init(&r, sentinel, NULL, -1, 4);
+    attn_rng_linear_init(&r, sentinel, NULL, 4, 0);
+    attn_rng_linear_init(&r, sentinel, NULL, 4, -1);
+    bad_inputs += 4;
+    /* Nothing was drawn or written. */
+    CHECK(sentinel[0] == 123.0f && sentinel[1] == 456.0f);
+    CHECK(memcmp(&r, &r0, sizeof r) == 0);
+
+    static const struct {
+        const char *what;
+        child_fn fn;
+    } cases[] = {
+        {"attn_rng_seed(NULL, ...)", rng_seed_null},
+        {"attn_rng_u32(NULL)", rng_u32_null},
+        {"attn_rng_u64(NULL)", rng_u64_null},
+        {"attn_rng_normal_f64(NULL)", rng_normal_null},
+        {"attn_rng_randn(NULL, x, 4)", rng_randn_null_rng},
+        {"attn_rng_randn(rng, NULL, 4)", rng_randn_null_out},
+        {"attn_rng_uniform(rng, NULL, 4, ...)", rng_uniform_null_out},
+        {"attn_rng_linear_init(rng, NULL, NULL, 4, 4)", rng_linear_null_weight},
+        {"attn_rng_linear_init(rng, w, NULL, INT64_MIN, 4)", rng_linear_overflow},
+        {"attn_rng u32 with rng->index = -5", rng_bad_index},
+    };
+    int crashed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int ok = survives(cases[i].fn);
+        bad_inputs++;
+        if (ok != 1) {
+            crashed++;
+            fprintf(stderr, "   KNOWN GAP (src/rng.c): %s does not survive\n", cases[i].what);
+        }
+    }
+    fprintf(stderr, "   %d of %zu hostile rng calls crash (reported, not failed: the "
+                    "header promises no NULL checks there)\n",
+            crashed, sizeof cases / sizeof cases[0]);
+}
+
+/* ---- every function of the header is exercised ---------------------------------- */
+
+static void test_header_coverage(void)
+{
+    TEST("every function declared in include/attn.h is called with bad arguments here");
+    const char *path = ATTN_TEST_DATA_DIR "/../../include/attn.h";
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    char line[512];
+    int declared = 0, missing = 0;
+    while (fgets(line, sizeof line, f)) {
+        /* A declaration starts in column 0 with a type and names attn_xxx( . */
+        if (line[0] == ' ' || line[0] == '\t' || line[0] == '/' || line[0] == '*' ||
+            line[0] == '#' || line[0] == '\n' || strncmp(line, "typedef", 7) == 0)
+            continue;
+        for (char *p = strstr(line, "attn_"); p; p = strstr(p + 1, "attn_")) {
+            if (p > line && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z')))
+                continue;
+            size_t n = 0;
+            while ((p[n] >= 'a' && p[n] <= 'z') || (p[n] >= '0' && p[n] <= '9') ||
+                   p[n] == '_')
+                n++;
+            if (p[n] != '(')
+                continue;
+            char name[96];
+            if (n >= sizeof name)
+                continue;
+            memcpy(name, p, n);
+            name[n] = '\0';
+            declared++;
+            int found = 0;
+            for (int i = 0; i < n_covered && !found; i++)
+                found = strcmp(covered[i], name) == 0;
+            if (!found) {
+                missing++;
+                fprintf(stderr, "   %s is declared in attn.h but not tested here\n", name);
+            }
+            break;
+        }
+    }
+    fclose(f);
+    fprintf(stderr, "   %d functions declared, %d covered, %d missing\n", declared,
+            declared - missing, missing);
+    CHECK(declared >= 50);
+    CHECK_INT(missing, 0);
+}
+
+int main(void)
+{
+    test_status_and_ctx();
+    test_dtype();
+    test_tensor_init_alloc();
+    test_tensor_queries();
+    test_tensor_check();
+    test_tensor_views();
+    test_shapes();
+    test_masks();
+    test_linear();
+    test_sdpa();
+    test_mha();
+    test_files();
+    test_weights();
+    test_dispatch_threads();
+    test_rng();
+    test_header_coverage();
+    fprintf(stderr, "test_args: %ld bad inputs tried\n", bad_inputs);
+    return check_summary("test_args");
+}
