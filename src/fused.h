@@ -53,7 +53,7 @@ typedef struct attn__fused_job {
     int64_t bc;             /* keys per tile (a multiple of the kernel's nk) */
     int64_t n_qt;           /* query tiles per (b, h) */
     int64_t dvp;            /* Dv rounded up to the vector width */
-    int row_path;           /* 1: one query row per item, K and V read in place */
+    int row_path;           /* 1: one (b, h) per item, row by row, K and V in place */
     int64_t ws_floats;      /* floats of scratch per worker */
     float *ws;              /* workers * ws_floats */
     int64_t *empty_first;   /* per worker: smallest flat row index b*H*Tq + h*Tq + i

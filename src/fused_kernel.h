@@ -75,9 +75,10 @@
  *
  * The row path (job->row_path) serves problems with a handful of query rows
  * (ATTN_FUSED_ROW_MAX in sdpa_fused.c), such as one decoding step against a cache
- * (S5) or the chapter's toy size: one item is one query row; K and V rows are read in place (unit stride
- * along the head dim required) in two streaming passes, the scores of the row kept
- * in a [Tk] scratch row, so the bandwidth goes to K and V only.
+ * (S5) or the chapter's toy size: one item is one (b, h) and its few query rows;
+ * K and V rows are read in place (unit stride along the head dim required) in two
+ * streaming passes per row, the row's scores kept in a [Tk] scratch row, so the
+ * bandwidth goes to K and V only. Tails along D and Dv use partial vector loads.
  *
  * Room to grow: the (b, h) of K and V is looked up in one place per item
  * (fk_kv_head), so fewer key/value heads than query heads (GQA/MQA) is a change
@@ -494,7 +495,8 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     }
 }
 
-/* Dot product of n floats, vectorised along n, summed in a fixed order. */
+/* Dot product of n floats, vectorised along n (the tail by a partial load),
+ * summed in a fixed order. */
 FK_INLINE float fk_dot(const float *a, const float *x, int64_t n)
 {
     simd_f32 acc0 = simd_zero(), acc1 = simd_zero();
@@ -505,10 +507,9 @@ FK_INLINE float fk_dot(const float *a, const float *x, int64_t n)
     }
     for (; d + SIMD_W <= n; d += SIMD_W)
         acc0 = simd_fma(simd_load(a + d), simd_load(x + d), acc0);
-    float sum = simd_hsum(simd_add(acc0, acc1));
-    for (; d < n; d++)
-        sum += a[d] * x[d];
-    return sum;
+    if (d < n)
+        acc1 = simd_fma(simd_load_n(a + d, n - d, 0.0f), simd_load_n(x + d, n - d, 0.0f), acc1);
+    return simd_hsum(simd_add(acc0, acc1));
 }
 
 /* Four dot products of q with consecutive rows of k (row stride ldk), times the
@@ -537,20 +538,24 @@ FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, f
         a2 = simd_fma(x, simd_load(k + 2 * ldk + d), a2);
         a3 = simd_fma(x, simd_load(k + 3 * ldk + d), a3);
     }
-    float s0 = simd_hsum(simd_add(a0, b0)), s1 = simd_hsum(simd_add(a1, b1));
-    float s2 = simd_hsum(simd_add(a2, b2)), s3 = simd_hsum(simd_add(a3, b3));
-    for (; d < n; d++) {
-        s0 += q[d] * k[d];
-        s1 += q[d] * k[ldk + d];
-        s2 += q[d] * k[2 * ldk + d];
-        s3 += q[d] * k[3 * ldk + d];
+    if (d < n) {
+        const int64_t t = n - d;
+        const simd_f32 y = simd_load_n(q + d, t, 0.0f);
+        b0 = simd_fma(y, simd_load_n(k + d, t, 0.0f), b0);
+        b1 = simd_fma(y, simd_load_n(k + ldk + d, t, 0.0f), b1);
+        b2 = simd_fma(y, simd_load_n(k + 2 * ldk + d, t, 0.0f), b2);
+        b3 = simd_fma(y, simd_load_n(k + 3 * ldk + d, t, 0.0f), b3);
     }
-    out[0] = s0 * scale, out[1] = s1 * scale, out[2] = s2 * scale, out[3] = s3 * scale;
+    out[0] = simd_hsum(simd_add(a0, b0)) * scale;
+    out[1] = simd_hsum(simd_add(a1, b1)) * scale;
+    out[2] = simd_hsum(simd_add(a2, b2)) * scale;
+    out[3] = simd_hsum(simd_add(a3, b3)) * scale;
 }
 
-/* acc[c] = sum_j p[j] * v[j][c] for nv vectors of columns, over keys with p != 0. */
+/* acc[c] = sum_j p[j] * v[j][c] over keys with p != 0, for nv vectors of columns,
+ * the last of which holds only `last` columns (1 .. SIMD_W). */
 FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const float *v, int64_t ldv,
-                         float *acc, const int nv)
+                         float *acc, const int nv, int64_t last)
 {
     simd_f32 a[FK_ROW_NV];
     for (int c = 0; c < nv; c++)
@@ -560,22 +565,22 @@ FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const float *v, int64_t 
             continue;
         const simd_f32 pj = simd_set1(p[j]);
         const float *vrow = v + j * ldv;
-        for (int c = 0; c < nv; c++)
+        for (int c = 0; c < nv - 1; c++)
             a[c] = simd_fma(pj, simd_load(vrow + c * SIMD_W), a[c]);
+        const float *vlast = vrow + (nv - 1) * SIMD_W;
+        a[nv - 1] = simd_fma(pj, last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f),
+                             a[nv - 1]);
     }
     for (int c = 0; c < nv; c++)
         simd_store(acc + c * SIMD_W, a[c]);
 }
 
-/* One (b, h, query row): the row path, for fewer query rows than a micro-tile. */
-static void fk_row_item(void *arg, int64_t item, int worker)
+/* One query row i of (b, h) on the row path. */
+static void fk_row_one(const attn__fused_job *job, int64_t b, int64_t h, int64_t i,
+                       int worker)
 {
-    const attn__fused_job *job = (const attn__fused_job *)arg;
     const attn__sdpa_shapes *s = job->s;
-    const int64_t i = item % s->Tq, bh = item / s->Tq;
-    const int64_t b = bh / s->H, h = bh % s->H;
     const int64_t D = s->D, Dv = s->Dv;
-
     float *ws = job->ws + (int64_t)worker * job->ws_floats;
     float *qrow = ws;
     float *sc = qrow + fk_align(D);
@@ -600,9 +605,8 @@ static void fk_row_item(void *arg, int64_t item, int worker)
     float mx = -INFINITY;
     int64_t visible = 0;
     int64_t j = 0;
-    if (!mrow)
-        for (; j + 4 <= jn; j += 4)
-            fk_dot4(qrow, kb + j * s->k_s[2], s->k_s[2], D, s->scale, sc + j);
+    for (; j + 4 <= jn; j += 4)
+        fk_dot4(qrow, kb + j * s->k_s[2], s->k_s[2], D, s->scale, sc + j);
     for (; j < jn; j++)
         sc[j] = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
     for (j = 0; j < jn; j++) {
@@ -620,7 +624,7 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         sc[j] = -INFINITY;
 
     if (visible == 0) {
-        int64_t flat = item; /* (b * H + h) * Tq + i */
+        const int64_t flat = (b * s->H + h) * s->Tq + i;
         if (flat < job->empty_first[worker])
             job->empty_first[worker] = flat;
         for (int64_t e = 0; e < Dv; e++)
@@ -631,7 +635,8 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         return;
     }
 
-    /* Softmax numerators and their sum. */
+    /* Softmax numerators and their sum (the tail through a partial vector whose
+     * other lanes are -inf, so they add exp(-inf) = 0). */
     const simd_f32 vm = simd_set1(mx);
     simd_f32 vsum = simd_zero();
     j = 0;
@@ -640,36 +645,49 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         simd_store(sc + j, p);
         vsum = simd_add(vsum, p);
     }
-    float l = simd_hsum(vsum);
-    for (; j < jn; j++) {
-        sc[j] = simd_exp_nonpos_1(sc[j] - mx);
-        l += sc[j];
+    if (j < jn) {
+        simd_f32 p = simd_exp_nonpos(simd_sub(simd_load_n(sc + j, jn - j, -INFINITY), vm));
+        simd_store_n(sc + j, p, jn - j);
+        vsum = simd_add(vsum, p);
     }
-    const float inv = 1.0f / l;
+    const float inv = 1.0f / simd_hsum(vsum);
 
     /* Pass 2 over V: the weighted sum, skipping keys with weight 0; the sums of up
      * to FK_ROW_NV vectors of columns stay in registers over all the keys. */
-    const int64_t dv_full = Dv / SIMD_W * SIMD_W;
     int64_t e0 = 0;
-    for (; e0 + FK_ROW_NV * SIMD_W <= dv_full; e0 += FK_ROW_NV * SIMD_W)
-        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, FK_ROW_NV);
-    for (; e0 < dv_full; e0 += SIMD_W)
-        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, 1);
-    for (; e0 < Dv; e0++) {
-        float a = 0.0f;
-        for (j = 0; j < jn; j++)
-            if (sc[j] != 0.0f)
-                a += sc[j] * vb[j * s->v_s[2] + e0];
-        acc[e0] = a;
+    for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
+        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, FK_ROW_NV, SIMD_W);
+    for (; e0 < Dv; e0 += SIMD_W) {
+        const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
+        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, 1, last);
     }
-    for (int64_t e = 0; e < Dv; e++)
-        orow[e * s->o_s[3]] = acc[e] * inv;
+    if (s->o_s[3] == 1) {
+        const simd_f32 vinv = simd_set1(inv);
+        int64_t e = 0;
+        for (; e + SIMD_W <= Dv; e += SIMD_W)
+            simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
+        if (e < Dv)
+            simd_store_n(orow + e, simd_mul(simd_load(acc + e), vinv), Dv - e);
+    } else {
+        for (int64_t e = 0; e < Dv; e++)
+            orow[e * s->o_s[3]] = acc[e] * inv;
+    }
     if (wrow) {
         for (j = 0; j < jn; j++)
             wrow[j * s->w_s[3]] = sc[j] * inv;
         for (; j < s->Tk; j++)
             wrow[j * s->w_s[3]] = 0.0f;
     }
+}
+
+/* One (b, h) on the row path: its few query rows one after the other, so that
+ * they share the head's K and V in cache. */
+static void fk_row_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    const attn__sdpa_shapes *s = job->s;
+    for (int64_t i = 0; i < s->Tq; i++)
+        fk_row_one(job, item / s->H, item % s->H, i, worker);
 }
 
 static void fk_item(void *arg, int64_t item, int worker)

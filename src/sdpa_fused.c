@@ -68,7 +68,7 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
     job.row_path = s.Tq <= ATTN_FUSED_ROW_MAX && s.k_s[3] == 1 && s.v_s[3] == 1;
     int64_t n_items;
     if (job.row_path) {
-        n_items = s.B * s.H * s.Tq;
+        n_items = s.B * s.H;
     } else {
         job.br = s.Tq < ATTN_FUSED_BR ? round_up(s.Tq, kern->mr) : ATTN_FUSED_BR;
         job.bc = s.Tk < ATTN_FUSED_BC ? round_up(s.Tk, kern->nk) : ATTN_FUSED_BC;

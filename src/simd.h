@@ -14,6 +14,9 @@
  *     simd_zero/set1/load/store/add/sub/mul/max/fma   (loads and stores unaligned;
  *                             simd_fma(a, b, c) = a * b + c)
  *     simd_hmax, simd_hsum    horizontal max and sum, in a fixed order
+ *     simd_load_n(p, n, fill) the first n < SIMD_W lanes from p, the others `fill`;
+ *                             never touches memory past p + n
+ *     simd_store_n(p, v, n)   the first n < SIMD_W lanes of v to p
  *     simd_exp_nonpos(x)      e^x for x <= 0 (including -inf), see below
  *
  * The choice is made by the defining file, not by the compiler's predefined macros,
@@ -100,6 +103,14 @@ static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c)
 }
 static inline float simd_hmax(simd_f32 v) { return _mm512_reduce_max_ps(v); }
 static inline float simd_hsum(simd_f32 v) { return _mm512_reduce_add_ps(v); }
+static inline simd_f32 simd_load_n(const float *p, int64_t n, float fill)
+{
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << n) - 1u), p);
+}
+static inline void simd_store_n(float *p, simd_f32 v, int64_t n)
+{
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), v);
+}
 
 static inline simd_f32 simd_exp_nonpos(simd_f32 x)
 {
@@ -156,6 +167,21 @@ static inline float simd_hsum(simd_f32 v)
     return _mm_cvtss_f32(s);
 }
 
+static inline __m256i simd_lanes_below(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline simd_f32 simd_load_n(const float *p, int64_t n, float fill)
+{
+    __m256i m = simd_lanes_below(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m),
+                            _mm256_castsi256_ps(m));
+}
+static inline void simd_store_n(float *p, simd_f32 v, int64_t n)
+{
+    _mm256_maskstore_ps(p, simd_lanes_below(n), v);
+}
+
 static inline simd_f32 simd_exp_nonpos(simd_f32 x)
 {
     /* Not below the minimum, or NaN (unordered): NaN then flows through to p. */
@@ -195,6 +221,16 @@ static inline simd_f32 simd_max(simd_f32 a, simd_f32 b) { return a > b ? a : b; 
 static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c) { return a * b + c; }
 static inline float simd_hmax(simd_f32 v) { return v; }
 static inline float simd_hsum(simd_f32 v) { return v; }
+/* With one lane, n is 0 (nothing) or 1 (the lane). */
+static inline simd_f32 simd_load_n(const float *p, int64_t n, float fill)
+{
+    return n > 0 ? *p : fill;
+}
+static inline void simd_store_n(float *p, simd_f32 v, int64_t n)
+{
+    if (n > 0)
+        *p = v;
+}
 static inline simd_f32 simd_exp_nonpos(simd_f32 x) { return simd_exp_nonpos_1(x); }
 
 #endif
