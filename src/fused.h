@@ -68,9 +68,10 @@ typedef struct attn__fused_kernel {
     int nk;    /* keys per micro-tile of the score product */
     /* Scratch floats one worker needs for a job planned with these sizes. */
     int64_t (*ws_floats)(const attn__fused_job *job);
-    /* Processes one work item: (b, h, query tile), or (b, h, query row) on the
-     * row path. */
+    /* Processes one work item: (b, h, query tile), or (b, h) on the row path. */
     void (*item)(void *job, int64_t item, int worker);
+    /* y[i] = e^x[i] for x[i] <= 0 with this build's vector exp (for the tests). */
+    void (*exp_nonpos)(const float *x, float *y, int64_t n);
 } attn__fused_kernel;
 
 extern const attn__fused_kernel attn__fused_kernel_scalar;

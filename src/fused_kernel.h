@@ -690,6 +690,15 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         fk_row_one(job, item / s->H, item % s->H, i, worker);
 }
 
+static void fk_exp_nonpos(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + SIMD_W <= n; i += SIMD_W)
+        simd_store(y + i, simd_exp_nonpos(simd_load(x + i)));
+    if (i < n)
+        simd_store_n(y + i, simd_exp_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
+}
+
 static void fk_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_job *job = (const attn__fused_job *)arg;

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 const attn__fused_kernel attn__fused_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item,
+    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_exp_nonpos,
 };
 
 /* Query rows and keys per tile; see the contract in src/fused_kernel.h. */
