@@ -24,29 +24,31 @@ int attn__linear_check(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W
     if (x->dtype != ATTN_DTYPE_F32 || W->dtype != ATTN_DTYPE_F32 || y->dtype != ATTN_DTYPE_F32 ||
         (b && b->dtype != ATTN_DTYPE_F32))
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "linear: x, weight, bias and y must be float32");
+    const int64_t in = x->shape[x->ndim - 1], out = W->shape[0];
+    const int w_ok = W->ndim == 2 && W->shape[1] == in;
+    const int b_ok = !b || (b->ndim == 1 && b->shape[0] == out);
+    int y_ok = y->ndim == x->ndim && y->shape[y->ndim - 1] == out;
+    for (int i = 0; y_ok && i < x->ndim - 1; i++)
+        y_ok = x->shape[i] == y->shape[i];
+    if (w_ok && b_ok && y_ok)
+        return ATTN_OK;
+    /* Only a failing call pays for formatting the shapes. */
     char sx[128], sw[128], sb[128], sy[128];
     attn__shape_str(x, sx, sizeof sx);
     attn__shape_str(W, sw, sizeof sw);
     attn__shape_str(b, sb, sizeof sb);
     attn__shape_str(y, sy, sizeof sy);
-    int64_t in = x->shape[x->ndim - 1];
-    if (W->ndim != 2 || W->shape[1] != in)
+    if (!w_ok)
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "linear: weight %s does not fit x %s (expected [out, %lld])", sw, sx,
                           (long long)in);
-    int64_t out = W->shape[0];
-    if (b && (b->ndim != 1 || b->shape[0] != out))
+    if (!b_ok)
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "linear: bias %s does not fit weight %s (expected (%lld,))", sb, sw,
                           (long long)out);
-    int lead_ok = y->ndim == x->ndim && y->shape[y->ndim - 1] == out;
-    for (int i = 0; lead_ok && i < x->ndim - 1; i++)
-        lead_ok = x->shape[i] == y->shape[i];
-    if (!lead_ok)
-        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
-                          "linear: y %s does not fit x %s and weight %s (expected [..., %lld])",
-                          sy, sx, sw, (long long)out);
-    return ATTN_OK;
+    return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                      "linear: y %s does not fit x %s and weight %s (expected [..., %lld])", sy,
+                      sx, sw, (long long)out);
 }
 
 /* The reference: one dot product per output element, in increasing k. */

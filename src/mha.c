@@ -32,10 +32,19 @@ int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num
         w->w_o.dtype != ATTN_DTYPE_F32 || w->b_o.dtype != ATTN_DTYPE_F32)
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "attention weights must be float32");
     char s1[128], s2[128], s3[128], s4[128];
-    attn__shape_str(&w->w_qkv, s1, sizeof s1);
-    attn__shape_str(&w->b_qkv, s2, sizeof s2);
-    attn__shape_str(&w->w_o, s3, sizeof s3);
-    attn__shape_str(&w->b_o, s4, sizeof s4);
+    const int64_t E0 = w->w_o.shape[0];
+    if (E0 > INT64_MAX / 4) /* 3E and 4E below must not overflow */
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "embed_dim %lld is too large",
+                          (long long)E0);
+    if (w->w_o.ndim != 2 || w->w_o.shape[1] != E0 || w->w_qkv.ndim != 2 ||
+        w->w_qkv.shape[1] != E0 || w->w_qkv.shape[0] != 3 * E0 || w->b_qkv.ndim != 1 ||
+        w->b_qkv.shape[0] != 3 * E0 || w->b_o.ndim != 1 || w->b_o.shape[0] != E0) {
+        /* Only a failing call pays for formatting the shapes. */
+        attn__shape_str(&w->w_qkv, s1, sizeof s1);
+        attn__shape_str(&w->b_qkv, s2, sizeof s2);
+        attn__shape_str(&w->w_o, s3, sizeof s3);
+        attn__shape_str(&w->b_o, s4, sizeof s4);
+    }
     if (w->w_o.ndim != 2 || w->w_o.shape[0] != w->w_o.shape[1])
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "output weight has shape %s; expected [E, E]", s3);
@@ -94,14 +103,13 @@ int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads
     if (x->dtype != ATTN_DTYPE_F32 || out->dtype != ATTN_DTYPE_F32)
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "x and out must be float32");
     char sx[128], so[128];
-    attn__shape_str(x, sx, sizeof sx);
-    attn__shape_str(out, so, sizeof so);
     if (x->ndim != 3 || x->shape[2] != E)
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "x has shape %s; expected [B, T, %lld] (embed_dim from the weights)",
-                          sx, (long long)E);
+                          attn__shape_str(x, sx, sizeof sx), (long long)E);
     if (out->ndim != 3 || memcmp(out->shape, x->shape, 3 * sizeof x->shape[0]) != 0)
-        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "out has shape %s; expected %s", so, sx);
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "out has shape %s; expected %s",
+                          attn__shape_str(out, so, sizeof so), attn__shape_str(x, sx, sizeof sx));
     const int64_t B = x->shape[0], T = x->shape[1], H = num_heads, D = E / H;
 
     /* Workspace: qkv [B, T, 3E] and the merged context [B, T, E], one allocation. */
@@ -109,7 +117,8 @@ int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads
     size_t bytes;
     if (!attn__mul_i64(B, T, &bt) || !attn__mul_i64(bt, 4 * E, &n_qkv) ||
         !attn__bytes(n_qkv, sizeof(float), &bytes))
-        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "workspace for x %s does not fit in memory", sx);
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "workspace for x %s does not fit in memory",
+                          attn__shape_str(x, sx, sizeof sx));
     float *ws = attn__alloc(ctx, bytes, "the q/k/v and context workspace");
     if (!ws)
         return ATTN_STATUS_NO_MEMORY;

@@ -61,21 +61,25 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
     attn__as4d(k, ks, s->k_s);
     attn__as4d(v, vs, s->v_s);
     attn__as4d(out, os, s->o_s);
+    /* The shapes are formatted only when a check fails: this runs on every call. */
     char a[128], b[128], c[128];
-    attn__shape_str(q, a, sizeof a);
-    attn__shape_str(k, b, sizeof b);
-    attn__shape_str(v, c, sizeof c);
+#define ATTN__QKV_STRS() \
+    (attn__shape_str(q, a, sizeof a), attn__shape_str(k, b, sizeof b), attn__shape_str(v, c, sizeof c))
     if (qs[3] != ks[3])
-        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+        return ATTN__QKV_STRS(),
+               attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "q and k head_dim differ: q %s has D=%lld, k %s has D=%lld", a,
                           (long long)qs[3], b, (long long)ks[3]);
     if (ks[2] != vs[2])
-        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+        return ATTN__QKV_STRS(),
+               attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "k and v lengths differ: k %s has Tk=%lld, v %s has Tk=%lld", b,
                           (long long)ks[2], c, (long long)vs[2]);
     if (qs[0] != ks[0] || qs[0] != vs[0] || qs[1] != ks[1] || qs[1] != vs[1])
-        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+        return ATTN__QKV_STRS(),
+               attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "q %s, k %s and v %s must have the same batch and head sizes", a, b, c);
+#undef ATTN__QKV_STRS
     s->B = qs[0];
     s->H = qs[1];
     s->Tq = qs[2];
