@@ -64,7 +64,8 @@ printf '%s\n' "${jobs[@]}" | xargs -P "$JOBS" -I{} sh -c '{}'
 tool_objs=("$out/obj/tool_attn_forward.o" "$out/obj/tool_attn_sdpa.o" "$out/obj/tool_common_cli.o")
 for t in npy safetensors weights cli; do
     extra=()
-    [ $t = cli ] && extra=("${tool_objs[@]}" "-DATTN_FUZZ_DATA_DIR=\"$root/tests/data\"")
+    [ $t = cli ] && extra=("${tool_objs[@]}" "-DATTN_FUZZ_DATA_DIR=\"$root/tests/data\""
+                          "-DATTN_FUZZ_DIR=\"$root/fuzz\"")
     $CC $CFLAGS -Werror -fsanitize=fuzzer $INC "$root/fuzz/fuzz_$t.c" "${objs[@]}" "${extra[@]}" \
         -lm -lpthread -o "$out/fuzz_$t"
     echo "fuzz/build.sh: built $out/fuzz_$t"

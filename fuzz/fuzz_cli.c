@@ -10,7 +10,8 @@
  * A subcommand returns its exit status and never exits, so it can be called once per
  * input. It runs in a private directory (ATTN_FUZZ_WORK from fuzz/run.sh) that holds
  * small valid files copied from tests/data (weights, inputs, token ids, masks, q/k/v)
- * and a few malformed ones, under short names the dictionary fuzz/cli.dict lists. A
+ * and a few malformed ones, under short names (fuzz/cli_files.txt lists them, and
+ * the dictionary fuzz/cli.dict holds the names). A
  * '/' in an argument becomes '_', so every path the fuzzer makes up stays inside
  * that directory. After each input, files the run replaced are restored and new
  * files are removed, so every input sees the same directory.
@@ -27,36 +28,45 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#ifndef ATTN_FUZZ_DATA_DIR
-#error "ATTN_FUZZ_DATA_DIR (the source tree's tests/data) must be defined"
+#if !defined(ATTN_FUZZ_DATA_DIR) || !defined(ATTN_FUZZ_DIR)
+#error "ATTN_FUZZ_DATA_DIR (the source tree's tests/data) and ATTN_FUZZ_DIR (fuzz/) must be defined"
 #endif
 
 #define MAX_ARGS 48
 
-/* The files every input can name: { name in the work directory, source }. */
-static const char *const data_files[][2] = {
-    {"w.safetensors", "golden/mha_chapter_pad_causal/weights.safetensors"},
-    {"x.npy", "golden/mha_chapter_pad_causal/x.npy"},
-    {"ids.npy", "golden/mha_chapter_pad_causal/ids.npy"},
-    {"wt.safetensors", "golden/mha_torch_prefix_mask/weights.safetensors"},
-    {"xt.npy", "golden/mha_torch_prefix_mask/x.npy"},
-    {"mt.npy", "golden/mha_torch_prefix_mask/mask.npy"},
-    {"ws.safetensors", "golden/mha_separate_t1/weights.safetensors"},
-    {"xs.npy", "golden/mha_separate_t1/x.npy"},
-    {"q.npy", "golden/sdpa_cross_mask/q.npy"},
-    {"k.npy", "golden/sdpa_cross_mask/k.npy"},
-    {"v.npy", "golden/sdpa_cross_mask/v.npy"},
-    {"m.npy", "golden/sdpa_cross_mask/mask.npy"},
-    {"q3.npy", "golden/sdpa_3d_decode/q.npy"},
-    {"k3.npy", "golden/sdpa_3d_decode/k.npy"},
-    {"v3.npy", "golden/sdpa_3d_decode/v.npy"},
-    {"m3.npy", "golden/sdpa_3d_decode/mask.npy"},
-    {"i32.npy", "files/ref_i32.npy"},
-    {"bool.npy", "files/ref_bool.npy"},
-    {"bad.npy", "files/bad_dict.npy"},
-    {"bad.safetensors", "files/bad_st_overlap.safetensors"},
-};
-#define NFILES ((int)(sizeof(data_files) / sizeof(data_files[0])))
+/* The files every input can name, read from fuzz/cli_files.txt at start-up. */
+#define MAX_FILES 64
+static char data_files[MAX_FILES][2][256]; /* { name in the work directory, source } */
+static int n_files = 0;
+
+static void read_file_list(void)
+{
+    char list[4096];
+    snprintf(list, sizeof(list), "%s/cli_files.txt", ATTN_FUZZ_DIR);
+    FILE *f = fopen(list, "r");
+    if (!f) {
+        perror(list);
+        exit(2);
+    }
+    char line[600];
+    while (fgets(line, sizeof(line), f) && n_files < MAX_FILES) {
+        if (line[0] == '#' || line[0] == '\n')
+            continue;
+        char *tab = strchr(line, '\t');
+        if (!tab)
+            continue;
+        *tab = '\0';
+        tab[strcspn(tab + 1, "\r\n") + 1] = '\0';
+        snprintf(data_files[n_files][0], sizeof(data_files[0][0]), "%s", line);
+        snprintf(data_files[n_files][1], sizeof(data_files[0][1]), "%s", tab + 1);
+        n_files++;
+    }
+    fclose(f);
+    if (n_files == 0) {
+        fprintf(stderr, "%s: no files listed\n", list);
+        exit(2);
+    }
+}
 
 typedef struct held_file {
     unsigned char *bytes;
@@ -64,7 +74,7 @@ typedef struct held_file {
     ino_t ino;
 } held_file;
 
-static held_file held[NFILES];
+static held_file held[MAX_FILES];
 
 static void write_file(const char *name, const unsigned char *b, size_t n)
 {
@@ -92,7 +102,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    for (int i = 0; i < NFILES; i++) {
+    read_file_list();
+    for (int i = 0; i < n_files; i++) {
         char src[4096];
         snprintf(src, sizeof(src), "%s/%s", ATTN_FUZZ_DATA_DIR, data_files[i][1]);
         FILE *f = fopen(src, "rb");
@@ -117,7 +128,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         perror("fuzz: chdir");
         exit(2);
     }
-    for (int i = 0; i < NFILES; i++)
+    for (int i = 0; i < n_files; i++)
         put_data_file(i);
     return 0;
 }
@@ -125,7 +136,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 /* Puts the directory back as Initialize left it. */
 static void restore_dir(void)
 {
-    for (int i = 0; i < NFILES; i++) {
+    for (int i = 0; i < n_files; i++) {
         struct stat sb;
         if (stat(data_files[i][0], &sb) != 0 || sb.st_ino != held[i].ino ||
             (size_t)sb.st_size != held[i].size)
@@ -139,7 +150,7 @@ static void restore_dir(void)
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
         int known = 0;
-        for (int i = 0; i < NFILES && !known; i++)
+        for (int i = 0; i < n_files && !known; i++)
             known = strcmp(e->d_name, data_files[i][0]) == 0;
         if (!known && remove(e->d_name) != 0)
             rmdir(e->d_name);

@@ -5,7 +5,8 @@
  * crash, leak or read outside its buffers); a failure must leave a message in ctx.
  * An array it accepts must be what the header says it is (1..4 dims, sizes >= 1,
  * C-contiguous) with every byte readable, and must survive a round trip through
- * attn_npy_save and attn_npy_load bit for bit.
+ * attn_npy_save and attn_npy_load bit for bit. Half of the inputs run with one
+ * allocation failing (see fuzz_ctx_init): the loader must then fail cleanly.
  */
 /* fuzz_util.h first: it asks for _GNU_SOURCE (memfd_create) before any header. */
 #include "fuzz_util.h"
@@ -41,12 +42,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *path = fuzz_bytes_as_file(data, size);
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    fuzz_alloc fa;
+    fuzz_ctx_init(&ctx, &fa, data, size);
     attn_array a;
     int st = attn_npy_load(&ctx, path, &a);
     if (st != ATTN_OK) {
         FUZZ_CHECK_FAILURE(ctx, st);
         FUZZ_ASSERT(a.buffer == NULL);
+        FUZZ_ASSERT(st != ATTN_STATUS_NO_MEMORY || fa.failed);
         return 0;
     }
     const attn_tensor *t = &a.tensor;

@@ -9,7 +9,8 @@
  * and every tensor is read with attn_safetensors_get, which either fails with a
  * message or gives a C-contiguous array whose bytes are all readable. The readable
  * tensors are then saved with attn_safetensors_save, and reopening that file must
- * give the same names, shapes and bytes.
+ * give the same names, shapes and bytes. Half of the inputs run with one allocation
+ * failing (see fuzz_ctx_init): every call must then fail cleanly or succeed.
  */
 /* fuzz_util.h first: it asks for _GNU_SOURCE (memfd_create) before any header. */
 #include "fuzz_util.h"
@@ -64,12 +65,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *path = fuzz_bytes_as_file(data, size);
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    fuzz_alloc fa;
+    fuzz_ctx_init(&ctx, &fa, data, size);
     attn_safetensors *st = NULL;
     int rc = attn_safetensors_open(&ctx, path, &st);
     if (rc != ATTN_OK) {
         FUZZ_CHECK_FAILURE(ctx, rc);
         FUZZ_ASSERT(st == NULL);
+        FUZZ_ASSERT(rc != ATTN_STATUS_NO_MEMORY || fa.failed);
         return 0;
     }
     int64_t n = attn_safetensors_count(st);
@@ -88,6 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc != ATTN_OK) {
             FUZZ_CHECK_FAILURE(ctx, rc);
             FUZZ_ASSERT(a.buffer == NULL);
+            FUZZ_ASSERT(rc != ATTN_STATUS_NO_MEMORY || fa.failed);
             continue;
         }
         const attn_tensor *t = &a.tensor;
@@ -110,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK_FAILURE(ctx, rc);
     else if (rc == ATTN_OK)
         attn_array_free(&ctx, &none);
-    if (nkeep > 0)
+    if (nkeep > 0 && !fa.failed)
         round_trip(keep_names, keep, nkeep);
     for (int i = 0; i < nkeep; i++)
         attn_array_free(&ctx, &keep[i]);

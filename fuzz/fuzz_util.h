@@ -21,6 +21,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "attn.h"
+
 /* Writes n bytes into the process's memfd and returns its path (static storage).
  * Exits the process when the memfd cannot be made: a broken harness, not a finding. */
 static inline const char *fuzz_bytes_as_file(const uint8_t *data, size_t n)
@@ -104,5 +106,48 @@ static inline const char *fuzz_work_dir(void)
         FUZZ_ASSERT((ctx).status == (st));                                            \
         FUZZ_ASSERT((ctx).message[0] != '\0');                                        \
     } while (0)
+
+/* ---- allocation failures ---------------------------------------------------------
+ *
+ * Half of the inputs also run with an allocator that fails one allocation: which
+ * one (the 1st .. 8th) is decided by a hash of the input, so a crash reproduces from
+ * the input alone. Error paths after a failed allocation are where leaks and
+ * double frees hide; LeakSanitizer (on in these builds) reports a leak as a crash. */
+typedef struct fuzz_alloc {
+    long count;   /* allocations so far */
+    long fail_at; /* the one that fails (1-based), or 0 for none */
+    int failed;   /* it happened */
+} fuzz_alloc;
+
+static void *fuzz_alloc_fn(void *user, size_t size)
+{
+    fuzz_alloc *fa = user;
+    if (++fa->count == fa->fail_at) {
+        fa->failed = 1;
+        return NULL;
+    }
+    return malloc(size);
+}
+
+static void fuzz_free_fn(void *user, void *ptr)
+{
+    (void)user;
+    free(ptr);
+}
+
+/* attn_ctx_init plus the failing allocator chosen by the input's FNV-1a hash. */
+static inline void fuzz_ctx_init(attn_ctx *ctx, fuzz_alloc *fa, const uint8_t *data,
+                                 size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ data[i]) * 1099511628211ull;
+    memset(fa, 0, sizeof(*fa));
+    fa->fail_at = (h >> 32) % 16 >= 8 ? (long)((h >> 32) % 8) + 1 : 0;
+    attn_ctx_init(ctx);
+    ctx->allocator.alloc = fuzz_alloc_fn;
+    ctx->allocator.free = fuzz_free_fn;
+    ctx->allocator.user = fa;
+}
 
 #endif /* ATTN_FUZZ_UTIL_H */

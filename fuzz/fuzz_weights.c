@@ -11,7 +11,9 @@
  * For any input the loader returns a status, with a message on failure and w all
  * zero; on success the four weights fit each other and num_heads
  * (attn_mha_weights_check agrees), and a small forward pass with them (x [1, 3, E]
- * with a causal mask, for E up to 64) runs and fills the output.
+ * with a causal mask, for E up to 64) runs and fills the output. Half of the inputs
+ * run with one allocation failing (see fuzz_ctx_init): the loader must then fail
+ * cleanly, with w cleared and nothing leaked.
  */
 /* fuzz_util.h first: it asks for _GNU_SOURCE (memfd_create) before any header. */
 #include "fuzz_util.h"
@@ -83,13 +85,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *path = fuzz_bytes_as_file(file, fsize);
 
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    fuzz_alloc fa;
+    fuzz_ctx_init(&ctx, &fa, data, size);
     attn_mha_weights w;
     memset(&w, 0xa5, sizeof(w)); /* the loader must clear what it does not fill */
     int rc = attn_weights_load(&ctx, path, prefix, H, &w);
     if (rc != ATTN_OK) {
         FUZZ_CHECK_FAILURE(ctx, rc);
         FUZZ_ASSERT(all_zero(&w, sizeof(w)));
+        FUZZ_ASSERT(rc != ATTN_STATUS_NO_MEMORY || fa.failed);
         return 0;
     }
     int64_t E = -1;

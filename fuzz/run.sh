@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fuzz/run.sh TARGET SECONDS - runs one libFuzzer target (npy, safetensors, weights
-# or cli) built by fuzz/build.sh for a bounded time, against a copy of its committed
+# or cli; the fuzz_ prefix may be given too) built by fuzz/build.sh for a bounded time, against a copy of its committed
 # seed corpus fuzz/corpus/TARGET/ (the copy grows; the committed corpus does not).
 #
 # Exits 0 when the time ran out without a finding, non-zero on a finding (a crash,
@@ -18,7 +18,7 @@ if [ $# -lt 2 ]; then
     echo "usage: fuzz/run.sh npy|safetensors|weights|cli SECONDS [libFuzzer flags]" >&2
     exit 2
 fi
-target=$1
+target=${1#fuzz_} # "fuzz_npy" (the source's name, as .ci/run passes it) or "npy"
 secs=$2
 shift 2
 case "$target" in npy|safetensors|weights|cli) ;; *)
