@@ -137,12 +137,21 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
     pthread_mutex_unlock(&pool.lock);
 }
 
-int attn_threads_online(void)
+/* sysconf(_SC_NPROCESSORS_ONLN) reads /sys on Linux (a microsecond, more than the
+ * chapter's whole problem), so it is asked once per process. */
+static pthread_once_t online_once = PTHREAD_ONCE_INIT;
+static int online_cores = 1;
+
+static void online_count(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 1)
-        return 1;
-    return n > ATTN_POOL_MAX + 1 ? ATTN_POOL_MAX + 1 : (int)n;
+    online_cores = n < 1 ? 1 : n > ATTN_POOL_MAX + 1 ? ATTN_POOL_MAX + 1 : (int)n;
+}
+
+int attn_threads_online(void)
+{
+    pthread_once(&online_once, online_count);
+    return online_cores;
 }
 
 int attn_threads_resolve(const attn_ctx *ctx)
