@@ -811,6 +811,31 @@ int attn_cmd_bench(int argc, char **argv)
                 (long long)E, (long long)NH);
         return 2;
     }
+    const int is_custom = custom.Tq || custom.Tk || custom.D;
+    if (is_custom) {
+        if (!custom.Tq || !custom.D) {
+            fprintf(stderr, "attn bench: a custom shape needs --query-len and --head-dim\n");
+            return 2;
+        }
+        if (!custom.Tk)
+            custom.Tk = custom.Tq;
+        custom.causal = causal;
+        custom.padding = padding;
+        if (causal && custom.Tq != custom.Tk) {
+            fprintf(stderr, "attn bench: --causal needs Tq == Tk, got %lld and %lld\n",
+                    (long long)custom.Tq, (long long)custom.Tk);
+            return 2;
+        }
+    }
+    if (shape_name && strcmp(shape_name, "all")) {
+        int known = 0;
+        for (size_t x = 0; x < sizeof spec_shapes / sizeof spec_shapes[0]; x++)
+            known |= !strcmp(shape_name, spec_shapes[x].name);
+        if (!known) {
+            fprintf(stderr, "attn bench: unknown shape '%s' (S1 .. S6 or all)\n", shape_name);
+            return 2;
+        }
+    }
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     ctx.threads = o.threads;
@@ -835,32 +860,13 @@ int attn_cmd_bench(int argc, char **argv)
         int rc = bench_bandwidth(&o);
         return rc ? rc : bench_sdpa(&spec_shapes[4], &o);
     }
-    if (custom.Tq || custom.Tk || custom.D) {
-        if (!custom.Tq || !custom.D) {
-            fprintf(stderr, "attn bench: a custom shape needs --query-len and --head-dim\n");
-            return 2;
-        }
-        if (!custom.Tk)
-            custom.Tk = custom.Tq;
-        custom.causal = causal;
-        custom.padding = padding;
-        if (causal && custom.Tq != custom.Tk) {
-            fprintf(stderr, "attn bench: --causal needs Tq == Tk, got %lld and %lld\n",
-                    (long long)custom.Tq, (long long)custom.Tk);
-            return 2;
-        }
+    if (is_custom)
         return bench_sdpa(&custom, &o) ? 1 : 0;
-    }
-    int status = 0, found = 0;
+    int status = 0;
     for (size_t x = 0; x < sizeof spec_shapes / sizeof spec_shapes[0]; x++) {
         if (shape_name && strcmp(shape_name, "all") && strcmp(shape_name, spec_shapes[x].name))
             continue;
-        found = 1;
         status |= bench_sdpa(&spec_shapes[x], &o);
-    }
-    if (!found) {
-        fprintf(stderr, "attn bench: unknown shape '%s' (S1 .. S6 or all)\n", shape_name);
-        return 2;
     }
     return status ? 1 : 0;
 }
