@@ -304,6 +304,24 @@ typedef struct options {
 
 static int header_done = 0;
 
+/* s as the inside of a JSON string (quotes, backslashes and control characters
+ * escaped; the reason may echo an ATTN_ARCH value the user typed). */
+static const char *json_escape(const char *s, char *buf, size_t size)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < size; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            n += (size_t)snprintf(buf + n, size - n, "\\%c", c);
+        else if (c < 0x20)
+            n += (size_t)snprintf(buf + n, size - n, "\\u%04x", c);
+        else
+            buf[n++] = (char)c;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 static void print_header(const options *o)
 {
     if (header_done++)
@@ -311,10 +329,12 @@ static void print_header(const options *o)
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     ctx.threads = o->threads;
+    char reason[1024];
     if (o->json) {
         printf("{\"kind\":\"setup\",\"default_arch\":\"%s\",\"reason\":\"%s\",\"threads\":%d,"
                "\"peak_gflops_1t\":%.1f,\"peak_gflops\":%.1f}\n",
-               attn_arch_name(attn_arch_selected(&ctx)), attn_arch_reason(&ctx),
+               attn_arch_name(attn_arch_selected(&ctx)),
+               json_escape(attn_arch_reason(&ctx), reason, sizeof reason),
                attn_threads_resolve(&ctx), o->peak1, o->peakn);
         return;
     }
