@@ -84,7 +84,7 @@
  * (fk_kv_head), so fewer key/value heads than query heads (GQA/MQA) is a change
  * there; a key/value cache is a K/V view longer than the query (Tq < Tk, already
  * allowed); a causal mask aligned to the bottom right is an offset (Tk - Tq) in
- * fk_causal_limit and fk_tile_kind.
+ * fk_causal_limit and in the causal loop of fk_scores.
  */
 #ifndef ATTN_FUSED_KERNEL_H
 #define ATTN_FUSED_KERNEL_H
@@ -308,11 +308,16 @@ static void fk_scores(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t 
                 strow[r] = -INFINITY;
             continue;
         }
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t i = i0 + r;
-            if ((s->causal && j >= fk_causal_limit(s, i)) ||
-                (s->mask.data && !s->mask.data[attn__off4(s->mask.stride, b, h, i, j)]))
+        int64_t r = 0;
+        if (s->causal) /* key j is hidden from the query rows i with i + 1 <= j */
+            for (const int64_t rc = fk_min(rows, j - i0); r < rc; r++)
                 strow[r] = -INFINITY;
+        if (s->mask.data) {
+            const uint8_t *mcol = s->mask.data + attn__off4(s->mask.stride, b, h, i0, j);
+            const int64_t ms2 = s->mask.stride[2];
+            for (; r < rows; r++)
+                if (!mcol[r * ms2])
+                    strow[r] = -INFINITY;
         }
     }
 }
