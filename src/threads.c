@@ -9,7 +9,8 @@
  * thread count or the schedule (tests/test_threads.c checks that bit for bit).
  *
  * Two callers on different threads do not share the pool: the second one, finding
- * it busy, runs its items on its own thread. Nothing here allocates; the kernel's
+ * it busy, runs its items on its own thread. A child of fork() starts with an
+ * empty pool (its workers did not survive the fork). Nothing here allocates; the kernel's
  * scratch is allocated by the caller, one slice per worker.
  */
 #include "fused.h"
@@ -77,9 +78,31 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* A child of fork() has none of the parent's workers: it starts with an empty,
+ * idle pool (and fresh locks, which the fork may have caught held). */
+static void pool_after_fork_child(void)
+{
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.started = 0;
+    pool.job = NULL;
+    pool.participants = 0;
+    pool.active = 0;
+    pool.busy = 0;
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void pool_register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
+}
+
 /* With pool.lock held: makes sure workers 1 .. want exist; returns how many do. */
 static int pool_grow(int want)
 {
+    pthread_once(&atfork_once, pool_register_atfork);
     while (pool.started < want) {
         pthread_attr_t attr;
         pthread_t thread;

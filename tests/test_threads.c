@@ -6,9 +6,13 @@
  * the shapes only, and every sum has one order, so any thread count must give the
  * same bits; these tests compare with memcmp, not with a tolerance.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "check.h"
 #include "fused.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -143,6 +147,32 @@ static void test_pool(void)
     }
 }
 
+static void test_fork(void)
+{
+    TEST("after fork() the child's pool starts empty and works (the parent's workers "
+         "do not exist there)");
+    static count_arg c;
+    memset(&c, 0, sizeof c);
+    c.threads = 2;
+    attn__parallel_for(2, 100, count_item, &c); /* the parent's pool has a worker now */
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20); /* a deadlock would otherwise hang the test */
+        memset(&c, 0, sizeof c);
+        c.threads = 2;
+        attn__parallel_for(2, 1000, count_item, &c);
+        int once = 1;
+        for (int64_t i = 0; i < 1000; i++)
+            once &= atomic_load(&c.hits[i]) == 1;
+        _exit(once ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0);
+    if (pid > 0)
+        waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static void test_small_problems(void)
 {
     TEST("the chapter's size (2x4x5x5, D=4) runs on one thread; large problems use "
@@ -162,6 +192,7 @@ static void test_small_problems(void)
 int main(void)
 {
     test_pool();
+    test_fork();
     test_small_problems();
     test_sdpa_bits();
     test_linear_bits();
