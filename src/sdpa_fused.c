@@ -25,6 +25,8 @@ const attn__fused_kernel attn__fused_kernel_scalar = {
 /* Query rows and keys per tile; see the contract in src/fused_kernel.h. */
 #define ATTN_FUSED_BR 64
 #define ATTN_FUSED_BC 64
+/* Scratch up to this many floats lives on the stack (4 KiB). */
+#define ATTN_FUSED_STACK_FLOATS 1024
 /* Up to this many query rows, the row path (see src/fused_kernel.h). */
 #define ATTN_FUSED_ROW_MAX 8
 
@@ -83,23 +85,25 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
     const int threads = attn__threads_for(ctx, flops, n_items);
 
     job.ws_floats = kern->ws_floats(&job);
+    /* One allocation: per-thread empty-row records, then per-thread scratch. A
+     * problem as small as the chapter's uses the stack instead, so that it pays for
+     * no allocation at all. */
     int64_t total;
-    size_t ws_bytes, empty_bytes;
+    size_t bytes;
     if (!attn__mul_i64(job.ws_floats, threads, &total) ||
-        !attn__bytes(total, sizeof(float), &ws_bytes) ||
-        !attn__bytes(threads, sizeof(int64_t), &empty_bytes))
+        !attn__bytes(total + 2 * (int64_t)threads, sizeof(float), &bytes))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "fused attention scratch of %lld floats x %d threads overflows",
                           (long long)job.ws_floats, threads);
-    job.ws = (float *)attn__alloc(ctx, ws_bytes, "fused attention scratch");
-    job.empty_first = (int64_t *)attn__alloc(ctx, empty_bytes, "fused attention state");
-    if (!job.ws || !job.empty_first) {
-        if (job.ws)
-            attn__free(ctx, job.ws);
-        if (job.empty_first)
-            attn__free(ctx, job.empty_first);
-        return ATTN_STATUS_NO_MEMORY;
+    int64_t small[ATTN_FUSED_STACK_FLOATS / 2];
+    void *block = small;
+    if (bytes > sizeof small) {
+        block = attn__alloc(ctx, bytes, "fused attention scratch");
+        if (!block)
+            return ATTN_STATUS_NO_MEMORY;
     }
+    job.empty_first = (int64_t *)block;
+    job.ws = (float *)(job.empty_first + threads);
     for (int t = 0; t < threads; t++)
         job.empty_first[t] = INT64_MAX;
 
@@ -109,8 +113,8 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
     for (int t = 0; t < threads; t++)
         if (job.empty_first[t] < empty)
             empty = job.empty_first[t];
-    attn__free(ctx, job.ws);
-    attn__free(ctx, job.empty_first);
+    if (block != small)
+        attn__free(ctx, block);
 
     if (empty != INT64_MAX && s.empty_rows == ATTN_EMPTY_ROWS_ERROR) {
         const int64_t bh = empty / s.Tq;
