@@ -43,6 +43,10 @@ int attn__threads_for(const attn_ctx *ctx, double flops, int64_t n_items);
  * The fused attention kernel (src/sdpa_fused*.c, body in src/fused_kernel.h)
  * ---------------------------------------------------------------------------- */
 
+/* Up to this many query rows, the fused kernel takes its row path (see
+ * src/fused_kernel.h): a decoding step, the chapter's toy size. */
+#define ATTN__FUSED_ROW_MAX 8
+
 /* One call's plan and data, filled by src/sdpa_fused.c and read by every worker. */
 typedef struct attn__fused_job {
     const attn__sdpa_shapes *s;

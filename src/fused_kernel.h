@@ -74,11 +74,12 @@
  * weights (zeros for hidden tiles and empty rows). No [Tq, Tk] scratch is used.
  *
  * The row path (job->row_path) serves problems with a handful of query rows
- * (ATTN_FUSED_ROW_MAX in sdpa_fused.c), such as one decoding step against a cache
+ * (ATTN__FUSED_ROW_MAX in fused.h), such as one decoding step against a cache
  * (S5) or the chapter's toy size: one item is one (b, h) and its few query rows;
  * K and V rows are read in place (unit stride along the head dim required) in two
- * streaming passes per row, the row's scores kept in a [Tk] scratch row, so the
- * bandwidth goes to K and V only. Tails along D and Dv use partial vector loads.
+ * streaming passes, the rows' scores kept in a [Tq][Tk] scratch block (Tq <= 8),
+ * so the bandwidth goes to K and V only. Tails along D and Dv use partial vector
+ * loads.
  *
  * Room to grow: the (b, h) of K and V is looked up in one place per item
  * (fk_kv_head), so fewer key/value heads than query heads (GQA/MQA) is a change
@@ -121,7 +122,7 @@ static int64_t fk_ws_floats(const attn__fused_job *job)
 {
     const attn__sdpa_shapes *s = job->s;
     if (job->row_path)
-        return fk_align(s->D) + fk_align(s->Tk) + fk_align(job->dvp);
+        return s->Tq * (fk_align(s->D) + fk_align(s->Tk)) + fk_align(job->dvp);
     return fk_align(job->br * s->D) + fk_align(job->bc * job->dvp) +
            fk_align(job->bc * job->br) + fk_align(job->br * job->dvp) +
            4 * fk_align(job->br);
@@ -580,119 +581,131 @@ FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const float *v, int64_t 
         simd_store(acc + c * SIMD_W, a[c]);
 }
 
-/* One query row i of (b, h) on the row path. */
-static void fk_row_one(const attn__fused_job *job, int64_t b, int64_t h, int64_t i,
-                       int worker)
-{
-    const attn__sdpa_shapes *s = job->s;
-    const int64_t D = s->D, Dv = s->Dv;
-    float *ws = job->ws + (int64_t)worker * job->ws_floats;
-    float *qrow = ws;
-    float *sc = qrow + fk_align(D);
-    float *acc = sc + fk_align(s->Tk);
-
-    int64_t kb_, kh_;
-    fk_kv_head(s, b, h, &kb_, &kh_);
-    const float *qsrc = job->q + attn__off4(s->q_s, b, h, i, 0);
-    const float *kb = job->k + kb_ * s->k_s[0] + kh_ * s->k_s[1];
-    const float *vb = job->v + kb_ * s->v_s[0] + kh_ * s->v_s[1];
-    float *orow = job->out + attn__off4(s->o_s, b, h, i, 0);
-    float *wrow = job->weights ? job->weights + attn__off4(s->w_s, b, h, i, 0) : NULL;
-
-    for (int64_t d = 0; d < D; d++)
-        qrow[d] = qsrc[d * s->q_s[3]];
-    const int64_t jn = s->causal ? fk_causal_limit(s, i) : s->Tk;
-    const uint8_t *mrow =
-        s->mask.data ? s->mask.data + attn__off4(s->mask.stride, b, h, i, 0) : NULL;
-
-    /* Pass 1 over K: scores and their max. Visibility comes from the mask, not the
-     * scores, so that a NaN score makes the row NaN rather than empty. */
-    float mx = -INFINITY;
-    int64_t visible = 0;
-    int64_t j = 0;
-    for (; j + 4 <= jn; j += 4)
-        fk_dot4(qrow, kb + j * s->k_s[2], s->k_s[2], D, s->scale, sc + j);
-    for (; j < jn; j++)
-        sc[j] = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
-    for (j = 0; j < jn; j++) {
-        float x = sc[j];
-        if (!mrow || mrow[j * s->mask.stride[3]]) {
-            visible++;
-            if (x != x)
-                mx = x;
-        } else {
-            x = sc[j] = -INFINITY;
-        }
-        mx = x > mx ? x : mx;
-    }
-    for (j = jn; j < s->Tk; j++)
-        sc[j] = -INFINITY;
-
-    if (visible == 0) {
-        const int64_t flat = (b * s->H + h) * s->Tq + i;
-        if (flat < job->empty_first[worker])
-            job->empty_first[worker] = flat;
-        for (int64_t e = 0; e < Dv; e++)
-            orow[e * s->o_s[3]] = 0.0f;
-        if (wrow)
-            for (j = 0; j < s->Tk; j++)
-                wrow[j * s->w_s[3]] = 0.0f;
-        return;
-    }
-
-    /* Softmax numerators and their sum (the tail through a partial vector whose
-     * other lanes are -inf, so they add exp(-inf) = 0). */
-    const simd_f32 vm = simd_set1(mx);
-    simd_f32 vsum = simd_zero();
-    j = 0;
-    for (; j + SIMD_W <= jn; j += SIMD_W) {
-        simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(sc + j), vm));
-        simd_store(sc + j, p);
-        vsum = simd_add(vsum, p);
-    }
-    if (j < jn) {
-        simd_f32 p = simd_exp_nonpos(simd_sub(simd_load_n(sc + j, jn - j, -INFINITY), vm));
-        simd_store_n(sc + j, p, jn - j);
-        vsum = simd_add(vsum, p);
-    }
-    const float inv = 1.0f / simd_hsum(vsum);
-
-    /* Pass 2 over V: the weighted sum, skipping keys with weight 0; the sums of up
-     * to FK_ROW_NV vectors of columns stay in registers over all the keys. */
-    int64_t e0 = 0;
-    for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
-        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, FK_ROW_NV, SIMD_W);
-    for (; e0 < Dv; e0 += SIMD_W) {
-        const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
-        fk_row_pv(sc, jn, vb + e0, s->v_s[2], acc + e0, 1, last);
-    }
-    if (s->o_s[3] == 1) {
-        const simd_f32 vinv = simd_set1(inv);
-        int64_t e = 0;
-        for (; e + SIMD_W <= Dv; e += SIMD_W)
-            simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
-        if (e < Dv)
-            simd_store_n(orow + e, simd_mul(simd_load(acc + e), vinv), Dv - e);
-    } else {
-        for (int64_t e = 0; e < Dv; e++)
-            orow[e * s->o_s[3]] = acc[e] * inv;
-    }
-    if (wrow) {
-        for (j = 0; j < jn; j++)
-            wrow[j * s->w_s[3]] = sc[j] * inv;
-        for (; j < s->Tk; j++)
-            wrow[j * s->w_s[3]] = 0.0f;
-    }
-}
-
-/* One (b, h) on the row path: its few query rows one after the other, so that
- * they share the head's K and V in cache. */
+/* One (b, h) on the row path: its few query rows (at most ATTN__FUSED_ROW_MAX),
+ * in three phases over all the rows - scores, softmax, weighted sum - so that the
+ * rows' independent work overlaps in the core instead of one short row waiting on
+ * its own chain of latencies. K and V are read in place. */
 static void fk_row_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_job *job = (const attn__fused_job *)arg;
     const attn__sdpa_shapes *s = job->s;
-    for (int64_t i = 0; i < s->Tq; i++)
-        fk_row_one(job, item / s->H, item % s->H, i, worker);
+    const int64_t b = item / s->H, h = item % s->H;
+    const int64_t D = s->D, Dv = s->Dv, Tq = s->Tq, Tk = s->Tk;
+    const int64_t ldq = fk_align(D), ldsc = fk_align(Tk);
+    float *ws = job->ws + (int64_t)worker * job->ws_floats;
+    float *qrows = ws;               /* [Tq][ldq] */
+    float *scores = qrows + Tq * ldq; /* [Tq][ldsc] */
+    float *acc = scores + Tq * ldsc;  /* [dvp] */
+
+    int64_t kb_, kh_;
+    fk_kv_head(s, b, h, &kb_, &kh_);
+    const float *kb = job->k + kb_ * s->k_s[0] + kh_ * s->k_s[1];
+    const float *vb = job->v + kb_ * s->v_s[0] + kh_ * s->v_s[1];
+    float inv[ATTN__FUSED_ROW_MAX]; /* 1 / l per row, 0 for an empty row */
+    int64_t jn[ATTN__FUSED_ROW_MAX];
+
+    /* Phase 1, over K: scores. */
+    for (int64_t i = 0; i < Tq; i++) {
+        const float *qsrc = job->q + attn__off4(s->q_s, b, h, i, 0);
+        float *qrow = qrows + i * ldq, *sc = scores + i * ldsc;
+        for (int64_t d = 0; d < D; d++)
+            qrow[d] = qsrc[d * s->q_s[3]];
+        jn[i] = s->causal ? fk_causal_limit(s, i) : Tk;
+        int64_t j = 0;
+        for (; j + 4 <= jn[i]; j += 4)
+            fk_dot4(qrow, kb + j * s->k_s[2], s->k_s[2], D, s->scale, sc + j);
+        for (; j < jn[i]; j++)
+            sc[j] = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
+    }
+
+    /* Phase 2: the mask, the max, the softmax numerators and 1 / their sum.
+     * Visibility comes from the mask, not the scores, so that a NaN score makes
+     * its row NaN rather than empty. */
+    for (int64_t i = 0; i < Tq; i++) {
+        float *sc = scores + i * ldsc;
+        const uint8_t *mrow =
+            s->mask.data ? s->mask.data + attn__off4(s->mask.stride, b, h, i, 0) : NULL;
+        float m = -INFINITY;
+        int64_t visible = 0, j;
+        for (j = 0; j < jn[i]; j++) {
+            float x = sc[j];
+            if (!mrow || mrow[j * s->mask.stride[3]]) {
+                visible++;
+                if (x != x)
+                    m = x;
+            } else {
+                x = sc[j] = -INFINITY;
+            }
+            m = x > m ? x : m;
+        }
+        for (; j < Tk; j++)
+            sc[j] = -INFINITY;
+        if (visible == 0) {
+            inv[i] = 0.0f; /* marks the row empty (l is never 0 otherwise) */
+            continue;
+        }
+        /* The tail through a partial vector whose other lanes are -inf, so they
+         * add exp(-inf) = 0. */
+        const simd_f32 vm = simd_set1(m);
+        simd_f32 vsum = simd_zero();
+        j = 0;
+        for (; j + SIMD_W <= jn[i]; j += SIMD_W) {
+            simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(sc + j), vm));
+            simd_store(sc + j, p);
+            vsum = simd_add(vsum, p);
+        }
+        if (j < jn[i]) {
+            simd_f32 p =
+                simd_exp_nonpos(simd_sub(simd_load_n(sc + j, jn[i] - j, -INFINITY), vm));
+            simd_store_n(sc + j, p, jn[i] - j);
+            vsum = simd_add(vsum, p);
+        }
+        inv[i] = 1.0f / simd_hsum(vsum);
+    }
+
+    /* Phase 3, over V: the weighted sum, skipping keys with weight 0; the sums of
+     * up to FK_ROW_NV vectors of columns stay in registers over all the keys. */
+    for (int64_t i = 0; i < Tq; i++) {
+        const float *sc = scores + i * ldsc;
+        float *orow = job->out + attn__off4(s->o_s, b, h, i, 0);
+        float *wrow = job->weights ? job->weights + attn__off4(s->w_s, b, h, i, 0) : NULL;
+        if (inv[i] == 0.0f) {
+            const int64_t flat = (b * s->H + h) * Tq + i;
+            if (flat < job->empty_first[worker])
+                job->empty_first[worker] = flat;
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = 0.0f;
+            if (wrow)
+                for (int64_t j = 0; j < Tk; j++)
+                    wrow[j * s->w_s[3]] = 0.0f;
+            continue;
+        }
+        int64_t e0 = 0;
+        for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
+            fk_row_pv(sc, jn[i], vb + e0, s->v_s[2], acc + e0, FK_ROW_NV, SIMD_W);
+        for (; e0 < Dv; e0 += SIMD_W) {
+            const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
+            fk_row_pv(sc, jn[i], vb + e0, s->v_s[2], acc + e0, 1, last);
+        }
+        if (s->o_s[3] == 1) {
+            const simd_f32 vinv = simd_set1(inv[i]);
+            int64_t e = 0;
+            for (; e + SIMD_W <= Dv; e += SIMD_W)
+                simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
+            if (e < Dv)
+                simd_store_n(orow + e, simd_mul(simd_load(acc + e), vinv), Dv - e);
+        } else {
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = acc[e] * inv[i];
+        }
+        if (wrow) {
+            int64_t j = 0;
+            for (; j < jn[i]; j++)
+                wrow[j * s->w_s[3]] = sc[j] * inv[i];
+            for (; j < Tk; j++)
+                wrow[j * s->w_s[3]] = 0.0f;
+        }
+    }
 }
 
 static void fk_exp_nonpos(const float *x, float *y, int64_t n)

@@ -27,8 +27,6 @@ const attn__fused_kernel attn__fused_kernel_scalar = {
 #define ATTN_FUSED_BC 64
 /* Scratch up to this many floats lives on the stack (4 KiB). */
 #define ATTN_FUSED_STACK_FLOATS 1024
-/* Up to this many query rows, the row path (see src/fused_kernel.h). */
-#define ATTN_FUSED_ROW_MAX 8
 
 static const attn__fused_kernel *fused_kernel_for(attn_arch arch)
 {
@@ -67,7 +65,7 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
 
     /* A handful of query rows (a decoding step, the chapter's toy size): one item
      * per row, K and V streamed in place. */
-    job.row_path = s.Tq <= ATTN_FUSED_ROW_MAX && s.k_s[3] == 1 && s.v_s[3] == 1;
+    job.row_path = s.Tq <= ATTN__FUSED_ROW_MAX && s.k_s[3] == 1 && s.v_s[3] == 1;
     int64_t n_items;
     if (job.row_path) {
         n_items = s.B * s.H;
