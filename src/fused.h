@@ -84,6 +84,10 @@ extern const attn__fused_kernel attn__fused_kernel_avx2;
 extern const attn__fused_kernel attn__fused_kernel_avx512;
 #endif
 
+/* The build of the kernel for arch (REF gives the portable one), or NULL when
+ * this library was built without it (AVX2/AVX-512 off x86-64). */
+const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
+
 /* The fused kernel for an already resolved arch (SCALAR, AVX2 or AVX512). */
 int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
                           const attn_tensor *k, const attn_tensor *v,

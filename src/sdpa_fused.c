@@ -28,7 +28,7 @@ const attn__fused_kernel attn__fused_kernel_scalar = {
 /* Scratch up to this many floats lives on the stack (4 KiB). */
 #define ATTN_FUSED_STACK_FLOATS 1024
 
-static const attn__fused_kernel *fused_kernel_for(attn_arch arch)
+const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch)
 {
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
@@ -36,8 +36,9 @@ static const attn__fused_kernel *fused_kernel_for(attn_arch arch)
     if (arch == ATTN_ARCH_AVX2)
         return &attn__fused_kernel_avx2;
 #endif
-    (void)arch;
-    return &attn__fused_kernel_scalar;
+    if (arch == ATTN_ARCH_SCALAR || arch == ATTN_ARCH_REF)
+        return &attn__fused_kernel_scalar;
+    return NULL;
 }
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -51,7 +52,9 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
     int status = attn__sdpa_prepare(ctx, q, k, v, p, out, weights, &s);
     if (status != ATTN_OK)
         return status;
-    const attn__fused_kernel *kern = fused_kernel_for(arch);
+    const attn__fused_kernel *kern = attn__fused_kernel_for(arch);
+    if (!kern) /* never for an arch attn__arch_resolve() gave */
+        kern = &attn__fused_kernel_scalar;
 
     attn__fused_job job;
     memset(&job, 0, sizeof job);

@@ -18,12 +18,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#if defined(__x86_64__) && !defined(ATTN_HAVE_X86)
-/* Built into the library on x86-64 (fused.h declares them for the library only). */
-extern const attn__fused_kernel attn__fused_kernel_avx2;
-extern const attn__fused_kernel attn__fused_kernel_avx512;
-#endif
-
 /* Distance in units in the last place of the float nearest to `want`. */
 static double ulp_error(float got, double want)
 {
@@ -76,12 +70,9 @@ int main(void)
 {
     TEST("the kernel's e^x is within 2 ulp on [-87.33, 0], exactly 1 at 0 and 0 at -inf, "
          "0 below the normal range, NaN for NaN, on every path");
-    check_kernel(&attn__fused_kernel_scalar);
-#ifdef __x86_64__
-    if (attn_arch_supported(ATTN_ARCH_AVX2))
-        check_kernel(&attn__fused_kernel_avx2);
-    if (attn_arch_supported(ATTN_ARCH_AVX512))
-        check_kernel(&attn__fused_kernel_avx512);
-#endif
+    const attn_arch archs[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int a = 0; a < 3; a++)
+        if (attn_arch_supported(archs[a]) && attn__fused_kernel_for(archs[a]))
+            check_kernel(attn__fused_kernel_for(archs[a]));
     return check_summary("test_fused_exp");
 }
