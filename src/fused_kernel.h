@@ -10,7 +10,8 @@
  *     FK_MR   query rows per micro-tile of the weighted sum
  *     FK_NV   vectors of value columns per micro-tile of the weighted sum
  *
- * and then exports the two static functions below through an attn__fused_kernel.
+ * and then exports fk_ws_floats, fk_item and fk_exp_nonpos (below) through an
+ * attn__fused_kernel.
  *
  * THE CONTRACT
  *
