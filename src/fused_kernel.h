@@ -146,6 +146,36 @@ static int64_t fk_causal_limit(const attn__sdpa_shapes *s, int64_t i)
     return fk_min(s->Tk, i + 1);
 }
 
+/* How many (i, j) of rows [i0, i1) x keys [j0, j1) the mask and the causal flag
+ * let through. */
+static int64_t fk_mask_allowed(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
+                               int64_t i1, int64_t j0, int64_t j1)
+{
+    int64_t allowed = 0;
+    const int64_t ms3 = s->mask.stride[3];
+    if (s->mask.stride[2] == 0 && j1 - j0 <= 64) {
+        /* The same row for every query (a padding mask [B, 1, 1, Tk]): count it
+         * once, as prefix sums, and read each row's causal span from them. */
+        int64_t prefix[65];
+        const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, 0, 0);
+        prefix[0] = 0;
+        for (int64_t j = j0; j < j1; j++)
+            prefix[j - j0 + 1] = prefix[j - j0] + (mrow[j * ms3] != 0);
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
+            allowed += je > j0 ? prefix[je - j0] : 0;
+        }
+        return allowed;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, i, 0);
+        const int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
+        for (int64_t j = j0; j < je; j++)
+            allowed += mrow[j * ms3] != 0;
+    }
+    return allowed;
+}
+
 /* Classifies the tile rows [i0, i1) x keys [j0, j1); nkp is the padded key count. */
 static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
                         int64_t i1, int64_t j0, int64_t j1, int64_t nkp)
@@ -157,14 +187,7 @@ static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_
         partial = 1;
     if (!s->mask.data)
         return partial ? FK_PARTIAL : FK_FULL;
-    int64_t allowed = 0;
-    const int64_t ms3 = s->mask.stride[3];
-    for (int64_t i = i0; i < i1; i++) {
-        const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, i, 0);
-        int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
-        for (int64_t j = j0; j < je; j++)
-            allowed += mrow[j * ms3] != 0;
-    }
+    const int64_t allowed = fk_mask_allowed(s, b, h, i0, i1, j0, j1);
     if (allowed == 0)
         return FK_SKIP;
     if (allowed != (i1 - i0) * (j1 - j0))
@@ -317,9 +340,15 @@ static void fk_scores(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t 
         if (s->mask.data) {
             const uint8_t *mcol = s->mask.data + attn__off4(s->mask.stride, b, h, i0, j);
             const int64_t ms2 = s->mask.stride[2];
-            for (; r < rows; r++)
-                if (!mcol[r * ms2])
-                    strow[r] = -INFINITY;
+            if (ms2 == 0) { /* one value for the whole column */
+                if (!mcol[0])
+                    for (; r < rows; r++)
+                        strow[r] = -INFINITY;
+            } else {
+                for (; r < rows; r++)
+                    if (!mcol[r * ms2])
+                        strow[r] = -INFINITY;
+            }
         }
     }
 }
