@@ -200,17 +200,20 @@ static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_
 static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
                        int64_t nr, float *qt)
 {
-    const int64_t D = s->D;
-    for (int64_t r = 0; r < nr; r++) {
-        float *dst = qt + (r / FK_QW) * D * FK_QW + (r % FK_QW);
-        int64_t i = i0 + r;
-        if (i < s->Tq) {
-            const float *src = qb + i * s->q_s[2];
-            for (int64_t d = 0; d < D; d++)
-                dst[d * FK_QW] = src[d * s->q_s[3]];
-        } else {
-            for (int64_t d = 0; d < D; d++)
-                dst[d * FK_QW] = 0.0f;
+    const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0);
+    /* Panel by panel, d outer: the writes run contiguously (FK_QW floats a d) and
+     * the strided reads stay within the panel's rows, which fit in L1. */
+    for (int64_t p0 = 0; p0 < nr; p0 += FK_QW) {
+        float *panel = qt + p0 * D;
+        const int64_t live = fk_min(FK_QW, rows - p0); /* may be <= 0 */
+        for (int64_t d = 0; d < D; d++) {
+            float *dst = panel + d * FK_QW;
+            const float *src = qb + (i0 + p0) * s->q_s[2] + d * s->q_s[3];
+            int64_t r = 0;
+            for (; r < live; r++)
+                dst[r] = src[r * s->q_s[2]];
+            for (; r < FK_QW; r++)
+                dst[r] = 0.0f;
         }
     }
 }
