@@ -48,7 +48,7 @@
  * Scratch per worker, caller-allocated, never allocated here: Q^T [br][D], the
  * value tile [bc][dvp], the scores/weights [bc][br], the output accumulator
  * [br][dvp] and m, l, the correction factor and 1/l, [br] each. With D = Dv = 64
- * that is under 64 KiB, which stays in L1/L2 while the key tiles stream.
+ * that is about 65 KiB, which stays in L2 while the key tiles stream.
  *
  * Tails: micro-kernels only ever see whole micro-tiles. Query rows past Tq are
  * packed as zeros (computed, never written); keys past Tk re-read the last key
