@@ -5,9 +5,9 @@
  *
  *   B in {1, 3}, H in {1, 2, 5}, Tq and Tk in {1, 3, 17, 64, 113, 255},
  *   D in {1, 4, 40, 64, 72, 128} (Dv = D, or for a third of the problems a value
- *   head dim of its own, Dv in {1, 17, 64, 130}), masks none / causal / padding / random /
- *   with fully masked rows, contiguous and strided views, every ISA path this
- *   machine can run, 1 and 2 threads.
+ *   head dim of its own, Dv in {1, 17, 64, 130}), masks none / causal / padding /
+ *   random / with fully masked rows, contiguous and strided views, every ISA path
+ *   this machine can run, 1 and 2 threads.
  *
  * Sampling: every (Tq, Tk, D, mask kind) is run (1080 problems, so every size meets
  * every mask; under a sanitizer, 216, each size with one mask kind in turn); B, H, the view kind and whether weights are asked for cycle with
