@@ -67,7 +67,7 @@ int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
     job.dvp = round_up(s.Dv, kern->width);
 
     /* A handful of query rows (a decoding step, the chapter's toy size): one item
-     * per row, K and V streamed in place. */
+     * per (b, h), its rows in turn, K and V streamed in place. */
     job.row_path = s.Tq <= ATTN__FUSED_ROW_MAX && s.k_s[3] == 1 && s.v_s[3] == 1;
     int64_t n_items;
     if (job.row_path) {
