@@ -12,7 +12,8 @@ What it runs, each figure the median of --runs timed calls after two warm-up cal
              i.e. the fused kernel on the best ISA), `attn bench --mha`, `attn bench
              --gemm --size 2048` and `attn bench --bandwidth`;
   torch SDPA torch.nn.functional.scaled_dot_product_attention (2.x: its CPU path is
-             a fused flash kernel);
+             a fused flash kernel; PyTorch 1.13 has none, and the column is left
+             empty: run it with Debian's torch as /usr/bin/python3 for the 1.13 peer);
   torch plain  q @ k^T * scale, masked_fill(-inf), softmax, @ v: attention the way
              PyTorch 1.13 code (and the chapter) writes it;
   torch MHA  nn.MultiheadAttention(E=768, H=12, batch_first) at T=1024, projections
@@ -39,6 +40,8 @@ for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")  # PyTorch 2.0 and later
 
 SHAPES = {
     "S1": (2, 4, 5, 5, 4, "none"),
@@ -131,11 +134,13 @@ def main():
                 if r.get("kind") == "sdpa"][0]
         q, k, v, m = torch_inputs(B, H, Tq, Tk, D, mask)
         with torch.inference_mode():
-            sdpa = median_ms(lambda: torch_sdpa(q, k, v, m, mask), a.runs)
+            sdpa = None
+            if HAVE_SDPA:
+                sdpa = median_ms(lambda: torch_sdpa(q, k, v, m, mask), a.runs)
             plain = None
             if flops(B, H, Tq, Tk, D, mask) <= a.skip_plain_above:
                 plain = median_ms(lambda: torch_plain(q, k, v, m, mask), a.runs)
-            if name == "S1":
+            if name == "S1" and HAVE_SDPA:
                 diff = (torch_sdpa(q, k, v, m, mask) - torch_plain(q, k, v, m, mask)).abs().max()
                 print(f"# check on S1: |torch SDPA - plain| max {float(diff):.2e}")
         rows.append((name, mine, sdpa, plain))
@@ -145,14 +150,17 @@ def main():
           f"{'plain ms':>10} {'vs SDPA':>8} {'vs plain':>9}")
     for name, mine, sdpa, plain in rows:
         ms = mine["median_ms"]
+        nan = float("nan")
         line = (f"{name:6} {ms:10.4f} {mine['gflops']:8.1f} {100 * mine['peak_frac']:5.1f}% "
-                f"{sdpa:10.4f} {plain if plain is not None else float('nan'):10.4f} "
-                f"{sdpa / ms:7.2f}x "
+                f"{sdpa if sdpa is not None else nan:10.4f} "
+                f"{plain if plain is not None else nan:10.4f} "
+                f"{(sdpa / ms if sdpa is not None else nan):7.2f}x "
                 f"{(plain / ms if plain is not None else float('nan')):8.2f}x")
         print(line)
         if a.json:
             print(json.dumps({"shape": name, "attn_ms": ms, "torch_sdpa_ms": sdpa,
-                              "torch_plain_ms": plain, "vs_sdpa": sdpa / ms,
+                              "torch_plain_ms": plain,
+                              "vs_sdpa": (sdpa / ms) if sdpa else None,
                               "vs_plain": (plain / ms) if plain else None}))
 
     # Multi-head attention end to end (projections included).

@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +156,10 @@ static timing time_call(bench_fn fn, void *arg, int runs)
 typedef struct peak_arg {
     int64_t iters;
     double flops;
+    double seconds;       /* this thread's own time for its chains */
+    atomic_int *ready;    /* threads that have started */
+    const atomic_int *go; /* set once every thread has started */
+    int threads;
     float sink;
 } peak_arg;
 
@@ -213,6 +218,12 @@ static void peak_scalar(peak_arg *a)
 static void *peak_thread(void *p)
 {
     peak_arg *a = p;
+    /* Start together: a thread that is still being created would otherwise let
+     * the first one run alone, and the figure would be one core's. */
+    atomic_fetch_add(a->ready, 1);
+    while (!atomic_load(a->go))
+        ;
+    double t0 = now_s();
 #ifdef BENCH_HAVE_X86_PEAK
     if (attn_arch_supported(ATTN_ARCH_AVX512))
         peak_avx512(a);
@@ -221,10 +232,13 @@ static void *peak_thread(void *p)
     else
 #endif
         peak_scalar(a);
+    a->seconds = now_s() - t0;
     return NULL;
 }
 
-/* GFLOP/s of `threads` threads running the FMA chains at once (best of 5). */
+/* GFLOP/s of `threads` threads running the FMA chains at once (best of 5). Each
+ * thread runs about 20 ms of chains once all have started; the rate is the total
+ * work over the slowest thread's time. */
 static double measure_peak(int threads)
 {
     double best = 0;
@@ -233,20 +247,28 @@ static double measure_peak(int threads)
     if (threads > 256)
         threads = 256;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
+        atomic_int ready = 0, go = 0;
         for (int t = 0; t < threads; t++) {
-            args[t].iters = 2000000;
-            if (t > 0)
-                pthread_create(&tid[t], NULL, peak_thread, &args[t]);
+            args[t] = (peak_arg){.iters = 10000000, .ready = &ready, .go = &go, .threads = threads};
+            if (t > 0 && pthread_create(&tid[t], NULL, peak_thread, &args[t]) != 0) {
+                threads = t; /* measure with the threads we could start */
+                break;
+            }
         }
+        while (atomic_load(&ready) < threads - 1) /* the others have started */
+            ;
+        atomic_store(&go, 1);
         peak_thread(&args[0]);
-        for (int t = 1; t < threads; t++)
-            pthread_join(tid[t], NULL);
-        double dt = now_s() - t0, flops = 0;
-        for (int t = 0; t < threads; t++)
+        double slowest = 0, flops = 0;
+        for (int t = 0; t < threads; t++) {
+            if (t > 0)
+                pthread_join(tid[t], NULL);
             flops += args[t].flops;
-        if (flops / dt > best)
-            best = flops / dt;
+            if (args[t].seconds > slowest)
+                slowest = args[t].seconds;
+        }
+        if (slowest > 0 && flops / slowest > best)
+            best = flops / slowest;
     }
     return best / 1e9;
 }
