@@ -43,16 +43,9 @@ static void run_mha(attn_arch arch, int threads, float *out)
     attn_ctx_init(&ctx);
     ctx.arch = arch;
     ctx.threads = threads;
-    attn_mha_weights mw;
-    const int64_t xs[3] = {B, T, E}, w1[2] = {3 * E, E}, b1[1] = {3 * E}, w2[2] = {E, E},
-                  b2[1] = {E}, ms[4] = {B, 1, 1, T};
-    attn_tensor tx, ty, tm;
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, x, 3, xs);
-    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, out, 3, xs);
-    attn_tensor_init(NULL, &mw.w_qkv, ATTN_DTYPE_F32, wqkv, 2, w1);
-    attn_tensor_init(NULL, &mw.b_qkv, ATTN_DTYPE_F32, bqkv, 1, b1);
-    attn_tensor_init(NULL, &mw.w_o, ATTN_DTYPE_F32, wo, 2, w2);
-    attn_tensor_init(NULL, &mw.b_o, ATTN_DTYPE_F32, bo, 1, b2);
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(out, B, T, E), tm;
+    const int64_t ms[4] = {B, 1, 1, T};
     attn_tensor_init(NULL, &tm, ATTN_DTYPE_BOOL, pad, 4, ms);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);

@@ -144,17 +144,10 @@ static void test_mha_against_oracle(int B, int T, int E, int H, int use_padding)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             ids[b * T + t] = (use_padding && t > 0 && t >= T - b) ? 0 : t + 1;
-    attn_tensor tx, tw1, tb1, tw2, tb2, to, tww, tids, tpad, tcausal, tmask;
-    const int64_t xs[3] = {B, T, E}, w1s[2] = {3 * E, E}, b1s[1] = {3 * E}, w2s[2] = {E, E},
-                  b2s[1] = {E}, ws[4] = {B, H, T, T}, ids_s[2] = {B, T}, pad_s[4] = {B, 1, 1, T},
-                  causal_s[4] = {1, 1, T, T}, mask_s[4] = {B, 1, T, T};
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, x, 3, xs);
-    attn_tensor_init(NULL, &tw1, ATTN_DTYPE_F32, wqkv, 2, w1s);
-    attn_tensor_init(NULL, &tb1, ATTN_DTYPE_F32, bqkv, 1, b1s);
-    attn_tensor_init(NULL, &tw2, ATTN_DTYPE_F32, wo, 2, w2s);
-    attn_tensor_init(NULL, &tb2, ATTN_DTYPE_F32, bo, 1, b2s);
-    attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, out, 3, xs);
-    attn_tensor_init(NULL, &tww, ATTN_DTYPE_F32, w, 4, ws);
+    attn_tensor tx = tu_tensor3(x, B, T, E), to = tu_tensor3(out, B, T, E),
+                tww = tu_tensor4(w, B, H, T, T), tids, tpad, tcausal, tmask;
+    const int64_t ids_s[2] = {B, T}, pad_s[4] = {B, 1, 1, T}, causal_s[4] = {1, 1, T, T},
+                  mask_s[4] = {B, 1, T, T};
     attn_tensor_init(NULL, &tids, ATTN_DTYPE_I64, ids, 2, ids_s);
     attn_tensor_init(NULL, &tpad, ATTN_DTYPE_BOOL, pad, 4, pad_s);
     attn_tensor_init(NULL, &tcausal, ATTN_DTYPE_BOOL, causal, 4, causal_s);
@@ -162,7 +155,7 @@ static void test_mha_against_oracle(int B, int T, int E, int H, int use_padding)
     CHECK_INT(attn_mask_padding(NULL, &tids, 0, &tpad), ATTN_OK);
     CHECK_INT(attn_mask_causal(NULL, T, &tcausal), ATTN_OK);
     CHECK_INT(attn_mask_and(NULL, &tpad, &tcausal, &tmask), ATTN_OK);
-    attn_mha_weights mw = {tw1, tb1, tw2, tb2};
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     p.mask = &tmask;
@@ -197,27 +190,18 @@ static void test_mha_errors(void)
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     float buf[4096] = {0};
-    attn_tensor tx, tw1, tb1, tw2, tb2, to;
-    const int64_t xs[3] = {2, 5, 16}, w1s[2] = {48, 16}, b1s[1] = {48}, w2s[2] = {16, 16},
-                  b2s[1] = {16};
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, buf, 3, xs);
-    attn_tensor_init(NULL, &tw1, ATTN_DTYPE_F32, buf, 2, w1s);
-    attn_tensor_init(NULL, &tb1, ATTN_DTYPE_F32, buf, 1, b1s);
-    attn_tensor_init(NULL, &tw2, ATTN_DTYPE_F32, buf, 2, w2s);
-    attn_tensor_init(NULL, &tb2, ATTN_DTYPE_F32, buf, 1, b2s);
-    attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, buf + 2048, 3, xs);
-    attn_mha_weights mw = {tw1, tb1, tw2, tb2};
+    attn_tensor tx = tu_tensor3(buf, 2, 5, 16), to = tu_tensor3(buf + 2048, 2, 5, 16);
+    attn_mha_weights mw = tu_mha_weights(buf, buf, buf, buf, 16);
+    const attn_tensor tw1 = mw.w_qkv;
     TEST("embed_dim not divisible by num_heads is refused, naming both");
     CHECK_INT(attn_mha_forward(&ctx, &mw, 3, &tx, NULL, &to, NULL), ATTN_STATUS_SHAPE_MISMATCH);
     CHECK_STR_CONTAINS(ctx.message, "embed_dim 16 is not divisible by num_heads 3");
     TEST("num_heads below 1 is refused");
     CHECK_INT(attn_mha_forward(&ctx, &mw, 0, &tx, NULL, &to, NULL), ATTN_STATUS_INVALID_ARGUMENT);
     TEST("an input whose last axis is not E is refused, naming its shape");
-    const int64_t xbad[3] = {2, 5, 12};
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, buf, 3, xbad);
-    CHECK_INT(attn_mha_forward(&ctx, &mw, 4, &tx, NULL, &to, NULL), ATTN_STATUS_SHAPE_MISMATCH);
+    attn_tensor xbad = tu_tensor3(buf, 2, 5, 12);
+    CHECK_INT(attn_mha_forward(&ctx, &mw, 4, &xbad, NULL, &to, NULL), ATTN_STATUS_SHAPE_MISMATCH);
     CHECK_STR_CONTAINS(ctx.message, "x has shape (2, 5, 12); expected [B, T, 16]");
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, buf, 3, xs);
     TEST("a qkv weight that is not [3E, E] is refused");
     const int64_t w1bad[2] = {32, 16};
     attn_tensor_init(NULL, &mw.w_qkv, ATTN_DTYPE_F32, buf, 2, w1bad);
@@ -254,15 +238,8 @@ static void test_no_memory(void)
     attn_ctx_init(&ctx);
     ctx.allocator.alloc = alloc_fail;
     float buf[2048] = {0};
-    attn_tensor tx, tw1, tb1, tw2, tb2, to;
-    const int64_t xs[3] = {1, 2, 4}, w1s[2] = {12, 4}, b1s[1] = {12}, w2s[2] = {4, 4}, b2s[1] = {4};
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, buf, 3, xs);
-    attn_tensor_init(NULL, &tw1, ATTN_DTYPE_F32, buf, 2, w1s);
-    attn_tensor_init(NULL, &tb1, ATTN_DTYPE_F32, buf, 1, b1s);
-    attn_tensor_init(NULL, &tw2, ATTN_DTYPE_F32, buf, 2, w2s);
-    attn_tensor_init(NULL, &tb2, ATTN_DTYPE_F32, buf, 1, b2s);
-    attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, buf + 1024, 3, xs);
-    attn_mha_weights mw = {tw1, tb1, tw2, tb2};
+    attn_tensor tx = tu_tensor3(buf, 1, 2, 4), to = tu_tensor3(buf + 1024, 1, 2, 4);
+    attn_mha_weights mw = tu_mha_weights(buf, buf, buf, buf, 4);
     CHECK_INT(attn_mha_forward(&ctx, &mw, 2, &tx, NULL, &to, NULL), ATTN_STATUS_NO_MEMORY);
     CHECK_STR_CONTAINS(ctx.message, "out of memory");
 }

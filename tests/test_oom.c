@@ -107,15 +107,8 @@ static int run_sdpa(attn_ctx *ctx, void *arg)
 static int run_mha(attn_ctx *ctx, void *arg)
 {
     (void)arg;
-    attn_mha_weights mw;
-    const int64_t xs[3] = {B, T, E}, w1[2] = {3 * E, E}, b1[1] = {3 * E}, w2[2] = {E, E}, b2[1] = {E};
-    attn_tensor tx, ty;
-    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, x, 3, xs);
-    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, y, 3, xs);
-    attn_tensor_init(NULL, &mw.w_qkv, ATTN_DTYPE_F32, wqkv, 2, w1);
-    attn_tensor_init(NULL, &mw.b_qkv, ATTN_DTYPE_F32, bqkv, 1, b1);
-    attn_tensor_init(NULL, &mw.w_o, ATTN_DTYPE_F32, wo, 2, w2);
-    attn_tensor_init(NULL, &mw.b_o, ATTN_DTYPE_F32, bo, 1, b2);
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(y, B, T, E);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     p.causal = 1;

@@ -38,6 +38,29 @@ static inline attn_tensor tu_tensor4(float *data, int64_t a, int64_t b, int64_t 
     return t;
 }
 
+/* Contiguous [a, b, c] tensor over caller memory. */
+static inline attn_tensor tu_tensor3(float *data, int64_t a, int64_t b, int64_t c)
+{
+    attn_tensor t;
+    const int64_t shape[3] = {a, b, c};
+    attn_tensor_init(NULL, &t, ATTN_DTYPE_F32, data, 3, shape);
+    return t;
+}
+
+/* Multi-head attention weights for embed_dim E over caller arrays:
+ * wqkv [3E, E], bqkv [3E], wo [E, E], bo [E]. */
+static inline attn_mha_weights tu_mha_weights(float *wqkv, float *bqkv, float *wo, float *bo,
+                                              int64_t E)
+{
+    attn_mha_weights w;
+    const int64_t s1[2] = {3 * E, E}, s2[1] = {3 * E}, s3[2] = {E, E}, s4[1] = {E};
+    attn_tensor_init(NULL, &w.w_qkv, ATTN_DTYPE_F32, wqkv, 2, s1);
+    attn_tensor_init(NULL, &w.b_qkv, ATTN_DTYPE_F32, bqkv, 1, s2);
+    attn_tensor_init(NULL, &w.w_o, ATTN_DTYPE_F32, wo, 2, s3);
+    attn_tensor_init(NULL, &w.b_o, ATTN_DTYPE_F32, bo, 1, s4);
+    return w;
+}
+
 /* The oracle: contiguous q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv]; mask is a
  * contiguous [B,H,Tq,Tk] byte array already broadcast (or NULL); writes out and
  * weights in double. Returns the number of fully masked rows (their outputs are 0). */
