@@ -308,6 +308,10 @@ typedef struct attn_rng {
     attn_rng_flavor flavor;
 } attn_rng;
 
+/* The random number functions draw nothing (and return 0, or NaN for
+ * attn_rng_normal_f64) when given a NULL generator or buffer, sizes below 1, or
+ * sizes whose product overflows; an unseeded or corrupted index is re-twisted. */
+
 /* torch.manual_seed(seed): MT19937 from the low 32 bits of seed, no cached normal,
  * flavor ATTN_RNG_TORCH_AVX2 (change the field afterwards to pick the other). */
 void attn_rng_seed(attn_rng *rng, uint64_t seed);

@@ -185,7 +185,9 @@ attn_arch attn_arch_best(void)
 attn_arch attn_arch_selected(const attn_ctx *ctx)
 {
     pthread_once(&dispatch_once, dispatch_decide);
-    if (ctx && ctx->arch != ATTN_ARCH_AUTO)
+    /* An arch outside the enum is not a path: report the automatic choice (the
+     * kernels themselves refuse such a context with INVALID_ARGUMENT). */
+    if (ctx && ctx->arch > ATTN_ARCH_AUTO && ctx->arch <= ATTN_ARCH_AVX512)
         return ctx->arch;
     return dispatch_arch;
 }

@@ -62,6 +62,12 @@ int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *
  * to write all its outputs before renaming any. */
 int attn__npy_write(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t);
 
+/* Writes a complete .safetensors file of n named tensors through wf (checking the
+ * names and tensors first); the caller commits or aborts. attn_safetensors_save is
+ * open + this + commit. */
+int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *names,
+                            const attn_tensor *tensors, int64_t n);
+
 /* ---- numbers ---------------------------------------------------------------- */
 
 /* IEEE 754 binary16 and bfloat16 to float32 (exact: every value is representable). */

@@ -104,6 +104,8 @@
 
 void attn_rng_seed(attn_rng *rng, uint64_t seed)
 {
+    if (!rng)
+        return;
     rng->state[0] = (uint32_t)(seed & 0xffffffffu);
     for (int j = 1; j < MT_N; j++) {
         uint32_t prev = rng->state[j - 1];
@@ -140,7 +142,9 @@ static void mt_twist(attn_rng *rng)
 
 uint32_t attn_rng_u32(attn_rng *rng)
 {
-    if (rng->index >= MT_N)
+    if (!rng)
+        return 0;
+    if (rng->index < 0 || rng->index >= MT_N) /* also a struct that was never seeded */
         mt_twist(rng);
     uint32_t y = rng->state[rng->index++];
     /* Tempering. */
@@ -173,6 +177,8 @@ static double uniform01_f64(attn_rng *rng)
 
 void attn_rng_uniform(attn_rng *rng, float *out, int64_t n, float lo, float hi)
 {
+    if (!rng || !out)
+        return;
     float width = hi - lo;
     for (int64_t i = 0; i < n; i++) {
         float x = uniform01_f32(rng);
@@ -337,6 +343,8 @@ static void normal_block16(float *d, attn_rng_flavor flavor)
 
 double attn_rng_normal_f64(attn_rng *rng)
 {
+    if (!rng)
+        return NAN;
     if (rng->has_next_normal) {
         rng->has_next_normal = 0;
         return rng->next_normal;
@@ -352,7 +360,7 @@ double attn_rng_normal_f64(attn_rng *rng)
 
 void attn_rng_randn(attn_rng *rng, float *out, int64_t n)
 {
-    if (n <= 0)
+    if (!rng || !out || n <= 0)
         return;
     if (n < 16) {
         for (int64_t i = 0; i < n; i++)
@@ -374,6 +382,11 @@ void attn_rng_randn(attn_rng *rng, float *out, int64_t n)
 void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, int64_t out_features,
                           int64_t in_features)
 {
+    /* Nothing to draw for a NULL generator or weight, sizes below 1, or a weight
+     * whose element count overflows. */
+    if (!rng || !weight || out_features < 1 || in_features < 1 ||
+        out_features > INT64_MAX / in_features)
+        return;
     /* torch/nn/init.py, kaiming_uniform_ with a = sqrt(5), evaluated in doubles in
      * the same order as Python does. */
     double a = sqrt(5.0);

@@ -853,10 +853,10 @@ static void st_build_header(st_buf *b, const char *const *names, const attn_tens
         st_puts(b, " ");
 }
 
-int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
-                          const attn_tensor *tensors, int64_t n)
+int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *names,
+                            const attn_tensor *tensors, int64_t n)
 {
-    const char *where = path ? path : "(null)";
+    const char *where = wf && wf->path ? wf->path : "(null)";
     if (n < 0 || (n > 0 && (!names || !tensors)))
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                           "%s: attn_safetensors_save needs %lld names and tensors", where,
@@ -897,19 +897,26 @@ int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *na
     unsigned char len8[8];
     for (int k = 0; k < 8; k++)
         len8[k] = (unsigned char)(((uint64_t)hlen >> (8 * k)) & 0xff);
+    int rc = attn__wfile_write(ctx, wf, len8, 8);
+    if (!rc)
+        rc = attn__wfile_write(ctx, wf, b.p, hlen);
+    for (int64_t i = 0; i < n && !rc; i++)
+        rc = attn__wfile_write_tensor(ctx, wf, &tensors[i]);
+    attn__free(ctx, b.p);
+    return rc;
+}
+
+int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
+                          const attn_tensor *tensors, int64_t n)
+{
     attn__wfile wf;
     int rc = attn__wfile_open(ctx, &wf, path);
-    if (!rc && !(rc = attn__wfile_write(ctx, &wf, len8, 8)) &&
-        !(rc = attn__wfile_write(ctx, &wf, b.p, hlen))) {
-        for (int64_t i = 0; i < n && !rc; i++)
-            rc = attn__wfile_write_tensor(ctx, &wf, &tensors[i]);
-        if (rc)
-            attn__wfile_abort(ctx, &wf);
-        else
-            rc = attn__wfile_commit(ctx, &wf);
-    } else if (wf.f) {
+    if (rc)
+        return rc;
+    rc = attn__safetensors_write(ctx, &wf, names, tensors, n);
+    if (rc)
         attn__wfile_abort(ctx, &wf);
-    }
-    attn__free(ctx, b.p);
+    else
+        rc = attn__wfile_commit(ctx, &wf);
     return rc;
 }

@@ -44,7 +44,9 @@ static void usage(FILE *f)
             "error prints one line on stderr that names the problem.\n"
             "\n"
             "Environment:\n"
-            "  ATTN_ARCH   force a kernel path: ref, scalar, avx2 or avx512\n");
+            "  ATTN_ARCH            force a kernel path: ref, scalar, avx2 or avx512\n"
+            "  ATTN_FAIL_ALLOC_AT   N: make the Nth allocation fail (for testing the\n"
+            "                       out-of-memory paths; tests/test_cli_oom.sh uses it)\n");
 }
 
 int main(int argc, char **argv)

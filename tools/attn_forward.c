@@ -122,7 +122,7 @@ int attn_cmd_forward(int argc, char **argv)
         return cli_usage_error(PROG, "--output and --attention name the same file");
 
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    cli_ctx_init(&ctx);
     attn_mha_weights w;
     attn_array x = {0}, ids = {0}, user_mask = {0};
     attn_tensor pad = {0}, both = {0}, out = {0}, att = {0};

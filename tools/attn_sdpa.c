@@ -115,7 +115,7 @@ int attn_cmd_sdpa(int argc, char **argv)
         return cli_usage_error(PROG, "--scale %g does not fit in float32", scale);
 
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    cli_ctx_init(&ctx);
     attn_array q = {0}, k = {0}, v = {0}, m = {0};
     attn_tensor out = {0}, att = {0};
     int status = CLI_EXIT_ERROR;

@@ -26,6 +26,35 @@ static void vline(const char *prog, const char *suffix, const char *fmt, va_list
     fprintf(stderr, "%s: %s%s\n", prog, buf, suffix);
 }
 
+/* The failing allocator of ATTN_FAIL_ALLOC_AT: one per process, as a tool makes
+ * one context. */
+static long fail_alloc_at, alloc_calls;
+
+static void *cli_failing_alloc(void *user, size_t size)
+{
+    (void)user;
+    return ++alloc_calls == fail_alloc_at ? NULL : malloc(size);
+}
+
+static void cli_plain_free(void *user, void *ptr)
+{
+    (void)user;
+    free(ptr);
+}
+
+void cli_ctx_init(attn_ctx *ctx)
+{
+    attn_ctx_init(ctx);
+    const char *at = getenv("ATTN_FAIL_ALLOC_AT");
+    int64_t n;
+    if (at && cli_parse_int64(at, &n) && n >= 1) {
+        fail_alloc_at = (long)n;
+        alloc_calls = 0;
+        ctx->allocator.alloc = cli_failing_alloc;
+        ctx->allocator.free = cli_plain_free;
+    }
+}
+
 void cli_error(const char *prog, const char *fmt, ...)
 {
     va_list ap;
@@ -210,21 +239,22 @@ int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *
     return CLI_EXIT_ERROR;
 }
 
-int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
-                  const attn_tensor *tensors)
+int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *outs)
 {
-    attn__wfile wf[8];
+    attn__wfile wf[16];
     int opened = 0, rc = 0;
-    if (n > 8) {
-        cli_error(prog, "internal error: more than 8 outputs");
+    if (n > 16) {
+        cli_error(prog, "internal error: more than 16 outputs");
         return CLI_EXIT_ERROR;
     }
     for (int i = 0; i < n && !rc; i++) {
-        rc = attn__wfile_open(ctx, &wf[i], paths[i]);
+        rc = attn__wfile_open(ctx, &wf[i], outs[i].path);
         if (rc)
             break;
         opened++;
-        rc = attn__npy_write(ctx, &wf[i], &tensors[i]);
+        rc = outs[i].names
+                 ? attn__safetensors_write(ctx, &wf[i], outs[i].names, outs[i].named, outs[i].n_named)
+                 : attn__npy_write(ctx, &wf[i], outs[i].tensor);
     }
     /* Every byte is written; now sync and rename, one file after the other. */
     for (int i = 0; i < opened && !rc; i++) {
@@ -237,4 +267,15 @@ int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *pat
         return cli_fail(prog, ctx);
     }
     return 0;
+}
+
+int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
+                  const attn_tensor *tensors)
+{
+    cli_output outs[16];
+    if (n > 16)
+        n = 17; /* cli_save_outputs refuses it */
+    for (int i = 0; i < n && i < 16; i++)
+        outs[i] = (cli_output){paths[i], &tensors[i], NULL, NULL, 0};
+    return cli_save_outputs(prog, ctx, n, outs);
 }

@@ -57,6 +57,11 @@ int cli_seen(const cli_opt *opts, int nopts, const char *name);
  * given; the names are a NULL-terminated list. Returns CLI_PARSED or CLI_EXIT_USAGE. */
 int cli_require(const char *prog, const cli_opt *opts, int nopts, const char *const *names);
 
+/* attn_ctx_init(), and then, when the environment variable ATTN_FAIL_ALLOC_AT=N
+ * (N >= 1) is set, an allocator whose Nth allocation fails: the tests use it to
+ * drive every tool through each out-of-memory path. */
+void cli_ctx_init(attn_ctx *ctx);
+
 /* One line "PROG: MESSAGE" on stderr. */
 void cli_error(const char *prog, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)
@@ -84,10 +89,24 @@ int cli_parse_double(const char *s, double *out);
 int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *path,
                  attn_array *out);
 
-/* Writes n tensors as .npy files, all or nothing as far as the file system allows:
- * every file is written to a temporary file and synced first, and only then renamed
- * into place, so a failed write (a full disk, a bad path) leaves no output changed.
- * Prints one line on failure and returns CLI_EXIT_ERROR; 0 on success. */
+/* One output file: a .npy of `tensor`, or, when `names` is set, a .safetensors of
+ * the n_named tensors `named` under those names. */
+typedef struct cli_output {
+    const char *path;
+    const attn_tensor *tensor;
+    const char *const *names;
+    const attn_tensor *named;
+    int64_t n_named;
+} cli_output;
+
+/* Writes n output files (at most 16), all or nothing as far as the file system
+ * allows: every file is written to a temporary file and synced first, and only then
+ * renamed into place, so a failed write (a full disk, a bad path, no memory) leaves
+ * no output changed. Prints one line on failure and returns CLI_EXIT_ERROR; 0 on
+ * success. */
+int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *outs);
+
+/* cli_save_outputs for n tensors as .npy files. */
 int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
                   const attn_tensor *tensors);
 

@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L /* mkdir, isatty, fileno */
 
 #include "attn.h"
+#include "common_cli.h"
 #include "common_heatmap.h"
 #include "common_trace.h"
 
@@ -426,22 +427,22 @@ static int dump_all(attn_ctx *ctx, const char *dir, const experiment *e)
         {"output.npy", &e->output},
         {"attention.npy", &e->attention},
     };
-    char path[4096];
-    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, arrays[i].file);
-        if (attn_npy_save(ctx, path, arrays[i].t) != ATTN_OK) {
-            fprintf(stderr, "%s: %s\n", prog, ctx->message);
-            return 1;
-        }
-    }
     /* The chapter module's parameter names (nn.Module.state_dict()). */
     const char *names[4] = {"qkv.weight", "qkv.bias", "output.weight", "output.bias"};
     const attn_tensor tensors[4] = {e->w.w_qkv, e->w.b_qkv, e->w.w_o, e->w.b_o};
-    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
-    if (attn_safetensors_save(ctx, path, names, tensors, 4) != ATTN_OK) {
-        fprintf(stderr, "%s: %s\n", prog, ctx->message);
-        return 1;
+    enum { N_ARRAYS = sizeof arrays / sizeof arrays[0] };
+    char paths[N_ARRAYS + 1][4096];
+    cli_output outs[N_ARRAYS + 1];
+    for (int i = 0; i <= N_ARRAYS; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/%s", dir,
+                 i < N_ARRAYS ? arrays[i].file : "weights.safetensors");
+        outs[i] = i < N_ARRAYS ? (cli_output){paths[i], arrays[i].t, NULL, NULL, 0}
+                               : (cli_output){paths[i], NULL, names, tensors, 4};
     }
+    /* All files are written before any is renamed into place: a failure leaves the
+     * directory as it was. */
+    if (cli_save_outputs(prog, ctx, N_ARRAYS + 1, outs))
+        return 1;
     return 0;
 }
 
@@ -567,7 +568,7 @@ int main(int argc, char **argv)
         return rc == 1 ? 0 : 2;
 
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    cli_ctx_init(&ctx);
     experiment e;
     rc = experiment_run(&ctx, &o, &e);
     if (rc) {
