@@ -179,13 +179,8 @@ int attn_cmd_forward(int argc, char **argv)
         mask = &pad;
     }
     if (mask_path) {
-        if (cli_load_npy(PROG, &ctx, "--mask", mask_path, &user_mask))
+        if (cli_load_mask(PROG, &ctx, mask_path, &user_mask))
             goto done;
-        if (user_mask.tensor.dtype != ATTN_DTYPE_BOOL) {
-            cli_error(PROG, "--mask %s: a mask must be bool or uint8, not %s", mask_path,
-                      attn_dtype_name(user_mask.tensor.dtype));
-            goto done;
-        }
         if (attn_mask_check(&ctx, &user_mask.tensor, B, H, T, T)) {
             cli_error(PROG, "--mask %s: %s", mask_path, ctx.message);
             goto done;

@@ -133,15 +133,8 @@ int attn_cmd_sdpa(int argc, char **argv)
                   cli_shape(&v.tensor, c, sizeof(c)));
         goto done;
     }
-    if (mask_path) {
-        if (cli_load_npy(PROG, &ctx, "--mask", mask_path, &m))
-            goto done;
-        if (m.tensor.dtype != ATTN_DTYPE_BOOL) {
-            cli_error(PROG, "--mask %s: a mask must be bool or uint8, not %s", mask_path,
-                      attn_dtype_name(m.tensor.dtype));
-            goto done;
-        }
-    }
+    if (mask_path && cli_load_mask(PROG, &ctx, mask_path, &m))
+        goto done;
 
     /* out: q's shape with v's last size; weights: q's shape with Tk last. */
     int64_t so[ATTN_MAX_DIMS], sw[ATTN_MAX_DIMS];

@@ -239,6 +239,18 @@ int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *
     return CLI_EXIT_ERROR;
 }
 
+int cli_load_mask(const char *prog, attn_ctx *ctx, const char *path, attn_array *out)
+{
+    if (cli_load_npy(prog, ctx, "--mask", path, out))
+        return CLI_EXIT_ERROR;
+    if (out->tensor.dtype != ATTN_DTYPE_BOOL) {
+        cli_error(prog, "--mask %s: a mask must be bool or uint8, not %s", path,
+                  attn_dtype_name(out->tensor.dtype));
+        return CLI_EXIT_ERROR;
+    }
+    return 0;
+}
+
 int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *outs)
 {
     attn__wfile wf[16];

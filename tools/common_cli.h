@@ -89,6 +89,10 @@ int cli_parse_double(const char *s, double *out);
 int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *path,
                  attn_array *out);
 
+/* Loads a boolean mask (.npy of bool or uint8) for --mask; on failure prints one
+ * line and returns CLI_EXIT_ERROR. */
+int cli_load_mask(const char *prog, attn_ctx *ctx, const char *path, attn_array *out);
+
 /* One output file: a .npy of `tensor`, or, when `names` is set, a .safetensors of
  * the n_named tensors `named` under those names. */
 typedef struct cli_output {
