@@ -174,6 +174,24 @@ static void test_by_hand(sdpa_fn fn)
         CHECK_NEAR(o[0], 3.0, 1e-6, 0);  /* (1 + 2 + 3 + 6) / 4 */
         CHECK_NEAR(o[1], 30.0, 1e-5, 0); /* (10 + 20 + 30 + 60) / 4 */
     }
+    TEST("a caller scale of 0 makes every score 0: uniform weights, the mean of v");
+    {
+        float q[2 * 3], k[4 * 3], v[4 * 2] = {1, 10, 2, 20, 3, 30, 6, 60}, o[2 * 2], w[2 * 4];
+        tu_fill(q, 6, 4);
+        tu_fill(k, 12, 5);
+        attn_tensor tq = tu_tensor4(q, 1, 1, 2, 3), tk = tu_tensor4(k, 1, 1, 4, 3),
+                    tv = tu_tensor4(v, 1, 1, 4, 2), to = tu_tensor4(o, 1, 1, 2, 2),
+                    tw = tu_tensor4(w, 1, 1, 2, 4);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.has_scale = 1;
+        p.scale = 0.0f;
+        CHECK_INT(fn(NULL, &tq, &tk, &tv, &p, &to, &tw), ATTN_OK);
+        for (int i = 0; i < 8; i++)
+            CHECK_NEAR(w[i], 0.25, 1e-7, 0);
+        CHECK_NEAR(o[0], 3.0, 1e-6, 0);
+        CHECK_NEAR(o[3], 30.0, 1e-5, 0);
+    }
     TEST("a one-hot score picks one value row: a score 100 above the others gives weight 1 to that key");
     {
         /* D = 1, scale 1: score j = q * k[j]; k = (0, 0, 1, 0), q = 100. */

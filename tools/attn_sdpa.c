@@ -109,8 +109,6 @@ int attn_cmd_sdpa(int argc, char **argv)
         return rc;
     if (attention && strcmp(attention, output) == 0)
         return cli_usage_error(PROG, "--output and --attention name the same file");
-    if (cli_seen(opts, nopts, "scale") && (float)scale == 0.0f)
-        return cli_usage_error(PROG, "--scale must not be 0");
     if (cli_seen(opts, nopts, "scale") && !isfinite((float)scale))
         return cli_usage_error(PROG, "--scale %g does not fit in float32", scale);
 
