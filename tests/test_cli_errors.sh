@@ -68,13 +68,16 @@ err_has "unexpected argument 'stray'"
 run 2 "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --attention "$WORK/y.npy"
 run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale abc
 err_has "--scale takes a finite number, not 'abc'"
-run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale 0
 run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale nan
 run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale 1e300
 run 2 "$ATTN" sdpa --query "$Q" --key "$K" --output "$WORK/o.npy"
 err_has "missing --value"
 run 2 "$ATTN" nosuchcommand
 [ -e "$WORK/y.npy" ] || [ -e "$WORK/o.npy" ] && bad "a usage error wrote an output" || ok
+
+say "--scale 0 is a scale like any other (every score 0: uniform weights) and runs"
+run 0 "$ATTN" "${sdpa[@]}" --output "$WORK/scale0.npy" --scale 0
+[ -s "$WORK/scale0.npy" ] && ok || bad "--scale 0 wrote no output"
 
 say "a negative number is a value, not an option: --pad-id -1 (no key is a pad) runs"
 run 0 "$ATTN" "${fwd[@]}" --token-ids "$G/mha_chapter_pad_causal/ids.npy" --pad-id -1 --output "$WORK/neg.npy"
