@@ -14,17 +14,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A path in the build's test folder: tmp_path(buf, "x.npy"). */
-static inline const char *io_tmp(char *buf, size_t cap, const char *prog, const char *name)
+/* A path in the build's test folder, "<tmp>/<prog>_<name>", or in tests/data. The
+ * result lives in one of four rotating buffers, so up to four paths can be in use
+ * at once (e.g. the arguments of one call). */
+static inline const char *io_tmp(const char *prog, const char *name)
 {
-    snprintf(buf, cap, "%s/%s_%s", ATTN_TEST_TMP_DIR, prog, name);
-    return buf;
+    static char buf[4][1024];
+    static int k = 0;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s_%s", ATTN_TEST_TMP_DIR, prog, name);
+    return buf[k];
 }
 
-static inline const char *io_data(char *buf, size_t cap, const char *name)
+static inline const char *io_data(const char *name)
 {
-    snprintf(buf, cap, "%s/%s", ATTN_TEST_DATA_DIR, name);
-    return buf;
+    static char buf[4][1024];
+    static int k = 0;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", ATTN_TEST_DATA_DIR, name);
+    return buf[k];
 }
 
 static inline int io_write(const char *path, const void *buf, size_t n)

@@ -18,21 +18,9 @@
 
 #define PROG "test_npy"
 
-static const char *tmp(const char *name)
-{
-    static char buf[4][1024];
-    static int k = 0;
-    k = (k + 1) % 4;
-    return io_tmp(buf[k], sizeof(buf[k]), PROG, name);
-}
+static const char *tmp(const char *name) { return io_tmp(PROG, name); }
 
-static const char *data(const char *name)
-{
-    static char buf[4][1024];
-    static int k = 0;
-    k = (k + 1) % 4;
-    return io_data(buf[k], sizeof(buf[k]), name);
-}
+static const char *data(const char *name) { return io_data(name); }
 
 static int bits_equal(float a, float b)
 {

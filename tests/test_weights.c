@@ -16,13 +16,7 @@
 #define PROG "test_weights"
 #define E 6
 
-static const char *tmp(const char *name)
-{
-    static char buf[4][1024];
-    static int k = 0;
-    k = (k + 1) % 4;
-    return io_tmp(buf[k], sizeof(buf[k]), PROG, name);
-}
+static const char *tmp(const char *name) { return io_tmp(PROG, name); }
 
 /* Distinct values per tensor so a swapped or misplaced block shows. */
 static float Wqkv[3 * E * E], Bqkv[3 * E], Wo[E * E], Bo[E];
