@@ -9,6 +9,7 @@
 
 #include "attn.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,23 @@ static inline const char *io_data(const char *name)
     k = (k + 1) % 4;
     snprintf(buf[k], sizeof buf[k], "%s/%s", ATTN_TEST_DATA_DIR, name);
     return buf[k];
+}
+
+/* 1 when the test folder holds no temporary file ("<prog>_*.tmp.*") that a writer
+ * of the program `prog` left behind. */
+static inline int io_no_temp_files(const char *prog)
+{
+    DIR *d = opendir(ATTN_TEST_TMP_DIR);
+    if (!d)
+        return 0;
+    int clean = 1;
+    size_t len = strlen(prog);
+    for (struct dirent *e; (e = readdir(d));)
+        if (strncmp(e->d_name, prog, len) == 0 && e->d_name[len] == '_' &&
+            strstr(e->d_name, ".tmp."))
+            clean = 0;
+    closedir(d);
+    return clean;
 }
 
 static inline int io_write(const char *path, const void *buf, size_t n)

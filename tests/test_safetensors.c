@@ -292,19 +292,7 @@ static void test_out_of_memory(void)
     CHECK(done);
 }
 
-static int no_temp_files_left(void)
-{
-    DIR *d = opendir(ATTN_TEST_TMP_DIR);
-    if (!d)
-        return 0;
-    int clean = 1;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, PROG "_", strlen(PROG "_")) == 0 && strstr(e->d_name, ".tmp."))
-            clean = 0;
-    closedir(d);
-    return clean;
-}
+static int no_temp_files_left(void) { return io_no_temp_files(PROG); }
 
 static void test_mutations(void)
 {
