@@ -4,7 +4,7 @@
 #   fuzz/build.sh                 # all four targets
 #   CC=clang-14 fuzz/build.sh     # another clang
 #
-# Each target is the library (every src/*.c) and its fuzz/fuzz_*.c, built with
+# Each target is the library (every src/*/*.c) and its fuzz/fuzz_*.c, built with
 # -fsanitize=fuzzer,address,undefined; fuzz_cli also links the attn program's
 # subcommands (tools/attn_forward.c, tools/attn_sdpa.c, tools/common_cli.c).
 # When the compiler has no libFuzzer runtime (Debian: apt-get install clang
@@ -36,14 +36,15 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # Warnings are errors in the fuzz targets only: the library's own -Werror build is
 # gcc's (CMake, CI), and a clang-only warning there should not stop the fuzzing.
 CFLAGS="-std=c11 -g -O1 -Wall -Wextra $SAN -fsanitize=fuzzer-no-link"
-INC="-I$root/include -I$root/src -I$root/tools"
+INC="-I$root/include -I$root/tools"
+for d in "$root"/src/*/; do INC="$INC -I${d%/}"; done
 X86=0
 case "$(uname -m)" in x86_64|amd64|i?86) X86=1 ;; esac
 
-# The library: every src/*.c, ISA files with their flags (as CMakeLists.txt does).
+# The library: every src/*/*.c, ISA files with their flags (as CMakeLists.txt does).
 objs=()
 jobs=()
-for src in "$root"/src/*.c; do
+for src in "$root"/src/*/*.c; do
     name=$(basename "$src" .c)
     flags="$CFLAGS $INC"
     case "$name" in

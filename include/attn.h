@@ -289,7 +289,7 @@ int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads
  * ---------------------------------------------------------------------------- */
 
 /* PyTorch's CPU generator draw for draw: with the same seed, attn_rng_randn equals
- * torch.randn and attn_rng_uniform equals Tensor.uniform_ (see src/rng.c for the
+ * torch.randn and attn_rng_uniform equals Tensor.uniform_ (see src/core/rng.c for the
  * details followed and where they come from). torch's float kernels round the last
  * bit differently in its AVX2/AVX-512 build (the default on x86-64 CPUs with AVX2)
  * and in its baseline build (ATEN_CPU_CAPABILITY=default, CPUs without AVX2); the

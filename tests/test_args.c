@@ -16,7 +16,7 @@
  * The test reads include/attn.h and fails when a function declared there is not
  * exercised here, so a function added later cannot be skipped silently.
  *
- * The random number functions (src/rng.c) take no context and return no status: with
+ * The random number functions (src/core/rng.c) take no context and return no status: with
  * a NULL generator or buffer, sizes below 1 or an overflowing size they draw nothing.
  * The NULL cases run in a child process so that a crash fails the test instead of
  * ending it.

@@ -1,5 +1,5 @@
 /*
- * test_fused_exp.c - the fused kernel's own e^x (src/simd.h), on every instruction
+ * test_fused_exp.c - the fused kernel's own e^x (src/kernels/simd.h), on every instruction
  * set this machine runs, against the double-precision exp of libm.
  *
  * The kernel only ever takes e^x of x <= 0 (a score minus the running max), so the
@@ -11,7 +11,7 @@
  */
 #include "attn.h"
 #include "check.h"
-#include "fused.h"
+#include "sdpa_fused.h"
 
 #include <float.h>
 #include <math.h>

@@ -9,7 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "check.h"
-#include "fused.h"
+#include "threads.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -70,19 +70,19 @@ int trace_print(FILE *f, const trace_info *t)
             B, T, E, H, D, t->seed);
     fprintf(f, "%2s  %-26s %-26s %s\n", "#", "step", "result [shape]", "formula (where in libattn)");
     step(f, 1, "input", "x", shape(s[0], sizeof s[0], 3, x_s),
-         "x ~ N(0, 1) as torch.randn(%" PRId64 ", %" PRId64 ", %" PRId64 ") (attn_rng_randn, src/rng.c)",
+         "x ~ N(0, 1) as torch.randn(%" PRId64 ", %" PRId64 ", %" PRId64 ") (attn_rng_randn, src/core/rng.c)",
          B, T, E);
     step(f, 2, "fused q/k/v projection", "qkv", shape(s[1], sizeof s[1], 3, qkv_s),
-         "qkv = x \xc2\xb7 W_qkv\xe1\xb5\x80 + b_qkv, W_qkv %s, b_qkv %s (attn_linear, src/linear.c)",
+         "qkv = x \xc2\xb7 W_qkv\xe1\xb5\x80 + b_qkv, W_qkv %s, b_qkv %s (attn_linear, src/attention/linear.c)",
          shape(w1, sizeof w1, 2, wq_s), shape(w2, sizeof w2, 1, bq_s));
     char three[128];
     snprintf(three, sizeof three, "3 \xc3\x97 %s", shape(s[2], sizeof s[2], 3, x_s));
     step(f, 3, "split the last axis", "q, k, v", three,
          "q = qkv[..., 0:%" PRId64 "], k = qkv[..., %" PRId64 ":%" PRId64 "], v = qkv[..., %" PRId64
-         ":%" PRId64 "] (strided views, attn_mha_forward, src/mha.c)",
+         ":%" PRId64 "] (strided views, attn_mha_forward, src/attention/mha.c)",
          E, E, 2 * E, 2 * E, 3 * E);
     step(f, 4, "split heads", "q, k, v", shape(s[3], sizeof s[3], 4, head_s),
-         "view %s, swap axes 1 and 2 (no copy: strides, src/mha.c)",
+         "view %s, swap axes 1 and 2 (no copy: strides, src/attention/mha.c)",
          shape(w3, sizeof w3, 4, view_s));
     char scale[64];
     snprintf(scale, sizeof scale, "%.9g", 1.0 / sqrt((double)D));
@@ -97,14 +97,14 @@ int trace_print(FILE *f, const trace_info *t)
     step(f, 8, "weighted sum of values", "context", shape(s[7], sizeof s[7], 4, head_s),
          "context = weights \xc2\xb7 v");
     step(f, 9, "merge heads", "context", shape(s[8], sizeof s[8], 3, x_s),
-         "swap axes 1 and 2, view [B, T, H\xc2\xb7" "D] (written in place, src/mha.c)");
+         "swap axes 1 and 2, view [B, T, H\xc2\xb7" "D] (written in place, src/attention/mha.c)");
     step(f, 10, "output projection", "output", shape(s[9], sizeof s[9], 3, x_s),
-         "output = context \xc2\xb7 W_o\xe1\xb5\x80 + b_o, W_o %s, b_o %s (attn_linear, src/linear.c)",
+         "output = context \xc2\xb7 W_o\xe1\xb5\x80 + b_o, W_o %s, b_o %s (attn_linear, src/attention/linear.c)",
          shape(w1, sizeof w1, 2, wo_s), shape(w2, sizeof w2, 1, bo_s));
 
     fprintf(f, "== masks (bool, true = may attend)\n");
     fprintf(f, "padding  %-16s false where the KEY token is the pad id %" PRId64
-               " (attn_mask_padding, src/mask.c)\n",
+               " (attn_mask_padding, src/core/mask.c)\n",
             shape(s[0], sizeof s[0], 4, pad_s), t->pad_id);
     fprintf(f, "causal   %-16s true where key <= query, lower triangle (attn_mask_causal)\n",
             shape(s[1], sizeof s[1], 4, cau_s));
@@ -122,7 +122,7 @@ int trace_print(FILE *f, const trace_info *t)
     fprintf(f, "attention:   %s\n", t->attention_kernel ? t->attention_kernel : "unknown");
     if (t->kernel_reason)
         fprintf(f, "why:         %s\n", t->kernel_reason);
-    fprintf(f, "projections: attn_linear (src/linear.c)\n");
+    fprintf(f, "projections: attn_linear (src/attention/linear.c)\n");
     fprintf(f, "threads:     at most %d (attn_threads_resolve); small calls such as the "
                "chapter's use fewer, and the count never changes the results\n",
             t->threads);

@@ -14,7 +14,7 @@ typedef struct trace_info {
     int64_t B, T, E, H;      /* batch, sequence length, embed_dim, heads */
     uint64_t seed;           /* where x and the weights came from */
     int64_t pad_id;          /* the pad token of the padding mask */
-    const char *attention_kernel; /* e.g. "fused online-softmax kernel (src/sdpa_fused.c), avx512" */
+    const char *attention_kernel; /* e.g. "fused online-softmax kernel (src/kernels/sdpa_fused.c), avx512" */
     const char *kernel_reason;    /* why that path, e.g. "auto: best path for this CPU" */
     int threads;             /* most threads a call may use */
 } trace_info;

@@ -10,7 +10,7 @@
  *
  * With the same seed it computes on the same numbers as the chapter's PyTorch code:
  * x and both nn.Linear layers are drawn as torch.manual_seed + torch.randn +
- * nn.Linear's default initialisation draw them (src/rng.c).
+ * nn.Linear's default initialisation draw them (src/core/rng.c).
  *
  * For a learner there is more to see on request: --trace prints every step with its
  * formula and shape, --dump DIR writes every array (.npy, .safetensors), --heatmap
@@ -378,16 +378,16 @@ static void print_trace(const attn_ctx *ctx, const options *o)
     attn_arch arch = attn_arch_selected(ctx);
     if (ctx->impl == ATTN_IMPL_REF) {
         snprintf(kernel, sizeof kernel,
-                 "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/sdpa_ref.c)");
+                 "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/attention/sdpa_ref.c)");
         snprintf(reason, sizeof reason, "ctx->impl is ATTN_IMPL_REF");
     } else if (arch == ATTN_ARCH_REF) {
         snprintf(kernel, sizeof kernel,
-                 "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/sdpa_ref.c)");
+                 "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/attention/sdpa_ref.c)");
         snprintf(reason, sizeof reason, "ctx->impl is %s but the selected arch is ref (%s)",
                  ctx->impl == ATTN_IMPL_FUSED ? "FUSED" : "AUTO", arch_reason);
     } else {
         snprintf(kernel, sizeof kernel,
-                 "fused online-softmax kernel (attn_sdpa_fused, src/sdpa_fused.c), %s build",
+                 "fused online-softmax kernel (attn_sdpa_fused, src/kernels/sdpa_fused.c), %s build",
                  attn_arch_name(arch));
         snprintf(reason, sizeof reason, "ctx->impl is %s, so attn_sdpa runs the fused kernel; arch %s",
                  ctx->impl == ATTN_IMPL_FUSED ? "FUSED" : "AUTO (the default)", arch_reason);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/data/rng/: PyTorch's own draws and the chapter module's results.
 
-tests/test_rng.c checks that libattn (src/rng.c and the forward pass) reproduces
+tests/test_rng.c checks that libattn (src/core/rng.c and the forward pass) reproduces
 these files. Run from anywhere with a PyTorch 2.x CPU build:
 
     python3 tests/golden/gen_rng.py            # writes next to this script's ../data/rng

@@ -2,9 +2,9 @@
  * sdpa.c - attn_sdpa(): picks the attention kernel.
  *
  * ctx->impl chooses the kernel, ctx->arch (or the ATTN_ARCH variable, see
- * src/dispatch.c) the instruction set:
+ * src/runtime/dispatch.c) the instruction set:
  *
- *   ATTN_IMPL_REF                 the reference (src/sdpa_ref.c), always;
+ *   ATTN_IMPL_REF                 the reference (src/attention/sdpa_ref.c), always;
  *   ATTN_IMPL_AUTO (the default)  the fused kernel (src/sdpa_fused*.c) on the
  *   ATTN_IMPL_FUSED               selected instruction set, or the reference when
  *                                 the selected arch is "ref".
@@ -12,7 +12,7 @@
  * Both kernels check their arguments with attn__sdpa_prepare(), so the contract,
  * the errors and their messages are the same whichever runs.
  */
-#include "fused.h"
+#include "sdpa_fused.h"
 
 int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
               const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,

@@ -15,7 +15,7 @@
  * attn_arch_reason() returns the sentence the benchmark and the experiment's trace
  * print. The library itself never prints.
  */
-#include "fused.h"
+#include "dispatch.h"
 
 #include <pthread.h>
 #include <stdio.h>

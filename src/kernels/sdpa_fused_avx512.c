@@ -1,7 +1,7 @@
 /*
- * sdpa_fused_avx512.c - the fused attention kernel (src/fused_kernel.h) built for
+ * sdpa_fused_avx512.c - the fused attention kernel (src/kernels/fused_kernel.h) built for
  * AVX-512F (16 floats a vector; 32 registers).
- * CMake compiles this file alone with the ISA flags; src/dispatch.c calls it only
+ * CMake compiles this file alone with the ISA flags; src/runtime/dispatch.c calls it only
  * when cpuid and xgetbv say the CPU and the OS support those registers.
  *
  * Micro-tiles: 8 keys x 2x16 query rows for the scores (16 accumulators),

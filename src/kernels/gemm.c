@@ -1,8 +1,8 @@
 /*
  * gemm.c - the projection GEMM behind attn_linear: the planner (packing, work
- * items, threads) and the kernel body of src/gemm_kernel.h built as portable C.
- * The AVX2 and AVX-512 builds are src/gemm_avx2.c and src/gemm_avx512.c; the
- * contract (what is packed, who handles tails) is written in src/gemm_kernel.h.
+ * items, threads) and the kernel body of src/kernels/gemm_kernel.h built as portable C.
+ * The AVX2 and AVX-512 builds are src/kernels/gemm_avx2.c and src/kernels/gemm_avx512.c; the
+ * contract (what is packed, who handles tails) is written in src/kernels/gemm_kernel.h.
  */
 #define ATTN_SIMD_SCALAR 1
 #define GK_MR 4

@@ -13,7 +13,7 @@
  * empty pool (its workers did not survive the fork). Nothing here allocates; the kernel's
  * scratch is allocated by the caller, one slice per worker.
  */
-#include "fused.h"
+#include "threads.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

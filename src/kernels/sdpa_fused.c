@@ -1,11 +1,11 @@
 /*
  * sdpa_fused.c - the fused attention path: the planner that picks tile sizes,
  * scratch and threads for one attn_sdpa call, and the kernel body of
- * src/fused_kernel.h built as portable C (the ATTN_ARCH=scalar path, and the only
+ * src/kernels/fused_kernel.h built as portable C (the ATTN_ARCH=scalar path, and the only
  * fast path on a machine that is not x86-64).
  *
  * The contract of the kernel (tile sizes, the online-softmax state, who handles
- * tails and masks) is written at the top of src/fused_kernel.h. Arguments are
+ * tails and masks) is written at the top of src/kernels/fused_kernel.h. Arguments are
  * checked by attn__sdpa_prepare(), the same function the reference uses, so both
  * paths accept and refuse exactly the same calls with the same messages.
  */
@@ -22,7 +22,7 @@ const attn__fused_kernel attn__fused_kernel_scalar = {
     ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_exp_nonpos,
 };
 
-/* Query rows and keys per tile; see the contract in src/fused_kernel.h. */
+/* Query rows and keys per tile; see the contract in src/kernels/fused_kernel.h. */
 #define ATTN_FUSED_BR 64
 #define ATTN_FUSED_BC 64
 /* Scratch up to this many floats lives on the stack (4 KiB). */

@@ -1,7 +1,7 @@
 /*
- * gemm_avx2.c - the projection GEMM (src/gemm_kernel.h) built for AVX2 + FMA.
- * CMake compiles this file alone with the ISA flags; src/gemm.c calls it only
- * when src/dispatch.c has found the instructions and their OS support.
+ * gemm_avx2.c - the projection GEMM (src/kernels/gemm_kernel.h) built for AVX2 + FMA.
+ * CMake compiles this file alone with the ISA flags; src/kernels/gemm.c calls it only
+ * when src/runtime/dispatch.c has found the instructions and their OS support.
  *
  * Micro-tile: 6 rows of x x 2 vectors of output features (12 accumulators).
  */

@@ -1,7 +1,7 @@
 /*
  * fused_kernel.h - the body of the fused attention kernel, written once over the
- * SIMD layer of src/simd.h and compiled once per instruction set by
- * src/sdpa_fused.c (portable C), src/sdpa_fused_avx2.c and src/sdpa_fused_avx512.c.
+ * SIMD layer of src/kernels/simd.h and compiled once per instruction set by
+ * src/kernels/sdpa_fused.c (portable C), src/kernels/sdpa_fused_avx2.c and src/kernels/sdpa_fused_avx512.c.
  * Not a public header; it is included only by those three files, each of which
  * defines ATTN_SIMD_<ISA> and the micro-tile sizes
  *
@@ -75,7 +75,7 @@
  * weights (zeros for hidden tiles and empty rows). No [Tq, Tk] scratch is used.
  *
  * The row path (job->row_path) serves problems with a handful of query rows
- * (ATTN__FUSED_ROW_MAX in fused.h), such as one decoding step against a cache
+ * (ATTN__FUSED_ROW_MAX in sdpa_fused.h), such as one decoding step against a cache
  * (S5) or the chapter's toy size: one item is one (b, h) and its few query rows;
  * K and V rows are read in place (unit stride along the head dim required) in two
  * streaming passes, the rows' scores kept in a [Tq][Tk] scratch block (Tq <= 8),
@@ -91,7 +91,7 @@
 #ifndef ATTN_FUSED_KERNEL_H
 #define ATTN_FUSED_KERNEL_H
 
-#include "fused.h"
+#include "sdpa_fused.h"
 #include "simd.h"
 
 #include <float.h>

@@ -1,9 +1,9 @@
 /*
  * simd.h - the thin SIMD layer the fused kernels are written over; not installed.
  *
- * One kernel body (src/fused_kernel.h, src/gemm_kernel.h) is compiled three times:
- * by src/sdpa_fused.c with no ISA flags (portable C), by src/sdpa_fused_avx2.c with
- * -mavx2 -mfma and by src/sdpa_fused_avx512.c with -mavx512f (CMake adds the flags
+ * One kernel body (src/kernels/fused_kernel.h, src/kernels/gemm_kernel.h) is compiled three times:
+ * by src/kernels/sdpa_fused.c with no ISA flags (portable C), by src/kernels/sdpa_fused_avx2.c with
+ * -mavx2 -mfma and by src/kernels/sdpa_fused_avx512.c with -mavx512f (CMake adds the flags
  * to those files only). Each of those files defines exactly one of
  *
  *     ATTN_SIMD_SCALAR   ATTN_SIMD_AVX2   ATTN_SIMD_AVX512

@@ -6,11 +6,11 @@
  * The weight layout is PyTorch's, [out_features, in_features], so row o of W is the
  * vector that output feature o takes the dot product with. attn_linear runs the
  * blocked, vectorised GEMM of src/gemm*.c on the instruction set the dispatcher
- * selects (src/dispatch.c); with ATTN_ARCH=ref (or ctx->arch = ATTN_ARCH_REF) it
+ * selects (src/runtime/dispatch.c); with ATTN_ARCH=ref (or ctx->arch = ATTN_ARCH_REF) it
  * runs the plain loop below, the reference. The leading axes of x and y (up to
  * three) are walked by stride in both.
  */
-#include "fused.h"
+#include "gemm.h"
 
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /*
- * gemm_kernel.h - the body of the projection GEMM, written once over src/simd.h
- * and compiled per instruction set by src/gemm.c (portable C), src/gemm_avx2.c and
- * src/gemm_avx512.c, each of which defines ATTN_SIMD_<ISA>, GK_MR (rows of x per
+ * gemm_kernel.h - the body of the projection GEMM, written once over src/kernels/simd.h
+ * and compiled per instruction set by src/kernels/gemm.c (portable C), src/kernels/gemm_avx2.c and
+ * src/kernels/gemm_avx512.c, each of which defines ATTN_SIMD_<ISA>, GK_MR (rows of x per
  * micro-tile) and GK_NRV (vectors of output columns per micro-tile) first.
  *
  * THE CONTRACT
@@ -27,7 +27,7 @@
 #ifndef ATTN_GEMM_KERNEL_H
 #define ATTN_GEMM_KERNEL_H
 
-#include "fused.h"
+#include "gemm.h"
 #include "simd.h"
 
 #if !defined(GK_MR) || !defined(GK_NRV)

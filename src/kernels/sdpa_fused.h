@@ -1,0 +1,68 @@
+/*
+ * sdpa_fused.h - the fused attention kernel: one call's plan (attn__fused_job) and
+ * what each instruction set's build provides (attn__fused_kernel). The planner is
+ * src/kernels/sdpa_fused.c; the kernel body, and its contract, src/kernels/fused_kernel.h.
+ * Internal; names start with attn__.
+ */
+#ifndef ATTN_SDPA_FUSED_H
+#define ATTN_SDPA_FUSED_H
+
+#include "attn_internal.h"
+#include "dispatch.h"
+#include "threads.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Up to this many query rows, the fused kernel takes its row path (see
+ * src/kernels/fused_kernel.h): a decoding step, the chapter's toy size. */
+#define ATTN__FUSED_ROW_MAX 8
+
+/* One call's plan and data, filled by src/kernels/sdpa_fused.c and read by every worker. */
+typedef struct attn__fused_job {
+    const attn__sdpa_shapes *s;
+    const float *q, *k, *v; /* q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] */
+    float *out;             /* [B, H, Tq, Dv] */
+    float *weights;         /* [B, H, Tq, Tk] or NULL */
+    int64_t br;             /* query rows per tile (a multiple of the kernel's mr) */
+    int64_t bc;             /* keys per tile (a multiple of the kernel's nk) */
+    int64_t n_qt;           /* query tiles per (b, h) */
+    int64_t dvp;            /* Dv rounded up to the vector width */
+    int row_path;           /* 1: one (b, h) per item, row by row, K and V in place */
+    int64_t ws_floats;      /* floats of scratch per worker */
+    float *ws;              /* workers * ws_floats */
+    int64_t *empty_first;   /* per worker: smallest flat row index b*H*Tq + h*Tq + i
+                               of a row with every key masked, or INT64_MAX */
+} attn__fused_job;
+
+/* What one instruction set's build of the kernel body provides. */
+typedef struct attn__fused_kernel {
+    attn_arch arch;
+    int width; /* floats per vector */
+    int mr;    /* query rows per micro-tile (tiles hold a multiple of it) */
+    int nk;    /* keys per micro-tile of the score product */
+    /* Scratch floats one worker needs for a job planned with these sizes. */
+    int64_t (*ws_floats)(const attn__fused_job *job);
+    /* Processes one work item: (b, h, query tile), or (b, h) on the row path. */
+    void (*item)(void *job, int64_t item, int worker);
+    /* y[i] = e^x[i] for x[i] <= 0 with this build's vector exp (for the tests). */
+    void (*exp_nonpos)(const float *x, float *y, int64_t n);
+} attn__fused_kernel;
+
+extern const attn__fused_kernel attn__fused_kernel_scalar;
+#ifdef ATTN_HAVE_X86
+extern const attn__fused_kernel attn__fused_kernel_avx2;
+extern const attn__fused_kernel attn__fused_kernel_avx512;
+#endif
+
+/* The build of the kernel for arch (REF gives the portable one), or NULL when
+ * this library was built without it (AVX2/AVX-512 off x86-64). */
+const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
+
+/* The fused kernel for an already resolved arch (SCALAR, AVX2 or AVX512). */
+int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
+                          const attn_tensor *k, const attn_tensor *v,
+                          const attn_sdpa_params *p, attn_tensor *out,
+                          attn_tensor *weights);
+
+#endif /* ATTN_SDPA_FUSED_H */

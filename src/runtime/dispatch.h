@@ -1,0 +1,16 @@
+/*
+ * dispatch.h - which instruction set the fast kernels run (src/runtime/dispatch.c):
+ * decided once per process from cpuid and xgetbv, forced by ATTN_ARCH, or chosen per
+ * call by ctx->arch. Internal; names start with attn__.
+ */
+#ifndef ATTN_DISPATCH_H
+#define ATTN_DISPATCH_H
+
+#include "attn_internal.h"
+
+/* The arch a call with ctx runs (never AUTO): ctx->arch when set, else the
+ * process-wide choice (ATTN_ARCH or cpuid/xgetbv, decided once). Fails with
+ * UNSUPPORTED when ctx->arch names a path this build or CPU cannot run. */
+int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
+
+#endif /* ATTN_DISPATCH_H */
