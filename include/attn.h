@@ -108,10 +108,30 @@ typedef struct attn_ctx {
     attn_arch arch;           /* ATTN_ARCH_AUTO by default */
     int status;               /* the last failing call's status, or ATTN_OK */
     char message[ATTN_MESSAGE_SIZE]; /* the last failing call's message, or "" */
+
+    /* Scratch. A call that needs scratch memory (the ..._workspace_size functions
+     * say how much) takes it, in this order, from:
+     *   1. workspace, when workspace_size is at least what the call needs (the
+     *      caller's memory, 64-byte aligned; the library never frees it);
+     *   2. the context's own buffer, when keep_workspace is nonzero: allocated on
+     *      first need, grown when a call needs more, kept between calls, and freed
+     *      by attn_ctx_release();
+     *   3. otherwise a fresh allocation, freed before the call returns.
+     * So a loop that hands in a large enough workspace, or sets keep_workspace,
+     * allocates nothing after its first call. */
+    void *workspace;
+    size_t workspace_size;
+    int keep_workspace;
+    void *kept_;              /* the context's own buffer (private) */
+    size_t kept_size_;        /* its size in bytes (private) */
 } attn_ctx;
 
-/* Fills ctx with the defaults. */
+/* Fills ctx with the defaults (no workspace, keep_workspace 0). */
 void attn_ctx_init(attn_ctx *ctx);
+/* Frees the scratch the context kept (keep_workspace) and clears that field;
+ * ctx stays usable. NULL-safe. Call it before a context with keep_workspace set
+ * goes out of scope. */
+void attn_ctx_release(attn_ctx *ctx);
 
 /* ------------------------------------------------------------------------------
  * Tensors: up to four dimensions, 64-bit sizes, strides in elements.
@@ -247,6 +267,15 @@ void attn_sdpa_params_init(attn_sdpa_params *p);
 int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
               const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
               attn_tensor *weights);
+
+/* The scratch attn_sdpa needs for these arguments under ctx (its threads, impl
+ * and arch), in bytes: hand in at least that much as ctx->workspace and the call
+ * allocates nothing. Checks the arguments as attn_sdpa does; *bytes is 0 on
+ * failure. */
+int attn_sdpa_workspace_size(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                             const attn_tensor *v, const attn_sdpa_params *p,
+                             const attn_tensor *out, const attn_tensor *weights,
+                             size_t *bytes);
 
 /* The reference, in three visible steps (scores, masked softmax, weighted sum). Same
  * contract as attn_sdpa. It materialises one [Tq, Tk] score block per (b, h). */

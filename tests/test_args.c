@@ -258,6 +258,8 @@ static void test_status_and_ctx(void)
         bad_inputs += 2;
     }
     attn_ctx_init(NULL);
+    covers("attn_ctx_release");
+    attn_ctx_release(NULL);
     bad_inputs++;
 }
 
@@ -726,6 +728,18 @@ static void sdpa_contract(const char *name, sdpa_fn f, int checks_ctx)
     }
 }
 
+/* attn_sdpa_workspace_size checks what attn_sdpa checks. */
+static int sdpa_workspace_size_as_call(attn_ctx *ctx, const attn_tensor *q,
+                                       const attn_tensor *k, const attn_tensor *v,
+                                       const attn_sdpa_params *p, attn_tensor *out,
+                                       attn_tensor *weights)
+{
+    size_t bytes = 1;
+    int rc = attn_sdpa_workspace_size(ctx, q, k, v, p, out, weights, &bytes);
+    CHECK(rc == ATTN_OK || bytes == 0);
+    return rc;
+}
+
 static void test_sdpa(void)
 {
     TEST("attn_sdpa, attn_sdpa_ref and attn_sdpa_fused refuse the same bad tensors, "
@@ -740,6 +754,10 @@ static void test_sdpa(void)
     sdpa_contract("attn_sdpa", attn_sdpa, 2);
     sdpa_contract("attn_sdpa_ref", attn_sdpa_ref, 0);
     sdpa_contract("attn_sdpa_fused", attn_sdpa_fused, 1);
+    covers("attn_sdpa_workspace_size");
+    sdpa_contract("attn_sdpa_workspace_size", sdpa_workspace_size_as_call, 2);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_sdpa_workspace_size(C, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
 }
 
 static void test_mha(void)

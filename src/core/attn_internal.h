@@ -28,6 +28,18 @@ int attn__fail(attn_ctx *ctx, int status, const char *fmt, ...) ATTN__PRINTF(3, 
 void *attn__alloc(attn_ctx *ctx, size_t size, const char *what);
 void attn__free(attn_ctx *ctx, void *ptr);
 
+/* Scratch for one call, `bytes` long and 64-byte aligned, taken as attn_ctx
+ * describes: the caller's workspace, the context's kept buffer, or a fresh
+ * allocation. NULL (NO_MEMORY recorded, naming `what`) on failure. Give it back
+ * with attn__scratch_put before the call returns; only a fresh allocation is
+ * freed. Public entry points take their scratch once and hand slices of it to the
+ * unchecked kernels, which never allocate. */
+void *attn__scratch_get(attn_ctx *ctx, size_t bytes, const char *what);
+void attn__scratch_put(attn_ctx *ctx, void *scratch);
+
+/* Rounds a byte count up to a multiple of 64 (0 when that overflows). */
+size_t attn__align64(size_t bytes);
+
 /* a * b into *out, or 0 if it overflows int64 (a, b >= 0). Returns 1 on success. */
 int attn__mul_i64(int64_t a, int64_t b, int64_t *out);
 /* Bytes for n elements of `elem` bytes, or 0 if that overflows size_t. */
@@ -57,37 +69,6 @@ typedef struct attn__mask4 {
 /* Checks that `mask` (may be NULL) broadcasts to [B, H, Tq, Tk] and fills m. */
 int attn__mask4_init(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H,
                      int64_t Tq, int64_t Tk, attn__mask4 *m);
-
-/* Checks q/k/v/out/weights for attn_sdpa's contract and reads the sizes.
- * Also fills the mask view and the scale. Shared by every attention kernel. */
-typedef struct attn__sdpa_shapes {
-    int64_t B, H, Tq, Tk, D, Dv;
-    int64_t q_s[4], k_s[4], v_s[4], o_s[4], w_s[4]; /* 4-D strides */
-    attn__mask4 mask;
-    int causal;
-    float scale;
-    attn_empty_rows empty_rows;
-} attn__sdpa_shapes;
-
-int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
-                       const attn_tensor *v, const attn_sdpa_params *p,
-                       const attn_tensor *out, const attn_tensor *weights,
-                       attn__sdpa_shapes *s);
-
-/* Records the EMPTY_ROW error for query i of (b, h), naming where it is. */
-int attn__empty_row_fail(attn_ctx *ctx, const attn__sdpa_shapes *s, int64_t b, int64_t h,
-                         int64_t i);
-
-/* 1 when query i may attend to key j of (b, h) under s's mask and causal flag. */
-static inline int attn__may_attend(const attn__sdpa_shapes *s, int64_t b, int64_t h,
-                                   int64_t i, int64_t j)
-{
-    if (s->causal && j > i)
-        return 0;
-    if (s->mask.data && !s->mask.data[attn__off4(s->mask.stride, b, h, i, j)])
-        return 0;
-    return 1;
-}
 
 /* Checks attn_linear's arguments (dtypes, shapes, strides); shared by every
  * implementation of the projection. */

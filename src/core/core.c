@@ -105,6 +105,74 @@ void attn__free(attn_ctx *ctx, void *ptr)
         free(ptr);
 }
 
+void attn_ctx_release(attn_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    attn__free(ctx, ctx->kept_);
+    ctx->kept_ = NULL;
+    ctx->kept_size_ = 0;
+}
+
+size_t attn__align64(size_t bytes)
+{
+    return bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) & ~(size_t)63;
+}
+
+/* Scratch from the allocator is over-allocated by SCRATCH_PAD bytes so that it can
+ * start on a 64-byte boundary whatever the allocator returns, with the distance
+ * back to the allocator's pointer stored just before it (a fresh allocation needs
+ * it to free). */
+#define SCRATCH_PAD (64 + sizeof(size_t))
+
+static char *scratch_align(void *raw)
+{
+    uintptr_t a = ((uintptr_t)raw + sizeof(size_t) + 63) & ~(uintptr_t)63;
+    char *p = (char *)raw + (a - (uintptr_t)raw);
+    size_t back = (size_t)(p - (char *)raw);
+    memcpy(p - sizeof back, &back, sizeof back);
+    return p;
+}
+
+void *attn__scratch_get(attn_ctx *ctx, size_t bytes, const char *what)
+{
+    if (bytes == 0)
+        bytes = 1;
+    if (ctx && ctx->workspace && ctx->workspace_size >= bytes &&
+        (uintptr_t)ctx->workspace % 64 == 0)
+        return ctx->workspace;
+    if (bytes > SIZE_MAX - SCRATCH_PAD) {
+        attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s of %zu bytes overflows",
+                   what ? what : "scratch", bytes);
+        return NULL;
+    }
+    if (ctx && ctx->keep_workspace) {
+        if (!ctx->kept_ || ctx->kept_size_ < bytes) {
+            void *raw = attn__alloc(ctx, bytes + SCRATCH_PAD, what);
+            if (!raw)
+                return NULL;
+            attn__free(ctx, ctx->kept_);
+            ctx->kept_ = raw;
+            ctx->kept_size_ = bytes;
+        }
+        return scratch_align(ctx->kept_);
+    }
+    void *raw = attn__alloc(ctx, bytes + SCRATCH_PAD, what);
+    return raw ? scratch_align(raw) : NULL;
+}
+
+void attn__scratch_put(attn_ctx *ctx, void *scratch)
+{
+    if (!scratch || (ctx && scratch == ctx->workspace))
+        return;
+    char *p = scratch;
+    size_t back;
+    memcpy(&back, p - sizeof back, sizeof back);
+    if (ctx && ctx->kept_ && p - back == (char *)ctx->kept_)
+        return;
+    attn__free(ctx, p - back);
+}
+
 int attn__mul_i64(int64_t a, int64_t b, int64_t *out)
 {
     if (a < 0 || b < 0)

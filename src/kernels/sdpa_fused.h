@@ -9,6 +9,7 @@
 
 #include "attn_internal.h"
 #include "dispatch.h"
+#include "sdpa_contract.h"
 #include "threads.h"
 
 #include <stddef.h>
@@ -58,11 +59,5 @@ extern const attn__fused_kernel attn__fused_kernel_avx512;
 /* The build of the kernel for arch (REF gives the portable one), or NULL when
  * this library was built without it (AVX2/AVX-512 off x86-64). */
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
-
-/* The fused kernel for an already resolved arch (SCALAR, AVX2 or AVX512). */
-int attn__sdpa_fused_arch(attn_ctx *ctx, attn_arch arch, const attn_tensor *q,
-                          const attn_tensor *k, const attn_tensor *v,
-                          const attn_sdpa_params *p, attn_tensor *out,
-                          attn_tensor *weights);
 
 #endif /* ATTN_SDPA_FUSED_H */

@@ -1,0 +1,91 @@
+/*
+ * sdpa_contract.h - the contract of scaled dot-product attention, in one room:
+ * the parameters, the argument check every kernel shares, the shared error
+ * messages, and the plan (kernel, threads, scratch) that a checked call runs with.
+ *
+ * A public entry point checks once (attn__sdpa_prepare), plans once
+ * (attn__sdpa_plan), takes its scratch once (attn__scratch_get, src/core) and then
+ * runs the unchecked kernel (attn__sdpa_run). Callers inside the library that have
+ * already checked their tensors (multi-head attention) call the last two steps
+ * directly. Internal; names start with attn__.
+ */
+#ifndef ATTN_SDPA_CONTRACT_H
+#define ATTN_SDPA_CONTRACT_H
+
+#include "attn_internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Sizes, strides and options of one checked attn_sdpa call. */
+typedef struct attn__sdpa_shapes {
+    int64_t B, H, Tq, Tk, D, Dv;
+    int64_t q_s[4], k_s[4], v_s[4], o_s[4], w_s[4]; /* 4-D strides, in elements */
+    attn__mask4 mask;
+    int causal;
+    float scale;
+    attn_empty_rows empty_rows;
+} attn__sdpa_shapes;
+
+/* Checks q/k/v/out/weights (weights may be NULL) and p (NULL: the defaults) against
+ * attn_sdpa's contract and fills s: sizes, strides, the mask view and the scale. */
+int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                       const attn_tensor *v, const attn_sdpa_params *p,
+                       const attn_tensor *out, const attn_tensor *weights,
+                       attn__sdpa_shapes *s);
+
+/* Records the EMPTY_ROW error for query i of (b, h), naming where it is. */
+int attn__empty_row_fail(attn_ctx *ctx, const attn__sdpa_shapes *s, int64_t b, int64_t h,
+                         int64_t i);
+
+/* 1 when query i may attend to key j of (b, h) under s's mask and causal flag. */
+static inline int attn__may_attend(const attn__sdpa_shapes *s, int64_t b, int64_t h,
+                                   int64_t i, int64_t j)
+{
+    if (s->causal && j > i)
+        return 0;
+    if (s->mask.data && !s->mask.data[attn__off4(s->mask.stride, b, h, i, j)])
+        return 0;
+    return 1;
+}
+
+/* Which kernel runs a checked call, with how many threads and how much scratch.
+ * Everything here depends on the shapes, ctx->threads, ctx->impl and the selected
+ * arch only, so the same call planned twice gets the same plan. */
+typedef struct attn__sdpa_plan {
+    attn__sdpa_shapes s;
+    int use_ref;          /* 1: the reference (src/attention/sdpa_ref.c) */
+    attn_arch arch;       /* the fused kernel's instruction set (not REF, not AUTO) */
+    int threads;          /* workers the fused kernel uses */
+    int64_t br, bc;       /* the fused kernel's tile sizes (0 on its row path) */
+    int64_t ws_floats;    /* the fused kernel's scratch floats per worker */
+    size_t scratch_bytes; /* what attn__sdpa_run needs in `scratch` */
+} attn__sdpa_plan;
+
+/* Plans s for the reference (use_ref) or the fused kernel on arch. Fails only on
+ * overflow. */
+int attn__sdpa_plan_make(attn_ctx *ctx, const attn__sdpa_shapes *s, int use_ref,
+                         attn_arch arch, attn__sdpa_plan *plan);
+
+/* Plans a call as attn_sdpa would run it under ctx (ctx->impl, ctx->arch). */
+int attn__sdpa_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_shapes *s,
+                            attn__sdpa_plan *plan);
+
+/* Runs a planned call on already checked data: q, k, v, out and weights (NULL when
+ * not wanted) are the tensors' first elements, read through plan->s's strides;
+ * scratch holds plan->scratch_bytes, 64-byte aligned. Allocates nothing. Fails only
+ * with EMPTY_ROW. */
+int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
+                   const float *k, const float *v, float *out, float *weights,
+                   void *scratch);
+
+/* The reference and the fused kernel behind attn__sdpa_run. */
+int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *s, const float *q,
+                       const float *k, const float *v, float *out, float *weights,
+                       float *scores);
+int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan);
+int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
+                         const float *k, const float *v, float *out, float *weights,
+                         void *scratch);
+
+#endif /* ATTN_SDPA_CONTRACT_H */
