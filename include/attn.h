@@ -38,6 +38,17 @@
 extern "C" {
 #endif
 
+/* ATTN_API marks what libattn exports. The library is built with hidden
+ * visibility, so its shared object exports the functions marked here and nothing
+ * else; internal names (attn__*) never leave it. */
+#if defined(_WIN32) && defined(ATTN_BUILD_SHARED)
+#define ATTN_API __declspec(dllexport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define ATTN_API __attribute__((visibility("default")))
+#else
+#define ATTN_API
+#endif
+
 #define ATTN_VERSION_MAJOR 0
 #define ATTN_VERSION_MINOR 1
 #define ATTN_VERSION_PATCH 0
@@ -62,9 +73,9 @@ typedef enum attn_status {
 } attn_status;
 
 /* The enum's name without the prefix, e.g. "EMPTY_ROW"; "UNKNOWN" otherwise. */
-const char *attn_status_name(int status);
+ATTN_API const char *attn_status_name(int status);
 /* A short English description, e.g. "a query row has all its keys masked". */
-const char *attn_strerror(int status);
+ATTN_API const char *attn_strerror(int status);
 
 /* ------------------------------------------------------------------------------
  * Context: allocator, threads, kernel choice, and the last error message.
@@ -127,11 +138,11 @@ typedef struct attn_ctx {
 } attn_ctx;
 
 /* Fills ctx with the defaults (no workspace, keep_workspace 0). */
-void attn_ctx_init(attn_ctx *ctx);
+ATTN_API void attn_ctx_init(attn_ctx *ctx);
 /* Frees the scratch the context kept (keep_workspace) and clears that field;
  * ctx stays usable. NULL-safe. Call it before a context with keep_workspace set
  * goes out of scope. */
-void attn_ctx_release(attn_ctx *ctx);
+ATTN_API void attn_ctx_release(attn_ctx *ctx);
 
 /* ------------------------------------------------------------------------------
  * Tensors: up to four dimensions, 64-bit sizes, strides in elements.
@@ -155,49 +166,49 @@ typedef struct attn_tensor {
 } attn_tensor;
 
 /* Bytes per element of a dtype (4, 1, 8, 4), or 0 for an unknown one. */
-size_t attn_dtype_size(attn_dtype dtype);
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 /* "float32", "bool", "int64", "int32". */
-const char *attn_dtype_name(attn_dtype dtype);
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 
 /* Describes `data` as a C-contiguous (row-major) array of the given shape.
  * Fails with OVERFLOW when the number of bytes does not fit in size_t. */
-int attn_tensor_init(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, void *data,
+ATTN_API int attn_tensor_init(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, void *data,
                      int ndim, const int64_t *shape);
 
 /* Allocates a zero-filled C-contiguous tensor with ctx's allocator.
  * Free it with attn_tensor_free(). */
-int attn_tensor_alloc(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, int ndim,
+ATTN_API int attn_tensor_alloc(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, int ndim,
                       const int64_t *shape);
 /* Frees what attn_tensor_alloc allocated (with the same ctx) and clears t. */
-void attn_tensor_free(attn_ctx *ctx, attn_tensor *t);
+ATTN_API void attn_tensor_free(attn_ctx *ctx, attn_tensor *t);
 
 /* Number of elements (the product of the sizes), or -1 if it overflows. */
-int64_t attn_tensor_numel(const attn_tensor *t);
+ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
 /* 1 if the strides are those of a C-contiguous array of t's shape, else 0. */
-int attn_tensor_is_contiguous(const attn_tensor *t);
+ATTN_API int attn_tensor_is_contiguous(const attn_tensor *t);
 /* Checks ndim, sizes >= 1, non-negative strides, a non-NULL data pointer, and that
  * the largest element offset fits in 64 bits; `name` labels the message. */
-int attn_tensor_check(attn_ctx *ctx, const attn_tensor *t, const char *name);
+ATTN_API int attn_tensor_check(attn_ctx *ctx, const attn_tensor *t, const char *name);
 
 /* A view with axes a and b swapped (no copy): shape and stride entries swap. */
-int attn_tensor_transpose(attn_ctx *ctx, const attn_tensor *t, int a, int b,
+ATTN_API int attn_tensor_transpose(attn_ctx *ctx, const attn_tensor *t, int a, int b,
                           attn_tensor *view);
 /* A view of a contiguous tensor with another shape of the same element count. */
-int attn_tensor_reshape(attn_ctx *ctx, const attn_tensor *t, int ndim,
+ATTN_API int attn_tensor_reshape(attn_ctx *ctx, const attn_tensor *t, int ndim,
                         const int64_t *shape, attn_tensor *view);
 /* A view of t narrowed to [start, start + length) along `axis`. */
-int attn_tensor_narrow(attn_ctx *ctx, const attn_tensor *t, int axis, int64_t start,
+ATTN_API int attn_tensor_narrow(attn_ctx *ctx, const attn_tensor *t, int axis, int64_t start,
                        int64_t length, attn_tensor *view);
 /* Copies src into dst element by element (same shape and dtype; any strides). */
-int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst);
+ATTN_API int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst);
 
 /* Writes a shape as a Python tuple: "(2, 5, 16)", "(5,)", "()".
  * Returns the length it needed (like snprintf). */
-int attn_shape_format(char *buf, size_t size, int ndim, const int64_t *shape);
+ATTN_API int attn_shape_format(char *buf, size_t size, int ndim, const int64_t *shape);
 
 /* The numpy broadcast of two shapes (right-aligned, each axis equal or 1).
  * On success *out_ndim = max(ndim_a, ndim_b) and out_shape holds the result. */
-int attn_broadcast_shape(attn_ctx *ctx, int ndim_a, const int64_t *shape_a, int ndim_b,
+ATTN_API int attn_broadcast_shape(attn_ctx *ctx, int ndim_a, const int64_t *shape_a, int ndim_b,
                          const int64_t *shape_b, int *out_ndim, int64_t *out_shape);
 
 /* ------------------------------------------------------------------------------
@@ -206,21 +217,21 @@ int attn_broadcast_shape(attn_ctx *ctx, int ndim_a, const int64_t *shape_a, int 
 
 /* Padding mask from token ids [B, T] (int64 or int32): mask [B, 1, 1, T] (bool) is
  * false where the KEY is the pad token. A pad query still attends. */
-int attn_mask_padding(attn_ctx *ctx, const attn_tensor *token_ids, int64_t pad_id,
+ATTN_API int attn_mask_padding(attn_ctx *ctx, const attn_tensor *token_ids, int64_t pad_id,
                       attn_tensor *mask);
 
 /* Causal mask [1, 1, T, T] (bool): entry (i, j) is true when j <= i, so position t
  * sees positions 0..t. */
-int attn_mask_causal(attn_ctx *ctx, int64_t T, attn_tensor *mask);
+ATTN_API int attn_mask_causal(attn_ctx *ctx, int64_t T, attn_tensor *mask);
 
 /* out = a AND b, broadcast by numpy's rule; out's shape must be the broadcast
  * shape (e.g. [B,1,1,T] and [1,1,T,T] give [B,1,T,T]). */
-int attn_mask_and(attn_ctx *ctx, const attn_tensor *a, const attn_tensor *b,
+ATTN_API int attn_mask_and(attn_ctx *ctx, const attn_tensor *a, const attn_tensor *b,
                   attn_tensor *out);
 
 /* Checks that `mask` (bool) broadcasts to [B, H, Tq, Tk]; the message names both
  * shapes, e.g. "mask shape (5, 5) does not broadcast to (2, 1, 3, 3)". */
-int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H,
+ATTN_API int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H,
                     int64_t Tq, int64_t Tk);
 
 /* ------------------------------------------------------------------------------
@@ -229,7 +240,7 @@ int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, int64_t H
 
 /* y = x W^T + b.  x [..., in], W [out, in], b [out] or NULL, y [..., out].
  * The leading axes of x and y must match. All float32; any strides. */
-int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
+ATTN_API int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
                 const attn_tensor *b, attn_tensor *y);
 
 /* ------------------------------------------------------------------------------
@@ -257,14 +268,14 @@ typedef struct attn_sdpa_params {
 
 /* Fills p with the defaults: no mask, not causal, scale 1/sqrt(D), empty rows are
  * an error. */
-void attn_sdpa_params_init(attn_sdpa_params *p);
+ATTN_API void attn_sdpa_params_init(attn_sdpa_params *p);
 
 /* Scaled dot-product attention with the kernel ctx->impl selects.
  *   q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]  (float32, any strides)
  *   out [B, H, Tq, Dv]; weights [B, H, Tq, Tk] or NULL when not wanted.
  * Tensors with fewer than 4 dims are read as if they had leading sizes of 1.
  * p may be NULL for the defaults. */
-int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+ATTN_API int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
               const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
               attn_tensor *weights);
 
@@ -272,14 +283,14 @@ int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
  * and arch), in bytes: hand in at least that much as ctx->workspace and the call
  * allocates nothing. Checks the arguments as attn_sdpa does; *bytes is 0 on
  * failure. */
-int attn_sdpa_workspace_size(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+ATTN_API int attn_sdpa_workspace_size(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
                              const attn_tensor *v, const attn_sdpa_params *p,
                              const attn_tensor *out, const attn_tensor *weights,
                              size_t *bytes);
 
 /* The reference, in three visible steps (scores, masked softmax, weighted sum). Same
  * contract as attn_sdpa. It materialises one [Tq, Tk] score block per (b, h). */
-int attn_sdpa_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+ATTN_API int attn_sdpa_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
                   const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
                   attn_tensor *weights);
 
@@ -300,7 +311,7 @@ typedef struct attn_mha_weights {
 
 /* Checks the four weight shapes against each other and against num_heads
  * (E % num_heads == 0). On success *embed_dim holds E (may be NULL). */
-int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+ATTN_API int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
                            int64_t *embed_dim);
 
 /* Multi-head self-attention forward.
@@ -309,7 +320,7 @@ int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num
  * mask, [B, 1, T, T]); p->causal adds the causal mask; p->has_scale overrides
  * 1/sqrt(D). Workspace for q, k, v and the context is allocated once per call with
  * ctx's allocator. */
-int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+ATTN_API int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
                      const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                      attn_tensor *weights);
 
@@ -343,24 +354,24 @@ typedef struct attn_rng {
 
 /* torch.manual_seed(seed): MT19937 from the low 32 bits of seed, no cached normal,
  * flavor ATTN_RNG_TORCH_AVX2 (change the field afterwards to pick the other). */
-void attn_rng_seed(attn_rng *rng, uint64_t seed);
+ATTN_API void attn_rng_seed(attn_rng *rng, uint64_t seed);
 /* One 32-bit output (torch's random()). */
-uint32_t attn_rng_u32(attn_rng *rng);
+ATTN_API uint32_t attn_rng_u32(attn_rng *rng);
 /* Two outputs, the first in the high half (torch's random64()). */
-uint64_t attn_rng_u64(attn_rng *rng);
+ATTN_API uint64_t attn_rng_u64(attn_rng *rng);
 /* One N(0, 1) double as at::normal_distribution<double> draws it (Box-Muller with a
  * cached second value). */
-double attn_rng_normal_f64(attn_rng *rng);
+ATTN_API double attn_rng_normal_f64(attn_rng *rng);
 /* Fills n floats with N(0, 1) draws: torch.randn(n) (any shape with n elements). */
-void attn_rng_randn(attn_rng *rng, float *out, int64_t n);
+ATTN_API void attn_rng_randn(attn_rng *rng, float *out, int64_t n);
 /* Fills n floats with uniform draws in [lo, hi): Tensor.uniform_(lo, hi) with the
  * bounds already rounded to float. */
-void attn_rng_uniform(attn_rng *rng, float *out, int64_t n, float lo, float hi);
+ATTN_API void attn_rng_uniform(attn_rng *rng, float *out, int64_t n, float lo, float hi);
 /* nn.Linear(in_features, out_features)'s default initialisation: weight
  * [out_features, in_features] from kaiming_uniform_(a=sqrt(5)), i.e. uniform in
  * +-1/sqrt(in_features), then bias [out_features] (may be NULL to skip it) uniform
  * in +-1/sqrt(in_features). */
-void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, int64_t out_features,
+ATTN_API void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, int64_t out_features,
                           int64_t in_features);
 
 /* ------------------------------------------------------------------------------
@@ -382,7 +393,7 @@ typedef struct attn_array {
 } attn_array;
 
 /* Frees the buffer (with the same ctx that loaded it) and clears a. NULL-safe. */
-void attn_array_free(attn_ctx *ctx, attn_array *a);
+ATTN_API void attn_array_free(attn_ctx *ctx, attn_array *a);
 
 /* Loads a .npy file (format versions 1, 2 and 3), 1 to 4 dimensions, each size >= 1,
  * C or Fortran order (a Fortran-order file is reordered to C order). Element types:
@@ -390,11 +401,11 @@ void attn_array_free(attn_ctx *ctx, attn_array *a);
  *   int32 -> ATTN_DTYPE_I32, int64 -> ATTN_DTYPE_I64
  *   bool, uint8 -> ATTN_DTYPE_BOOL (bytes kept as they are: nonzero = true)
  * Little- or big-endian. Anything else fails with ATTN_STATUS_DTYPE. */
-int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out);
+ATTN_API int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out);
 
 /* Saves t (float32, int32, int64 or bool; any strides) as a little-endian, C-order
  * .npy file, format version 1 (version 2 only when the header needs it). */
-int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t);
+ATTN_API int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t);
 
 /* An open .safetensors file: the header is parsed and checked at open time; tensor
  * data is read on demand by attn_safetensors_get. */
@@ -402,27 +413,27 @@ typedef struct attn_safetensors attn_safetensors;
 
 /* Opens and checks a .safetensors file. On success *out must be closed with
  * attn_safetensors_close(). */
-int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **out);
-void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st);
+ATTN_API int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **out);
+ATTN_API void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st);
 
 /* Number of tensors, and the name of tensor i (0 <= i < count), in the order of
  * their data in the file. */
-int64_t attn_safetensors_count(const attn_safetensors *st);
-const char *attn_safetensors_name(const attn_safetensors *st, int64_t i);
+ATTN_API int64_t attn_safetensors_count(const attn_safetensors *st);
+ATTN_API const char *attn_safetensors_name(const attn_safetensors *st, int64_t i);
 /* 1 if the file has a tensor of this name, else 0. */
-int attn_safetensors_has(const attn_safetensors *st, const char *name);
+ATTN_API int attn_safetensors_has(const attn_safetensors *st, const char *name);
 
 /* Reads tensor `name` into an owned array. F32, F16, BF16, F64 -> float32; I32, I64
  * kept; BOOL, U8 -> bool. Other dtypes fail with ATTN_STATUS_DTYPE; a missing name
  * with ATTN_STATUS_INVALID_ARGUMENT; a rank of 0 or above ATTN_MAX_DIMS, or a size
  * of 0, with ATTN_STATUS_UNSUPPORTED. */
-int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
+ATTN_API int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                          attn_array *out);
 
 /* Saves n named tensors (float32, int32, int64 or bool; any strides) as one
  * .safetensors file, data in the order given. Names must be unique, non-empty and
  * not "__metadata__". */
-int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
+ATTN_API int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
                           const attn_tensor *tensors, int64_t n);
 
 /* Loads multi-head attention weights from a .safetensors file, by any of these name
@@ -438,10 +449,10 @@ int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *na
  * (E % num_heads == 0). When no set or more than one set is found, the message says
  * which names were looked for. w is filled with owned tensors: free them with
  * attn_weights_free(). */
-int attn_weights_load(attn_ctx *ctx, const char *path, const char *prefix,
+ATTN_API int attn_weights_load(attn_ctx *ctx, const char *path, const char *prefix,
                       int64_t num_heads, attn_mha_weights *w);
 /* Frees what attn_weights_load allocated (same ctx) and clears w. NULL-safe. */
-void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
+ATTN_API void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
 
 /* ------------------------------------------------------------------------------
  * Fast paths: instruction-set dispatch, threads, the fused kernel by name
@@ -455,32 +466,32 @@ void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
  * ---------------------------------------------------------------------------- */
 
 /* "auto", "ref", "scalar", "avx2", "avx512" ("unknown" otherwise). */
-const char *attn_arch_name(attn_arch arch);
+ATTN_API const char *attn_arch_name(attn_arch arch);
 /* The inverse of attn_arch_name; INVALID_ARGUMENT for any other name. */
-int attn_arch_parse(const char *name, attn_arch *arch);
+ATTN_API int attn_arch_parse(const char *name, attn_arch *arch);
 /* 1 when this build and this CPU can run arch (AUTO, REF and SCALAR always can). */
-int attn_arch_supported(attn_arch arch);
+ATTN_API int attn_arch_supported(attn_arch arch);
 /* The fastest path this build and CPU can run, ignoring ATTN_ARCH. */
-attn_arch attn_arch_best(void);
+ATTN_API attn_arch attn_arch_best(void);
 /* The path calls with ctx run (never AUTO): ctx->arch if set, else ATTN_ARCH if it
  * names a path the machine can run, else attn_arch_best(). ctx may be NULL. */
-attn_arch attn_arch_selected(const attn_ctx *ctx);
+ATTN_API attn_arch attn_arch_selected(const attn_ctx *ctx);
 /* One sentence saying why attn_arch_selected(ctx) is what it is, e.g.
  * "forced by ATTN_ARCH=avx2" or "auto: best path for this CPU (cpuid ...)".
  * The string is the library's (static); do not free it. */
-const char *attn_arch_reason(const attn_ctx *ctx);
+ATTN_API const char *attn_arch_reason(const attn_ctx *ctx);
 
 /* Online CPU cores (at least 1). */
-int attn_threads_online(void);
+ATTN_API int attn_threads_online(void);
 /* The most threads a large call with ctx uses: ctx->threads, or the online cores
  * when that is 0 (or ctx is NULL). Small problems use fewer (one for the
  * chapter's sizes), and results never depend on the count. */
-int attn_threads_resolve(const attn_ctx *ctx);
+ATTN_API int attn_threads_resolve(const attn_ctx *ctx);
 
 /* The fused online-softmax kernel (FlashAttention-style, no [Tq, Tk] scratch) by
  * name, whatever ctx->impl says. Same contract and checks as attn_sdpa. It uses
  * attn_arch_selected(ctx); "ref" there means its portable C build. */
-int attn_sdpa_fused(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+ATTN_API int attn_sdpa_fused(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
                     const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
                     attn_tensor *weights);
 

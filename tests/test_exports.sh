@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The shared library exports the public API and nothing else: every function that
+# include/attn.h marks ATTN_API, and no other symbol (no attn__ internals, no
+# helpers without a prefix). Needs nm (binutils, which gcc brings).
+set -u
+: "${ATTN_SOURCE_DIR:?}" "${ATTN_BUILD_DIR:?}"
+so="$ATTN_BUILD_DIR/libattn.so"
+[ -f "$so" ] || { echo "FAIL: $so was not built" >&2; exit 1; }
+command -v nm >/dev/null || { echo "FAIL: nm is not installed" >&2; exit 1; }
+
+want=$(grep -o '^ATTN_API [^(]*(' "$ATTN_SOURCE_DIR/include/attn.h" |
+       grep -o 'attn_[a-z0-9_]*($' | tr -d '(' | sort -u)
+got=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TtDdBbRrVvWw]$/ {print $3}' |
+      grep -v '^_\(init\|fini\|edata\|end\|_bss_start\)$' | sed 's/@.*//' | sort -u)
+
+fails=0
+extra=$(comm -13 <(echo "$want") <(echo "$got"))
+missing=$(comm -23 <(echo "$want") <(echo "$got"))
+if [ -n "$extra" ]; then
+    echo "FAIL: libattn.so exports symbols attn.h does not declare: $(echo $extra)" >&2
+    fails=1
+fi
+if [ -n "$missing" ]; then
+    echo "FAIL: attn.h declares functions libattn.so does not export: $(echo $missing)" >&2
+    fails=1
+fi
+echo "-- libattn.so exports the $(echo "$want" | wc -l) functions attn.h marks ATTN_API, and nothing else" >&2
+exit $fails
