@@ -24,6 +24,14 @@
  *   - Masks are boolean (one byte per entry, nonzero = true) and true means
  *     "may attend". A mask broadcasts to [B, H, Tq, Tk] by numpy's rule: shapes are
  *     right-aligned and each axis is equal or 1.
+ *   - Aliasing: inputs may share memory with each other freely (q, k and v may be
+ *     column blocks of one buffer). An output must not share memory with any other
+ *     argument, except where a function's comment allows an output to be one
+ *     input exactly (the same view, computed in place); an overlap the function
+ *     cannot handle is refused with ATTN_STATUS_INVALID_ARGUMENT and a message
+ *     naming both tensors, before anything is written. Overlap is decided exactly,
+ *     element by element, for views of ordinary arrays (slices, transposes, column
+ *     blocks), and costs nothing when the buffers are separate.
  *
  * Build: link with -lattn (and -lm -lpthread for the static library), or use
  * pkg-config (attn) or CMake's find_package(attn).
@@ -199,7 +207,9 @@ ATTN_API int attn_tensor_reshape(attn_ctx *ctx, const attn_tensor *t, int ndim,
 /* A view of t narrowed to [start, start + length) along `axis`. */
 ATTN_API int attn_tensor_narrow(attn_ctx *ctx, const attn_tensor *t, int axis, int64_t start,
                        int64_t length, attn_tensor *view);
-/* Copies src into dst element by element (same shape and dtype; any strides). */
+/* Copies src into dst element by element (same shape and dtype; any strides).
+ * Aliasing: dst may be src itself (the same view: nothing changes); a dst that
+ * overlaps src otherwise is refused (INVALID_ARGUMENT, naming both). */
 ATTN_API int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst);
 
 /* Writes a shape as a Python tuple: "(2, 5, 16)", "(5,)", "()".
@@ -216,7 +226,8 @@ ATTN_API int attn_broadcast_shape(attn_ctx *ctx, int ndim_a, const int64_t *shap
  * ---------------------------------------------------------------------------- */
 
 /* Padding mask from token ids [B, T] (int64 or int32): mask [B, 1, 1, T] (bool) is
- * false where the KEY is the pad token. A pad query still attends. */
+ * false where the KEY is the pad token. A pad query still attends.
+ * Aliasing: mask must not overlap token_ids (refused, naming both). */
 ATTN_API int attn_mask_padding(attn_ctx *ctx, const attn_tensor *token_ids, int64_t pad_id,
                       attn_tensor *mask);
 
@@ -225,7 +236,9 @@ ATTN_API int attn_mask_padding(attn_ctx *ctx, const attn_tensor *token_ids, int6
 ATTN_API int attn_mask_causal(attn_ctx *ctx, int64_t T, attn_tensor *mask);
 
 /* out = a AND b, broadcast by numpy's rule; out's shape must be the broadcast
- * shape (e.g. [B,1,1,T] and [1,1,T,T] give [B,1,T,T]). */
+ * shape (e.g. [B,1,1,T] and [1,1,T,T] give [B,1,T,T]).
+ * Aliasing: out may be a or b itself (the same view, in place); an out that
+ * overlaps a or b otherwise is refused (INVALID_ARGUMENT, naming both). */
 ATTN_API int attn_mask_and(attn_ctx *ctx, const attn_tensor *a, const attn_tensor *b,
                   attn_tensor *out);
 

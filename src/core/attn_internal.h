@@ -40,6 +40,21 @@ void attn__scratch_put(attn_ctx *ctx, void *scratch);
 /* Rounds a byte count up to a multiple of 64 (0 when that overflows). */
 size_t attn__align64(size_t bytes);
 
+/* Memory shared between tensors (src/core/overlap.c).
+ * attn__overlap: 1 when a and b share at least one byte (exact for views of
+ * ordinary arrays: slices, transposes, column blocks; a view that overlaps itself
+ * counts as overlapping anything its byte range meets). NULL or dataless: 0.
+ * attn__same_view: 1 when a and b describe exactly the same elements in the same
+ * order (same data, dtype, shape and strides).
+ * attn__no_overlap: OK, or INVALID_ARGUMENT with "FN: OUT and IN share memory ..."
+ * when they overlap - unless same_view_ok and they are the same view (an in-place
+ * call the function supports). */
+int attn__overlap(const attn_tensor *a, const attn_tensor *b);
+int attn__same_view(const attn_tensor *a, const attn_tensor *b);
+int attn__no_overlap(attn_ctx *ctx, const char *fn, const attn_tensor *out,
+                     const char *out_name, const attn_tensor *in, const char *in_name,
+                     int same_view_ok);
+
 /* a * b into *out, or 0 if it overflows int64 (a, b >= 0). Returns 1 on success. */
 int attn__mul_i64(int64_t a, int64_t b, int64_t *out);
 /* Bytes for n elements of `elem` bytes, or 0 if that overflows size_t. */

@@ -47,7 +47,8 @@ int attn_mask_padding(attn_ctx *ctx, const attn_tensor *token_ids, int64_t pad_i
     }
     int64_t B = token_ids->shape[0], T = token_ids->shape[1];
     const int64_t want[4] = {B, 1, 1, T};
-    if ((rc = check_bool_out(ctx, mask, 4, want, "padding mask")))
+    if ((rc = check_bool_out(ctx, mask, 4, want, "padding mask")) ||
+        (rc = attn__no_overlap(ctx, "attn_mask_padding", mask, "mask", token_ids, "token_ids", 0)))
         return rc;
     uint8_t *m = mask->data;
     for (int64_t b = 0; b < B; b++)
@@ -89,6 +90,10 @@ int attn_mask_and(attn_ctx *ctx, const attn_tensor *a, const attn_tensor *b, att
     if ((rc = attn_broadcast_shape(ctx, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)))
         return rc;
     if ((rc = check_bool_out(ctx, out, nd, shape, "combined mask")))
+        return rc;
+    /* Each entry is read before it is written, so out may be a or b itself. */
+    if ((rc = attn__no_overlap(ctx, "attn_mask_and", out, "out", a, "a", 1)) ||
+        (rc = attn__no_overlap(ctx, "attn_mask_and", out, "out", b, "b", 1)))
         return rc;
     int64_t sh[4], as[4], bs[4], os[4], ash[4], bsh[4];
     attn__as4d(out, sh, os);

@@ -296,6 +296,12 @@ int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst)
     if (src->ndim != dst->ndim || memcmp(src->shape, dst->shape, sizeof src->shape) != 0)
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "cannot copy shape %s into shape %s",
                           attn__shape_str(src, a, sizeof a), attn__shape_str(dst, b, sizeof b));
+    /* Copying a view onto itself changes nothing; any other overlap would read
+     * elements the copy has already overwritten. */
+    if (attn__same_view(src, dst))
+        return ATTN_OK;
+    if ((rc = attn__no_overlap(ctx, "attn_tensor_copy", dst, "destination", src, "source", 0)))
+        return rc;
     int64_t sh[4], ss[4], ds[4];
     attn__as4d(src, sh, ss);
     attn__as4d(dst, sh, ds);
