@@ -263,6 +263,16 @@ ATTN_API int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor 
  *   masked scores become -inf          (where the mask is false)
  *   weights = softmax(scores, axis=-1) [B, H, Tq, Tk]
  *   out     = weights v                [B, H, Tq, Dv]
+ *
+ * The options of current models (all optional, combinable with each other and with
+ * the masks, on every kernel and instruction set) enter each score in this order:
+ *
+ *   s = scale * q.k  ->  softcap: c * tanh(s / c)  ->  + bias  + alibi
+ *     ->  hidden keys -inf (mask, causal, window, a bias of -inf)
+ *     ->  softmax over the keys, with the sink in the denominator  ->  weights v
+ *
+ * Positions: query i sits at key position i' = i + Tk - Tq (the bottom-right
+ * alignment of a query block at the end of the keys); with Tq == Tk, i' = i.
  * ---------------------------------------------------------------------------- */
 
 /* What to do with a query row whose keys are all masked. */
@@ -271,23 +281,74 @@ typedef enum attn_empty_rows {
     ATTN_EMPTY_ROWS_ZERO = 1   /* zero output and zero weights for that row */
 } attn_empty_rows;
 
+/* The causal mask's alignment, for any Tq and Tk. */
+typedef enum attn_causal {
+    ATTN_CAUSAL_NONE = 0,
+    ATTN_CAUSAL_TOP_LEFT = 1,    /* query i sees keys j <= i (the chapter's; PyTorch's
+                                    is_causal) */
+    ATTN_CAUSAL_BOTTOM_RIGHT = 2 /* query i sees keys j <= i + Tk - Tq (a query block
+                                    at the end of a cache; FlashAttention >= 2.1) */
+} attn_causal;
+
+/* The parameters of one attention call. Fill with attn_sdpa_params_init(), or
+ * zero it: every field's zero value means "off" (and a NULL tensor "none"). */
 typedef struct attn_sdpa_params {
     const attn_tensor *mask;    /* bool, broadcasts to [B, H, Tq, Tk]; NULL = none */
-    int causal;                 /* nonzero: AND with the causal mask (needs Tq == Tk) */
+    int causal;                 /* an attn_causal value (1, any nonzero-true value of
+                                   older code, is TOP_LEFT) */
     int has_scale;              /* nonzero: use `scale` instead of 1/sqrt(D) */
     float scale;
     attn_empty_rows empty_rows; /* ATTN_EMPTY_ROWS_ERROR by default */
+
+    /* Sliding window (FlashAttention's convention): with has_window set, key j is
+     * visible from query i iff i' - window_left <= j <= i' + window_right; -1
+     * means unbounded on that side. The tutorial's sliding_window_causal_mask(T, w)
+     * is (w - 1, 0). */
+    int has_window;
+    int64_t window_left, window_right;
+    /* Logit softcap c > 0 (Gemma 2): s = c * tanh(s / c). 0 = off. */
+    float softcap;
+    /* ALiBi: adds -slope_h * |i' - j| to query head h's scores. On when `alibi` is
+     * nonzero or alibi_slopes is given; alibi_slopes [H] float32, or NULL for the
+     * ALiBi paper's slopes (2^(-8k/H), k = 1..H, for H a power of two, and its
+     * interleaving rule otherwise; attn_alibi_slopes gives them). */
+    int alibi;
+    const attn_tensor *alibi_slopes;
+    /* Additive float32 bias that broadcasts to [B, H, Tq, Tk] (PyTorch's float
+     * attn_mask); -inf in it hides a key as a mask does. NULL = none. */
+    const attn_tensor *bias;
+    /* Sinks [H] float32 (gpt-oss): one logit per query head in each row's softmax
+     * denominator, with no value: w_ij = exp(s_ij - m) / (exp(sink_h - m) +
+     * sum_j exp(s_ij - m)). A row whose keys are all hidden then gives zero output
+     * and zero weights, never an error. NULL = none. */
+    const attn_tensor *sinks;
+    /* Output: the log-sum-exp of each row's final scores [B, H, Tq] float32,
+     * log(sum_j exp(s_ij) [+ exp(sink_h)]); for a row with every key hidden,
+     * sink_h with sinks and -inf without (zero mode). NULL = not wanted. */
+    attn_tensor *lse;
 } attn_sdpa_params;
 
 /* Fills p with the defaults: no mask, not causal, scale 1/sqrt(D), empty rows are
- * an error. */
+ * an error, and every option above off. */
 ATTN_API void attn_sdpa_params_init(attn_sdpa_params *p);
 
+/* The ALiBi paper's default slopes for num_heads heads, into slopes [num_heads]:
+ * 2^(-8k/n) for k = 1..n when n is a power of two; otherwise those of the largest
+ * power of two m below n, followed by every other slope of 2m heads (k = 1, 3,
+ * 5, ...) until n are given. Computed in double, rounded to float. */
+ATTN_API int attn_alibi_slopes(attn_ctx *ctx, int64_t num_heads, float *slopes);
+
 /* Scaled dot-product attention with the kernel ctx->impl selects.
- *   q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]  (float32, any strides)
+ *   q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]  (float32, any strides)
  *   out [B, H, Tq, Dv]; weights [B, H, Tq, Tk] or NULL when not wanted.
+ * Grouped-query attention: k and v may have fewer heads than q (Hkv dividing H;
+ * Hkv = 1 is multi-query attention); query head h reads key/value head
+ * h / (H / Hkv), in place - no repeated k or v is ever built.
  * Tensors with fewer than 4 dims are read as if they had leading sizes of 1.
- * p may be NULL for the defaults. */
+ * p may be NULL for the defaults.
+ * Aliasing: out may be q itself (the same view, D == Dv: each query row is read
+ * before its output is written); no other output (out, weights, p->lse) may share
+ * memory with any argument. */
 ATTN_API int attn_sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
               const attn_tensor *v, const attn_sdpa_params *p, attn_tensor *out,
               attn_tensor *weights);

@@ -688,8 +688,12 @@ static void sdpa_contract(const char *name, sdpa_fn f, int checks_ctx)
 
     /* Parameters. */
     attn_sdpa_params bad = p;
-    bad.causal = 1; /* Tq != Tk */
-    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &bad, &out, &w));
+    const int causals[] = {-1, 3, INT_MAX};
+    for (size_t i = 0; i < sizeof causals / sizeof causals[0]; i++) {
+        bad = p;
+        bad.causal = causals[i];
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &w));
+    }
     const int modes[] = {-1, 2, 99, INT_MAX};
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
         bad = p;
@@ -703,6 +707,61 @@ static void sdpa_contract(const char *name, sdpa_fn f, int checks_ctx)
         bad.scale = scales[i];
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &w));
     }
+    /* Section 6's options. */
+    const int64_t windows[][2] = {{-2, 0}, {0, -2}, {INT64_MIN, -1}};
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        bad = p;
+        bad.has_window = 1;
+        bad.window_left = windows[i][0];
+        bad.window_right = windows[i][1];
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &w));
+    }
+    const float softcaps[] = {-1.0f, NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof softcaps / sizeof softcaps[0]; i++) {
+        bad = p;
+        bad.softcap = softcaps[i];
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &w));
+    }
+    static float per_head[2 * H], bias_buf[B * H * Tq * Tk], lse_buf[B * H * Tq];
+    attn_tensor heads3 = make(ATTN_DTYPE_F32, per_head, 1, H + 1, 1, 1, 1);
+    attn_tensor heads2d = make(ATTN_DTYPE_F32, per_head, 2, 1, H, 1, 1);
+    attn_tensor heads_i32 = make(ATTN_DTYPE_I32, per_head, 1, H, 1, 1, 1);
+    const attn_tensor *bad_heads[] = {&heads3, &heads2d, &heads_i32};
+    for (size_t i = 0; i < 3; i++) {
+        bad = p;
+        bad.sinks = bad_heads[i];
+        EXPECT_FAIL(i == 2 ? ATTN_STATUS_DTYPE : ATTN_STATUS_SHAPE_MISMATCH,
+                    f(C, &q, &k, &v, &bad, &out, &w));
+        bad = p;
+        bad.alibi_slopes = bad_heads[i];
+        EXPECT_FAIL(i == 2 ? ATTN_STATUS_DTYPE : ATTN_STATUS_SHAPE_MISMATCH,
+                    f(C, &q, &k, &v, &bad, &out, &w));
+    }
+    attn_tensor bias_bad = make(ATTN_DTYPE_F32, bias_buf, 4, B, H, Tk, Tq);
+    attn_tensor bias_bool = make(ATTN_DTYPE_BOOL, bias_buf, 4, B, 1, 1, Tk);
+    bad = p;
+    bad.bias = &bias_bad;
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &bad, &out, &w));
+    bad.bias = &bias_bool;
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, f(C, &q, &k, &v, &bad, &out, &w));
+    attn_tensor lse_bad = make(ATTN_DTYPE_F32, lse_buf, 3, B, H, Tq - 1, 1);
+    attn_tensor lse_4d = make(ATTN_DTYPE_F32, lse_buf, 4, 1, B, H, Tq);
+    bad = p;
+    bad.lse = &lse_bad;
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &bad, &out, &w));
+    bad.lse = &lse_4d;
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &bad, &out, &w));
+    /* Grouped-query heads that do not divide, and outputs that overlap inputs. */
+    attn_tensor q3 = make(ATTN_DTYPE_F32, q_buf, 4, B, H + 1, Tq, D);
+    attn_tensor o3 = make(ATTN_DTYPE_F32, o_buf, 4, B, H + 1, Tq, Dv);
+    static float o3_buf[B * (H + 1) * Tq * Dv];
+    o3.data = o3_buf;
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q3, &k, &v, &p, &o3, NULL));
+    attn_tensor out_on_k = make(ATTN_DTYPE_F32, k_buf, 4, B, H, Tq, Dv);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out_on_k, &w));
+    attn_tensor w_on_out = make(ATTN_DTYPE_F32, o_buf, 4, B, H, Tq, Tk);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &w_on_out));
+
     uint8_t m5[5] = {1, 1, 1, 1, 1};
     attn_tensor mask5 = make(ATTN_DTYPE_BOOL, m5, 1, 5, 1, 1, 1);
     bad = p;
@@ -754,6 +813,11 @@ static void test_sdpa(void)
     sdpa_contract("attn_sdpa", attn_sdpa, 2);
     sdpa_contract("attn_sdpa_ref", attn_sdpa_ref, 0);
     sdpa_contract("attn_sdpa_fused", attn_sdpa_fused, 1);
+    covers("attn_alibi_slopes");
+    float slopes[4];
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_alibi_slopes(C, 4, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_alibi_slopes(C, 0, slopes));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_alibi_slopes(C, -1, slopes));
     covers("attn_sdpa_workspace_size");
     sdpa_contract("attn_sdpa_workspace_size", sdpa_workspace_size_as_call, 2);
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,

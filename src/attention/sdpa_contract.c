@@ -51,8 +51,150 @@ static int qkv_mismatch(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                           "k and v lengths differ: k %s has Tk=%lld, v %s has Tk=%lld", b,
                           (long long)ks[2], c, (long long)vs[2]);
+    if (ks[1] != vs[1])
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "k and v head counts differ: k %s has %lld heads, v %s has %lld",
+                          b, (long long)ks[1], c, (long long)vs[1]);
+    if (qs[1] % ks[1] != 0)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "q's %lld heads are not a multiple of k and v's %lld heads "
+                          "(grouped-query attention needs H %% Hkv == 0): q %s, k %s",
+                          (long long)qs[1], (long long)ks[1], a, b);
     return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
-                      "q %s, k %s and v %s must have the same batch and head sizes", a, b, c);
+                      "q %s, k %s and v %s must have the same batch size", a, b, c);
+}
+
+/* A float32 per-head vector [H] (sinks, ALiBi slopes): checks it and returns its
+ * stride in *stride. */
+static int check_per_head(attn_ctx *ctx, const attn_tensor *t, const char *name, int64_t H,
+                          int64_t *stride)
+{
+    int rc = check_f32(ctx, t, name);
+    if (rc)
+        return rc;
+    if (t->ndim != 1 || t->shape[0] != H) {
+        char a[128];
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "%s has shape %s; expected (%lld,), one per query head", name,
+                          attn__shape_str(t, a, sizeof a), (long long)H);
+    }
+    *stride = t->stride[0];
+    return ATTN_OK;
+}
+
+/* The additive bias: float32, broadcasting to [B, H, Tq, Tk]; broadcast axes get
+ * stride 0 in s->bias_s. */
+static int check_bias(attn_ctx *ctx, const attn_tensor *bias, attn__sdpa_shapes *s)
+{
+    int rc = check_f32(ctx, bias, "bias");
+    if (rc)
+        return rc;
+    const int64_t target[4] = {s->B, s->H, s->Tq, s->Tk};
+    int64_t sh[4];
+    attn__as4d(bias, sh, s->bias_s);
+    for (int i = 0; i < 4; i++) {
+        if (sh[i] == 1) {
+            s->bias_s[i] = 0;
+        } else if (sh[i] != target[i]) {
+            char a[128], b[128];
+            attn_shape_format(b, sizeof b, 4, target);
+            return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                              "bias shape %s does not broadcast to %s",
+                              attn__shape_str(bias, a, sizeof a), b);
+        }
+    }
+    s->bias = bias->data;
+    return ATTN_OK;
+}
+
+/* The log-sum-exp output: float32 [B, H, Tq] (leading sizes of 1 may be left out). */
+static int check_lse(attn_ctx *ctx, attn_tensor *lse, attn__sdpa_shapes *s)
+{
+    int rc = check_f32(ctx, lse, "lse");
+    if (rc)
+        return rc;
+    int64_t sh[4], st[4];
+    attn__as4d(lse, sh, st);
+    const int64_t want[4] = {1, s->B, s->H, s->Tq};
+    if (lse->ndim > 3 || memcmp(sh, want, sizeof sh) != 0) {
+        char a[128], b[128];
+        attn_shape_format(b, sizeof b, 3, want + 1);
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "lse has shape %s; expected %s",
+                          attn__shape_str(lse, a, sizeof a), b);
+    }
+    memcpy(s->lse_s, st + 1, sizeof s->lse_s);
+    s->lse = lse->data;
+    return ATTN_OK;
+}
+
+/* The options of SPEC section 6 beyond the mask and the scale. */
+static int check_options(attn_ctx *ctx, const attn_sdpa_params *p, attn__sdpa_shapes *s)
+{
+    int rc;
+    if (p->causal != ATTN_CAUSAL_NONE && p->causal != ATTN_CAUSAL_TOP_LEFT &&
+        p->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "unknown causal value %d (0 none, 1 top-left, 2 bottom-right)",
+                          p->causal);
+    s->causal = p->causal;
+    if (p->has_window) {
+        if (p->window_left < -1 || p->window_right < -1)
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "window (%lld, %lld): each side must be -1 (unbounded) or at "
+                              "least 0",
+                              (long long)p->window_left, (long long)p->window_right);
+        s->has_window = 1;
+        s->window_left = p->window_left;
+        s->window_right = p->window_right;
+    }
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "softcap %g must be a finite number > 0 (or 0 for none)",
+                          (double)p->softcap);
+    s->softcap = p->softcap;
+    if (p->alibi || p->alibi_slopes) {
+        s->alibi = 1;
+        if (p->alibi_slopes) {
+            if ((rc = check_per_head(ctx, p->alibi_slopes, "alibi_slopes", s->H, &s->alibi_s)))
+                return rc;
+            s->alibi_slopes = p->alibi_slopes->data;
+        }
+    }
+    if (p->bias && (rc = check_bias(ctx, p->bias, s)))
+        return rc;
+    if (p->sinks) {
+        if ((rc = check_per_head(ctx, p->sinks, "sinks", s->H, &s->sinks_s)))
+            return rc;
+        s->sinks = p->sinks->data;
+    }
+    if (p->lse && (rc = check_lse(ctx, p->lse, s)))
+        return rc;
+    return ATTN_OK;
+}
+
+/* No output may share memory with an argument; out may be q itself. */
+static int check_aliasing(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                          const attn_tensor *v, const attn_sdpa_params *p,
+                          const attn_tensor *out, const attn_tensor *weights)
+{
+    const attn_tensor *ins[7] = {q, k, v, p->mask, p->bias, p->sinks, p->alibi_slopes};
+    const char *in_names[7] = {"q", "k", "v", "mask", "bias", "sinks", "alibi_slopes"};
+    const attn_tensor *outs[3] = {out, weights, p->lse};
+    const char *out_names[3] = {"out", "weights", "lse"};
+    int rc;
+    for (int o = 0; o < 3; o++) {
+        if (!outs[o])
+            continue;
+        for (int i = 0; i < 7; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o], out_names[o], ins[i],
+                                                 in_names[i], o == 0 && i == 0)))
+                return rc;
+        for (int o2 = o + 1; o2 < 3; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o2], out_names[o2],
+                                                   outs[o], out_names[o], 0)))
+                return rc;
+    }
+    return ATTN_OK;
 }
 
 int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
@@ -76,13 +218,16 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
     attn__as4d(k, ks, s->k_s);
     attn__as4d(v, vs, s->v_s);
     attn__as4d(out, os, s->o_s);
-    if (qs[3] != ks[3] || ks[2] != vs[2] || qs[0] != ks[0] || qs[0] != vs[0] ||
-        qs[1] != ks[1] || qs[1] != vs[1])
+    if (qs[3] != ks[3] || ks[2] != vs[2] || ks[1] != vs[1] || qs[1] % ks[1] != 0 ||
+        qs[0] != ks[0] || qs[0] != vs[0])
         return qkv_mismatch(ctx, q, k, v, qs, ks, vs);
     s->B = qs[0];
     s->H = qs[1];
+    s->Hkv = ks[1];
+    s->group = s->H / s->Hkv;
     s->Tq = qs[2];
     s->Tk = ks[2];
+    s->offset = s->Tk - s->Tq;
     s->D = qs[3];
     s->Dv = vs[3];
     const int64_t want_o[4] = {s->B, s->H, s->Tq, s->Dv};
@@ -103,21 +248,42 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
                               attn__shape_str(weights, d, sizeof d), e);
         }
     }
-    if (p->causal && s->Tq != s->Tk)
-        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
-                          "the causal mask needs Tq == Tk, but Tq=%lld and Tk=%lld",
-                          (long long)s->Tq, (long long)s->Tk);
     if (p->empty_rows != ATTN_EMPTY_ROWS_ERROR && p->empty_rows != ATTN_EMPTY_ROWS_ZERO)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "unknown empty_rows value %d",
                           (int)p->empty_rows);
     if (p->has_scale && !isfinite(p->scale))
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "scale %g is not a finite number",
                           (double)p->scale);
-    if ((rc = attn__mask4_init(ctx, p->mask, s->B, s->H, s->Tq, s->Tk, &s->mask)))
+    if ((rc = attn__mask4_init(ctx, p->mask, s->B, s->H, s->Tq, s->Tk, &s->mask)) ||
+        (rc = check_options(ctx, p, s)) ||
+        (rc = check_aliasing(ctx, q, k, v, p, out, weights)))
         return rc;
-    s->causal = p->causal != 0;
     s->scale = p->has_scale ? p->scale : (float)(1.0 / sqrt((double)s->D));
     s->empty_rows = p->empty_rows;
+    return ATTN_OK;
+}
+
+float attn__alibi_default_slope(int64_t h, int64_t H)
+{
+    /* The largest power of two m <= H: heads below m take 2^(-8(h+1)/m); the rest
+     * take every other slope of 2m heads, 2^(-8(2(h-m)+1)/(2m)). */
+    int64_t m = 1;
+    while (m * 2 <= H)
+        m *= 2;
+    if (h < m)
+        return (float)pow(2.0, -8.0 * (double)(h + 1) / (double)m);
+    return (float)pow(2.0, -8.0 * (double)(2 * (h - m) + 1) / (double)(2 * m));
+}
+
+int attn_alibi_slopes(attn_ctx *ctx, int64_t num_heads, float *slopes)
+{
+    if (!slopes)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "slopes is NULL");
+    if (num_heads < 1)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "num_heads is %lld; it must be at least 1", (long long)num_heads);
+    for (int64_t h = 0; h < num_heads; h++)
+        slopes[h] = attn__alibi_default_slope(h, num_heads);
     return ATTN_OK;
 }
 
@@ -138,6 +304,11 @@ int attn__sdpa_plan_make(attn_ctx *ctx, const attn__sdpa_shapes *s, int use_ref,
     plan->use_ref = use_ref;
     plan->arch = arch;
     plan->threads = 1;
+    /* TEMPORARY, while the fused kernel learns section 6's options: calls that use
+     * one run on the reference. */
+    if (s->causal == ATTN_CAUSAL_BOTTOM_RIGHT || s->has_window ||
+        s->softcap > 0.0f || s->alibi || s->bias || s->sinks || s->lse)
+        plan->use_ref = use_ref = 1;
     if (!use_ref)
         return attn__sdpa_fused_plan(ctx, plan);
     /* The reference keeps one [Tq, Tk] score block. */

@@ -14,21 +14,39 @@
 
 #include "attn_internal.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* Sizes, strides and options of one checked attn_sdpa call. */
 typedef struct attn__sdpa_shapes {
     int64_t B, H, Tq, Tk, D, Dv;
+    int64_t Hkv;          /* key/value heads; H is a multiple */
+    int64_t group;        /* H / Hkv: query head h reads key/value head h / group */
     int64_t q_s[4], k_s[4], v_s[4], o_s[4], w_s[4]; /* 4-D strides, in elements */
     attn__mask4 mask;
-    int causal;
+    int causal;           /* an attn_causal value */
+    int64_t offset;       /* Tk - Tq: query i sits at key position i + offset */
+    int has_window;
+    int64_t window_left, window_right; /* -1 = unbounded */
     float scale;
+    float softcap;        /* 0 = off */
+    int alibi;            /* 1: ALiBi on (attn__alibi_slope gives head h's slope) */
+    const float *alibi_slopes; /* the caller's [H] at stride alibi_s, or NULL for the
+                                  paper's default slopes */
+    int64_t alibi_s;
+    const float *bias;    /* NULL = none; else [B, H, Tq, Tk] through bias_s */
+    int64_t bias_s[4];    /* broadcast axes have stride 0 */
+    const float *sinks;   /* NULL = none; else [H] at stride sinks_s */
+    int64_t sinks_s;
+    float *lse;           /* NULL = not wanted; else [B, H, Tq] through lse_s */
+    int64_t lse_s[3];
     attn_empty_rows empty_rows;
 } attn__sdpa_shapes;
 
 /* Checks q/k/v/out/weights (weights may be NULL) and p (NULL: the defaults) against
- * attn_sdpa's contract and fills s: sizes, strides, the mask view and the scale. */
+ * attn_sdpa's contract and fills s: sizes, strides, the mask view, the scale and
+ * every option. Outputs that overlap an argument are refused here too. */
 int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
                        const attn_tensor *v, const attn_sdpa_params *p,
                        const attn_tensor *out, const attn_tensor *weights,
@@ -38,15 +56,61 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
 int attn__empty_row_fail(attn_ctx *ctx, const attn__sdpa_shapes *s, int64_t b, int64_t h,
                          int64_t i);
 
-/* 1 when query i may attend to key j of (b, h) under s's mask and causal flag. */
+/* 1 when query i may attend to key j of (b, h): the causal alignment, the window,
+ * the boolean mask and a bias of -inf all let it through. Every kernel hides
+ * exactly these keys: a hidden key's value never reaches the output. */
 static inline int attn__may_attend(const attn__sdpa_shapes *s, int64_t b, int64_t h,
                                    int64_t i, int64_t j)
 {
-    if (s->causal && j > i)
+    const int64_t ip = i + s->offset; /* the query's key position */
+    if (s->causal == ATTN_CAUSAL_TOP_LEFT && j > i)
+        return 0;
+    if (s->causal == ATTN_CAUSAL_BOTTOM_RIGHT && j > ip)
+        return 0;
+    if (s->has_window && ((s->window_left >= 0 && j < ip - s->window_left) ||
+                          (s->window_right >= 0 && j > ip + s->window_right)))
         return 0;
     if (s->mask.data && !s->mask.data[attn__off4(s->mask.stride, b, h, i, j)])
         return 0;
+    if (s->bias && s->bias[attn__off4(s->bias_s, b, h, i, j)] == -INFINITY)
+        return 0;
     return 1;
+}
+
+/* The ALiBi paper's default slope of head h out of H (see attn_alibi_slopes). */
+float attn__alibi_default_slope(int64_t h, int64_t H);
+
+/* Query head h's ALiBi slope (0 when ALiBi is off). Kernels take it once per head. */
+static inline float attn__alibi_slope(const attn__sdpa_shapes *s, int64_t h)
+{
+    if (!s->alibi)
+        return 0.0f;
+    return s->alibi_slopes ? s->alibi_slopes[h * s->alibi_s]
+                           : attn__alibi_default_slope(h, s->H);
+}
+
+/* The score of a visible key from its scaled dot product `x` = scale * q.k, in
+ * the contract's order: softcap, then + bias, then + ALiBi (`slope` is
+ * attn__alibi_slope(s, h)). */
+static inline float attn__score_mod(const attn__sdpa_shapes *s, int64_t b, int64_t h,
+                                    int64_t i, int64_t j, float x, float slope)
+{
+    if (s->softcap > 0.0f)
+        x = s->softcap * tanhf(x / s->softcap);
+    if (s->bias)
+        x = x + s->bias[attn__off4(s->bias_s, b, h, i, j)];
+    if (s->alibi) {
+        const int64_t dist = i + s->offset - j;
+        x = x - slope * (float)(dist < 0 ? -dist : dist);
+    }
+    return x;
+}
+
+/* The sink logit of query head h, or -inf without sinks (exp(-inf) = 0 adds
+ * nothing to a denominator). */
+static inline float attn__sink(const attn__sdpa_shapes *s, int64_t h)
+{
+    return s->sinks ? s->sinks[h * s->sinks_s] : -INFINITY;
 }
 
 /* Which kernel runs a checked call, with how many threads and how much scratch.

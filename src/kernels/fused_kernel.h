@@ -129,14 +129,13 @@ static int64_t fk_ws_floats(const attn__fused_job *job)
            4 * fk_align(job->br);
 }
 
-/* The key/value head that query head (b, h) reads; the one place to change for
- * GQA/MQA (h / (H / H_kv)). */
+/* The key/value head that query head (b, h) reads: h / (H / Hkv) (grouped-query
+ * attention; MQA when Hkv = 1), read in place. */
 static void fk_kv_head(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t *kb,
                        int64_t *kh)
 {
-    (void)s;
     *kb = b;
-    *kh = h;
+    *kh = h / s->group;
 }
 
 /* The last key query i may see under the causal flag, plus one (top-left aligned,
