@@ -82,6 +82,9 @@ err_has "--scale 1e300 is too large for float32"
 run 2 "$ATTN" sdpa --query "$Q" --key "$K" --output "$WORK/o.npy"
 err_has "missing --value"
 run 2 "$ATTN" nosuchcommand
+err_has "unknown command 'nosuchcommand'"
+run 2 "$ATTN"
+err_has "missing COMMAND"
 [ -e "$WORK/y.npy" ] || [ -e "$WORK/o.npy" ] && bad "a usage error wrote an output" || ok
 
 # bad_number PROGRAM... -- OPTION VALUE...: each VALUE given to OPTION (after the

@@ -58,8 +58,10 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        usage(stderr);
-        return 2;
+        /* A usage error is one line on stderr, like every other; the manual is
+         * for --help. */
+        fprintf(stderr, "attn: missing COMMAND: forward, sdpa or bench (run 'attn --help')\n");
+        return CLI_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
@@ -74,5 +76,5 @@ int main(int argc, char **argv)
         if (commands[i].name && !strcmp(cmd, commands[i].name))
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "attn: unknown command '%s' (run 'attn --help' for the list)\n", cmd);
-    return 2;
+    return CLI_EXIT_USAGE;
 }
