@@ -6,7 +6,7 @@
 #
 # Each target is the library (every src/*/*.c) and its fuzz/fuzz_*.c, built with
 # -fsanitize=fuzzer,address,undefined; fuzz_cli also links the attn program's
-# subcommands (tools/attn_forward.c, tools/attn_sdpa.c, tools/common_cli.c).
+# subcommands (tools/cmd_forward.c, tools/cmd_sdpa.c, tools/common_cli.c).
 # When the compiler has no libFuzzer runtime (Debian: apt-get install clang
 # libclang-rt-14-dev), it says so, writes build-fuzz/SKIPPED and exits 0, so CI does
 # not fail for a missing tool; fuzz/run.sh then skips too.
@@ -57,12 +57,12 @@ for src in "$root"/src/*/*.c; do
     objs+=("$obj")
     jobs+=("$CC $flags -c $src -o $obj")
 done
-for src in attn_forward attn_sdpa common_cli; do
+for src in cmd_forward cmd_sdpa common_cli; do
     jobs+=("$CC $CFLAGS $INC -c $root/tools/$src.c -o $out/obj/tool_$src.o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "$JOBS" -I{} sh -c '{}'
 
-tool_objs=("$out/obj/tool_attn_forward.o" "$out/obj/tool_attn_sdpa.o" "$out/obj/tool_common_cli.o")
+tool_objs=("$out/obj/tool_cmd_forward.o" "$out/obj/tool_cmd_sdpa.o" "$out/obj/tool_common_cli.o")
 for t in npy safetensors weights cli; do
     extra=()
     [ $t = cli ] && extra=("${tool_objs[@]}" "-DATTN_FUZZ_DATA_DIR=\"$root/tests/data\""

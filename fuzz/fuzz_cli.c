@@ -1,7 +1,7 @@
 /*
  * fuzz_cli.c - libFuzzer target for the attn program's command line: the option
  * parser (tools/common_cli.c) and the `attn forward` / `attn sdpa` subcommands
- * (tools/attn_forward.c, tools/attn_sdpa.c) called as the program calls them.
+ * (tools/cmd_forward.c, tools/cmd_sdpa.c) called as the program calls them.
  *
  * Input layout:
  *   byte 0        the subcommand: even -> forward, odd -> sdpa
@@ -22,7 +22,7 @@
 #include "fuzz_util.h"
 
 #include "attn.h"
-#include "attn_cmds.h"
+#include "cmds.h"
 
 #include <dirent.h>
 #include <string.h>
@@ -182,7 +182,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             argv[argc++] = p;
     }
     argv[argc] = NULL;
-    int rc = sdpa ? attn_cmd_sdpa(argc, argv) : attn_cmd_forward(argc, argv);
+    int rc = sdpa ? cmd_sdpa(argc, argv) : cmd_forward(argc, argv);
     FUZZ_ASSERT(rc == 0 || rc == 1 || rc == 2);
     free(buf);
     restore_dir();

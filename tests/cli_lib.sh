@@ -92,3 +92,25 @@ cli_summary() {
     echo "$1: $CLI_CHECKS checks, $CLI_FAILS failed" >&2
     [ "$CLI_FAILS" -eq 0 ]
 }
+
+# npy_bool_const FILE VALUE SHAPE...: writes a version-1 .npy of bool, every element
+# VALUE (0 or 1), e.g. `npy_bool_const m.npy 0 1 1 5 5` for an all-false [1, 1, 5, 5]
+# mask. The header is padded with spaces to a multiple of 64 bytes and ends in a
+# newline, as numpy's format requires.
+npy_bool_const() {
+    local file=$1 value=$2
+    shift 2
+    local dims n=1 d
+    for d in "$@"; do n=$((n * d)); done
+    if [ $# -eq 1 ]; then dims="$1,"; else dims=$(IFS=,; echo "$*" | sed 's/,/, /g'); fi
+    local dict="{'descr': '|b1', 'fortran_order': False, 'shape': ($dims), }"
+    local len=$((10 + ${#dict} + 1))
+    local pad=$(((64 - len % 64) % 64))
+    local hl=$((${#dict} + pad + 1))
+    {
+        printf '\223NUMPY\001\000'
+        printf "\\$(printf '%03o' $((hl % 256)))\\$(printf '%03o' $((hl / 256)))"
+        printf '%s%*s\n' "$dict" "$pad" ""
+        head -c "$n" /dev/zero | tr '\0' "\\$(printf '%03o' "$value")"
+    } >"$file"
+}

@@ -21,11 +21,14 @@ V="$G/sdpa_causal_scale/v.npy"
 fwd=(forward --weights "$W" --num-heads 3 --input "$X")
 sdpa=(sdpa --query "$Q" --key "$K" --value "$V")
 
-say "--help for attn, forward and sdpa prints the manual on stdout and exits 0"
-for cmd in forward sdpa; do
-    run 0 "$ATTN" $cmd --help
-    for section in NAME SYNOPSIS DESCRIPTION OPTIONS "EXIT STATUS" EXAMPLE; do out_has "$section"; done
-    [ -s "$ERR_FILE" ] && bad "$cmd --help wrote to stderr" || ok
+say "--help of every program and subcommand is a manual on stdout (exit 0) that documents the number rule and the exit statuses"
+for prog in "$ATTN forward" "$ATTN sdpa" "$ATTN bench" "$INSPECT"; do
+    run 0 $prog --help
+    for section in NAME SYNOPSIS DESCRIPTION OPTIONS NUMBERS "EXIT STATUS" EXAMPLE \
+        "a leading '+'" "hex ('0x10')" "'inf' or 'nan'" "1e-50" "    2   a usage error" "    1   any other error"; do
+        out_has "$section"
+    done
+    [ -s "$ERR_FILE" ] && bad "$prog --help wrote to stderr" || ok
 done
 run 0 "$ATTN" forward --help
 for opt in --weights --prefix --num-heads --input --token-ids --pad-id --causal --mask --empty-rows --output --attention; do
@@ -33,9 +36,14 @@ for opt in --weights --prefix --num-heads --input --token-ids --pad-id --causal 
 done
 run 0 "$ATTN" sdpa -h
 for opt in --query --key --value --mask --causal --scale --empty-rows --output --attention; do out_has "$opt"; done
+run 0 "$ATTN" bench --help
+for opt in --shape --batch --heads --query-len --key-len --head-dim --causal --padding --threads --impl --runs --json --peak --mha --seq-len --embed-dim --num-heads --gemm --size --bandwidth "JSON OUTPUT" ATTN_ARCH; do
+    out_has "$opt"
+done
+run 0 "$INSPECT" --help
+for opt in --batch-size --seq-len --embed-dim --num-heads --seed --trace --dump --heatmap --show --sample; do out_has "$opt"; done
 run 0 "$ATTN" --help
-out_has forward
-out_has sdpa
+for section in NAME SYNOPSIS COMMANDS forward sdpa bench NUMBERS "EXIT STATUS" ENVIRONMENT; do out_has "$section"; done
 
 say "usage errors exit 2 with one line that names the problem and points to --help"
 run 2 "$ATTN" forward
@@ -70,10 +78,94 @@ run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale abc
 err_has "--scale takes a finite number, not 'abc'"
 run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale nan
 run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale 1e300
+err_has "--scale 1e300 is too large for float32"
 run 2 "$ATTN" sdpa --query "$Q" --key "$K" --output "$WORK/o.npy"
 err_has "missing --value"
 run 2 "$ATTN" nosuchcommand
+err_has "unknown command 'nosuchcommand'"
+run 2 "$ATTN"
+err_has "missing COMMAND"
 [ -e "$WORK/y.npy" ] || [ -e "$WORK/o.npy" ] && bad "a usage error wrote an output" || ok
+
+# bad_number PROGRAM... -- OPTION VALUE...: each VALUE given to OPTION (after the
+# program's other arguments) is a usage error: exit 2, one line on stderr that names
+# the option and the value, nothing on stdout.
+bad_number() {
+    local prog=()
+    while [ "$1" != -- ]; do prog+=("$1"); shift; done
+    shift
+    local opt=$1 val
+    shift
+    for val in "$@"; do
+        run 2 "${prog[@]}" "$opt" "$val"
+        err_has "$opt"
+        if [ -n "$val" ]; then err_has "$val"; else err_has "''"; fi
+        [ -s "$OUT_FILE" ] && bad "${prog[*]} $opt '$val' printed to stdout" || ok
+    done
+}
+# One rule for whole numbers in every program: the whole value is decimal digits
+# with an optional '-'; whitespace, '+', hex, exponents, fractions, inf/nan, an empty
+# value and overflow (either way) are refused.
+BAD_INTS=(" 4" "4 " "+4" "0x10" "" "4x" "4.0" "1e3" "inf" "nan" "-" "99999999999999999999" "-99999999999999999999" "18446744073709551616")
+# And for real numbers: decimal with an optional fraction and exponent, finite, and
+# not so small or large that float32 makes it 0 or infinity.
+BAD_FLOATS=(" 1" "1 " "+1" "0x10" "0x1p3" "" "1e" "." "inf" "-inf" "nan" "infinity" "1e39" "-1e39" "1e999" "1e-50" "-1e-50" "1e-999")
+
+say "the number rule holds for every integer option of every program"
+bad_number "$ATTN" forward --weights "$W" --input "$X" --output "$WORK/y.npy" -- --num-heads "${BAD_INTS[@]}"
+bad_number "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --token-ids "$G/mha_chapter_pad_causal/ids.npy" -- --pad-id "${BAD_INTS[@]}"
+bad_number "$ATTN" bench -- --threads "${BAD_INTS[@]}"
+bad_number "$ATTN" bench -- --runs "${BAD_INTS[@]}"
+bad_number "$ATTN" bench --head-dim 4 -- --query-len "${BAD_INTS[@]}"
+bad_number "$ATTN" bench --mha -- --embed-dim "${BAD_INTS[@]}"
+bad_number "$ATTN" bench --gemm -- --size "${BAD_INTS[@]}"
+bad_number "$INSPECT" -- --seq-len "${BAD_INTS[@]}"
+bad_number "$INSPECT" -- --seed "${BAD_INTS[@]}"
+bad_number "$INSPECT" -- --sample "${BAD_INTS[@]}"
+
+say "the number rule holds for real numbers (--scale), float32 included"
+bad_number "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" -- --scale "${BAD_FLOATS[@]}"
+run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale 1e-50
+err_has "--scale 1e-50 is too small for float32 (it would be 0)"
+run 2 "$ATTN" "${sdpa[@]}" --output "$WORK/o.npy" --scale 1e39
+err_has "--scale 1e39 is too large for float32 (it would be infinity)"
+[ -e "$WORK/o.npy" ] && bad "a refused --scale wrote an output" || ok
+
+say "the range of an integer option is part of the rule, and its message names the range and the value"
+run 2 "$ATTN" bench --threads 99999999999999999999
+err_has "--threads must be in 1..1024 (got 99999999999999999999)"
+run 2 "$ATTN" bench --threads 0
+err_has "--threads must be in 1..1024 (got 0)"
+run 2 "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --token-ids "$G/mha_chapter_pad_causal/ids.npy" --pad-id 9223372036854775808
+err_has "--pad-id does not fit in 64 bits (got 9223372036854775808)"
+run 2 "$INSPECT" --seed -1
+err_has "--seed must be at least 0 (got -1)"
+run 2 "$INSPECT" --seed 9223372036854775808
+err_has "--seed does not fit in 64 bits (got 9223372036854775808)"
+
+say "numbers the rule accepts: a '-' sign, leading zeros, the ends of the ranges, fractions and exponents"
+run 0 "$ATTN" "${fwd[@]}" --token-ids "$G/mha_chapter_pad_causal/ids.npy" --pad-id -9223372036854775808 --output "$WORK/ok.npy"
+run 0 "$ATTN" forward --weights "$W" --num-heads 03 --input "$X" --output "$WORK/ok.npy"
+for s in 0.125 -0.5 .5 5. 1e-3 1E+2 -0 1e-45 3.4028234e38; do
+    run 0 "$ATTN" "${sdpa[@]}" --output "$WORK/ok.npy" --scale "$s"
+done
+run 0 "$INSPECT" --seed 9223372036854775807 --seq-len=0005 --batch-size 1 --embed-dim 4 --num-heads 1
+rm -f "$WORK/ok.npy"
+
+say "a fully masked query row names the flag --empty-rows zero, not the C field"
+E0="$G/sdpa_empty_rows_zero"
+run 1 "$ATTN" sdpa --query "$E0/q.npy" --key "$E0/k.npy" --value "$E0/v.npy" --mask "$E0/mask.npy" --output "$WORK/o.npy"
+err_has "has all 4 keys masked"
+err_has "(use --empty-rows zero to give such rows zero output)"
+grep -q "empty_rows" "$ERR_FILE" && bad "the message names the C field: $(cat "$ERR_FILE")" || ok
+npy_bool_const "$WORK/none.npy" 0 1 1 5 5
+run 1 "$ATTN" "${fwd[@]}" --mask "$WORK/none.npy" --output "$WORK/o.npy"
+err_has "keys masked"
+err_has "(use --empty-rows zero to give such rows zero output)"
+grep -q "empty_rows" "$ERR_FILE" && bad "the message names the C field: $(cat "$ERR_FILE")" || ok
+run 0 "$ATTN" "${fwd[@]}" --mask "$WORK/none.npy" --empty-rows zero --output "$WORK/o.npy"
+[ -e "$WORK/o.npy" ] && ok || bad "--empty-rows zero wrote no output"
+rm -f "$WORK/o.npy"
 
 say "--scale 0 is a scale like any other (every score 0: uniform weights) and runs"
 run 0 "$ATTN" "${sdpa[@]}" --output "$WORK/scale0.npy" --scale 0

@@ -39,17 +39,23 @@ same "B=3 T=4 E=12 H=3 changes the lines accordingly" "$exp/experiment_b3_t4_e12
 same "T=1 keeps one real token" "$exp/experiment_b1_t1_e3_h1.txt" \
     --batch-size 1 --seq-len 1 --embed-dim 3 --num-heads 1
 
-refuse "a size below 1 is refused" "--seq-len must be between 1" --seq-len 0
-refuse "a negative size is refused" "--batch-size must be between 1" --batch-size -3
+refuse "a size below 1 is refused" "--seq-len must be in 1..1048576 (got 0)" --seq-len 0
+refuse "a negative size is refused" "--batch-size must be in 1..1048576 (got -3)" --batch-size -3
 refuse "E not divisible by H is refused" "--embed-dim 16 is not divisible by --num-heads 3" --num-heads 3
-refuse "a non-number is refused" "--embed-dim expects a whole number, got 'abc'" --embed-dim abc
-refuse "trailing junk is refused" "--num-heads expects a whole number, got '4x'" --num-heads 4x
+refuse "a non-number is refused" "--embed-dim takes a whole number, not 'abc'" --embed-dim abc
+refuse "trailing junk is refused" "--num-heads takes a whole number, not '4x'" --num-heads 4x
+refuse "a leading '+' is refused" "--num-heads takes a whole number, not '+4'" --num-heads +4
+refuse "hex is refused" "--seq-len takes a whole number, not '0x10'" --seq-len 0x10
+refuse "a seed beyond 64 bits is refused" "--seed does not fit in 64 bits (got 99999999999999999999)" --seed 99999999999999999999
+refuse "a sample outside the batch is refused" "--sample 2 is out of range for --batch-size 2" --sample 2
 refuse "an unknown flag is refused" "unknown option '--bogus'" --bogus
 refuse "a missing value is refused" "--seed needs a value" --seed
 refuse "sizes too large for memory are refused" "too large" --seq-len 1000000 --batch-size 1000000
 
-"$INSPECT" --help >"$tmp/out" 2>&1 && grep -q -- "--batch-size" "$tmp/out" && echo "ok   --help describes the flags" \
-    || { echo "FAIL --help"; fail=1; }
+if "$INSPECT" --help >"$tmp/out" 2>"$tmp/err" && [ ! -s "$tmp/err" ] && grep -q -- "--batch-size" "$tmp/out" \
+    && grep -q "^EXIT STATUS" "$tmp/out" && grep -q "^NUMBERS" "$tmp/out"; then
+    echo "ok   --help describes the flags, the number rule and the exit statuses"
+else echo "FAIL --help: $(head -3 "$tmp/out") $(cat "$tmp/err")"; fail=1; fi
 
 [ $fail -eq 0 ] && echo "test_experiment: all passed"
 exit $fail

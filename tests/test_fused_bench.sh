@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `attn bench`: its help, its JSON (one object a line with SPEC §4's fields), the
-# paths --impl all adds, ATTN_ARCH reported on the setup line, and usage errors
-# (exit 2, one line on stderr). Timings themselves are never asserted.
+# `attn bench`: its help, its JSON (one object a line, every line with SPEC §4's
+# fields, whatever its kind), the paths --impl all adds, ATTN_ARCH reported in the
+# header, and usage errors (exit 2, one line on stderr). Timings themselves are never asserted.
 set -u
 fail=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -12,20 +12,58 @@ if "$ATTN" bench --help >"$tmp/help" 2>&1 && grep -q "S6" "$tmp/help" && grep -q
     && grep -q "ATTN_ARCH" "$tmp/help"; then ok "--help names the shapes, --impl and ATTN_ARCH"
 else bad "--help"; fi
 
+# SPEC section 4's fields, first on every line and in this order; a field that means
+# nothing for a line's kind is null (see attn bench --help, JSON OUTPUT).
+SPEC_FIELDS='^\{"kind":"[a-z_]+","impl":"[^"]+","B":([0-9]+|null),"H":([0-9]+|null),"Tq":([0-9]+|null),"Tk":([0-9]+|null),"D":([0-9]+|null),"mask":("[a-z]+"|null),"threads":[0-9]+,"median_ms":([0-9.]+|null),"gflops":([0-9.]+|null),"default_arch":"[a-z0-9]+","reason":"[^"]+","peak_gflops_1t":[0-9.]+,"peak_gflops":[0-9.]+(,.*)?\}$'
+# every_line_has_spec_fields NAME FILE: FILE has lines, each one JSON object with them.
+every_line_has_spec_fields() {
+    local n bad_lines
+    n=$(wc -l <"$2")
+    bad_lines=$(grep -Evc "$SPEC_FIELDS" "$2")
+    if [ "$n" -ge 1 ] && [ "$bad_lines" -eq 0 ]; then ok "$1: all $n lines carry SPEC's fields"
+    else bad "$1: $bad_lines of $n lines lack SPEC's fields: $(grep -Ev "$SPEC_FIELDS" "$2" | head -2)"; fi
+}
+
 if "$ATTN" bench --shape S1 --runs 3 --threads 1 --json --impl all >"$tmp/json" 2>"$tmp/err"; then
-    # Every line an object; one setup line naming the path and why; every sdpa line
-    # with SPEC's fields, S1's sizes and a positive time; ref, portable C and the
-    # default among the paths.
+    every_line_has_spec_fields "--json --impl all" "$tmp/json"
+    # The first line too (it used to be a setup line without them), with S1's sizes
+    # and a positive time on every sdpa line; ref, portable C and the default among
+    # the paths.
     sdpa=$(grep -c '"kind":"sdpa"' "$tmp/json")
-    if [ "$(grep -vc '^{.*}$' "$tmp/json")" -eq 0 ] &&
-       [ "$(grep -c '"kind":"setup","default_arch":"[a-z0-9]*","reason":"[^"]' "$tmp/json")" -eq 1 ] &&
-       [ "$sdpa" -ge 3 ] &&
-       [ "$(grep '"kind":"sdpa"' "$tmp/json" | grep -c '"impl":"[^"]*","B":2,"H":4,"Tq":5,"Tk":5,"D":4,"mask":"none","threads":1,"runs":3,"median_ms":[0-9.]*[1-9][0-9.]*,"min_ms":[0-9.]*,"gflops":[0-9.]*[1-9]')" -eq "$sdpa" ] &&
+    first=$(head -n 1 "$tmp/json")
+    if [ "$sdpa" -ge 3 ] && [ "$sdpa" -eq "$(wc -l <"$tmp/json")" ] &&
+       [ "$(grep -c '"impl":"[^"]*","B":2,"H":4,"Tq":5,"Tk":5,"D":4,"mask":"none","threads":1,"median_ms":[0-9.]*[1-9][0-9.]*,"gflops":[0-9.]*[1-9].*"shape":"S1","runs":3,"min_ms":[0-9.]*' "$tmp/json")" -eq "$sdpa" ] &&
+       case "$first" in *'"kind":"sdpa"'*'"median_ms":'[0-9]*) true ;; *) false ;; esac &&
        grep -q '"impl":"ref"' "$tmp/json" && grep -q '"impl":"fused:scalar"' "$tmp/json" &&
        grep -q '"impl":"default:' "$tmp/json"; then
-        ok "--json: one object a line, SPEC fields, every path"
+        ok "--json: the first line is a measurement, S1's sizes and a time on every line, every path"
     else bad "--json content: $(cat "$tmp/json")"; fi
 else bad "--json run: $(cat "$tmp/err")"; fi
+
+# The other kinds: their lines carry the same fields (null where meaningless) and
+# their own figures.
+if "$ATTN" bench --peak --threads 1 --json >"$tmp/peak" 2>"$tmp/err"; then
+    every_line_has_spec_fields "--peak --json" "$tmp/peak"
+    grep -q '"kind":"peak","impl":"fma:[a-z0-9]*","B":null,.*"median_ms":null,"gflops":[0-9.]*[1-9]' "$tmp/peak" \
+        && ok "--peak: gflops is the peak, no time" || bad "--peak line: $(cat "$tmp/peak")"
+else bad "--peak run: $(cat "$tmp/err")"; fi
+if "$ATTN" bench --gemm --size 48 --runs 2 --threads 1 --json >"$tmp/gemm" 2>"$tmp/err"; then
+    every_line_has_spec_fields "--gemm --json" "$tmp/gemm"
+    grep -q '"kind":"gemm",.*"mask":null,"threads":1,"median_ms":[0-9.]*[1-9].*"M":48,"N":48,"K":48' "$tmp/gemm" \
+        && ok "--gemm: M, N, K and a time" || bad "--gemm line: $(cat "$tmp/gemm")"
+else bad "--gemm run: $(cat "$tmp/err")"; fi
+if "$ATTN" bench --mha --seq-len 16 --embed-dim 32 --num-heads 4 --causal --runs 2 --threads 1 --json \
+    >"$tmp/mha" 2>"$tmp/err"; then
+    every_line_has_spec_fields "--mha --json" "$tmp/mha"
+    grep -q '"kind":"mha","impl":"default","B":1,"H":4,"Tq":16,"Tk":16,"D":8,"mask":"causal","threads":1,.*"E":32' "$tmp/mha" \
+        && ok "--mha: the attention shape and E" || bad "--mha line: $(cat "$tmp/mha")"
+else bad "--mha run: $(cat "$tmp/err")"; fi
+if "$ATTN" bench --bandwidth --runs 1 --threads 1 --json >"$tmp/bw" 2>"$tmp/err"; then
+    every_line_has_spec_fields "--bandwidth --json" "$tmp/bw"
+    grep -q '"kind":"bandwidth","impl":"stream",.*"gflops":null,.*"gbs":[0-9.]*[1-9]' "$tmp/bw" &&
+        grep -q '"kind":"kv_stream",.*"B":1,"H":32,"Tq":1,"Tk":4096,"D":128,.*"kv_gbs":[0-9.]*[1-9]' "$tmp/bw" \
+        && ok "--bandwidth: the stream rate and S5 against it" || bad "--bandwidth lines: $(cat "$tmp/bw")"
+else bad "--bandwidth run: $(cat "$tmp/err")"; fi
 
 if ATTN_ARCH=scalar "$ATTN" bench --shape S1 --runs 1 --threads 1 >"$tmp/out" 2>&1 \
     && grep -q "forced by ATTN_ARCH=scalar" "$tmp/out" && grep -q "default:scalar" "$tmp/out"; then
@@ -49,4 +87,11 @@ refuse "unknown impl" --impl fastest
 refuse "causal with Tq != Tk" --query-len 4 --key-len 5 --head-dim 2 --causal
 refuse "a non-number" --threads two
 refuse "an unknown option" --frobnicate
+refuse "more threads than 64 bits hold" --threads 99999999999999999999
+refuse "two benchmarks at once" --peak --mha
+refuse "a SPEC shape and a custom shape at once" --shape S1 --query-len 4 --head-dim 2
+refuse "a custom shape without --head-dim" --query-len 4
+refuse "--padding without a custom shape" --padding
+refuse "--mha with an impl it does not run" --mha --impl avx2
+refuse "--embed-dim not divisible by --num-heads" --mha --embed-dim 10 --num-heads 3
 exit $fail

@@ -5,55 +5,63 @@
  *   attn sdpa ...      scaled dot-product attention on .npy arrays
  *   attn bench ...     the benchmark
  *
- * This file only dispatches; each subcommand is tools/attn_<name>.c.
+ * This file only dispatches; each subcommand is tools/cmd_<name>.c, and every
+ * one parses its options with the one parser of tools/common_cli.c.
  */
 #include "attn.h"
-#include "attn_cmds.h"
+#include "cmds.h"
+#include "common_cli.h"
 
 #include <stdio.h>
 #include <string.h>
 
 /* Subcommands register here: { "name", "one-line summary", function }. */
-static const attn_cmd commands[] = {
+static const cmd_entry commands[] = {
     {"forward", "multi-head self-attention with weights from a .safetensors file",
-     attn_cmd_forward},
-    {"sdpa", "scaled dot-product attention on .npy arrays", attn_cmd_sdpa},
+     cmd_forward},
+    {"sdpa", "scaled dot-product attention on .npy arrays", cmd_sdpa},
     {"bench", "time attention (SPEC shapes S1-S6 or custom) against the machine's peak",
-     attn_cmd_bench},
+     cmd_bench},
     {NULL, NULL, NULL}, /* placeholder so the table is never empty */
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "Usage: attn COMMAND [OPTIONS]\n"
-            "       attn --help | --version\n"
-            "\n"
-            "Self-attention from scratch: scaled dot-product attention and multi-head\n"
-            "self-attention (chapter 11 of the tutorial) on .npy and .safetensors files.\n"
-            "\n"
-            "Commands:\n");
+    fputs("NAME\n"
+          "    attn - self-attention from scratch: scaled dot-product attention and\n"
+          "    multi-head self-attention (chapter 11 of the tutorial) on .npy and\n"
+          "    .safetensors files\n"
+          "\n"
+          "SYNOPSIS\n"
+          "    attn COMMAND [OPTIONS]\n"
+          "    attn --help | --version\n"
+          "\n"
+          "COMMANDS\n",
+          f);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (commands[i].name)
-            fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f,
-            "\n"
-            "Run 'attn COMMAND --help' for a command's options.\n"
-            "\n"
-            "Exit status: 0 on success, 2 on a usage error, 1 on any other error; an\n"
-            "error prints one line on stderr that names the problem.\n"
-            "\n"
-            "Environment:\n"
-            "  ATTN_ARCH            force a kernel path: ref, scalar, avx2 or avx512\n"
-            "  ATTN_FAIL_ALLOC_AT   N: make the Nth allocation fail (for testing the\n"
-            "                       out-of-memory paths; tests/test_cli_oom.sh uses it)\n");
+            fprintf(f, "    %-9s %s\n", commands[i].name, commands[i].summary);
+    fputs("\n"
+          "    Run 'attn COMMAND --help' for a command's options.\n"
+          "\n"
+          CLI_HELP_NUMBERS
+          "\n"
+          CLI_HELP_EXIT
+          "\n"
+          "ENVIRONMENT\n"
+          "    ATTN_ARCH            force a kernel path: ref, scalar, avx2 or avx512\n"
+          "    ATTN_FAIL_ALLOC_AT   N: make the Nth allocation fail (for testing the\n"
+          "                         out-of-memory paths; tests/test_cli_oom.sh uses it)\n",
+          f);
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        usage(stderr);
-        return 2;
+        /* A usage error is one line on stderr, like every other; the manual is
+         * for --help. */
+        fprintf(stderr, "attn: missing COMMAND: forward, sdpa or bench (run 'attn --help')\n");
+        return CLI_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
@@ -68,5 +76,5 @@ int main(int argc, char **argv)
         if (commands[i].name && !strcmp(cmd, commands[i].name))
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "attn: unknown command '%s' (run 'attn --help' for the list)\n", cmd);
-    return 2;
+    return CLI_EXIT_USAGE;
 }

@@ -1,6 +1,6 @@
 /*
- * common_cli.c - option parsing and error printing for the attn subcommands; see
- * common_cli.h for the conventions.
+ * common_cli.c - the option parser, the number rule and error printing for every
+ * program in tools/; see common_cli.h for the conventions.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -47,7 +47,7 @@ void cli_ctx_init(attn_ctx *ctx)
     attn_ctx_init(ctx);
     const char *at = getenv("ATTN_FAIL_ALLOC_AT");
     int64_t n;
-    if (at && cli_parse_int64(at, &n) && n >= 1) {
+    if (at && cli_parse_int64(at, &n) == CLI_NUM_OK && n >= 1) {
         fail_alloc_at = (long)n;
         alloc_calls = 0;
         ctx->allocator.alloc = cli_failing_alloc;
@@ -86,30 +86,92 @@ const char *cli_shape(const attn_tensor *t, char *buf, size_t cap)
     return buf;
 }
 
-int cli_parse_int64(const char *s, int64_t *out)
+/* Checks that s is a plain decimal number and nothing else: an optional '-', digits,
+ * and, when `real`, an optional fraction and exponent ("-1", "0.5", ".5", "1e-3").
+ * strtoll and strtod alone would accept leading spaces, '+', hex and "inf", which
+ * the rule refuses; they are used only once the text has passed this check.
+ * *nonzero says whether any digit before the exponent is not 0, so that a value
+ * that rounds to 0 can be told from a written 0. */
+static int decimal_syntax(const char *s, int real, int *nonzero)
 {
-    if (!s || !*s)
+    const char *p = s;
+    int digits = 0;
+    *nonzero = 0;
+    if (*p == '-')
+        p++;
+    for (; *p >= '0' && *p <= '9'; p++, digits++)
+        *nonzero |= *p != '0';
+    if (real && *p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+            *nonzero |= *p != '0';
+    if (!digits)
         return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || s[0] == ' ' || s[0] == '\t')
-        return 0;
-    *out = (int64_t)v;
-    return 1;
+    if (real && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '-' || *p == '+')
+            p++;
+        int exp_digits = 0;
+        for (; *p >= '0' && *p <= '9'; p++)
+            exp_digits++;
+        if (!exp_digits)
+            return 0;
+    }
+    return *p == '\0';
 }
 
-int cli_parse_double(const char *s, double *out)
+cli_num cli_parse_int64(const char *s, int64_t *out)
 {
-    if (!s || !*s)
-        return 0;
-    char *end;
+    int nonzero;
+    if (!s || !decimal_syntax(s, 0, &nonzero))
+        return CLI_NUM_SYNTAX;
     errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s || s[0] == ' ' || s[0] == '\t' || !isfinite(v))
-        return 0;
-    *out = v;
-    return 1;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (errno == ERANGE)
+        return CLI_NUM_TOO_BIG;
+    if (*end)
+        return CLI_NUM_SYNTAX;
+    *out = (int64_t)v;
+    return CLI_NUM_OK;
+}
+
+cli_num cli_parse_float(const char *s, float *out)
+{
+    int nonzero;
+    if (!s || !decimal_syntax(s, 1, &nonzero))
+        return CLI_NUM_SYNTAX;
+    char *end;
+    double v = strtod(s, &end); /* ERANGE is judged below, against float32 */
+    if (*end)
+        return CLI_NUM_SYNTAX;
+    /* Halfway between FLT_MAX and 2^128: from here on float32 rounds to infinity
+     * (round to nearest, ties to even), so compare before converting, which C
+     * leaves undefined for a value float cannot hold. */
+    if (!isfinite(v) || fabs(v) >= 0x1.ffffffp+127)
+        return CLI_NUM_TOO_BIG;
+    const float f = (float)v;
+    if (f == 0.0f && nonzero)
+        return CLI_NUM_TO_ZERO;
+    *out = f;
+    return CLI_NUM_OK;
+}
+
+int cli_fail_attention(const char *prog, const attn_ctx *ctx, const char *mask_path)
+{
+    if (ctx->status == ATTN_STATUS_MASK_BROADCAST && mask_path) {
+        cli_error(prog, "--mask %s: %s", mask_path, ctx->message);
+        return CLI_EXIT_ERROR;
+    }
+    if (ctx->status != ATTN_STATUS_EMPTY_ROW)
+        return cli_fail(prog, ctx);
+    /* The library's message ends with advice for C callers ("(use empty_rows = zero
+     * ...)"); a command-line user needs the flag instead. Everything before that
+     * advice (which query, batch and head) is kept as the library wrote it. */
+    const char *m = ctx->message;
+    const char *advice = strstr(m, " (use ");
+    int keep = advice ? (int)(advice - m) : (int)strlen(m);
+    cli_error(prog, "%.*s (use --empty-rows zero to give such rows zero output)", keep, m);
+    return CLI_EXIT_ERROR;
 }
 
 const cli_opt *cli_find(const cli_opt *opts, int nopts, const char *name)
@@ -138,25 +200,41 @@ static int set_value(const char *prog, cli_opt *o, const char *v)
         *(const char **)o->dest = v;
         return CLI_PARSED;
     case CLI_INT: {
-        int64_t x;
-        if (!cli_parse_int64(v, &x))
+        int64_t x = 0;
+        const cli_num r = cli_parse_int64(v, &x);
+        if (r == CLI_NUM_SYNTAX)
             return cli_usage_error(prog, "--%s takes a whole number, not '%s'", o->name, v);
-        if ((o->min || o->max) && (x < o->min || x > o->max)) {
-            if (o->max == INT64_MAX)
-                return cli_usage_error(prog, "--%s must be at least %lld (got %lld)",
-                                       o->name, (long long)o->min, (long long)x);
-            return cli_usage_error(prog, "--%s must be in %lld..%lld (got %lld)", o->name,
-                                   (long long)o->min, (long long)o->max, (long long)x);
+        if (r == CLI_NUM_OK && x >= o->min && x <= o->max) {
+            *(int64_t *)o->dest = x;
+            return CLI_PARSED;
         }
-        *(int64_t *)o->dest = x;
-        return CLI_PARSED;
+        /* Out of range or beyond 64 bits: both name the range and the text given. A
+         * value beyond 64 bits is below the range when it is negative. */
+        const int below = r == CLI_NUM_OK ? x < o->min : v[0] == '-';
+        if (below ? o->min == INT64_MIN : o->max == INT64_MAX)
+            return cli_usage_error(prog, "--%s does not fit in 64 bits (got %s)", o->name, v);
+        if (below && o->max == INT64_MAX)
+            return cli_usage_error(prog, "--%s must be at least %lld (got %s)", o->name,
+                                   (long long)o->min, v);
+        return cli_usage_error(prog, "--%s must be in %lld..%lld (got %s)", o->name,
+                               (long long)o->min, (long long)o->max, v);
     }
     case CLI_FLOAT: {
-        double x;
-        if (!cli_parse_double(v, &x))
+        float x = 0;
+        switch (cli_parse_float(v, &x)) {
+        case CLI_NUM_OK:
+            *(float *)o->dest = x;
+            return CLI_PARSED;
+        case CLI_NUM_SYNTAX:
             return cli_usage_error(prog, "--%s takes a finite number, not '%s'", o->name, v);
-        *(double *)o->dest = x;
-        return CLI_PARSED;
+        case CLI_NUM_TOO_BIG:
+            return cli_usage_error(prog, "--%s %s is too large for float32 (it would be "
+                                   "infinity)", o->name, v);
+        case CLI_NUM_TO_ZERO:
+            return cli_usage_error(prog, "--%s %s is too small for float32 (it would be 0)",
+                                   o->name, v);
+        }
+        return CLI_EXIT_USAGE;
     }
     case CLI_CHOICE:
         for (int k = 0; o->choices[k]; k++)

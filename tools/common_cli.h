@@ -1,6 +1,6 @@
 /*
- * common_cli.h - option parsing and error printing shared by the attn subcommands
- * (and any other tool in tools/).
+ * common_cli.h - the one option parser and the error printing shared by every
+ * program in tools/ (the `attn` subcommands and inspect_self_attention).
  *
  * Conventions (SPEC section 4): options are long, "--name VALUE" or "--name=VALUE";
  * "--help" / "-h" asks for the help text; exit status 0 on success, 2 on a usage
@@ -9,9 +9,16 @@
  *
  *   attn forward: missing --num-heads (run 'attn forward --help')
  *   attn forward: W.safetensors: tensor 'qkv.bias' is missing
+ *
+ * One rule for numbers, in every program: the whole value must be a decimal number.
+ * Leading or trailing whitespace, a leading '+', hex ("0x10"), "inf"/"nan", an empty
+ * value and a value that overflows are usage errors that name the option and the
+ * value; so is a real number that is not 0 but that float32 rounds to 0 or to
+ * infinity ("--scale 1e-50", "1e39"), because silently using 0 or refusing only one
+ * of the two would surprise the user.
  */
-#ifndef ATTN_COMMON_CLI_H
-#define ATTN_COMMON_CLI_H
+#ifndef TOOLS_COMMON_CLI_H
+#define TOOLS_COMMON_CLI_H
 
 #include "attn.h"
 
@@ -22,11 +29,30 @@
 #define CLI_EXIT_ERROR 1
 #define CLI_EXIT_USAGE 2
 
+/* Paragraphs every program's --help ends with, so the rule for numbers and the exit
+ * statuses read the same everywhere (man-page layout: a section title at column 0,
+ * the text indented by four spaces). */
+#define CLI_HELP_NUMBERS                                                                 \
+    "NUMBERS\n"                                                                           \
+    "    A number is written in decimal and is the whole value: '4', '-1', '0.125',\n"     \
+    "    '1e-3'. Spaces around it, a leading '+', hex ('0x10'), 'inf' or 'nan', an\n"     \
+    "    empty value, a whole number outside its option's range or beyond 64 bits,\n"   \
+    "    and a real number that float32 would round to 0 or to infinity (1e-50,\n"      \
+    "    1e39) are usage errors.\n"
+#define CLI_HELP_EXIT                                                                    \
+    "EXIT STATUS\n"                                                                       \
+    "    0   success (and --help).\n"                                                  \
+    "    2   a usage error: an unknown, repeated or missing option, a missing value,\n" \
+    "        a bad number or choice; nothing is computed or written.\n"                \
+    "    1   any other error: a file that cannot be read or written, shapes that do\n" \
+    "        not fit, a fully masked query row, out of memory.\n"                      \
+    "    Every error prints exactly one line on stderr that names the problem.\n"
+
 typedef enum cli_kind {
     CLI_FLAG,   /* no value; *(int *)dest = 1 */
-    CLI_STRING, /* *(const char **)dest = the value */
+    CLI_STRING, /* *(const char **)dest = the value, which must not be empty */
     CLI_INT,    /* *(int64_t *)dest, a whole decimal number in [min, max] */
-    CLI_FLOAT,  /* *(double *)dest, a finite number */
+    CLI_FLOAT,  /* *(float *)dest, a finite decimal number float32 can hold */
     CLI_CHOICE  /* *(int *)dest = the index of the value in `choices` */
 } cli_kind;
 
@@ -35,15 +61,15 @@ typedef struct cli_opt {
     cli_kind kind;
     void *dest;
     const char *const *choices; /* CLI_CHOICE: a NULL-terminated list */
-    int64_t min, max;           /* CLI_INT: the allowed range (both 0: any value) */
+    int64_t min, max;           /* CLI_INT: the allowed range, both ends included */
     int seen;                   /* set by cli_parse */
 } cli_opt;
 
 /* What cli_parse returns besides an exit status. */
 #define CLI_PARSED (-1)
 
-/* Parses argv[1..argc-1] (argv[0] is the subcommand's name, used in messages as
- * "attn NAME"). Returns CLI_PARSED when the options are fine, CLI_EXIT_OK when help
+/* Parses argv[1..argc-1] (argv[0] is the program's or subcommand's own name; `prog`
+ * is what messages start with, "attn sdpa"). Returns CLI_PARSED when the options are fine, CLI_EXIT_OK when help
  * was asked for (help_text has been printed to stdout), or CLI_EXIT_USAGE after
  * printing one line on stderr. */
 int cli_parse(const char *prog, int argc, char **argv, cli_opt *opts, int nopts,
@@ -80,9 +106,22 @@ int cli_fail(const char *prog, const attn_ctx *ctx);
 /* A tensor's shape as a Python tuple, "(2, 5, 16)", in buf. */
 const char *cli_shape(const attn_tensor *t, char *buf, size_t cap);
 
-/* Strict number parsing: the whole string, no overflow. 1 on success. */
-int cli_parse_int64(const char *s, int64_t *out);
-int cli_parse_double(const char *s, double *out);
+/* The number rule above, for one value. */
+typedef enum cli_num {
+    CLI_NUM_OK,
+    CLI_NUM_SYNTAX,   /* not a plain decimal number */
+    CLI_NUM_TOO_BIG,  /* beyond int64, or float32 would round it to infinity */
+    CLI_NUM_TO_ZERO   /* not 0, but float32 would round it to 0 */
+} cli_num;
+cli_num cli_parse_int64(const char *s, int64_t *out);
+cli_num cli_parse_float(const char *s, float *out);
+
+/* The library's error from ctx as one line, in the command line's words: the
+ * empty-row error of attn_sdpa and attn_mha_forward names the flag
+ * (--empty-rows zero) instead of the C field the library's message names; a mask
+ * that does not broadcast names the --mask file when mask_path is set. Returns
+ * CLI_EXIT_ERROR. */
+int cli_fail_attention(const char *prog, const attn_ctx *ctx, const char *mask_path);
 
 /* Loads an .npy file; on failure prints one line and returns CLI_EXIT_ERROR. `what`
  * names the option (e.g. "--input") for the message. */
@@ -114,4 +153,4 @@ int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *o
 int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
                   const attn_tensor *tensors);
 
-#endif /* ATTN_COMMON_CLI_H */
+#endif /* TOOLS_COMMON_CLI_H */

@@ -11,8 +11,8 @@
  * the mask forbids are drawn hatched ("masked") whatever their value, so a learner
  * sees at once that a masked key got weight 0 because of the mask.
  */
-#ifndef ATTN_COMMON_HEATMAP_H
-#define ATTN_COMMON_HEATMAP_H
+#ifndef TOOLS_COMMON_HEATMAP_H
+#define TOOLS_COMMON_HEATMAP_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -53,4 +53,4 @@ int heatmap_print_terminal(FILE *f, const heatmap_panel *panels, int n, int colo
 /* The colour scale (viridis-like, dark purple at 0 to yellow at 1) as 8-bit RGB. */
 void heatmap_color(double value, int rgb[3]);
 
-#endif /* ATTN_COMMON_HEATMAP_H */
+#endif /* TOOLS_COMMON_HEATMAP_H */

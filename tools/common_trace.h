@@ -4,8 +4,8 @@
  * masks and how they broadcast, and which kernel ran. Used by
  * inspect_self_attention --trace.
  */
-#ifndef ATTN_COMMON_TRACE_H
-#define ATTN_COMMON_TRACE_H
+#ifndef TOOLS_COMMON_TRACE_H
+#define TOOLS_COMMON_TRACE_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -25,4 +25,4 @@ typedef struct trace_info {
  * in order. Returns 0, or -1 if writing failed. */
 int trace_print(FILE *f, const trace_info *t);
 
-#endif /* ATTN_COMMON_TRACE_H */
+#endif /* TOOLS_COMMON_TRACE_H */

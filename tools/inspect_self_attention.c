@@ -51,172 +51,122 @@ typedef struct options {
 
 static const char *prog = "inspect_self_attention";
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "Usage: %s [OPTIONS]\n"
-            "\n"
-            "The chapter's experiment: multi-head self-attention on a random batch with a\n"
-            "padding mask and a causal mask, printing the shapes and what the masks do.\n"
-            "\n"
-            "Options (defaults as in the chapter):\n"
-            "  --batch-size B   sequences in the batch (default 2)\n"
-            "  --seq-len T      tokens per sequence (default 5)\n"
-            "  --embed-dim E    embedding size (default 16); must be divisible by H\n"
-            "  --num-heads H    attention heads (default 4)\n"
-            "  --seed N         random seed for x and the weights (default 42); the same\n"
-            "                   seed draws the same numbers as torch.manual_seed(N)\n"
-            "\n"
-            "What to show besides the seven lines:\n"
-            "  --trace          each step with its formula and shape, the masks and how\n"
-            "                   they broadcast, and which kernel ran\n"
-            "  --dump DIR       write x.npy, token_ids.npy, padding_mask.npy,\n"
-            "                   causal_mask.npy, combined_mask.npy, weights.safetensors\n"
-            "                   (qkv.weight, qkv.bias, output.weight, output.bias),\n"
-            "                   output.npy and attention.npy into DIR (created if needed)\n"
-            "  --heatmap FILE   an SVG of the padding, causal and combined masks and each\n"
-            "                   head's attention weights for one sample (up to 256\n"
-            "                   tokens and 64 heads; hover a cell to read its value)\n"
-            "  --show           the same heatmaps in the terminal (in colour when the\n"
-            "                   output is a terminal and NO_COLOR is not set)\n"
-            "  --sample N       the sample --heatmap and --show draw (default 0)\n"
-            "  -h, --help       show this help and exit\n"
-            "\n"
-            "Output: seven lines, x_shape, token_ids, output_shape, attention_shape,\n"
-            "combined_mask_shape, first_head_weights_row0 (weights[0, 0, 0, :] rounded\n"
-            "to 4 decimals) and last_real_query_can_attend_to (the combined mask's row\n"
-            "for the last real token of sample 0, as 0/1).\n"
-            "\n"
-            "Exit status: 0 on success, 2 on a bad option, 1 on any other error.\n",
-            prog);
-}
+static const char HELP[] =
+    "NAME\n"
+    "    inspect_self_attention - the chapter's experiment: multi-head self-attention\n"
+    "    on a random batch with a padding mask and a causal mask\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    inspect_self_attention [--batch-size B] [--seq-len T] [--embed-dim E]\n"
+    "                           [--num-heads H] [--seed N] [--trace] [--dump DIR]\n"
+    "                           [--heatmap FILE.svg] [--show] [--sample S]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Draws x ~ N(0, 1) [B, T, E] and the projection weights (nn.Linear's default\n"
+    "    initialisation) from the seed, builds demo token ids with padding, the\n"
+    "    padding mask [B, 1, 1, T] (pad id 0), the causal mask [1, 1, T, T] and their\n"
+    "    AND [B, 1, T, T], runs multi-head self-attention asking for the weights\n"
+    "    [B, H, T, T], and prints seven lines: x_shape, token_ids, output_shape,\n"
+    "    attention_shape, combined_mask_shape, first_head_weights_row0\n"
+    "    (weights[0, 0, 0, :] rounded to 4 decimals) and last_real_query_can_attend_to\n"
+    "    (the combined mask's row for the last real token of sample 0, as 0/1).\n"
+    "\n"
+    "OPTIONS\n"
+    "    --batch-size B\n"
+    "        Sequences in the batch, 1..1048576 (default 2).\n"
+    "    --seq-len T\n"
+    "        Tokens per sequence, 1..1048576 (default 5).\n"
+    "    --embed-dim E\n"
+    "        Embedding size, 1..1048576 (default 16); must be divisible by H.\n"
+    "    --num-heads H\n"
+    "        Attention heads, 1..1048576 (default 4).\n"
+    "    --seed N\n"
+    "        Random seed for x and the weights, 0..9223372036854775807 (default 42);\n"
+    "        the same seed draws the same numbers as torch.manual_seed(N).\n"
+    "    --trace\n"
+    "        After the seven lines, each step with its formula and shape, the masks\n"
+    "        and how they broadcast, and which kernel ran.\n"
+    "    --dump DIR\n"
+    "        Write x.npy, token_ids.npy, padding_mask.npy, causal_mask.npy,\n"
+    "        combined_mask.npy, weights.safetensors (qkv.weight, qkv.bias,\n"
+    "        output.weight, output.bias), output.npy and attention.npy into DIR\n"
+    "        (created if needed).\n"
+    "    --heatmap FILE.svg\n"
+    "        An SVG of the padding, causal and combined masks and each head's\n"
+    "        attention weights for one sample (T <= 256, H <= 64; hover a cell to read\n"
+    "        its value).\n"
+    "    --show\n"
+    "        The same heatmaps in the terminal (in colour when the output is a\n"
+    "        terminal and NO_COLOR is not set).\n"
+    "    --sample S\n"
+    "        The sample --heatmap and --show draw, 0..B-1 (default 0).\n"
+    "    -h, --help\n"
+    "        Print this help and exit.\n"
+    "\n"
+    "    Options take their value as the next argument or after '=' (--seed=7).\n"
+    "    B*T*E, B*H*T*T and 3*E*E must each stay at most 2^28 elements.\n"
+    "\n"
+    CLI_HELP_NUMBERS
+    "\n"
+    CLI_HELP_EXIT
+    "\n"
+    "EXAMPLE\n"
+    "    inspect_self_attention --seq-len 8 --trace --heatmap weights.svg\n";
 
-/* Parses a whole decimal number in [lo, hi]; prints one line and returns 0 if not. */
-static int parse_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (text[0] == '\0' || *end != '\0' || errno == ERANGE) {
-        fprintf(stderr, "%s: %s expects a whole number, got '%s'\n", prog, flag, text);
-        return 0;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "%s: %s must be between %lld and %lld, got %lld\n", prog, flag,
-                (long long)lo, (long long)hi, v);
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
-
-/* Returns 0 to run, 1 when --help was printed, 2 on a usage error. */
+/* Returns CLI_PARSED to run, CLI_EXIT_OK when --help was printed, or
+ * CLI_EXIT_USAGE after one line on stderr. */
 static int parse_options(int argc, char **argv, options *o)
 {
+    /* Sizes are capped so that the experiment's arrays stay printable and in memory. */
+    const int64_t max_size = 1 << 20;
+    int64_t seed = 42;
     o->batch_size = 2;
     o->seq_len = 5;
     o->embed_dim = 16;
     o->num_heads = 4;
-    o->seed = 42;
     o->trace = 0;
     o->dump = NULL;
     o->heatmap = NULL;
     o->show = 0;
     o->sample = 0;
-    /* Sizes are capped so that the experiment's arrays stay printable and in memory. */
-    const int64_t max_size = 1 << 20;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            usage(stdout);
-            return 1;
-        }
-        if (!strcmp(arg, "--trace")) {
-            o->trace = 1;
-            continue;
-        }
-        if (!strcmp(arg, "--show")) {
-            o->show = 1;
-            continue;
-        }
-        const char *names[] = {"--batch-size", "--seq-len", "--embed-dim", "--num-heads", "--seed",
-                               "--sample", "--dump", "--heatmap"};
-        int which = -1;
-        const char *value = NULL;
-        for (int n = 0; n < 8; n++) {
-            size_t len = strlen(names[n]);
-            if (!strncmp(arg, names[n], len) && (arg[len] == '\0' || arg[len] == '=')) {
-                which = n;
-                value = arg[len] == '=' ? arg + len + 1 : NULL;
-            }
-        }
-        if (which < 0) {
-            fprintf(stderr, "%s: unknown option '%s' (see --help)\n", prog, arg);
-            return 2;
-        }
-        if (!value) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "%s: %s needs a value\n", prog, names[which]);
-                return 2;
-            }
-            value = argv[++i];
-        }
-        if (which >= 6) { /* paths */
-            if (value[0] == '\0') {
-                fprintf(stderr, "%s: %s needs a non-empty path\n", prog, names[which]);
-                return 2;
-            }
-            if (which == 6)
-                o->dump = value;
-            else
-                o->heatmap = value;
-            continue;
-        }
-        int64_t v;
-        int ok = which == 4   ? parse_int(names[which], value, 0, INT64_MAX, &v)
-                 : which == 5 ? parse_int(names[which], value, 0, max_size, &v)
-                              : parse_int(names[which], value, 1, max_size, &v);
-        if (!ok)
-            return 2;
-        switch (which) {
-        case 0: o->batch_size = v; break;
-        case 1: o->seq_len = v; break;
-        case 2: o->embed_dim = v; break;
-        case 3: o->num_heads = v; break;
-        case 4: o->seed = (uint64_t)v; break;
-        case 5: o->sample = v; break;
-        }
-    }
+    cli_opt opts[] = {
+        {"batch-size", CLI_INT, &o->batch_size, NULL, 1, max_size, 0},
+        {"seq-len", CLI_INT, &o->seq_len, NULL, 1, max_size, 0},
+        {"embed-dim", CLI_INT, &o->embed_dim, NULL, 1, max_size, 0},
+        {"num-heads", CLI_INT, &o->num_heads, NULL, 1, max_size, 0},
+        {"seed", CLI_INT, &seed, NULL, 0, INT64_MAX, 0},
+        {"trace", CLI_FLAG, &o->trace, NULL, 0, 0, 0},
+        {"dump", CLI_STRING, &o->dump, NULL, 0, 0, 0},
+        {"heatmap", CLI_STRING, &o->heatmap, NULL, 0, 0, 0},
+        {"show", CLI_FLAG, &o->show, NULL, 0, 0, 0},
+        {"sample", CLI_INT, &o->sample, NULL, 0, max_size, 0},
+    };
+    int rc = cli_parse(prog, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), HELP);
+    if (rc != CLI_PARSED)
+        return rc;
+    o->seed = (uint64_t)seed;
     /* A picture of T x T cells per head stops being readable (and an SVG with a
      * titled <rect> per cell stops being small) long before memory runs out. */
-    if ((o->heatmap || o->show) && (o->seq_len > 256 || o->num_heads > 64)) {
-        fprintf(stderr, "%s: --heatmap and --show draw at most --seq-len 256 and --num-heads 64, "
-                        "got %" PRId64 " and %" PRId64 "\n",
-                prog, o->seq_len, o->num_heads);
-        return 2;
-    }
-    if (o->sample >= o->batch_size) {
-        fprintf(stderr, "%s: --sample %" PRId64 " is out of range for --batch-size %" PRId64
-                        " (samples are 0 .. %" PRId64 ")\n",
-                prog, o->sample, o->batch_size, o->batch_size - 1);
-        return 2;
-    }
-    if (o->embed_dim % o->num_heads != 0) {
-        fprintf(stderr, "%s: --embed-dim %" PRId64 " is not divisible by --num-heads %" PRId64 "\n",
-                prog, o->embed_dim, o->num_heads);
-        return 2;
-    }
+    if ((o->heatmap || o->show) && (o->seq_len > 256 || o->num_heads > 64))
+        return cli_usage_error(prog, "--heatmap and --show draw at most --seq-len 256 and "
+                               "--num-heads 64, got %" PRId64 " and %" PRId64,
+                               o->seq_len, o->num_heads);
+    if (o->sample >= o->batch_size)
+        return cli_usage_error(prog, "--sample %" PRId64 " is out of range for --batch-size %"
+                               PRId64 " (samples are 0 .. %" PRId64 ")",
+                               o->sample, o->batch_size, o->batch_size - 1);
+    if (o->embed_dim % o->num_heads != 0)
+        return cli_usage_error(prog, "--embed-dim %" PRId64 " is not divisible by --num-heads %"
+                               PRId64, o->embed_dim, o->num_heads);
     /* In double: each size is at most 2^20, so the products cannot overflow there. */
     const double limit = (double)(1 << 28);
     if ((double)o->batch_size * (double)o->seq_len * (double)o->embed_dim > limit ||
         (double)o->batch_size * (double)o->num_heads * (double)o->seq_len * (double)o->seq_len > limit ||
-        3.0 * (double)o->embed_dim * (double)o->embed_dim > limit) {
-        fprintf(stderr, "%s: sizes B=%" PRId64 " T=%" PRId64 " E=%" PRId64 " H=%" PRId64
-                        " are too large for the experiment (over 2^28 elements)\n",
-                prog, o->batch_size, o->seq_len, o->embed_dim, o->num_heads);
-        return 2;
-    }
-    return 0;
+        3.0 * (double)o->embed_dim * (double)o->embed_dim > limit)
+        return cli_usage_error(prog, "sizes B=%" PRId64 " T=%" PRId64 " E=%" PRId64 " H=%" PRId64
+                               " are too large for the experiment (over 2^28 elements)",
+                               o->batch_size, o->seq_len, o->embed_dim, o->num_heads);
+    return CLI_PARSED;
 }
 
 /* The chapter's demo token ids [B, T]: sample b has
@@ -564,8 +514,8 @@ int main(int argc, char **argv)
 {
     options o;
     int rc = parse_options(argc, argv, &o);
-    if (rc)
-        return rc == 1 ? 0 : 2;
+    if (rc != CLI_PARSED)
+        return rc;
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);

@@ -1,11 +1,11 @@
 /*
- * attn_sdpa.c - `attn sdpa`: scaled dot-product attention on .npy arrays.
+ * cmd_sdpa.c - `attn sdpa`: scaled dot-product attention on .npy arrays.
  *
  *   q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]  (or without B, or without B
  *   and H) -> out [.., Tq, Dv]; optional weights [.., Tq, Tk]
  */
 #include "attn.h"
-#include "attn_cmds.h"
+#include "cmds.h"
 #include "common_cli.h"
 
 #include <math.h>
@@ -47,7 +47,8 @@ static const char HELP[] =
     "        Query i attends to keys 0..i only; needs Tq == Tk. Combines with --mask\n"
     "        by AND.\n"
     "    --scale S\n"
-    "        Multiply the scores by S instead of 1/sqrt(D).\n"
+    "        Multiply the scores by S instead of 1/sqrt(D): any number float32\n"
+    "        holds (see NUMBERS); 0 makes every weight of a row equal.\n"
     "    --empty-rows error|zero\n"
     "        A query whose keys are all masked is an error (default), or gets zero\n"
     "        output and zero weights ('zero').\n"
@@ -62,10 +63,9 @@ static const char HELP[] =
     "    Output files are written whole or not at all: each goes to a temporary file\n"
     "    next to it, and all are renamed into place only when all are written.\n"
     "\n"
-    "EXIT STATUS\n"
-    "    0 on success, 2 on a usage error (an unknown or missing option, a bad\n"
-    "    number), 1 on any other error (a file that cannot be read, shapes that do\n"
-    "    not fit, a fully masked query row); an error prints one line on stderr.\n"
+    CLI_HELP_NUMBERS
+    "\n"
+    CLI_HELP_EXIT
     "\n"
     "EXAMPLE\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal \\\n"
@@ -82,11 +82,11 @@ static int check_qkv(const char *opt, const char *path, const attn_array *a)
     return CLI_EXIT_ERROR;
 }
 
-int attn_cmd_sdpa(int argc, char **argv)
+int cmd_sdpa(int argc, char **argv)
 {
     const char *qp = NULL, *kp = NULL, *vp = NULL, *mask_path = NULL, *output = NULL,
                *attention = NULL;
-    double scale = 0;
+    float scale = 0;
     int causal = 0, empty_rows = 0;
     static const char *const empty_choices[] = {"error", "zero", NULL};
     cli_opt opts[] = {
@@ -109,8 +109,6 @@ int attn_cmd_sdpa(int argc, char **argv)
         return rc;
     if (attention && strcmp(attention, output) == 0)
         return cli_usage_error(PROG, "--output and --attention name the same file");
-    if (cli_seen(opts, nopts, "scale") && !isfinite((float)scale))
-        return cli_usage_error(PROG, "--scale %g does not fit in float32", scale);
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
@@ -150,14 +148,10 @@ int attn_cmd_sdpa(int argc, char **argv)
     p.mask = mask_path ? &m.tensor : NULL;
     p.causal = causal;
     p.has_scale = cli_seen(opts, nopts, "scale");
-    p.scale = (float)scale;
+    p.scale = scale;
     p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
     if (attn_sdpa(&ctx, &q.tensor, &k.tensor, &v.tensor, &p, &out, attention ? &att : NULL)) {
-        /* A mask that does not broadcast is the mask file's problem: say which. */
-        if (ctx.status == ATTN_STATUS_MASK_BROADCAST && mask_path)
-            cli_error(PROG, "--mask %s: %s", mask_path, ctx.message);
-        else
-            cli_fail(PROG, &ctx);
+        cli_fail_attention(PROG, &ctx, mask_path);
         goto done;
     }
     const char *paths[2] = {output, attention};

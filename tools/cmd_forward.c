@@ -1,5 +1,5 @@
 /*
- * attn_forward.c - `attn forward`: multi-head self-attention (the chapter's module)
+ * cmd_forward.c - `attn forward`: multi-head self-attention (the chapter's module)
  * with weights from a .safetensors file, on an input from a .npy file.
  *
  *   x [B, T, E] (or [T, E]) -> attn_mha_forward -> y [B, T, E] (or [T, E])
@@ -10,7 +10,7 @@
  * mask; all combine by AND.
  */
 #include "attn.h"
-#include "attn_cmds.h"
+#include "cmds.h"
 #include "common_cli.h"
 
 #include <stdint.h>
@@ -53,12 +53,13 @@ static const char HELP[] =
     "    --prefix P\n"
     "        A prefix for every weight name, e.g. 'layers.0.attn.' (default none).\n"
     "    --num-heads H\n"
-    "        The number of heads, at least 1; E must be divisible by H.\n"
+    "        The number of heads, a whole number >= 1; E must be divisible by H.\n"
     "    --input X.npy\n"
     "        The input, [B, T, E] or [T, E].\n"
     "    --token-ids IDS.npy, --pad-id N\n"
     "        Token ids [B, T] (or [T]; int32 or int64) and the pad id: keys whose id is\n"
-    "        N are masked (a padding mask [B, 1, 1, T]). Give both or neither.\n"
+    "        N (any 64-bit whole number, e.g. -1 for none) are masked (a padding\n"
+    "        mask [B, 1, 1, T]). Give both or neither.\n"
     "    --causal\n"
     "        Position t attends to positions 0..t only (mask [1, 1, T, T]).\n"
     "    --mask M.npy\n"
@@ -78,10 +79,9 @@ static const char HELP[] =
     "    Output files are written whole or not at all: each goes to a temporary file\n"
     "    next to it, and all are renamed into place only when all are written.\n"
     "\n"
-    "EXIT STATUS\n"
-    "    0 on success, 2 on a usage error (an unknown or missing option, a bad\n"
-    "    number), 1 on any other error (a file that cannot be read, shapes that do\n"
-    "    not fit, a fully masked query row); an error prints one line on stderr.\n"
+    CLI_HELP_NUMBERS
+    "\n"
+    CLI_HELP_EXIT
     "\n"
     "EXAMPLE\n"
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
@@ -89,7 +89,7 @@ static const char HELP[] =
     "\n"
     "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
 
-int attn_cmd_forward(int argc, char **argv)
+int cmd_forward(int argc, char **argv)
 {
     const char *weights = NULL, *prefix = "", *input = NULL, *ids_path = NULL;
     const char *mask_path = NULL, *output = NULL, *attention = NULL;
@@ -102,7 +102,7 @@ int attn_cmd_forward(int argc, char **argv)
         {"num-heads", CLI_INT, &num_heads, NULL, 1, INT64_MAX, 0},
         {"input", CLI_STRING, &input, NULL, 0, 0, 0},
         {"token-ids", CLI_STRING, &ids_path, NULL, 0, 0, 0},
-        {"pad-id", CLI_INT, &pad_id, NULL, 0, 0, 0},
+        {"pad-id", CLI_INT, &pad_id, NULL, INT64_MIN, INT64_MAX, 0},
         {"causal", CLI_FLAG, &causal, NULL, 0, 0, 0},
         {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
         {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
@@ -213,7 +213,7 @@ int attn_cmd_forward(int argc, char **argv)
         goto done;
     }
     if (attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
-        cli_fail(PROG, &ctx);
+        cli_fail_attention(PROG, &ctx, NULL);
         goto done;
     }
 

@@ -1,0 +1,148 @@
+/*
+ * bench_common.c - what every benchmark of `attn bench` shares: timing, SPEC
+ * section 5's shapes, the text header and the JSON line (see bench.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+
+const bench_shape bench_spec_shapes[BENCH_N_SPEC_SHAPES] = {
+    {"S1", 2, 4, 5, 5, 4, 0, 0},          {"S2", 1, 12, 1024, 1024, 64, 1, 0},
+    {"S3", 4, 12, 1024, 1024, 64, 1, 0},  {"S4", 1, 16, 4096, 4096, 64, 1, 0},
+    {"S5", 1, 32, 1, 4096, 128, 0, 0},    {"S6", 8, 8, 512, 512, 64, 0, 1},
+};
+
+double bench_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_peak_rss_mib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0; /* Linux reports KiB */
+}
+
+bench_timing bench_time_call(bench_fn fn, void *arg, int runs)
+{
+    bench_timing t = {0, 0, runs, 0};
+    double t0 = bench_now_s();
+    if ((t.status = fn(arg)) != 0)
+        return t;
+    double once = bench_now_s() - t0;
+    t0 = bench_now_s();
+    if ((t.status = fn(arg)) != 0)
+        return t;
+    double again = bench_now_s() - t0;
+    if (again < once)
+        once = again;
+    int reps = once > 1e-3 ? 1 : (int)(1e-3 / (once > 1e-7 ? once : 1e-7)) + 1;
+    double *samples = malloc((size_t)runs * sizeof *samples);
+    if (!samples) {
+        t.status = -1; /* no room for the samples: report a failed measurement */
+        return t;
+    }
+    for (int r = 0; r < runs; r++) {
+        t0 = bench_now_s();
+        for (int k = 0; k < reps; k++)
+            if ((t.status = fn(arg)) != 0) {
+                free(samples);
+                return t;
+            }
+        samples[r] = (bench_now_s() - t0) / reps;
+    }
+    qsort(samples, (size_t)runs, sizeof *samples, cmp_double);
+    t.median_s = runs % 2 ? samples[runs / 2]
+                          : 0.5 * (samples[runs / 2 - 1] + samples[runs / 2]);
+    t.min_s = samples[0];
+    free(samples);
+    return t;
+}
+
+void bench_fill_uniform(float *p, int64_t n, uint64_t seed)
+{
+    attn_rng rng;
+    attn_rng_seed(&rng, seed);
+    attn_rng_uniform(&rng, p, n, -1.0f, 1.0f);
+}
+
+double bench_sdpa_flops(const bench_shape *s)
+{
+    double f = 4.0 * (double)s->B * (double)s->H * (double)s->Tq * (double)s->Tk * (double)s->D;
+    return s->causal ? f / 2 : f;
+}
+
+const char *bench_mask_name(const bench_shape *s)
+{
+    return s->causal ? "causal" : s->padding ? "padding" : "none";
+}
+
+void bench_print_header(const bench_opts *o)
+{
+    static int done = 0;
+    if (o->json || done++)
+        return;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = o->threads;
+    printf("# default path: %s (%s)\n", attn_arch_name(attn_arch_selected(&ctx)),
+           attn_arch_reason(&ctx));
+    printf("# threads: %d; FP32 FMA peak: %.1f GFLOP/s with 1 thread, %.1f with %d\n",
+           attn_threads_resolve(&ctx), o->peak1, o->peakn, attn_threads_resolve(&ctx));
+    printf("%-6s %-14s %5s %4s %6s %6s %5s %-8s %3s %10s %9s %6s %8s\n", "shape", "impl", "B",
+           "H", "Tq", "Tk", "D", "mask", "thr", "median_ms", "GFLOP/s", "%peak", "rss_MiB");
+}
+
+static void json_size(const char *key, int64_t v)
+{
+    if (v > 0)
+        printf(",\"%s\":%lld", key, (long long)v);
+    else
+        printf(",\"%s\":null", key);
+}
+
+void bench_json_begin(const bench_opts *o, const bench_fields *f)
+{
+    printf("{\"kind\":\"%s\",\"impl\":\"%s\"", f->kind, f->impl);
+    const int has_shape = f->B > 0;
+    json_size("B", has_shape ? f->B : 0);
+    json_size("H", has_shape ? f->H : 0);
+    json_size("Tq", has_shape ? f->Tq : 0);
+    json_size("Tk", has_shape ? f->Tk : 0);
+    json_size("D", has_shape ? f->D : 0);
+    if (f->mask)
+        printf(",\"mask\":\"%s\"", f->mask);
+    else
+        printf(",\"mask\":null");
+    printf(",\"threads\":%d", f->threads);
+    if (f->median_ms >= 0)
+        printf(",\"median_ms\":%.6f", f->median_ms);
+    else
+        printf(",\"median_ms\":null");
+    if (f->gflops >= 0)
+        printf(",\"gflops\":%.3f", f->gflops);
+    else
+        printf(",\"gflops\":null");
+    printf(",\"default_arch\":\"%s\",\"reason\":\"%s\",\"peak_gflops_1t\":%.3f,"
+           "\"peak_gflops\":%.3f",
+           o->default_arch, o->reason_json, o->peak1, o->peakn);
+}
+
+void bench_json_end(void)
+{
+    printf("}\n");
+    fflush(stdout);
+}

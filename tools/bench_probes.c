@@ -1,0 +1,304 @@
+/*
+ * bench_probes.c - the two probes of `attn bench`: the FP32 FMA peak and the
+ * streaming read bandwidth (see bench_probes.h). They measure the machine, not the
+ * library: their figures are the ceilings the attention benchmarks are read against.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench_probes.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------------------
+ * FMA peak: 16 independent chains of vector FMAs per thread. The chains live in
+ * plain C arrays that GCC and Clang keep in registers; the loop is compiled for the
+ * best ISA by the target attribute and checked at run time with the dispatcher.
+ * ---------------------------------------------------------------------------- */
+
+typedef struct peak_arg {
+    int64_t iters;
+    double flops;
+    double seconds;       /* this thread's own time for its chains */
+    atomic_int *ready;    /* threads that have started */
+    const atomic_int *go; /* set once every thread has started */
+    int threads;
+    float sink;
+} peak_arg;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static void peak_avx512(peak_arg *a)
+{
+    __m512 acc[16];
+    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    for (int c = 0; c < 16; c++)
+        acc[c] = _mm512_set1_ps((float)c);
+    for (int64_t i = 0; i < a->iters; i++)
+        for (int c = 0; c < 16; c++)
+            acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+    __m512 s = acc[0];
+    for (int c = 1; c < 16; c++)
+        s = _mm512_add_ps(s, acc[c]);
+    a->sink = _mm512_reduce_add_ps(s);
+    a->flops = (double)a->iters * 16 * 16 * 2;
+}
+__attribute__((target("avx2,fma"))) static void peak_avx2(peak_arg *a)
+{
+    __m256 acc[16];
+    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int c = 0; c < 16; c++)
+        acc[c] = _mm256_set1_ps((float)c);
+    for (int64_t i = 0; i < a->iters; i++)
+        for (int c = 0; c < 16; c++)
+            acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+    __m256 s = acc[0];
+    for (int c = 1; c < 16; c++)
+        s = _mm256_add_ps(s, acc[c]);
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    a->sink = out[0];
+    a->flops = (double)a->iters * 16 * 8 * 2;
+}
+#define BENCH_HAVE_X86_PEAK 1
+#endif
+
+static void peak_scalar(peak_arg *a)
+{
+    float acc[16];
+    for (int c = 0; c < 16; c++)
+        acc[c] = (float)c;
+    for (int64_t i = 0; i < a->iters; i++)
+        for (int c = 0; c < 16; c++)
+            acc[c] = acc[c] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int c = 0; c < 16; c++)
+        s += acc[c];
+    a->sink = s;
+    a->flops = (double)a->iters * 16 * 2;
+}
+
+const char *bench_probe_peak_isa(void)
+{
+#ifdef BENCH_HAVE_X86_PEAK
+    if (attn_arch_supported(ATTN_ARCH_AVX512))
+        return "avx512";
+    if (attn_arch_supported(ATTN_ARCH_AVX2))
+        return "avx2";
+#endif
+    return "scalar";
+}
+
+static void *peak_thread(void *p)
+{
+    peak_arg *a = p;
+    /* Start together: a thread that is still being created would otherwise let
+     * the first one run alone, and the figure would be one core's. */
+    atomic_fetch_add(a->ready, 1);
+    while (!atomic_load(a->go))
+        ;
+    double t0 = bench_now_s();
+#ifdef BENCH_HAVE_X86_PEAK
+    if (attn_arch_supported(ATTN_ARCH_AVX512))
+        peak_avx512(a);
+    else if (attn_arch_supported(ATTN_ARCH_AVX2))
+        peak_avx2(a);
+    else
+#endif
+        peak_scalar(a);
+    a->seconds = bench_now_s() - t0;
+    return NULL;
+}
+
+/* GFLOP/s of `threads` threads running the FMA chains at once (best of 5). Each
+ * thread runs about 20 ms of chains once all have started; the rate is the total
+ * work over the slowest thread's time. */
+double bench_probe_peak(int threads)
+{
+    double best = 0;
+    pthread_t tid[256];
+    peak_arg args[256];
+    if (threads > 256)
+        threads = 256;
+    for (int rep = 0; rep < 5; rep++) {
+        atomic_int ready = 0, go = 0;
+        for (int t = 0; t < threads; t++) {
+            args[t] = (peak_arg){.iters = 10000000, .ready = &ready, .go = &go, .threads = threads};
+            if (t > 0 && pthread_create(&tid[t], NULL, peak_thread, &args[t]) != 0) {
+                threads = t; /* measure with the threads we could start */
+                break;
+            }
+        }
+        while (atomic_load(&ready) < threads - 1) /* the others have started */
+            ;
+        atomic_store(&go, 1);
+        peak_thread(&args[0]);
+        double slowest = 0, flops = 0;
+        for (int t = 0; t < threads; t++) {
+            if (t > 0)
+                pthread_join(tid[t], NULL);
+            flops += args[t].flops;
+            if (args[t].seconds > slowest)
+                slowest = args[t].seconds;
+        }
+        if (slowest > 0 && flops / slowest > best)
+            best = flops / slowest;
+    }
+    return best / 1e9;
+}
+
+/* ------------------------------------------------------------------------------
+ * Streaming bandwidth: read S5's K and V (2 x 64 MiB) once, split over threads,
+ * each thread its slice of K then its slice of V (XOR of the words, so nothing
+ * is computed that could bound the loop but the reads themselves).
+ * ---------------------------------------------------------------------------- */
+
+typedef struct stream_arg {
+    const uint64_t *p;
+    int64_t n;
+    uint64_t sink;
+} stream_arg;
+
+#ifdef BENCH_HAVE_X86_PEAK
+/* 64 bytes a load, four independent accumulators: as many reads in flight as the
+ * attention kernel's own streaming loop has. */
+__attribute__((target("avx512f"))) static uint64_t stream_avx512(const uint64_t *p, int64_t n)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_xor_si512(a0, _mm512_loadu_si512((const void *)(p + i)));
+        a1 = _mm512_xor_si512(a1, _mm512_loadu_si512((const void *)(p + i + 8)));
+        a2 = _mm512_xor_si512(a2, _mm512_loadu_si512((const void *)(p + i + 16)));
+        a3 = _mm512_xor_si512(a3, _mm512_loadu_si512((const void *)(p + i + 24)));
+    }
+    uint64_t out[8], acc = 0;
+    _mm512_storeu_si512((void *)out,
+                        _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)));
+    for (int k = 0; k < 8; k++)
+        acc ^= out[k];
+    for (; i < n; i++)
+        acc ^= p[i];
+    return acc;
+}
+#endif
+
+static void *stream_thread(void *p)
+{
+    stream_arg *a = p;
+#ifdef BENCH_HAVE_X86_PEAK
+    if (attn_arch_supported(ATTN_ARCH_AVX512)) {
+        a->sink = stream_avx512(a->p, a->n);
+        return NULL;
+    }
+#endif
+    uint64_t acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= a->n; i += 4) {
+        acc0 ^= a->p[i];
+        acc1 ^= a->p[i + 1];
+        acc2 ^= a->p[i + 2];
+        acc3 ^= a->p[i + 3];
+    }
+    for (; i < a->n; i++)
+        acc0 ^= a->p[i];
+    a->sink = acc0 ^ acc1 ^ acc2 ^ acc3;
+    return NULL;
+}
+
+/* A thread's slice of K, then its slice of V (p points at two stream_args). */
+static void *stream_pair(void *p)
+{
+    stream_arg *a = p;
+    stream_thread(&a[0]);
+    stream_thread(&a[1]);
+    return NULL;
+}
+
+typedef struct bw_arg {
+    const uint64_t *k, *v;
+    int64_t words;
+    int threads;
+} bw_arg;
+
+static int bw_call(void *p)
+{
+    bw_arg *a = p;
+    pthread_t tid[64];
+    stream_arg sa[128];
+    int n = a->threads > 64 ? 64 : a->threads < 1 ? 1 : a->threads;
+    for (int t = 0; t < n; t++) {
+        int64_t lo = a->words * t / n, hi = a->words * (t + 1) / n;
+        sa[2 * t] = (stream_arg){a->k + lo, hi - lo, 0};
+        sa[2 * t + 1] = (stream_arg){a->v + lo, hi - lo, 0};
+    }
+    /* A thread that cannot be started leaves its slices to this one, so every
+     * byte is still read once. */
+    int started = 1;
+    for (int t = 1; t < n; t++)
+        if (pthread_create(&tid[t], NULL, stream_pair, &sa[2 * t]) == 0)
+            started = t + 1;
+        else
+            break;
+    for (int t = 0; t < n; t++)
+        if (t == 0 || t >= started)
+            stream_pair(&sa[2 * t]);
+    for (int t = 1; t < started; t++)
+        pthread_join(tid[t], NULL);
+    return 0;
+}
+
+int bench_bandwidth(bench_opts *o)
+{
+    const bench_shape *s5 = &bench_spec_shapes[4];
+    const int64_t n = s5->B * s5->H * s5->Tk * s5->D; /* floats in K, and in V */
+    float *k = malloc((size_t)n * sizeof(float)), *v = malloc((size_t)n * sizeof(float));
+    if (!k || !v) {
+        fprintf(stderr, "attn bench: out of memory for the bandwidth test\n");
+        free(k);
+        free(v);
+        return 1;
+    }
+    bench_fill_uniform(k, n, 31);
+    bench_fill_uniform(v, n, 32);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = o->threads;
+    bw_arg a = {(const uint64_t *)k, (const uint64_t *)v, n / 2, attn_threads_resolve(&ctx)};
+    bench_timing t = bench_time_call(bw_call, &a, o->runs);
+    free(k);
+    free(v);
+    const double bytes = 2.0 * (double)n * sizeof(float);
+    const double gbs = bytes / t.median_s / 1e9;
+    if (o->json) {
+        /* Memory traffic, not arithmetic: no attention shape, mask or GFLOP/s. */
+        const bench_fields f = {"bandwidth", "stream", 0, 0, 0, 0, 0, NULL, a.threads,
+                                t.median_s * 1e3, -1};
+        bench_json_begin(o, &f);
+        printf(",\"what\":\"stream S5 K and V\",\"bytes\":%.0f,\"runs\":%d,\"gbs\":%.3f",
+               bytes, t.runs, gbs);
+        bench_json_end();
+    } else
+        printf("stream S5's K and V (%.0f MiB) with %d threads: %.3f ms, %.1f GB/s\n",
+               bytes / 1048576.0, a.threads, t.median_s * 1e3, gbs);
+    o->stream_gbs = gbs;
+    return 0;
+}
+
+void bench_report_peak(const bench_opts *o, int threads)
+{
+    if (o->json) {
+        /* The FMA chains run a fixed time, best of five: a rate, not a call to time. */
+        char impl[32];
+        snprintf(impl, sizeof impl, "fma:%s", bench_probe_peak_isa());
+        const bench_fields f = {"peak", impl, 0, 0, 0, 0, 0, NULL, threads, -1, o->peakn};
+        bench_json_begin(o, &f);
+        bench_json_end();
+    } else {
+        printf("FP32 FMA peak (16 independent FMA chains a thread, %s): %.1f GFLOP/s with 1 "
+               "thread, %.1f GFLOP/s with %d\n",
+               bench_probe_peak_isa(), o->peak1, o->peakn, threads);
+    }
+}

@@ -1,0 +1,139 @@
+/*
+ * bench_sdpa.c - `attn bench`'s main benchmark: scaled dot-product attention on one
+ * shape (SPEC section 5's S1-S6 or a custom one), on the path or paths --impl names.
+ * With --bandwidth it also says how close S5 comes to streaming its K and V.
+ */
+#include "bench.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct sdpa_arg {
+    attn_ctx ctx;
+    attn_tensor q, k, v, out, mask;
+    attn_sdpa_params p;
+    int use_ref;
+} sdpa_arg;
+
+static int sdpa_call(void *p)
+{
+    sdpa_arg *a = p;
+    if (a->use_ref)
+        return attn_sdpa_ref(&a->ctx, &a->q, &a->k, &a->v, &a->p, &a->out, NULL);
+    return attn_sdpa(&a->ctx, &a->q, &a->k, &a->v, &a->p, &a->out, NULL);
+}
+
+/* Frees what bench_sdpa allocated; tensors never allocated are all zero, which
+ * attn_tensor_free accepts. */
+static void sdpa_arg_free(sdpa_arg *a)
+{
+    attn_tensor_free(&a->ctx, &a->q);
+    attn_tensor_free(&a->ctx, &a->k);
+    attn_tensor_free(&a->ctx, &a->v);
+    attn_tensor_free(&a->ctx, &a->out);
+    attn_tensor_free(&a->ctx, &a->mask);
+}
+
+/* Times one shape on one implementation; prints one line. */
+static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *a, const char *impl,
+                           int use_ref, attn_impl ki, attn_arch arch, int runs)
+{
+    a->use_ref = use_ref;
+    a->ctx.impl = ki;
+    a->ctx.arch = arch;
+    bench_timing t = bench_time_call(sdpa_call, a, runs);
+    if (t.status != 0) {
+        fprintf(stderr, "attn bench: %s on %s failed: %s\n", impl, s->name, a->ctx.message);
+        return 1;
+    }
+    const int threads = attn_threads_resolve(&a->ctx);
+    const double gf = bench_sdpa_flops(s) / t.median_s / 1e9;
+    const double frac = o->peakn > 0 ? gf / o->peakn : 0;
+    /* Bytes of K and V read once: what bounds a decoding step such as S5. */
+    const double kv_gbs = 2.0 * (double)(s->B * s->H * s->Tk * s->D) * 4 / t.median_s / 1e9;
+    const bench_fields f = {"sdpa", impl, s->B, s->H, s->Tq, s->Tk, s->D, bench_mask_name(s),
+                            threads, t.median_s * 1e3, gf};
+    if (o->stream_gbs > 0 && o->json) {
+        bench_fields kv = f;
+        kv.kind = "kv_stream";
+        bench_json_begin(o, &kv);
+        printf(",\"shape\":\"%s\",\"kv_gbs\":%.3f,\"stream_gbs\":%.3f,\"fraction\":%.4f",
+               s->name, kv_gbs, o->stream_gbs, kv_gbs / o->stream_gbs);
+        bench_json_end();
+    } else if (o->stream_gbs > 0) {
+        printf("# %s on %s reads K and V at %.1f GB/s: %.0f%% of the streaming bandwidth\n",
+               impl, s->name, kv_gbs, 100 * kv_gbs / o->stream_gbs);
+    }
+    if (o->json) {
+        bench_json_begin(o, &f);
+        printf(",\"shape\":\"%s\",\"runs\":%d,\"min_ms\":%.6f,\"peak_frac\":%.4f,"
+               "\"peak_rss_mib\":%.1f",
+               s->name, t.runs, t.min_s * 1e3, frac, bench_peak_rss_mib());
+        bench_json_end();
+    } else
+        printf("%-6s %-14s %5lld %4lld %6lld %6lld %5lld %-8s %3d %10.4f %9.2f %5.1f%% %8.1f\n",
+               s->name, impl, (long long)s->B, (long long)s->H, (long long)s->Tq,
+               (long long)s->Tk, (long long)s->D, bench_mask_name(s), threads, t.median_s * 1e3, gf,
+               100 * frac, bench_peak_rss_mib());
+    fflush(stdout);
+    return 0;
+}
+
+int bench_sdpa(const bench_shape *s, const bench_opts *o)
+{
+    sdpa_arg a;
+    memset(&a, 0, sizeof a);
+    attn_ctx_init(&a.ctx);
+    a.ctx.threads = o->threads;
+    const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->D;
+    const int64_t qs[4] = {B, H, Tq, D}, ks[4] = {B, H, Tk, D}, ms[4] = {B, 1, 1, Tk};
+    int rc;
+    if ((rc = attn_tensor_alloc(&a.ctx, &a.q, ATTN_DTYPE_F32, 4, qs)) ||
+        (rc = attn_tensor_alloc(&a.ctx, &a.k, ATTN_DTYPE_F32, 4, ks)) ||
+        (rc = attn_tensor_alloc(&a.ctx, &a.v, ATTN_DTYPE_F32, 4, ks)) ||
+        (rc = attn_tensor_alloc(&a.ctx, &a.out, ATTN_DTYPE_F32, 4, qs)) ||
+        (s->padding && (rc = attn_tensor_alloc(&a.ctx, &a.mask, ATTN_DTYPE_BOOL, 4, ms)))) {
+        fprintf(stderr, "attn bench: %s\n", a.ctx.message);
+        sdpa_arg_free(&a);
+        return 1;
+    }
+    bench_fill_uniform(a.q.data, B * H * Tq * D, 1);
+    bench_fill_uniform(a.k.data, B * H * Tk * D, 2);
+    bench_fill_uniform(a.v.data, B * H * Tk * D, 3);
+    attn_sdpa_params_init(&a.p);
+    a.p.causal = s->causal;
+    if (s->padding) {
+        uint8_t *m = a.mask.data;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Tk; j++)
+                m[b * Tk + j] = !(b >= B / 2 && j >= Tk - Tk / 4);
+        a.p.mask = &a.mask;
+    }
+    const char *impl = o->impl;
+    int status = 0;
+    const int want_all = !strcmp(impl, "all");
+    if (!strcmp(impl, "default") || want_all) {
+        char name[32];
+        snprintf(name, sizeof name, "default:%s", attn_arch_name(attn_arch_selected(&a.ctx)));
+        status |= bench_sdpa_impl(s, o, &a, name, 0, ATTN_IMPL_AUTO, ATTN_ARCH_AUTO, o->runs);
+    }
+    if (!strcmp(impl, "ref") || want_all) {
+        /* The reference materialises [Tq, Tk]; on large shapes a call takes seconds. */
+        int runs = bench_sdpa_flops(s) > 2e9 && o->runs > 3 ? 3 : o->runs;
+        status |= bench_sdpa_impl(s, o, &a, "ref", 1, ATTN_IMPL_REF, ATTN_ARCH_AUTO, runs);
+    }
+    if (!strcmp(impl, "fused"))
+        status |= bench_sdpa_impl(s, o, &a, "fused", 0, ATTN_IMPL_FUSED, ATTN_ARCH_AUTO, o->runs);
+    static const attn_arch archs[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int x = 0; x < 3; x++) {
+        const char *n = attn_arch_name(archs[x]);
+        if (!(want_all || !strcmp(impl, n)) || !attn_arch_supported(archs[x]))
+            continue;
+        char name[32];
+        snprintf(name, sizeof name, "fused:%s", n);
+        status |= bench_sdpa_impl(s, o, &a, name, 0, ATTN_IMPL_FUSED, archs[x], o->runs);
+    }
+    sdpa_arg_free(&a);
+    return status;
+}

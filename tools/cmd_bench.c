@@ -1,0 +1,244 @@
+/*
+ * cmd_bench.c - `attn bench`: the command line of the benchmark. It reads the
+ * options, measures the machine's FMA peak (every figure is read against it) and
+ * runs one benchmark: attention on SPEC section 5's shapes or a custom one
+ * (bench_sdpa.c), multi-head attention (bench_mha.c), the GEMM (bench_gemm.c), or
+ * a probe alone (bench_probes.c). bench.h says how they measure.
+ */
+#include "attn.h"
+#include "bench.h"
+#include "bench_probes.h"
+#include "cmds.h"
+#include "common_cli.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define PROG "attn bench"
+
+/* Sizes are capped where the arrays would no longer fit in memory anyway, so that
+ * the shapes' products (3*E*E, N*N) cannot overflow before the library sees them. */
+#define BENCH_MAX_SIZE 1048576
+#define BENCH_MAX_THREADS 1024
+#define BENCH_MAX_RUNS 1000000
+
+static const char HELP[] =
+    "NAME\n"
+    "    attn bench - time attention against this machine's FMA peak\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    attn bench [--shape NAME | --batch B --heads H --query-len Tq [--key-len Tk]\n"
+    "               --head-dim D [--causal] [--padding]] [--threads N] [--impl NAME]\n"
+    "               [--runs N] [--json]\n"
+    "    attn bench --peak [--threads N] [--json]\n"
+    "    attn bench --mha [--seq-len T] [--embed-dim E] [--num-heads H] [--causal]\n"
+    "               [--threads N] [--impl default|ref|all] [--runs N] [--json]\n"
+    "    attn bench --gemm [--size N] [--threads N] [--impl default|ref|all] [--runs N]\n"
+    "               [--json]\n"
+    "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N] [--json]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Times scaled dot-product attention and reports, for each measurement, the\n"
+    "    median of at least --runs timed calls after two warm-up calls, in\n"
+    "    milliseconds, the GFLOP/s that gives, the fraction of this machine's FP32\n"
+    "    FMA peak (measured at start, as --peak does) and the process's peak resident\n"
+    "    memory so far. A call shorter than a millisecond is repeated within each\n"
+    "    sample and divided.\n"
+    "\n"
+    "    Shapes (SPEC section 5; FLOPs 4*B*H*Tq*Tk*D, half of that for causal):\n"
+    "      S1  B=2 H=4  Tq=Tk=5    D=4    none     the chapter's toy size\n"
+    "      S2  B=1 H=12 Tq=Tk=1024 D=64   causal   a GPT-2 small layer\n"
+    "      S3  B=4 H=12 Tq=Tk=1024 D=64   causal\n"
+    "      S4  B=1 H=16 Tq=Tk=4096 D=64   causal\n"
+    "      S5  B=1 H=32 Tq=1 Tk=4096 D=128 none    one decode step against a cache\n"
+    "      S6  B=8 H=8  Tq=Tk=512  D=64   padding  samples b >= B/2 pad their last\n"
+    "                                              quarter of keys\n"
+    "    Without --shape or a custom shape, all six run in turn.\n"
+    "\n"
+    "OPTIONS\n"
+    "    --shape NAME\n"
+    "        S1 .. S6, or all (the default).\n"
+    "    --batch B, --heads H, --query-len Tq, --key-len Tk, --head-dim D\n"
+    "        A custom shape instead of --shape: --query-len and --head-dim are\n"
+    "        needed, Tk defaults to Tq, H and B to 1; each 1..1048576.\n"
+    "    --causal\n"
+    "        The causal mask on a custom shape (needs Tq == Tk) or with --mha.\n"
+    "    --padding\n"
+    "        S6's padding mask on a custom shape.\n"
+    "    --threads N\n"
+    "        Worker threads, 1..1024 (default: one per online core; the library uses\n"
+    "        at most its own pool's size).\n"
+    "    --impl NAME\n"
+    "        default: the library's default path only (what attn_sdpa runs, see\n"
+    "        ATTN_ARCH); ref: the reference; fused: the fused kernel on the selected\n"
+    "        ISA; scalar, avx2, avx512: the fused kernel on that ISA; all: the\n"
+    "        reference and every ISA this CPU runs. --mha and --gemm know default,\n"
+    "        ref and all.\n"
+    "    --runs N\n"
+    "        Timed samples per measurement, 1..1000000 (default 10; the reference on\n"
+    "        shapes over 2 GFLOP is capped at 3, which the runs field says).\n"
+    "    --json\n"
+    "        One JSON object per line instead of the table (see JSON OUTPUT).\n"
+    "    --peak\n"
+    "        Only measure the FP32 FMA peak: 16 independent FMA chains per thread,\n"
+    "        with 1 thread and with --threads threads.\n"
+    "    --mha\n"
+    "        Multi-head attention end to end, projections included (B=1; default\n"
+    "        --seq-len 1024, --embed-dim 768, --num-heads 12; each 1..1048576).\n"
+    "    --gemm\n"
+    "        The projection GEMM alone, y = x W^T, N x N x N (--size N, default 1024,\n"
+    "        1..1048576).\n"
+    "    --bandwidth\n"
+    "        The read bandwidth of streaming S5's K and V (GB/s), then S5's attention\n"
+    "        time as a fraction of it.\n"
+    "    -h, --help\n"
+    "        Print this help and exit.\n"
+    "\n"
+    "    --peak, --mha, --gemm and --bandwidth exclude each other and a shape.\n"
+    "    Options take their value as the next argument or after '=' (--threads=2).\n"
+    "\n"
+    "JSON OUTPUT\n"
+    "    Every line is one object with SPEC section 4's fields first: kind (sdpa,\n"
+    "    kv_stream, mha, gemm, peak, bandwidth), impl, B, H, Tq, Tk, D, mask,\n"
+    "    threads, median_ms, gflops; then the run's setup: default_arch and reason\n"
+    "    (the path attn_sdpa picks and why), peak_gflops_1t and peak_gflops; then the\n"
+    "    kind's own fields (shape, runs, min_ms, peak_frac, peak_rss_mib; E and arch\n"
+    "    for mha; M, N, K for gemm; kv_gbs, stream_gbs, fraction for kv_stream; gbs\n"
+    "    and bytes for bandwidth). A field that means nothing for a kind is null:\n"
+    "    the attention shape and mask of gemm, peak and bandwidth, the time of peak,\n"
+    "    the GFLOP/s of bandwidth.\n"
+    "\n"
+    CLI_HELP_NUMBERS
+    "\n"
+    CLI_HELP_EXIT
+    "\n"
+    "ENVIRONMENT\n"
+    "    ATTN_ARCH=ref|scalar|avx2|avx512 forces the default path; the header line\n"
+    "    (or the default_arch and reason fields) says which ran and why.\n"
+    "\n"
+    "EXAMPLE\n"
+    "    attn bench --shape S2 --threads 2 --impl all --json\n";
+
+/* s as the inside of a JSON string (quotes, backslashes and control characters
+ * escaped): the reason may echo an ATTN_ARCH value the user typed. */
+static void json_escape(const char *s, char *buf, size_t size)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < size; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            n += (size_t)snprintf(buf + n, size - n, "\\%c", c);
+        else if (c < 0x20)
+            n += (size_t)snprintf(buf + n, size - n, "\\u%04x", c);
+        else
+            buf[n++] = (char)c;
+    }
+    buf[n] = 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    static const char *const shape_names[] = {"S1", "S2", "S3", "S4", "S5", "S6", "all", NULL};
+    static const char *const impl_names[] = {"default", "ref",    "fused", "scalar",
+                                             "avx2",    "avx512", "all",   NULL};
+    bench_opts o;
+    memset(&o, 0, sizeof o);
+    int64_t threads = 0, runs = 10, B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
+    int64_t T = 1024, E = 768, NH = 12, gemm_n = 1024;
+    int shape_ix = 6, impl_ix = 0;
+    int causal = 0, padding = 0, want_peak = 0, want_mha = 0, want_gemm = 0, want_bw = 0;
+    cli_opt opts[] = {
+        {"shape", CLI_CHOICE, &shape_ix, shape_names, 0, 0, 0},
+        {"batch", CLI_INT, &B, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"heads", CLI_INT, &H, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"query-len", CLI_INT, &Tq, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"key-len", CLI_INT, &Tk, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"head-dim", CLI_INT, &D, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"causal", CLI_FLAG, &causal, NULL, 0, 0, 0},
+        {"padding", CLI_FLAG, &padding, NULL, 0, 0, 0},
+        {"threads", CLI_INT, &threads, NULL, 1, BENCH_MAX_THREADS, 0},
+        {"impl", CLI_CHOICE, &impl_ix, impl_names, 0, 0, 0},
+        {"runs", CLI_INT, &runs, NULL, 1, BENCH_MAX_RUNS, 0},
+        {"json", CLI_FLAG, &o.json, NULL, 0, 0, 0},
+        {"peak", CLI_FLAG, &want_peak, NULL, 0, 0, 0},
+        {"mha", CLI_FLAG, &want_mha, NULL, 0, 0, 0},
+        {"seq-len", CLI_INT, &T, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"embed-dim", CLI_INT, &E, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"num-heads", CLI_INT, &NH, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"gemm", CLI_FLAG, &want_gemm, NULL, 0, 0, 0},
+        {"size", CLI_INT, &gemm_n, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"bandwidth", CLI_FLAG, &want_bw, NULL, 0, 0, 0},
+    };
+    const int nopts = (int)(sizeof opts / sizeof opts[0]);
+    int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
+    if (rc != CLI_PARSED)
+        return rc;
+
+    /* Combinations the options cannot mean together are refused, not ignored. */
+    const int is_custom = cli_seen(opts, nopts, "batch") || cli_seen(opts, nopts, "heads") ||
+                          cli_seen(opts, nopts, "query-len") ||
+                          cli_seen(opts, nopts, "key-len") || cli_seen(opts, nopts, "head-dim");
+    if (want_peak + want_mha + want_gemm + want_bw > 1)
+        return cli_usage_error(PROG, "--peak, --mha, --gemm and --bandwidth exclude each other");
+    if ((want_peak || want_mha || want_gemm || want_bw) &&
+        (is_custom || cli_seen(opts, nopts, "shape")))
+        return cli_usage_error(PROG, "--%s takes no shape (--shape or custom sizes)",
+                               want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
+                                                                      : "bandwidth");
+    if (is_custom && cli_seen(opts, nopts, "shape"))
+        return cli_usage_error(PROG, "--shape and a custom shape exclude each other");
+    if (is_custom && (!Tq || !D))
+        return cli_usage_error(PROG, "a custom shape needs --query-len and --head-dim");
+    if (!is_custom && (!want_mha && causal))
+        return cli_usage_error(PROG, "--causal applies to a custom shape or --mha (the SPEC "
+                               "shapes have their own masks)");
+    if (!is_custom && padding)
+        return cli_usage_error(PROG, "--padding applies to a custom shape");
+    if (!Tk)
+        Tk = Tq;
+    if (is_custom && causal && Tq != Tk)
+        return cli_usage_error(PROG, "--causal needs Tq == Tk, got %lld and %lld",
+                               (long long)Tq, (long long)Tk);
+    if (want_mha && E % NH != 0)
+        return cli_usage_error(PROG, "--embed-dim %lld is not divisible by --num-heads %lld",
+                               (long long)E, (long long)NH);
+    if ((want_mha || want_gemm) && impl_ix != 0 && impl_ix != 1 && impl_ix != 6)
+        return cli_usage_error(PROG, "--%s runs --impl default, ref or all, not '%s'",
+                               want_mha ? "mha" : "gemm", impl_names[impl_ix]);
+
+    o.threads = (int)threads;
+    o.runs = (int)runs;
+    o.impl = impl_names[impl_ix];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = o.threads;
+    const int nthreads = attn_threads_resolve(&ctx);
+    o.default_arch = attn_arch_name(attn_arch_selected(&ctx));
+    json_escape(attn_arch_reason(&ctx), o.reason_json, sizeof o.reason_json);
+    o.peak1 = bench_probe_peak(1);
+    o.peakn = nthreads == 1 ? o.peak1 : bench_probe_peak(nthreads);
+    if (want_peak) {
+        bench_report_peak(&o, nthreads);
+        return CLI_EXIT_OK;
+    }
+    bench_print_header(&o);
+    if (want_mha)
+        return bench_mha(T, E, NH, causal, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+    if (want_gemm)
+        return bench_gemm(gemm_n, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+    if (want_bw) {
+        if (bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o))
+            return CLI_EXIT_ERROR;
+        return CLI_EXIT_OK;
+    }
+    if (is_custom) {
+        const bench_shape custom = {"custom", B, H, Tq, Tk, D, causal, padding};
+        return bench_sdpa(&custom, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+    }
+    int status = 0;
+    for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
+        if (shape_ix == 6 || shape_ix == x)
+            status |= bench_sdpa(&bench_spec_shapes[x], &o);
+    return status ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+}
