@@ -390,6 +390,12 @@ ATTN_API void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, in
 typedef struct attn_array {
     attn_tensor tensor;
     void *buffer; /* allocated with the ctx's allocator */
+    /* The element type as the file stored it, in numpy's words ("float32",
+     * "float64", "float16", "bfloat16", "int32", "int64", "bool", "uint8"), for
+     * messages about the file: a uint8 file loads as ATTN_DTYPE_BOOL (tensor.dtype
+     * is what is in memory), and is still called "uint8" here. A static string;
+     * NULL when the array was not loaded from a file. */
+    const char *file_dtype;
 } attn_array;
 
 /* Frees the buffer (with the same ctx that loaded it) and clears a. NULL-safe. */
