@@ -277,7 +277,7 @@ static void test_checks(void)
                       3 * E, E, 3 * E * E);
     unsigned char u8file[8 + 160 + 3 * E * E] = {0};
     for (int k = 0; k < 8; k++)
-        u8file[k] = (unsigned char)(((unsigned)hl >> (8 * k)) & 0xff);
+        u8file[k] = (unsigned char)(((uint64_t)hl >> (8 * k)) & 0xff);
     memcpy(u8file + 8, hdr, (size_t)hl);
     CHECK_INT(io_write(tmp("u8.safetensors"), u8file, 8 + (size_t)hl + 3 * E * E), 0);
     CHECK_INT(attn_weights_load(&ctx, tmp("u8.safetensors"), NULL, 2, &w), ATTN_STATUS_DTYPE);
