@@ -464,17 +464,30 @@ ATTN_API void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, in
 typedef struct attn_array {
     attn_tensor tensor;
     void *buffer; /* allocated with the ctx's allocator */
+    /* The element type as the file stored it, in numpy's words ("float32",
+     * "float64", "float16", "bfloat16", "int32", "int64", "bool", "uint8"), for
+     * messages about the file: a uint8 file loads as ATTN_DTYPE_BOOL (tensor.dtype
+     * is what is in memory), and is still called "uint8" here. A static string;
+     * NULL when the array was not loaded from a file. */
+    const char *file_dtype;
 } attn_array;
 
 /* Frees the buffer (with the same ctx that loaded it) and clears a. NULL-safe. */
 ATTN_API void attn_array_free(attn_ctx *ctx, attn_array *a);
 
-/* Loads a .npy file (format versions 1, 2 and 3), 1 to 4 dimensions, each size >= 1,
- * C or Fortran order (a Fortran-order file is reordered to C order). Element types:
+/* Loads a .npy file (format versions 1.0, 2.0 and 3.0; any other, 1.1 included, is
+ * refused as numpy refuses it), 1 to 4 dimensions, each size >= 1, C or Fortran
+ * order (a Fortran-order file is reordered to C order). Element types:
  *   float32, float64, float16 -> ATTN_DTYPE_F32 (float64 rounds to nearest)
  *   int32 -> ATTN_DTYPE_I32, int64 -> ATTN_DTYPE_I64
  *   bool, uint8 -> ATTN_DTYPE_BOOL (bytes kept as they are: nonzero = true)
- * Little- or big-endian. Anything else fails with ATTN_STATUS_DTYPE. */
+ * Little- or big-endian. Anything else fails with ATTN_STATUS_DTYPE. uint8 loads as
+ * bool because attn uses it for masks (a decision: attn has no uint8 dtype); out->
+ * file_dtype still says "uint8", so a message about the file (e.g. uint8 given
+ * where token ids are expected) can name what the file holds. The header is read
+ * as numpy reads it, with two stated differences: sizes must be plain decimal
+ * (numpy, evaluating Python, also takes 0x2 or 2_0) and a key given twice is
+ * refused (Python keeps the last). */
 ATTN_API int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out);
 
 /* Saves t (float32, int32, int64 or bool; any strides) as a little-endian, C-order
@@ -486,7 +499,10 @@ ATTN_API int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t
 typedef struct attn_safetensors attn_safetensors;
 
 /* Opens and checks a .safetensors file. On success *out must be closed with
- * attn_safetensors_close(). */
+ * attn_safetensors_close(). The header is accepted as Python's safetensors package
+ * accepts it ("__metadata__" null or an object of strings; UTF-8; numbers without
+ * leading zeros), except that a name given twice or holding a NUL character is
+ * refused (Python keeps the last of two names; attn's names are C strings). */
 ATTN_API int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **out);
 ATTN_API void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st);
 
@@ -498,15 +514,16 @@ ATTN_API const char *attn_safetensors_name(const attn_safetensors *st, int64_t i
 ATTN_API int attn_safetensors_has(const attn_safetensors *st, const char *name);
 
 /* Reads tensor `name` into an owned array. F32, F16, BF16, F64 -> float32; I32, I64
- * kept; BOOL, U8 -> bool. Other dtypes fail with ATTN_STATUS_DTYPE; a missing name
- * with ATTN_STATUS_INVALID_ARGUMENT; a rank of 0 or above ATTN_MAX_DIMS, or a size
- * of 0, with ATTN_STATUS_UNSUPPORTED. */
+ * kept; BOOL, U8 -> bool (out->file_dtype says "uint8" for U8). Other dtypes fail
+ * with ATTN_STATUS_DTYPE; a missing name with ATTN_STATUS_INVALID_ARGUMENT; a rank
+ * of 0 or above ATTN_MAX_DIMS, or a size of 0, with ATTN_STATUS_UNSUPPORTED. */
 ATTN_API int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                          attn_array *out);
 
 /* Saves n named tensors (float32, int32, int64 or bool; any strides) as one
- * .safetensors file, data in the order given. Names must be unique, non-empty and
- * not "__metadata__". */
+ * .safetensors file, data in the order given. Names must be unique, non-empty, not
+ * "__metadata__", and valid UTF-8 (Python's safetensors refuses a file whose header
+ * is not); anything else fails with ATTN_STATUS_INVALID_ARGUMENT and writes nothing. */
 ATTN_API int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
                           const attn_tensor *tensors, int64_t n);
 

@@ -8,6 +8,7 @@
 #include "attn.h"
 #include "check.h"
 #include "io_test_util.h"
+#include "compat_files.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -270,6 +271,86 @@ static void test_errors(void)
               ATTN_STATUS_OVERFLOW);
 }
 
+static void test_python_files(void)
+{
+    TEST("every array numpy wrote (tests/data/compat/EXPECTED: float32, float64, float16, "
+         "int32, int64, bool, uint8, big-endian, Fortran order, format versions 1.0, 2.0 "
+         "and 3.0) loads with the values numpy reads, bit for bit, and file_dtype names "
+         "numpy's dtype");
+    int n = compat_check_expected("npy");
+    CHECK(n >= 19);
+
+    TEST("each edge case of the format in tests/data/compat/VERDICTS (version 1.1, "
+         "leading zeros, Python 2 sizes, escapes, ...) is accepted or refused as "
+         "numpy's np.load does, but for the differences stated there");
+    n = compat_check_verdicts("npy");
+    CHECK(n >= 12);
+
+    TEST("a uint8 array (token ids, say) loads as bool, as masks need, and file_dtype "
+         "still calls it uint8 for messages about the file");
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_array a;
+    CHECK_INT(attn_npy_load(&ctx, data("compat/np_u8_ids.npy"), &a), 0);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_BOOL);
+    CHECK_STR_EQ(a.file_dtype ? a.file_dtype : "(null)", "uint8");
+    attn_array_free(&ctx, &a);
+    CHECK_INT(attn_npy_load(&ctx, data("files/ref_bool.npy"), &a), 0);
+    CHECK_STR_EQ(a.file_dtype ? a.file_dtype : "(null)", "bool");
+    attn_array_free(&ctx, &a);
+}
+
+static void test_header_text(void)
+{
+    TEST("the header's text is read by Python's rules: escapes in strings decode, a "
+         "1-tuple needs its comma, sizes are plain decimal, the dict ends the header");
+    static const struct {
+        const char *dict;
+        int ok;
+        const char *phrase;
+    } cases[] = {
+        {"{'descr': '\\x3cf4', 'fortran_order': False, 'shape': (2,), }", 1, ""},
+        {"{'descr': '\\u003cf4', 'fortran_order': False, 'shape': (2,), }", 1, ""},
+        {"{'descr': '\\074f4', 'fortran_order': False, 'shape': (2,), }", 1, ""},
+        {"{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2,)}", 1, ""},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2)}", 0, "expected ','"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (02,)}", 0, "leading zero"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2_0,)}", 0, "plain decimal"},
+        {"{'descr': '<f4', 'fortran_order': Falsey, 'shape': (2,)}", 0, "True or False"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (+2,)}", 0, "without a sign"},
+        {"{'descr': '<f4\n', 'fortran_order': False, 'shape': (2,)}", 0, "line break"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} x", 0, "after the dict"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'descr': '<f4'}", 0,
+         "given twice"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        /* A version 1.0 file: preamble, the dict padded to 64 bytes, 2 floats. */
+        unsigned char file[256] = "\x93NUMPY\x01\x00";
+        size_t len = strlen(cases[k].dict), hlen = (10 + len + 1 + 63) / 64 * 64 - 10;
+        file[8] = (unsigned char)hlen;
+        file[9] = 0;
+        memset(file + 10, ' ', hlen);
+        memcpy(file + 10, cases[k].dict, len);
+        file[10 + hlen - 1] = '\n';
+        memset(file + 10 + hlen, 0, 8);
+        io_write(tmp("text.npy"), file, 10 + hlen + 8);
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        attn_array a;
+        int rc = attn_npy_load(&ctx, tmp("text.npy"), &a);
+        if ((rc == 0) != cases[k].ok)
+            fprintf(stderr, "  %s: %s\n", cases[k].dict, rc ? ctx.message : "loaded");
+        CHECK_INT(rc == 0, cases[k].ok);
+        if (rc) {
+            CHECK_STR_CONTAINS(ctx.message, cases[k].phrase);
+            CHECK_STR_CONTAINS(ctx.message, "at byte");
+        } else {
+            CHECK_INT(a.tensor.shape[0], 2);
+        }
+        attn_array_free(&ctx, &a);
+    }
+}
+
 static int no_temp_files_left(void) { return io_no_temp_files(PROG); }
 
 static void test_atomic(void)
@@ -391,6 +472,8 @@ int main(void)
     test_numpy_files();
     test_manifest();
     test_errors();
+    test_python_files();
+    test_header_text();
     test_atomic();
     test_out_of_memory();
     test_mutations();

@@ -8,6 +8,7 @@
 #include "attn.h"
 #include "check.h"
 #include "io_test_util.h"
+#include "compat_files.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -239,11 +240,54 @@ static void test_save_errors(void)
               ATTN_STATUS_INVALID_ARGUMENT);
     CHECK(!io_exists(tmp("e.safetensors")));
 
+    TEST("a save with a name that is not valid UTF-8 (a lone byte, an overlong form, an "
+         "encoded surrogate, a cut sequence) is refused, since Python's safetensors "
+         "would refuse the file, and writes nothing");
+    const char *bad_utf8[4] = {"w\xff", "a\xc0\xaf" "b", "\xed\xa0\x80", "caf\xc3"};
+    for (int k = 0; k < 4; k++) {
+        const char *nm[2] = {"ok", bad_utf8[k]};
+        CHECK_INT(attn_safetensors_save(&ctx, tmp("e.safetensors"), nm, t, 2),
+                  ATTN_STATUS_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(ctx.message, "is not valid UTF-8");
+        CHECK_STR_CONTAINS(ctx.message, "tensor 1");
+        CHECK(strchr(ctx.message, '\n') == NULL);
+    }
+    CHECK(!io_exists(tmp("e.safetensors")));
+
     TEST("an empty file (no tensors) round-trips");
     CHECK_INT(attn_safetensors_save(&ctx, tmp("none.safetensors"), NULL, NULL, 0), 0);
     attn_safetensors *st = NULL;
     CHECK_INT(attn_safetensors_open(&ctx, tmp("none.safetensors"), &st), 0);
     CHECK_INT(attn_safetensors_count(st), 0);
+    attn_safetensors_close(&ctx, st);
+}
+
+static void test_python_files(void)
+{
+    TEST("every tensor that Python's safetensors wrote (tests/data/compat/EXPECTED: F32, "
+         "F16, BF16, F64, I32, I64, BOOL, U8, metadata, UTF-8 names) loads with the "
+         "values Python reads, bit for bit, and file_dtype names the file's dtype");
+    int n = compat_check_expected("st");
+    CHECK(n >= 9);
+
+    TEST("each edge case of the format in tests/data/compat/VERDICTS (\"__metadata__\": "
+         "null, non-string metadata, names that are not UTF-8, leading zeros, ...) is "
+         "accepted or refused as Python's safetensors does, but for the differences "
+         "stated there");
+    n = compat_check_verdicts("st");
+    CHECK(n >= 20);
+
+    TEST("a U8 tensor loads as bool and is still called uint8; BF16 is bfloat16");
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_safetensors *st = NULL;
+    CHECK_INT(attn_safetensors_open(&ctx, data("compat/st_numpy.safetensors"), &st), 0);
+    attn_array a;
+    CHECK_INT(attn_safetensors_get(&ctx, st, "u8", &a), 0);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_BOOL);
+    CHECK_STR_EQ(a.file_dtype ? a.file_dtype : "(null)", "uint8");
+    attn_array_free(&ctx, &a);
+    CHECK(a.file_dtype == NULL);
     attn_safetensors_close(&ctx, st);
 }
 
@@ -350,6 +394,7 @@ int main(void)
     test_library_files();
     test_manifest();
     test_save_errors();
+    test_python_files();
     test_out_of_memory();
     test_mutations();
     return check_summary(PROG);

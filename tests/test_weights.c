@@ -266,6 +266,22 @@ static void test_checks(void)
     CHECK_INT(save("int.safetensors", &fs), 0);
     CHECK_INT(attn_weights_load(&ctx, tmp("int.safetensors"), NULL, 2, &w), ATTN_STATUS_DTYPE);
     CHECK_STR_CONTAINS(ctx.message, "'qkv.weight' is int64");
+
+    TEST("a U8 weight is refused as uint8, the file's dtype, not as the bool it would "
+         "load as");
+    /* attn writes no U8, so the file is written by hand: one [3E, E] U8 tensor. */
+    char hdr[160];
+    int hl = snprintf(hdr, sizeof(hdr),
+                      "{\"qkv.weight\":{\"dtype\":\"U8\",\"shape\":[%d,%d],"
+                      "\"data_offsets\":[0,%d]}}",
+                      3 * E, E, 3 * E * E);
+    unsigned char u8file[8 + 160 + 3 * E * E] = {0};
+    for (int k = 0; k < 8; k++)
+        u8file[k] = (unsigned char)(((uint64_t)hl >> (8 * k)) & 0xff);
+    memcpy(u8file + 8, hdr, (size_t)hl);
+    CHECK_INT(io_write(tmp("u8.safetensors"), u8file, 8 + (size_t)hl + 3 * E * E), 0);
+    CHECK_INT(attn_weights_load(&ctx, tmp("u8.safetensors"), NULL, 2, &w), ATTN_STATUS_DTYPE);
+    CHECK_STR_CONTAINS(ctx.message, "'qkv.weight' is uint8");
     CHECK_INT(attn_weights_load(&ctx, tmp("nope.safetensors"), NULL, 2, &w), ATTN_STATUS_IO);
     CHECK_STR_CONTAINS(ctx.message, "nope.safetensors");
 }

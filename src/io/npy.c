@@ -12,11 +12,14 @@
  *                padded with spaces and ended by '\n' (version 3 allows UTF-8)
  *   then         the data, numel * itemsize bytes, in C or Fortran order
  *
- * This reader parses that dict with a small parser of its own (no eval), checks the
- * header against the file's size before it allocates anything, and refuses anything
- * it does not understand with a message "PATH: problem".
+ * This reader parses that dict with the text cursor that the .safetensors reader also
+ * uses (text_cursor.h, in its Python dialect; no eval), takes what numpy's np.load
+ * takes (versions 1.0, 2.0 and 3.0 only; exactly the three keys; a 1-tuple written
+ * "(n,)"), checks the header against the file's size before it allocates anything,
+ * and refuses anything it does not understand with a message "PATH: problem".
  */
 #include "io_internal.h"
+#include "text_cursor.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -31,209 +34,102 @@
 
 /* ---- the header dict ------------------------------------------------------------ */
 
-typedef struct npy_parser {
-    attn_ctx *ctx;
-    const char *path;
-    const char *s; /* header text, not NUL-terminated */
-    size_t n;
-    size_t i;
-} npy_parser;
-
 typedef struct npy_header {
-    char descr[16];
+    char descr[64];
     int fortran_order;
     int ndim;
     int64_t shape[NPY_PARSE_DIMS];
     int has_descr, has_order, has_shape;
 } npy_header;
 
-static int npy_bad(npy_parser *p, const char *what)
+static int npy_shape(attn__cursor *c, npy_header *h)
 {
-    return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
-                      "%s: bad .npy header: %s at byte %zu of the header", p->path, what,
-                      p->i);
-}
-
-static void npy_ws(npy_parser *p)
-{
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' ||
-                           p->s[p->i] == '\n' || p->s[p->i] == '\r'))
-        p->i++;
-}
-
-static int npy_peek(npy_parser *p)
-{
-    npy_ws(p);
-    return p->i < p->n ? (unsigned char)p->s[p->i] : -1;
-}
-
-static int npy_expect(npy_parser *p, char c)
-{
-    if (npy_peek(p) != (unsigned char)c) {
-        char what[32];
-        snprintf(what, sizeof(what), "expected '%c'", c);
-        return npy_bad(p, what);
-    }
-    p->i++;
-    return ATTN_OK;
-}
-
-/* A Python string literal in single or double quotes, without escapes (numpy never
- * writes any in the keys and descr it produces). */
-static int npy_string(npy_parser *p, char *out, size_t cap)
-{
-    int q = npy_peek(p);
-    if (q != '\'' && q != '"')
-        return npy_bad(p, "expected a quoted string");
-    p->i++;
-    size_t len = 0;
-    while (p->i < p->n && p->s[p->i] != (char)q) {
-        if (p->s[p->i] == '\\')
-            return npy_bad(p, "escapes in strings are not supported");
-        if (len + 1 >= cap)
-            return npy_bad(p, "string too long");
-        out[len++] = p->s[p->i++];
-    }
-    if (p->i >= p->n)
-        return npy_bad(p, "unterminated string");
-    p->i++;
-    out[len] = '\0';
-    return ATTN_OK;
-}
-
-static int npy_word(npy_parser *p, const char *w)
-{
-    size_t len = strlen(w);
-    npy_ws(p);
-    if (p->n - p->i >= len && memcmp(p->s + p->i, w, len) == 0) {
-        p->i += len;
-        return 1;
-    }
-    return 0;
-}
-
-/* A non-negative decimal integer (Python 2 files may append 'L'). */
-static int npy_int(npy_parser *p, int64_t *out)
-{
-    npy_ws(p);
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-        return npy_bad(p, "expected a non-negative integer in the shape");
-    int64_t v = 0;
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        int d = p->s[p->i] - '0';
-        if (v > (INT64_MAX - d) / 10)
-            return attn__fail(p->ctx, ATTN_STATUS_OVERFLOW,
-                              "%s: bad .npy header: a size in the shape does not fit in "
-                              "64 bits",
-                              p->path);
-        v = v * 10 + d;
-        p->i++;
-    }
-    if (p->i < p->n && p->s[p->i] == 'L')
-        p->i++;
-    *out = v;
-    return ATTN_OK;
-}
-
-static int npy_shape(npy_parser *p, npy_header *h)
-{
-    int st = npy_expect(p, '(');
+    int st = attn__cursor_expect(c, '(');
     if (st)
         return st;
     h->ndim = 0;
-    for (;;) {
-        if (npy_peek(p) == ')') {
-            p->i++;
-            break;
-        }
+    while (!attn__cursor_accept(c, ')')) {
         if (h->ndim == NPY_PARSE_DIMS)
-            return npy_bad(p, "more than 32 dimensions");
-        st = npy_int(p, &h->shape[h->ndim++]);
-        if (st)
+            return attn__cursor_fail(c, "more than %d dimensions", NPY_PARSE_DIMS);
+        uint64_t v;
+        if ((st = attn__cursor_uint(c, INT64_MAX, &v, "the shape")))
             return st;
-        int c = npy_peek(p);
-        if (c == ',') {
-            p->i++;
-        } else if (c == ')') {
-            p->i++;
-            break;
-        } else {
-            return npy_bad(p, "expected ',' or ')' in the shape");
-        }
+        h->shape[h->ndim++] = (int64_t)v;
+        /* Python writes a 1-tuple as "(n,)"; "(n)" would be a plain integer. */
+        if (attn__cursor_accept(c, ','))
+            continue;
+        if (h->ndim == 1)
+            return attn__cursor_fail(c, "expected ',' after the only size of the shape");
+        if ((st = attn__cursor_expect(c, ')')))
+            return st;
+        break;
     }
     return ATTN_OK;
 }
 
-static int npy_parse_header(npy_parser *p, npy_header *h)
+/* The header: a dict of exactly 'descr', 'fortran_order' and 'shape', as numpy's
+ * reader requires (numpy/lib/format.py, _read_array_header). */
+static int npy_parse_header(attn__cursor *c, npy_header *h)
 {
     memset(h, 0, sizeof(*h));
-    int st = npy_expect(p, '{');
+    int st = attn__cursor_expect(c, '{');
     if (st)
         return st;
-    for (;;) {
-        if (npy_peek(p) == '}') {
-            p->i++;
-            break;
-        }
+    while (!attn__cursor_accept(c, '}')) {
         char key[32];
-        if ((st = npy_string(p, key, sizeof(key))) || (st = npy_expect(p, ':')))
+        if ((st = attn__cursor_string(c, key, sizeof(key), NULL)) ||
+            (st = attn__cursor_expect(c, ':')))
             return st;
         if (strcmp(key, "descr") == 0) {
             if (h->has_descr)
-                return npy_bad(p, "'descr' given twice");
-            if (npy_peek(p) == '[')
-                return attn__fail(p->ctx, ATTN_STATUS_DTYPE,
+                return attn__cursor_fail(c, "'descr' given twice");
+            if (attn__cursor_peek(c) == '[')
+                return attn__fail(c->ctx, ATTN_STATUS_DTYPE,
                                   "%s: structured dtypes (a list as 'descr') are not "
                                   "supported",
-                                  p->path);
-            if ((st = npy_string(p, h->descr, sizeof(h->descr))))
+                                  c->path);
+            if ((st = attn__cursor_string(c, h->descr, sizeof(h->descr), NULL)))
                 return st;
             h->has_descr = 1;
         } else if (strcmp(key, "fortran_order") == 0) {
             if (h->has_order)
-                return npy_bad(p, "'fortran_order' given twice");
-            if (npy_word(p, "True"))
-                h->fortran_order = 1;
-            else if (npy_word(p, "False"))
-                h->fortran_order = 0;
-            else
-                return npy_bad(p, "'fortran_order' must be True or False");
+                return attn__cursor_fail(c, "'fortran_order' given twice");
+            attn__literal lit = attn__cursor_literal(c);
+            if (lit != ATTN__LITERAL_TRUE && lit != ATTN__LITERAL_FALSE)
+                return attn__cursor_fail(c, "'fortran_order' must be True or False");
+            h->fortran_order = lit == ATTN__LITERAL_TRUE;
             h->has_order = 1;
         } else if (strcmp(key, "shape") == 0) {
             if (h->has_shape)
-                return npy_bad(p, "'shape' given twice");
-            if ((st = npy_shape(p, h)))
+                return attn__cursor_fail(c, "'shape' given twice");
+            if ((st = npy_shape(c, h)))
                 return st;
             h->has_shape = 1;
         } else {
-            char what[64];
-            snprintf(what, sizeof(what), "unexpected key '%s'", key);
-            return npy_bad(p, what);
+            char kb[48];
+            return attn__cursor_fail(c, "unexpected key '%s'",
+                                     attn__printable(key, kb, sizeof(kb)));
         }
-        int c = npy_peek(p);
-        if (c == ',') {
-            p->i++;
-        } else if (c == '}') {
-            p->i++;
+        if (attn__cursor_accept(c, '}'))
             break;
-        } else {
-            return npy_bad(p, "expected ',' or '}'");
-        }
+        if (!attn__cursor_accept(c, ','))
+            return attn__cursor_fail(c, "expected ',' or '}'");
     }
-    npy_ws(p);
-    if (p->i != p->n)
-        return npy_bad(p, "unexpected text after the dict");
+    if (!attn__cursor_at_end(c))
+        return attn__cursor_fail(c, "unexpected text after the dict");
     if (!h->has_descr || !h->has_order || !h->has_shape)
-        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
-                          "%s: bad .npy header: it lacks '%s'", p->path,
+        return attn__fail(c->ctx, ATTN_STATUS_FORMAT,
+                          "%s: bad .npy header: it lacks '%s'", c->path,
                           !h->has_descr ? "descr"
                                         : !h->has_order ? "fortran_order" : "shape");
     return ATTN_OK;
 }
 
-/* Maps a descr such as '<f4' to an element kind and byte order. */
+/* Maps a descr such as '<f4' to an element kind, byte order and the dtype's name in
+ * numpy's words (what the file holds, for messages: a uint8 file loads as
+ * ATTN_DTYPE_BOOL but is still called "uint8"). */
 static int npy_descr(attn_ctx *ctx, const char *path, const char *descr, attn__elem *e,
-                     int *big_endian)
+                     int *big_endian, const char **name)
 {
     const char *t = descr;
     *big_endian = 0;
@@ -246,23 +142,27 @@ static int npy_descr(attn_ctx *ctx, const char *path, const char *descr, attn__e
     static const struct {
         const char *code;
         attn__elem e;
+        const char *name;
     } table[] = {
-        {"f4", ATTN__EL_F32}, {"f8", ATTN__EL_F64}, {"f2", ATTN__EL_F16},
-        {"i4", ATTN__EL_I32}, {"i8", ATTN__EL_I64}, {"b1", ATTN__EL_U8},
-        {"u1", ATTN__EL_U8},
+        {"f4", ATTN__EL_F32, "float32"}, {"f8", ATTN__EL_F64, "float64"},
+        {"f2", ATTN__EL_F16, "float16"}, {"i4", ATTN__EL_I32, "int32"},
+        {"i8", ATTN__EL_I64, "int64"},   {"b1", ATTN__EL_U8, "bool"},
+        {"u1", ATTN__EL_U8, "uint8"},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
         if (strcmp(t, table[i].code) == 0) {
             *e = table[i].e;
+            *name = table[i].name;
             if (attn__elem_size(*e) == 1)
                 *big_endian = 0;
             return ATTN_OK;
         }
     }
+    char db[96];
     return attn__fail(ctx, ATTN_STATUS_DTYPE,
                       "%s: dtype '%s' is not supported (attn reads float32, float64, "
                       "float16, int32, int64, bool and uint8)",
-                      path, descr);
+                      path, attn__printable(descr, db, sizeof(db)));
 }
 
 /* ---- loading ------------------------------------------------------------------- */
@@ -294,9 +194,17 @@ int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
                         "%s: not a .npy file (it does not start with \\x93NUMPY)", path);
         goto done;
     }
+    /* numpy reads versions 1.0, 2.0 and 3.0 and refuses any other, 1.1 included
+     * (numpy/lib/format.py, _check_version); so does attn. */
     int major = pre[6], minor = pre[7];
     uint64_t hlen, prefix;
-    if (major == 1) {
+    if (minor != 0) {
+        st = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                        "%s: .npy format version %d.%d is not supported (1.0, 2.0 and "
+                        "3.0 are)",
+                        path, major, minor);
+        goto done;
+    } else if (major == 1) {
         if ((st = attn__rfile_read(ctx, &rf, 8, pre + 8, 2, "header length")))
             goto done;
         hlen = attn__load_le16(pre + 8);
@@ -335,13 +243,19 @@ int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
     if ((st = attn__rfile_read(ctx, &rf, prefix, htext, hlen, "header")))
         goto done;
 
-    npy_parser p = {ctx, path, htext, (size_t)hlen, 0};
+    /* Versions 1.0 and 2.0 store the header in latin-1, version 3.0 in UTF-8; files
+     * from Python 2 may write sizes as 5L, which numpy still reads in 1.0 and 2.0. */
+    attn__cursor cur;
+    attn__cursor_init(&cur, ctx, path, "bad .npy header", ATTN__SYNTAX_PYTHON, major == 3,
+                      htext, (size_t)hlen);
+    cur.long_suffix = major < 3;
     npy_header h;
-    if ((st = npy_parse_header(&p, &h)))
+    if ((st = npy_parse_header(&cur, &h)))
         goto done;
     attn__elem e = ATTN__EL_F32;
     int big_endian = 0;
-    if ((st = npy_descr(ctx, path, h.descr, &e, &big_endian)))
+    const char *file_dtype = NULL;
+    if ((st = npy_descr(ctx, path, h.descr, &e, &big_endian, &file_dtype)))
         goto done;
 
     char shape_s[NPY_PARSE_DIMS * 22 + 8];
@@ -411,6 +325,7 @@ int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
         if (h.ndim == 1)
             raw.tensor.shape[0] = h.shape[0];
         *out = raw;
+        out->file_dtype = file_dtype;
         raw.buffer = NULL;
         goto done;
     }
@@ -423,6 +338,8 @@ int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
         goto done;
     if ((st = attn_tensor_copy(ctx, &view, &out->tensor)))
         attn_array_free(ctx, out);
+    else
+        out->file_dtype = file_dtype;
 
 done:
     if (raw.buffer)

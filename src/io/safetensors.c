@@ -13,12 +13,18 @@
  *                little-endian, C order. Tensors must cover the data section
  *                exactly: no gaps, no overlaps.
  *
- * The header is parsed by a small JSON parser of its own and every entry is checked
- * (dtype known, shape product without overflow, offsets inside the data section and
- * consistent with the shape, no overlap, no gap) before any tensor is read. Data is
+ * The header is read with the text cursor that the .npy reader also uses
+ * (text_cursor.h, in its JSON dialect), accepting what Python's safetensors package
+ * accepts: "__metadata__" may be null or an object of strings, the whole header is
+ * UTF-8, numbers have no leading zeros. Every entry is checked (dtype known, shape
+ * product without overflow, offsets inside the data section and consistent with the
+ * shape, no overlap, no gap) before any tensor is read. Two deliberate differences:
+ * a name given twice and a name holding a NUL character are refused (Python keeps the
+ * last of two; attn's names are C strings). Data is
  * read on demand, so opening a large checkpoint to take one layer costs one layer.
  */
 #include "io_internal.h"
+#include "text_cursor.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,29 +32,30 @@
 
 /* The reference implementation refuses headers above 100 MB; so do we. */
 #define ST_MAX_HEADER 100000000ull
-#define ST_MAX_DEPTH 64
 
 /* ---- dtypes ---------------------------------------------------------------------- */
 
 typedef struct st_dtype {
-    const char *name;
+    const char *name;  /* the format's name */
     size_t size;
-    int readable;    /* converts to an attn dtype */
-    attn__elem elem; /* when readable */
+    int readable;      /* converts to an attn dtype */
+    attn__elem elem;   /* when readable */
+    const char *words; /* in numpy's words, for attn_array.file_dtype */
 } st_dtype;
 
 /* Every dtype of the format that has a whole number of bytes per element, so offsets
  * can be checked even for tensors attn does not read. */
 static const st_dtype st_dtypes[] = {
-    {"F32", 4, 1, ATTN__EL_F32},      {"F16", 2, 1, ATTN__EL_F16},
-    {"BF16", 2, 1, ATTN__EL_BF16},    {"F64", 8, 1, ATTN__EL_F64},
-    {"I32", 4, 1, ATTN__EL_I32},      {"I64", 8, 1, ATTN__EL_I64},
-    {"BOOL", 1, 1, ATTN__EL_U8},      {"U8", 1, 1, ATTN__EL_U8},
-    {"I8", 1, 0, ATTN__EL_U8},        {"I16", 2, 0, ATTN__EL_U8},
-    {"U16", 2, 0, ATTN__EL_U8},       {"U32", 4, 0, ATTN__EL_U8},
-    {"U64", 8, 0, ATTN__EL_U8},       {"F8_E4M3", 1, 0, ATTN__EL_U8},
-    {"F8_E5M2", 1, 0, ATTN__EL_U8},   {"F8_E8M0", 1, 0, ATTN__EL_U8},
-    {"C64", 8, 0, ATTN__EL_U8},
+    {"F32", 4, 1, ATTN__EL_F32, "float32"},   {"F16", 2, 1, ATTN__EL_F16, "float16"},
+    {"BF16", 2, 1, ATTN__EL_BF16, "bfloat16"}, {"F64", 8, 1, ATTN__EL_F64, "float64"},
+    {"I32", 4, 1, ATTN__EL_I32, "int32"},     {"I64", 8, 1, ATTN__EL_I64, "int64"},
+    {"BOOL", 1, 1, ATTN__EL_U8, "bool"},      {"U8", 1, 1, ATTN__EL_U8, "uint8"},
+    {"I8", 1, 0, ATTN__EL_U8, "int8"},        {"I16", 2, 0, ATTN__EL_U8, "int16"},
+    {"U16", 2, 0, ATTN__EL_U8, "uint16"},     {"U32", 4, 0, ATTN__EL_U8, "uint32"},
+    {"U64", 8, 0, ATTN__EL_U8, "uint64"},     {"F8_E4M3", 1, 0, ATTN__EL_U8, "float8_e4m3"},
+    {"F8_E5M2", 1, 0, ATTN__EL_U8, "float8_e5m2"},
+    {"F8_E8M0", 1, 0, ATTN__EL_U8, "float8_e8m0"},
+    {"C64", 8, 0, ATTN__EL_U8, "complex64"},
 };
 #define ST_NDTYPES ((int)(sizeof(st_dtypes) / sizeof(st_dtypes[0])))
 
@@ -71,259 +78,6 @@ struct attn_safetensors {
     st_entry *entries; /* sorted by begin once the header is checked */
     int64_t *by_name;  /* entry indices sorted by name, for lookups */
 };
-
-/* A tensor name made safe for a one-line message: at most 80 bytes, control bytes
- * shown as '?'. */
-static const char *st_safe(const char *name, char *buf, size_t cap)
-{
-    size_t i = 0;
-    for (; name[i] && i + 4 < cap && i < 80; i++)
-        buf[i] = ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) ? '?' : name[i];
-    if (name[i]) {
-        buf[i++] = '.';
-        buf[i++] = '.';
-        buf[i++] = '.';
-    }
-    buf[i] = '\0';
-    return buf;
-}
-
-/* ---- JSON ------------------------------------------------------------------------ */
-
-typedef struct st_parser {
-    attn_ctx *ctx;
-    const char *path;
-    const unsigned char *s;
-    size_t n, i;
-} st_parser;
-
-static int st_bad(st_parser *p, const char *what)
-{
-    return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
-                      "%s: bad safetensors header: %s at byte %zu of the header", p->path,
-                      what, p->i);
-}
-
-static int st_peek(st_parser *p)
-{
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' ||
-                           p->s[p->i] == '\n' || p->s[p->i] == '\r'))
-        p->i++;
-    return p->i < p->n ? p->s[p->i] : -1;
-}
-
-static int st_expect(st_parser *p, int c)
-{
-    if (st_peek(p) != c) {
-        char what[32];
-        snprintf(what, sizeof(what), "expected '%c'", c);
-        return st_bad(p, what);
-    }
-    p->i++;
-    return ATTN_OK;
-}
-
-static int st_hex4(st_parser *p, unsigned *out)
-{
-    if (p->n - p->i < 4)
-        return st_bad(p, "truncated \\u escape");
-    unsigned v = 0;
-    for (int k = 0; k < 4; k++) {
-        int c = p->s[p->i++];
-        v <<= 4;
-        if (c >= '0' && c <= '9')
-            v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F')
-            v |= (unsigned)(c - 'A' + 10);
-        else
-            return st_bad(p, "bad hex digit in a \\u escape");
-    }
-    *out = v;
-    return ATTN_OK;
-}
-
-/* A JSON string. With out != NULL, the decoded UTF-8 goes into a new allocation
- * (never longer than the escaped text). */
-static int st_string(st_parser *p, char **out)
-{
-    if (st_peek(p) != '"')
-        return st_bad(p, "expected a string");
-    p->i++;
-    size_t start = p->i;
-    /* First find the end, to size the result. */
-    while (p->i < p->n && p->s[p->i] != '"') {
-        if (p->s[p->i] == '\\')
-            p->i++;
-        p->i++;
-    }
-    if (p->i >= p->n)
-        return st_bad(p, "unterminated string");
-    size_t end = p->i;
-    char *buf = NULL;
-    if (out) {
-        buf = attn__alloc(p->ctx, end - start + 1, "safetensors name");
-        if (!buf)
-            return ATTN_STATUS_NO_MEMORY;
-    }
-    size_t len = 0;
-    p->i = start;
-    while (p->i < end) {
-        unsigned c = p->s[p->i++];
-        if (c < 0x20) {
-            attn__free(p->ctx, buf);
-            return st_bad(p, "control character in a string");
-        }
-        if (c != '\\') {
-            if (buf)
-                buf[len++] = (char)c;
-            continue;
-        }
-        c = p->s[p->i++]; /* end was found by skipping escapes, so this is < end */
-        unsigned cp = 0;
-        switch (c) {
-        case '"': case '\\': case '/': cp = c; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': {
-            size_t save_n = p->n;
-            p->n = end; /* an escape must not reach past the closing quote */
-            int st = st_hex4(p, &cp);
-            if (!st && cp >= 0xd800 && cp < 0xdc00) {
-                unsigned lo;
-                if (p->n - p->i < 6 || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
-                    st = st_bad(p, "unpaired surrogate in a \\u escape");
-                } else {
-                    p->i += 2;
-                    st = st_hex4(p, &lo);
-                    if (!st && (lo < 0xdc00 || lo >= 0xe000))
-                        st = st_bad(p, "unpaired surrogate in a \\u escape");
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                }
-            } else if (!st && cp >= 0xdc00 && cp < 0xe000) {
-                st = st_bad(p, "unpaired surrogate in a \\u escape");
-            }
-            p->n = save_n;
-            if (st) {
-                attn__free(p->ctx, buf);
-                return st;
-            }
-            break;
-        }
-        default:
-            attn__free(p->ctx, buf);
-            return st_bad(p, "unknown escape in a string");
-        }
-        if (!buf)
-            continue;
-        /* UTF-8 encoding of cp (at most 4 bytes from at least 6 escaped ones). */
-        if (cp < 0x80) {
-            buf[len++] = (char)cp;
-        } else if (cp < 0x800) {
-            buf[len++] = (char)(0xc0 | (cp >> 6));
-            buf[len++] = (char)(0x80 | (cp & 0x3f));
-        } else if (cp < 0x10000) {
-            buf[len++] = (char)(0xe0 | (cp >> 12));
-            buf[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-            buf[len++] = (char)(0x80 | (cp & 0x3f));
-        } else {
-            buf[len++] = (char)(0xf0 | (cp >> 18));
-            buf[len++] = (char)(0x80 | ((cp >> 12) & 0x3f));
-            buf[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-            buf[len++] = (char)(0x80 | (cp & 0x3f));
-        }
-    }
-    p->i = end + 1;
-    if (buf) {
-        buf[len] = '\0';
-        if (strlen(buf) != len) {
-            attn__free(p->ctx, buf);
-            return st_bad(p, "a NUL character in a name");
-        }
-        *out = buf;
-    }
-    return ATTN_OK;
-}
-
-/* A non-negative JSON integer that fits in 64 bits. */
-static int st_uint(st_parser *p, uint64_t *out, const char *what)
-{
-    int c = st_peek(p);
-    char msg[96];
-    if (c < '0' || c > '9') {
-        snprintf(msg, sizeof(msg), "%s must be non-negative integers", what);
-        return st_bad(p, msg);
-    }
-    uint64_t v = 0;
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        unsigned d = p->s[p->i] - '0';
-        if (v > (UINT64_MAX - d) / 10) {
-            snprintf(msg, sizeof(msg), "a number in %s does not fit in 64 bits", what);
-            return st_bad(p, msg);
-        }
-        v = v * 10 + d;
-        p->i++;
-    }
-    if (p->i < p->n && (p->s[p->i] == '.' || p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
-        snprintf(msg, sizeof(msg), "%s must be integers", what);
-        return st_bad(p, msg);
-    }
-    *out = v;
-    return ATTN_OK;
-}
-
-/* Skips any JSON value (used for __metadata__ and keys attn does not need). */
-static int st_skip(st_parser *p, int depth)
-{
-    if (depth > ST_MAX_DEPTH)
-        return st_bad(p, "nesting too deep");
-    int c = st_peek(p), st;
-    if (c == '"')
-        return st_string(p, NULL);
-    if (c == '{' || c == '[') {
-        int close = c == '{' ? '}' : ']';
-        p->i++;
-        if (st_peek(p) == close) {
-            p->i++;
-            return ATTN_OK;
-        }
-        for (;;) {
-            if (c == '{') {
-                if ((st = st_string(p, NULL)) || (st = st_expect(p, ':')))
-                    return st;
-            }
-            if ((st = st_skip(p, depth + 1)))
-                return st;
-            int d = st_peek(p);
-            if (d == ',') {
-                p->i++;
-            } else if (d == close) {
-                p->i++;
-                return ATTN_OK;
-            } else {
-                return st_bad(p, "expected ',' or a closing bracket");
-            }
-        }
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-        while (p->i < p->n && strchr("+-.eE0123456789", p->s[p->i]) && p->s[p->i])
-            p->i++;
-        return ATTN_OK;
-    }
-    static const char *const words[] = {"true", "false", "null"};
-    for (int k = 0; k < 3; k++) {
-        size_t len = strlen(words[k]);
-        if (p->n - p->i >= len && memcmp(p->s + p->i, words[k], len) == 0) {
-            p->i += len;
-            return ATTN_OK;
-        }
-    }
-    return st_bad(p, "expected a JSON value");
-}
 
 /* ---- the handle ------------------------------------------------------------------ */
 
@@ -410,7 +164,7 @@ static int st_index_names(attn_ctx *ctx, attn_safetensors *st)
             char nb[96];
             int rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
                                 "%s: tensor '%s' appears twice in the header", st->path,
-                                st_safe(tmp[i].name, nb, sizeof(nb)));
+                                attn__printable(tmp[i].name, nb, sizeof(nb)));
             attn__free(ctx, tmp);
             return rc;
         }
@@ -423,126 +177,141 @@ static int st_index_names(attn_ctx *ctx, attn_safetensors *st)
     return st->by_name ? ATTN_OK : ATTN_STATUS_NO_MEMORY;
 }
 
-/* One tensor entry: {"dtype": ..., "shape": [...], "data_offsets": [b, e]}. */
-static int st_parse_entry(st_parser *p, attn_safetensors *st, st_entry *e)
+/* ---- the header ------------------------------------------------------------------ */
+
+/* The one rule for a tensor name, shared by the reader and the writer, so that attn
+ * never writes a name that it, or Python's safetensors, would refuse to read: valid
+ * UTF-8 (the package refuses a header that is not, whole) and no NUL character
+ * (attn's names are C strings; JSON could spell one as \u0000). len is the name's
+ * length as decoded. Returns NULL for a good name, else the problem. */
+static const char *st_name_problem(const char *name, size_t len)
+{
+    if (strlen(name) != len)
+        return "holds a NUL character";
+    if (attn__utf8_invalid_at((const unsigned char *)name, len) != len)
+        return "is not valid UTF-8";
+    return NULL;
+}
+
+/* A shape: [] or [n, ...], each size a JSON integer up to INT64_MAX. */
+static int st_parse_shape(attn__cursor *c, st_entry *e)
+{
+    int rc = attn__cursor_expect(c, '[');
+    if (rc || attn__cursor_accept(c, ']'))
+        return rc;
+    for (;;) {
+        uint64_t v;
+        if ((rc = attn__cursor_uint(c, (uint64_t)INT64_MAX, &v, "the shape")))
+            return rc;
+        /* A product above INT64_MAX is reported once the entry is read, naming
+         * the tensor; the rank is counted (up to a bound) for the same message. */
+        if (e->numel >= 0 && !attn__mul_i64(e->numel, (int64_t)v, &e->numel))
+            e->numel = -1;
+        if (e->ndim < ATTN_MAX_DIMS)
+            e->shape[e->ndim] = (int64_t)v;
+        if (e->ndim < 1000000)
+            e->ndim++;
+        if (attn__cursor_accept(c, ']'))
+            return ATTN_OK;
+        if (!attn__cursor_accept(c, ','))
+            return attn__cursor_fail(c, "expected ',' or ']' in a shape");
+    }
+}
+
+/* One tensor entry: {"dtype": ..., "shape": [...], "data_offsets": [b, e]}. Other
+ * keys are skipped (their values must still be JSON), as Python's reader does. The
+ * entry's own checks (sizes, offsets) follow in st_check_entry. */
+static int st_parse_entry(attn__cursor *c, st_entry *e)
 {
     char nb[96];
-    const char *nm = st_safe(e->name, nb, sizeof(nb));
-    int rc = st_expect(p, '{');
+    const char *nm = attn__printable(e->name, nb, sizeof(nb));
+    int rc = attn__cursor_expect(c, '{');
     if (rc)
         return rc;
     int has_dtype = 0, has_shape = 0, has_offsets = 0;
     e->numel = 1;
-    int overflow = 0;
-    if (st_peek(p) == '}') {
-        p->i++;
-    } else {
-        for (;;) {
-            char *key = NULL;
-            if ((rc = st_string(p, &key)))
+    while (!attn__cursor_accept(c, '}')) {
+        char *key = NULL;
+        if ((rc = attn__cursor_string_alloc(c, &key, NULL)))
+            return rc;
+        int *seen = strcmp(key, "dtype") == 0          ? &has_dtype
+                    : strcmp(key, "shape") == 0        ? &has_shape
+                    : strcmp(key, "data_offsets") == 0 ? &has_offsets
+                                                       : NULL;
+        if (seen && *seen)
+            rc = attn__cursor_fail(c, "'%s' given twice", key);
+        attn__free(c->ctx, key);
+        if (rc || (rc = attn__cursor_expect(c, ':')))
+            return rc;
+        if (seen)
+            *seen = 1;
+        if (seen == &has_dtype) {
+            char *dt = NULL;
+            if ((rc = attn__cursor_string_alloc(c, &dt, NULL)))
                 return rc;
-            if ((rc = st_expect(p, ':'))) {
-                attn__free(p->ctx, key);
-                return rc;
+            e->dtype = -1;
+            for (int k = 0; k < ST_NDTYPES; k++)
+                if (strcmp(dt, st_dtypes[k].name) == 0)
+                    e->dtype = k;
+            if (e->dtype < 0) {
+                char db[96];
+                rc = attn__fail(c->ctx, ATTN_STATUS_DTYPE,
+                                "%s: tensor '%s' has an unknown dtype '%s'", c->path, nm,
+                                attn__printable(dt, db, sizeof(db)));
             }
-            if (strcmp(key, "dtype") == 0 && !has_dtype) {
-                char *dt = NULL;
-                rc = st_string(p, &dt);
-                if (!rc) {
-                    e->dtype = -1;
-                    for (int k = 0; k < ST_NDTYPES; k++)
-                        if (strcmp(dt, st_dtypes[k].name) == 0)
-                            e->dtype = k;
-                    if (e->dtype < 0) {
-                        char db[96];
-                        rc = attn__fail(p->ctx, ATTN_STATUS_DTYPE,
-                                        "%s: tensor '%s' has an unknown dtype '%s'",
-                                        p->path, nm, st_safe(dt, db, sizeof(db)));
-                    }
-                    attn__free(p->ctx, dt);
-                }
-                has_dtype = 1;
-            } else if (strcmp(key, "shape") == 0 && !has_shape) {
-                rc = st_expect(p, '[');
-                if (!rc && st_peek(p) == ']') {
-                    p->i++;
-                } else {
-                    while (!rc) {
-                        uint64_t v;
-                        if ((rc = st_uint(p, &v, "shape sizes")))
-                            break;
-                        if (v > (uint64_t)INT64_MAX ||
-                            !attn__mul_i64(e->numel, (int64_t)v, &e->numel))
-                            overflow = 1;
-                        if (e->ndim < ATTN_MAX_DIMS)
-                            e->shape[e->ndim] = (int64_t)v;
-                        if (e->ndim < 1000000)
-                            e->ndim++;
-                        int c = st_peek(p);
-                        if (c == ',') {
-                            p->i++;
-                        } else if (c == ']') {
-                            p->i++;
-                            break;
-                        } else {
-                            rc = st_bad(p, "expected ',' or ']' in a shape");
-                        }
-                    }
-                }
-                has_shape = 1;
-            } else if (strcmp(key, "data_offsets") == 0 && !has_offsets) {
-                if (!(rc = st_expect(p, '[')) && !(rc = st_uint(p, &e->begin, "data_offsets")) &&
-                    !(rc = st_expect(p, ',')) && !(rc = st_uint(p, &e->end, "data_offsets")))
-                    rc = st_expect(p, ']');
-                has_offsets = 1;
-            } else if (strcmp(key, "dtype") == 0 || strcmp(key, "shape") == 0 ||
-                       strcmp(key, "data_offsets") == 0) {
-                char what[64];
-                snprintf(what, sizeof(what), "'%s' given twice", key);
-                rc = st_bad(p, what);
-            } else {
-                rc = st_skip(p, 1);
-            }
-            attn__free(p->ctx, key);
-            if (rc)
-                return rc;
-            int c = st_peek(p);
-            if (c == ',') {
-                p->i++;
-            } else if (c == '}') {
-                p->i++;
-                break;
-            } else {
-                return st_bad(p, "expected ',' or '}'");
-            }
+            attn__free(c->ctx, dt);
+        } else if (seen == &has_shape) {
+            rc = st_parse_shape(c, e);
+        } else if (seen == &has_offsets) {
+            if (!(rc = attn__cursor_expect(c, '[')) &&
+                !(rc = attn__cursor_uint(c, UINT64_MAX, &e->begin, "data_offsets")) &&
+                !(rc = attn__cursor_expect(c, ',')) &&
+                !(rc = attn__cursor_uint(c, UINT64_MAX, &e->end, "data_offsets")))
+                rc = attn__cursor_expect(c, ']');
+        } else {
+            rc = attn__cursor_skip_json(c);
         }
+        if (rc)
+            return rc;
+        if (attn__cursor_accept(c, '}'))
+            break;
+        if (!attn__cursor_accept(c, ','))
+            return attn__cursor_fail(c, "expected ',' or '}'");
     }
     if (!has_dtype || !has_shape || !has_offsets)
-        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
-                          "%s: tensor '%s' lacks '%s' in the header", p->path, nm,
+        return attn__fail(c->ctx, ATTN_STATUS_FORMAT,
+                          "%s: tensor '%s' lacks '%s' in the header", c->path, nm,
                           !has_dtype ? "dtype" : !has_shape ? "shape" : "data_offsets");
-    if (overflow)
-        return attn__fail(p->ctx, ATTN_STATUS_OVERFLOW,
+    return ATTN_OK;
+}
+
+/* The checks of one entry against itself and the data section. */
+static int st_check_entry(attn__cursor *c, const attn_safetensors *st, const st_entry *e)
+{
+    char nb[96];
+    const char *nm = attn__printable(e->name, nb, sizeof(nb));
+    if (e->numel < 0)
+        return attn__fail(c->ctx, ATTN_STATUS_OVERFLOW,
                           "%s: tensor '%s': the product of its shape overflows 64 bits",
-                          p->path, nm);
+                          c->path, nm);
     if (e->begin > e->end)
-        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+        return attn__fail(c->ctx, ATTN_STATUS_FORMAT,
                           "%s: tensor '%s': data_offsets [%llu, %llu] end before they "
                           "begin",
-                          p->path, nm, (unsigned long long)e->begin,
+                          c->path, nm, (unsigned long long)e->begin,
                           (unsigned long long)e->end);
     if (e->end > st->data_size)
-        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+        return attn__fail(c->ctx, ATTN_STATUS_FORMAT,
                           "%s: tensor '%s': data_offsets [%llu, %llu] are out of range "
                           "(the data section has %llu bytes)",
-                          p->path, nm, (unsigned long long)e->begin,
+                          c->path, nm, (unsigned long long)e->begin,
                           (unsigned long long)e->end, (unsigned long long)st->data_size);
     size_t es = st_dtypes[e->dtype].size;
     if ((uint64_t)e->numel > UINT64_MAX / es || (uint64_t)e->numel * es != e->end - e->begin)
-        return attn__fail(p->ctx, ATTN_STATUS_FORMAT,
+        return attn__fail(c->ctx, ATTN_STATUS_FORMAT,
                           "%s: tensor '%s': %lld elements of %s need %llu bytes but "
                           "data_offsets [%llu, %llu] hold %llu",
-                          p->path, nm, (long long)e->numel, st_dtypes[e->dtype].name,
+                          c->path, nm, (long long)e->numel, st_dtypes[e->dtype].name,
                           (unsigned long long)((uint64_t)e->numel * es),
                           (unsigned long long)e->begin, (unsigned long long)e->end,
                           (unsigned long long)(e->end - e->begin));
@@ -559,57 +328,85 @@ static int st_cmp(const void *a, const void *b)
     return 0;
 }
 
+/* "__metadata__": null, or an object whose values are strings, as Python's reader
+ * requires (its type is Option<HashMap<String, String>>). attn keeps none of it. */
+static int st_parse_metadata(attn__cursor *c)
+{
+    if (attn__cursor_literal(c) == ATTN__LITERAL_NULL)
+        return ATTN_OK;
+    if (attn__cursor_peek(c) != '{')
+        return attn__cursor_fail(c, "'__metadata__' must be an object of strings or null");
+    c->i++;
+    int rc;
+    while (!attn__cursor_accept(c, '}')) {
+        if ((rc = attn__cursor_string_alloc(c, NULL, NULL)) ||
+            (rc = attn__cursor_expect(c, ':')))
+            return rc;
+        if (attn__cursor_peek(c) != '"')
+            return attn__cursor_fail(c, "a value in '__metadata__' is not a string");
+        if ((rc = attn__cursor_string_alloc(c, NULL, NULL)))
+            return rc;
+        if (attn__cursor_accept(c, '}'))
+            break;
+        if (!attn__cursor_accept(c, ','))
+            return attn__cursor_fail(c, "expected ',' or '}'");
+    }
+    return ATTN_OK;
+}
+
 static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned char *h,
                            size_t n)
 {
-    st_parser p = {ctx, st->path, h, n, 0};
-    int rc = st_expect(&p, '{');
+    /* The header is UTF-8 JSON; the cursor refuses a string that is not valid UTF-8,
+     * as Python's reader refuses the whole header. */
+    attn__cursor c;
+    attn__cursor_init(&c, ctx, st->path, "bad safetensors header", ATTN__SYNTAX_JSON, 1, h,
+                      n);
+    int rc = attn__cursor_expect(&c, '{');
     if (rc)
         return rc;
     int has_meta = 0;
-    if (st_peek(&p) == '}') {
-        p.i++;
-    } else {
-        for (;;) {
-            char *name = NULL;
-            if ((rc = st_string(&p, &name)))
-                return rc;
-            if ((rc = st_expect(&p, ':'))) {
-                attn__free(ctx, name);
-                return rc;
-            }
-            if (strcmp(name, "__metadata__") == 0) {
-                attn__free(ctx, name);
-                if (has_meta)
-                    return st_bad(&p, "'__metadata__' given twice");
-                has_meta = 1;
-                if (st_peek(&p) != '{')
-                    return st_bad(&p, "'__metadata__' must be an object");
-                if ((rc = st_skip(&p, 1)))
-                    return rc;
-            } else {
-                st_entry *e = st_push(ctx, st);
-                if (!e) {
-                    attn__free(ctx, name);
-                    return ATTN_STATUS_NO_MEMORY;
-                }
-                e->name = name;
-                if ((rc = st_parse_entry(&p, st, e)))
-                    return rc;
-            }
-            int c = st_peek(&p);
-            if (c == ',') {
-                p.i++;
-            } else if (c == '}') {
-                p.i++;
-                break;
-            } else {
-                return st_bad(&p, "expected ',' or '}'");
-            }
+    while (!attn__cursor_accept(&c, '}')) {
+        char *name = NULL;
+        size_t len;
+        if ((rc = attn__cursor_string_alloc(&c, &name, &len)))
+            return rc;
+        const char *problem = st_name_problem(name, len);
+        if (problem) {
+            char nb[96];
+            rc = attn__cursor_fail(&c, "the tensor name '%s' %s",
+                                   attn__printable(name, nb, sizeof(nb)), problem);
+            attn__free(ctx, name);
+            return rc;
         }
+        if ((rc = attn__cursor_expect(&c, ':'))) {
+            attn__free(ctx, name);
+            return rc;
+        }
+        if (strcmp(name, "__metadata__") == 0) {
+            attn__free(ctx, name);
+            if (has_meta)
+                return attn__cursor_fail(&c, "'__metadata__' given twice");
+            has_meta = 1;
+            if ((rc = st_parse_metadata(&c)))
+                return rc;
+        } else {
+            st_entry *e = st_push(ctx, st);
+            if (!e) {
+                attn__free(ctx, name);
+                return ATTN_STATUS_NO_MEMORY;
+            }
+            e->name = name;
+            if ((rc = st_parse_entry(&c, e)) || (rc = st_check_entry(&c, st, e)))
+                return rc;
+        }
+        if (attn__cursor_accept(&c, '}'))
+            break;
+        if (!attn__cursor_accept(&c, ','))
+            return attn__cursor_fail(&c, "expected ',' or '}'");
     }
-    if (st_peek(&p) != -1)
-        return st_bad(&p, "unexpected text after the header object");
+    if (!attn__cursor_at_end(&c))
+        return attn__cursor_fail(&c, "unexpected text after the header object");
 
     /* The tensors must tile the data section: sorted by offset, each begins where
      * the previous one ended, and the last ends at the end of the file. */
@@ -624,10 +421,10 @@ static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned c
         if (e->begin < at)
             return attn__fail(ctx, ATTN_STATUS_FORMAT,
                               "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
-                              st->path, st_safe(st->entries[i - 1].name, a, sizeof(a)),
+                              st->path, attn__printable(st->entries[i - 1].name, a, sizeof(a)),
                               (unsigned long long)st->entries[i - 1].begin,
                               (unsigned long long)st->entries[i - 1].end,
-                              st_safe(e->name, b, sizeof(b)), (unsigned long long)e->begin,
+                              attn__printable(e->name, b, sizeof(b)), (unsigned long long)e->begin,
                               (unsigned long long)e->end);
         if (e->begin > at)
             return attn__fail(ctx, ATTN_STATUS_FORMAT,
@@ -745,10 +542,10 @@ int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *
     int64_t idx = st_find(st, name);
     if (idx < 0)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s: no tensor named '%s'",
-                          st->path, st_safe(name, nb, sizeof(nb)));
+                          st->path, attn__printable(name, nb, sizeof(nb)));
     const st_entry *e = &st->entries[idx];
     const st_dtype *dt = &st_dtypes[e->dtype];
-    const char *nm = st_safe(name, nb, sizeof(nb));
+    const char *nm = attn__printable(name, nb, sizeof(nb));
     if (!dt->readable)
         return attn__fail(ctx, ATTN_STATUS_DTYPE,
                           "%s: tensor '%s' has dtype %s; attn reads F32, F16, BF16, F64, "
@@ -771,6 +568,8 @@ int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *
                                 e->numel, out->buffer);
     if (rc)
         attn_array_free(ctx, out);
+    else
+        out->file_dtype = dt->words;
     return rc;
 }
 
@@ -867,22 +666,29 @@ int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *n
             return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                               "%s: tensor %lld has an empty or reserved name", where,
                               (long long)i);
+        const char *problem = st_name_problem(names[i], strlen(names[i]));
+        if (problem)
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "%s: the name of tensor %lld, '%s', %s (Python's safetensors "
+                              "would refuse the file)",
+                              where, (long long)i, attn__printable(names[i], nb, sizeof(nb)),
+                              problem);
         for (int64_t j = 0; j < i; j++)
             if (strcmp(names[i], names[j]) == 0)
                 return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                                   "%s: the name '%s' is given twice", where,
-                                  st_safe(names[i], nb, sizeof(nb)));
+                                  attn__printable(names[i], nb, sizeof(nb)));
         int rc = attn_tensor_check(ctx, &tensors[i], names[i]);
         if (rc)
             return rc;
         if (!st_save_dtype(tensors[i].dtype))
             return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s: tensor '%s' has dtype %d", where,
-                              st_safe(names[i], nb, sizeof(nb)), (int)tensors[i].dtype);
+                              attn__printable(names[i], nb, sizeof(nb)), (int)tensors[i].dtype);
         size_t bytes;
         if (!attn__bytes(attn_tensor_numel(&tensors[i]), attn_dtype_size(tensors[i].dtype),
                          &bytes))
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: tensor '%s' is too large",
-                              where, st_safe(names[i], nb, sizeof(nb)));
+                              where, attn__printable(names[i], nb, sizeof(nb)));
     }
     st_buf b = {NULL, 0, 0};
     st_build_header(&b, names, tensors, n);

@@ -68,7 +68,8 @@ static int get(wload *L, const char *suffix, int required, attn_array *a)
         rc = attn__fail(L->ctx, ATTN_STATUS_DTYPE,
                         "%s: tensor '%s' is %s; weights must be floating point (F32, F16, "
                         "BF16 or F64)",
-                        L->path, full(L, suffix), attn_dtype_name(a->tensor.dtype));
+                        L->path, full(L, suffix),
+                        a->file_dtype ? a->file_dtype : attn_dtype_name(a->tensor.dtype));
         attn_array_free(L->ctx, a);
     }
     return rc;

@@ -87,7 +87,7 @@ def main():
     raw("bad_shape_overflow.npy", npy_bytes(f4 % "(4294967296, 4294967296, 16)", 1, b"\0" * 16),
         "overflows 64 bits")
     raw("bad_shape_huge.npy", npy_bytes(f4 % "(99999999999999999999,)", 1, b"\0" * 16),
-        "does not fit in 64 bits")
+        "is larger than 9223372036854775807")
     raw("bad_dtype_complex.npy",
         npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", 1, b"\0" * 16),
         "dtype '<c8' is not supported")
