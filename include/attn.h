@@ -477,6 +477,8 @@ ATTN_API void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
  *     bytes are held in memory and written at the commit, after the temporary
  *     files are synced and before any rename, with errors reported ("/dev/full:
  *     cannot write: No space left on device"). A FIFO's open waits for its reader.
+ *     A device or FIFO that is standard output itself (/dev/stdout on a pipe) is
+ *     written through descriptor 1 rather than reopened.
  *     Bytes a device accepted before a later failure cannot be taken back.
  *   - Two names for the same file (a hard or symbolic link, "./x" and "x", "-" and
  *     the file standard output is redirected to) are refused when the second is

@@ -384,7 +384,14 @@ static int entry_classify(attn_ctx *ctx, attn_output_set *s, out_entry *e)
         e->dev = st.st_dev;
         e->ino = st.st_ino;
         if (!S_ISREG(st.st_mode)) {
-            e->kind = OUT_DIRECT;
+            /* A name for what standard output already is (/dev/stdout, /dev/fd/1 on a
+             * pipe) is written through descriptor 1: reopening it by name can be
+             * refused (a pipe made by another user) and would lose its mode. */
+            struct stat out;
+            e->kind = fstat(STDOUT_FILENO, &out) == 0 && out.st_dev == st.st_dev &&
+                              out.st_ino == st.st_ino
+                          ? OUT_STDOUT
+                          : OUT_DIRECT;
             return ATTN_OK;
         }
         e->kind = OUT_RENAME;
