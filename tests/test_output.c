@@ -20,9 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define P(name) io_tmp("test_output", name)
+#define P(name) io_tmp("test_output_lib", name)
 
-/* The names in the test folder that start with "test_output_<stem>" and hold
+/* The names in the test folder that start with "test_output_lib_<stem>" and hold
  * ".tmp.": the temporary files of that output. Returns how many; the first is
  * copied to first (when not NULL). */
 static int temporaries(const char *stem, char *first, size_t cap)
@@ -31,7 +31,7 @@ static int temporaries(const char *stem, char *first, size_t cap)
     if (!d)
         return -1;
     char prefix[256];
-    snprintf(prefix, sizeof prefix, "test_output_%s", stem);
+    snprintf(prefix, sizeof prefix, "test_output_lib_%s", stem);
     int n = 0;
     for (struct dirent *e; (e = readdir(d));)
         if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && strstr(e->d_name, ".tmp.")) {
@@ -218,9 +218,9 @@ static void test_long_names(void)
     const int lens[4] = {245, 250, 255, 256};
     for (int k = 0; k < 4; k++) {
         char base[300], path[1400];
-        int stem = (int)strlen("test_output_");
+        int stem = (int)strlen("test_output_lib_");
         memset(base, 'n', sizeof base);
-        memcpy(base, "test_output_", (size_t)stem);
+        memcpy(base, "test_output_lib_", (size_t)stem);
         base[lens[k]] = '\0';
         snprintf(path, sizeof path, "%s/%s", ATTN_TEST_TMP_DIR, base);
         attn_ctx ctx;
