@@ -36,7 +36,10 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # Warnings are errors in the fuzz targets only: the library's own -Werror build is
 # gcc's (CMake, CI), and a clang-only warning there should not stop the fuzzing.
 CFLAGS="-std=c11 -g -O1 -Wall -Wextra $SAN -fsanitize=fuzzer-no-link"
-INC="-I$root/include -I$root/tools"
+# The tools' objects see the public header only (as in CMakeLists.txt); the library
+# and the fuzz targets themselves also see the internal headers.
+TOOL_INC="-I$root/include -I$root/tools"
+INC="$TOOL_INC"
 for d in "$root"/src/*/; do INC="$INC -I${d%/}"; done
 X86=0
 case "$(uname -m)" in x86_64|amd64|i?86) X86=1 ;; esac
@@ -58,7 +61,7 @@ for src in "$root"/src/*/*.c; do
     jobs+=("$CC $flags -c $src -o $obj")
 done
 for src in cmd_forward cmd_sdpa common_cli; do
-    jobs+=("$CC $CFLAGS $INC -c $root/tools/$src.c -o $out/obj/tool_$src.o")
+    jobs+=("$CC $CFLAGS $TOOL_INC -c $root/tools/$src.c -o $out/obj/tool_$src.o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "$JOBS" -I{} sh -c '{}'
 

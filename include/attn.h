@@ -455,8 +455,8 @@ ATTN_API void attn_rng_linear_init(attn_rng *rng, float *weight, float *bias, in
  * truncated file, a header that lies about sizes, offsets out of range, overlapping
  * tensors, an unknown dtype or a shape whose product overflows is refused with
  * ATTN_STATUS_FORMAT (or DTYPE / IO) and a message "PATH: problem". Every writer
- * writes a temporary file next to the target and renames it over the target, so an
- * output file is written whole or not at all.
+ * is an output set (below): attn_npy_save and attn_safetensors_save are sets of one
+ * file, so an output file is written whole or not at all.
  * ---------------------------------------------------------------------------- */
 
 /* An array that owns its memory: what the loaders return. `tensor` is C-contiguous
@@ -544,6 +544,89 @@ ATTN_API int attn_weights_load(attn_ctx *ctx, const char *path, const char *pref
                       int64_t num_heads, attn_mha_weights *w);
 /* Frees what attn_weights_load allocated (same ctx) and clears w. NULL-safe. */
 ATTN_API void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
+
+/* ------------------------------------------------------------------------------
+ * Output sets: several output files, written all or nothing
+ *
+ * A run that writes several files (an output and its attention weights, a dump of
+ * every array) adds each to one set and commits the set. The guarantee:
+ *
+ *   - Regular files (new or existing) are written to a temporary file beside the
+ *     target, "NAME.tmp.XXXXXXXXXXXX" (a random part; created with O_CREAT|O_EXCL,
+ *     so nothing that exists is ever opened or followed; NAME is shortened when
+ *     needed, so names up to NAME_MAX work), synced, and renamed over their targets
+ *     only after EVERY output of the set is complete and synced. A failure before
+ *     that point (a bad name, a full disk, no memory, a device that refuses the
+ *     bytes) removes every temporary file and changes no target.
+ *   - An existing file keeps its permission bits (a 0600 file stays 0600) and, when
+ *     the process runs as root, its owner and group. A symbolic link to a regular
+ *     file is written through (the file it names is replaced and the link stays),
+ *     unless the link belongs to another user (other than root): that is refused,
+ *     as is a link to nothing.
+ *   - A character or block device, a FIFO, or "-" (standard output, file
+ *     descriptor 1) is written directly, never replaced by a regular file: its
+ *     bytes are held in memory and written at the commit, after the temporary
+ *     files are synced and before any rename, with errors reported ("/dev/full:
+ *     cannot write: No space left on device"). A FIFO's open waits for its reader.
+ *     A device or FIFO that is standard output itself (/dev/stdout on a pipe) is
+ *     written through descriptor 1 rather than reopened.
+ *     Bytes a device accepted before a later failure cannot be taken back.
+ *   - Two names for the same file (a hard or symbolic link, "./x" and "x", "-" and
+ *     the file standard output is redirected to) are refused when the second is
+ *     added, before anything is renamed (INVALID_ARGUMENT naming both).
+ *   - The remaining window: the renames happen one after another. If one fails
+ *     after an earlier one succeeded (the directory was removed or made read-only
+ *     in that instant), the outputs renamed so far hold the new contents, the rest
+ *     keep their old ones, no temporary file is left, and the call fails with a
+ *     message naming the failed output and the ones already replaced.
+ *   - Interrupted runs: every live temporary file is listed in a lock-free table;
+ *     attn_output_remove_temporaries() unlinks them and is async-signal-safe, so a
+ *     program's SIGINT/SIGTERM handler can call it (the attn programs do). A
+ *     temporary file is not listed when more than 256 are live at once.
+ *   - Threads: sets share no mutable state (the table above changes only by
+ *     atomic compare-and-swap); threads may each use their own set and context.
+ *
+ * The set uses the allocator of the context it was created with; a set is used by
+ * one thread at a time. After a failed add the set writes nothing: commit fails and
+ * only attn_output_set_free is left. After commit (success or not) the set is spent.
+ * ---------------------------------------------------------------------------- */
+
+typedef struct attn_output_set attn_output_set;
+
+/* A new, empty output set in *out (NULL on failure). Free it with
+ * attn_output_set_free. */
+ATTN_API int attn_output_set_create(attn_ctx *ctx, attn_output_set **out);
+
+/* Adds a .npy file of t (float32, int32, int64 or bool; any strides; the format of
+ * attn_npy_save) at path. The bytes are written now (to the temporary file, or to
+ * memory for a device), so t may change or go away after the call. */
+ATTN_API int attn_output_set_add_npy(attn_ctx *ctx, attn_output_set *set, const char *path,
+                                     const attn_tensor *t);
+
+/* Adds a .safetensors file of n named tensors (the format and rules of
+ * attn_safetensors_save) at path. */
+ATTN_API int attn_output_set_add_safetensors(attn_ctx *ctx, attn_output_set *set,
+                                             const char *path, const char *const *names,
+                                             const attn_tensor *tensors, int64_t n);
+
+/* Adds a file holding the `size` bytes at data (an SVG, a text report). data may be
+ * NULL when size is 0 (an empty file). */
+ATTN_API int attn_output_set_add_bytes(attn_ctx *ctx, attn_output_set *set, const char *path,
+                                       const void *data, size_t size);
+
+/* Puts every output in place as described above. A program that printed to
+ * stdout through stdio and has "-" in the set should fflush(stdout) first. */
+ATTN_API int attn_output_set_commit(attn_ctx *ctx, attn_output_set *set);
+
+/* Removes the temporary files of a set that was not committed, and frees it.
+ * NULL-safe. */
+ATTN_API void attn_output_set_free(attn_ctx *ctx, attn_output_set *set);
+
+/* Unlinks every temporary file that an output set of this process has open now.
+ * Async-signal-safe (only atomics and unlink): call it from a SIGINT/SIGTERM
+ * handler, then end the process (for instance restore the default action and
+ * raise the signal again). */
+ATTN_API void attn_output_remove_temporaries(void);
 
 /* ------------------------------------------------------------------------------
  * Fast paths: instruction-set dispatch, threads, the fused kernel by name

@@ -1020,6 +1020,115 @@ static void test_files(void)
     remove(out_st);
 }
 
+/* One output set with one add (npy, safetensors or bytes as `kind` says) and, when
+ * that succeeds, a commit; the set is freed either way. Returns the first failure. */
+static int one_output(attn_ctx *c, int kind, const char *path, const attn_tensor *t,
+                      const char *const *names, int64_t n, const void *bytes, size_t size)
+{
+    attn_output_set *s = NULL;
+    int rc = attn_output_set_create(c, &s);
+    if (rc)
+        return rc;
+    rc = kind == 0   ? attn_output_set_add_npy(c, s, path, t)
+         : kind == 1 ? attn_output_set_add_safetensors(c, s, path, names, t, n)
+                     : attn_output_set_add_bytes(c, s, path, bytes, size);
+    if (!rc)
+        rc = attn_output_set_commit(c, s);
+    attn_output_set_free(c, s);
+    return rc;
+}
+
+/* A set whose first add fails refuses its commit; a committed set refuses a second
+ * commit and any add. Returns the status of the call under test (`which`). */
+static int spent_set(attn_ctx *c, int which, const char *path, const attn_tensor *t)
+{
+    attn_output_set *s = NULL;
+    int rc = attn_output_set_create(c, &s);
+    if (rc)
+        return rc;
+    if (which == 0) {
+        attn_output_set_add_npy(c, s, "", t);
+        rc = attn_output_set_commit(c, s);
+    } else {
+        rc = attn_output_set_commit(c, s); /* an empty set commits fine */
+        if (!rc)
+            rc = which == 1 ? attn_output_set_commit(c, s)
+                            : attn_output_set_add_npy(c, s, path, t);
+    }
+    attn_output_set_free(c, s);
+    return rc;
+}
+
+static void test_output_sets(void)
+{
+    TEST("the output-set functions refuse NULL sets, names, tensors and data, a "
+         "directory or a missing directory as a target, two names for one file, a "
+         "set whose add failed and a set already committed; free accepts NULL");
+    covers("attn_output_set_create");
+    covers("attn_output_set_add_npy");
+    covers("attn_output_set_add_safetensors");
+    covers("attn_output_set_add_bytes");
+    covers("attn_output_set_commit");
+    covers("attn_output_set_free");
+    covers("attn_output_remove_temporaries");
+    const char *out = ATTN_TEST_TMP_DIR "/test_args_set.npy";
+    const char *out_dot = "./test_args_set_dot.npy";
+    const char *no_dir = ATTN_TEST_TMP_DIR "/no/such/dir/out.npy";
+    float buf[6] = {1, 2, 3, 4, 5, 6};
+    attn_tensor t = make(ATTN_DTYPE_F32, buf, 2, 2, 3, 1, 1);
+    const char *names[1] = {"a"};
+
+    EXPECT_OK(one_output(C, 0, out, &t, NULL, 0, NULL, 0));
+    EXPECT_OK(one_output(C, 1, out, &t, names, 1, NULL, 0));
+    EXPECT_OK(one_output(C, 2, out, NULL, NULL, 0, "abc", 3));
+    EXPECT_OK(one_output(C, 2, out, NULL, NULL, 0, NULL, 0));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_output_set_create(C, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_output_set_add_npy(C, NULL, out, &t));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_output_set_add_safetensors(C, NULL, out, names, &t, 1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_output_set_add_bytes(C, NULL, out, "a", 1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_output_set_commit(C, NULL));
+    for (int kind = 0; kind < 3; kind++) {
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, one_output(C, kind, NULL, &t, names, 1, "a", 1));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, one_output(C, kind, "", &t, names, 1, "a", 1));
+        EXPECT_FAIL(ATTN_STATUS_IO, one_output(C, kind, no_dir, &t, names, 1, "a", 1));
+        EXPECT_FAIL(ATTN_STATUS_IO,
+                    one_output(C, kind, ATTN_TEST_DATA_DIR, &t, names, 1, "a", 1));
+    }
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, one_output(C, 0, out, NULL, NULL, 0, NULL, 0));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, one_output(C, 1, out, &t, NULL, 1, NULL, 0));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, one_output(C, 1, out, &t, names, -1, NULL, 0));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, one_output(C, 2, out, NULL, NULL, 0, NULL, 5));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, one_output(C, 0, out, &t, NULL, 0, NULL, 0));
+    for (int which = 0; which < 3; which++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, spent_set(C, which, out, &t));
+
+    /* Two names for one new file, in one set: refused at the second add. The test runs
+     * in the build's test folder, so "./NAME" and its absolute name are one file. */
+    {
+        char abs_dot[1200];
+        char cwd[1024];
+        if (getcwd(cwd, sizeof cwd)) {
+            snprintf(abs_dot, sizeof abs_dot, "%s/%s", cwd, out_dot + 2);
+            attn_ctx c;
+            attn_ctx_init(&c);
+            attn_output_set *s = NULL;
+            CHECK_INT(attn_output_set_create(&c, &s), ATTN_OK);
+            CHECK_INT(attn_output_set_add_npy(&c, s, out_dot, &t), ATTN_OK);
+            CHECK_INT(attn_output_set_add_npy(&c, s, abs_dot, &t), ATTN_STATUS_INVALID_ARGUMENT);
+            CHECK_STR_CONTAINS(c.message, "same file");
+            CHECK_INT(attn_output_set_commit(&c, s), ATTN_STATUS_INVALID_ARGUMENT);
+            attn_output_set_free(&c, s);
+            CHECK(access(out_dot, F_OK) != 0);
+            bad_inputs += 2;
+        }
+    }
+    attn_output_set_free(NULL, NULL);
+    attn_output_remove_temporaries(); /* nothing live: a no-op that must not crash */
+    bad_inputs += 2;
+    remove(out);
+}
+
 static void test_weights(void)
 {
     TEST("attn_weights_load refuses a NULL w or path, num_heads below 1, a prefix over "
@@ -1291,6 +1400,7 @@ int main(void)
     test_sdpa();
     test_mha();
     test_files();
+    test_output_sets();
     test_weights();
     test_dispatch_threads();
     test_rng();

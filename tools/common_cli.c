@@ -5,10 +5,10 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "common_cli.h"
-#include "io_internal.h"
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,43 +329,61 @@ int cli_load_mask(const char *prog, attn_ctx *ctx, const char *path, attn_array 
     return 0;
 }
 
+/* SIGINT and SIGTERM while outputs are being written: the library's temporary files
+ * are removed, then the signal does what it would have done (the process ends with
+ * it, so the shell sees 130 or 143). Only async-signal-safe calls here. */
+static void cli_on_signal(int sig)
+{
+    attn_output_remove_temporaries();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *outs)
 {
-    attn__wfile wf[16];
-    int opened = 0, rc = 0;
-    if (n > 16) {
-        cli_error(prog, "internal error: more than 16 outputs");
-        return CLI_EXIT_ERROR;
-    }
+    static const int sigs[2] = {SIGINT, SIGTERM};
+    struct sigaction sa, old[2];
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cli_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int k = 0; k < 2; k++)
+        sigaction(sigs[k], &sa, &old[k]);
+
+    /* One output set for the whole run: nothing is renamed into place until every
+     * output is written and synced (include/attn.h, "Output sets"). */
+    attn_output_set *set = NULL;
+    int rc = attn_output_set_create(ctx, &set);
     for (int i = 0; i < n && !rc; i++) {
-        rc = attn__wfile_open(ctx, &wf[i], outs[i].path);
-        if (rc)
-            break;
-        opened++;
-        rc = outs[i].names
-                 ? attn__safetensors_write(ctx, &wf[i], outs[i].names, outs[i].named, outs[i].n_named)
-                 : attn__npy_write(ctx, &wf[i], outs[i].tensor);
+        const cli_output *o = &outs[i];
+        if (o->names)
+            rc = attn_output_set_add_safetensors(ctx, set, o->path, o->names, o->named,
+                                                 o->n_named);
+        else if (o->tensor)
+            rc = attn_output_set_add_npy(ctx, set, o->path, o->tensor);
+        else
+            rc = attn_output_set_add_bytes(ctx, set, o->path, o->bytes, o->n_bytes);
     }
-    /* Every byte is written; now sync and rename, one file after the other. */
-    for (int i = 0; i < opened && !rc; i++) {
-        rc = attn__wfile_commit(ctx, &wf[i]); /* on failure it removes its own file */
-    }
-    if (rc) {
-        for (int i = 0; i < opened; i++)
-            if (wf[i].tmp_path)
-                attn__wfile_abort(ctx, &wf[i]);
-        return cli_fail(prog, ctx);
-    }
-    return 0;
+    /* Standard output may be one of the outputs: what was printed goes first. */
+    if (!rc)
+        fflush(stdout);
+    if (!rc)
+        rc = attn_output_set_commit(ctx, set);
+    attn_output_set_free(ctx, set);
+
+    for (int k = 0; k < 2; k++)
+        sigaction(sigs[k], &old[k], NULL);
+    return rc ? cli_fail(prog, ctx) : 0;
 }
 
 int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
                   const attn_tensor *tensors)
 {
     cli_output outs[16];
-    if (n > 16)
-        n = 17; /* cli_save_outputs refuses it */
-    for (int i = 0; i < n && i < 16; i++)
-        outs[i] = (cli_output){paths[i], &tensors[i], NULL, NULL, 0};
+    if (n > 16) {
+        cli_error(prog, "internal error: more than 16 outputs");
+        return CLI_EXIT_ERROR;
+    }
+    for (int i = 0; i < n; i++)
+        outs[i] = (cli_output){paths[i], &tensors[i], NULL, NULL, 0, NULL, 0};
     return cli_save_outputs(prog, ctx, n, outs);
 }

@@ -132,21 +132,26 @@ int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *
  * line and returns CLI_EXIT_ERROR. */
 int cli_load_mask(const char *prog, attn_ctx *ctx, const char *path, attn_array *out);
 
-/* One output file: a .npy of `tensor`, or, when `names` is set, a .safetensors of
- * the n_named tensors `named` under those names. */
+/* One output file: a .npy of `tensor`; or, when `names` is set, a .safetensors of
+ * the n_named tensors `named` under those names; or, when both are NULL, the
+ * n_bytes bytes at `bytes` (an SVG). */
 typedef struct cli_output {
     const char *path;
     const attn_tensor *tensor;
     const char *const *names;
     const attn_tensor *named;
     int64_t n_named;
+    const void *bytes;
+    size_t n_bytes;
 } cli_output;
 
-/* Writes n output files (at most 16), all or nothing as far as the file system
- * allows: every file is written to a temporary file and synced first, and only then
- * renamed into place, so a failed write (a full disk, a bad path, no memory) leaves
- * no output changed. Prints one line on failure and returns CLI_EXIT_ERROR; 0 on
- * success. */
+/* Writes n output files as one output set (include/attn.h, "Output sets"): every
+ * file is written to a temporary file and synced first, and only then renamed into
+ * place, so a failed run (a full disk, a bad path, a directory given as a file, two
+ * names for one file, no memory) changes no output; devices, FIFOs and "-"
+ * (standard output) are written directly. While it runs, SIGINT and SIGTERM remove
+ * the temporary files before the process ends. Prints one line on failure and
+ * returns CLI_EXIT_ERROR; 0 on success. */
 int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *outs);
 
 /* cli_save_outputs for n tensors as .npy files. */

@@ -20,7 +20,7 @@
  *                               [--num-heads 4] [--seed 42] [--trace] [--dump DIR]
  *                               [--heatmap FILE.svg] [--show] [--sample 0]
  */
-#define _POSIX_C_SOURCE 200809L /* mkdir, isatty, fileno */
+#define _POSIX_C_SOURCE 200809L /* mkdir, isatty, fileno, open_memstream */
 
 #include "attn.h"
 #include "common_cli.h"
@@ -359,40 +359,48 @@ static void print_trace(const attn_ctx *ctx, const options *o)
  * --dump DIR: every array, in the formats the attn program reads
  * ---------------------------------------------------------------------------- */
 
-static int dump_all(attn_ctx *ctx, const char *dir, const experiment *e)
+/* Every file one run writes (--dump's arrays and weights, --heatmap's SVG), saved
+ * as one output set: nothing is renamed into place before all are written. */
+enum { DUMP_ARRAYS = 7, MAX_OUTPUTS = DUMP_ARRAYS + 2 };
+typedef struct run_outputs {
+    cli_output outs[MAX_OUTPUTS];
+    int n;
+    char paths[DUMP_ARRAYS + 1][4096];
+    attn_tensor tensors[DUMP_ARRAYS + 4]; /* the arrays, then the four weights */
+    char *svg;                            /* --heatmap's document (malloc'd) */
+    size_t svg_len;
+} run_outputs;
+
+static int dump_all(const char *dir, const experiment *e, run_outputs *r)
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "%s: cannot create directory %s: %s\n", prog, dir, strerror(errno));
         return 1;
     }
-    const struct {
-        const char *file;
-        const attn_tensor *t;
-    } arrays[] = {
-        {"x.npy", &e->x},
-        {"token_ids.npy", &e->token_ids},
-        {"padding_mask.npy", &e->padding_mask},
-        {"causal_mask.npy", &e->causal_mask},
-        {"combined_mask.npy", &e->combined_mask},
-        {"output.npy", &e->output},
-        {"attention.npy", &e->attention},
-    };
+    static const char *const files[DUMP_ARRAYS] = {
+        "x.npy", "token_ids.npy", "padding_mask.npy", "causal_mask.npy",
+        "combined_mask.npy", "output.npy", "attention.npy"};
+    const attn_tensor *arrays[DUMP_ARRAYS] = {&e->x, &e->token_ids, &e->padding_mask,
+                                              &e->causal_mask, &e->combined_mask,
+                                              &e->output, &e->attention};
     /* The chapter module's parameter names (nn.Module.state_dict()). */
-    const char *names[4] = {"qkv.weight", "qkv.bias", "output.weight", "output.bias"};
-    const attn_tensor tensors[4] = {e->w.w_qkv, e->w.b_qkv, e->w.w_o, e->w.b_o};
-    enum { N_ARRAYS = sizeof arrays / sizeof arrays[0] };
-    char paths[N_ARRAYS + 1][4096];
-    cli_output outs[N_ARRAYS + 1];
-    for (int i = 0; i <= N_ARRAYS; i++) {
-        snprintf(paths[i], sizeof paths[i], "%s/%s", dir,
-                 i < N_ARRAYS ? arrays[i].file : "weights.safetensors");
-        outs[i] = i < N_ARRAYS ? (cli_output){paths[i], arrays[i].t, NULL, NULL, 0}
-                               : (cli_output){paths[i], NULL, names, tensors, 4};
+    static const char *const names[4] = {"qkv.weight", "qkv.bias", "output.weight",
+                                         "output.bias"};
+    r->tensors[DUMP_ARRAYS + 0] = e->w.w_qkv;
+    r->tensors[DUMP_ARRAYS + 1] = e->w.b_qkv;
+    r->tensors[DUMP_ARRAYS + 2] = e->w.w_o;
+    r->tensors[DUMP_ARRAYS + 3] = e->w.b_o;
+    for (int i = 0; i <= DUMP_ARRAYS; i++) {
+        snprintf(r->paths[i], sizeof r->paths[i], "%s/%s", dir,
+                 i < DUMP_ARRAYS ? files[i] : "weights.safetensors");
+        if (i < DUMP_ARRAYS) {
+            r->tensors[i] = *arrays[i];
+            r->outs[r->n++] = (cli_output){r->paths[i], &r->tensors[i], NULL, NULL, 0, NULL, 0};
+        } else {
+            r->outs[r->n++] = (cli_output){r->paths[i], NULL, names, &r->tensors[DUMP_ARRAYS],
+                                           4, NULL, 0};
+        }
     }
-    /* All files are written before any is renamed into place: a failure leaves the
-     * directory as it was. */
-    if (cli_save_outputs(prog, ctx, N_ARRAYS + 1, outs))
-        return 1;
     return 0;
 }
 
@@ -490,23 +498,21 @@ static void picture_free(picture *pic)
     free(pic->mask_off);
 }
 
-static int write_heatmap_svg(const char *path, const picture *pic)
+/* Draws the SVG into memory; it joins the run's output set (see run_outputs). */
+static int heatmap_svg_add(const char *path, const picture *pic, run_outputs *r)
 {
-    /* Written next to the target and renamed over it, so a reader never sees half. */
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
+    FILE *f = open_memstream(&r->svg, &r->svg_len);
     if (!f) {
-        fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
+        fprintf(stderr, "%s: out of memory for the heatmap %s\n", prog, path);
         return 1;
     }
     int bad = heatmap_write_svg(f, pic->title, pic->panels, pic->n, 3, 4) != 0;
     bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        fprintf(stderr, "%s: cannot write %s: %s\n", prog, path, strerror(errno));
-        remove(tmp);
+    if (bad) {
+        fprintf(stderr, "%s: out of memory drawing the heatmap %s\n", prog, path);
         return 1;
     }
+    r->outs[r->n++] = (cli_output){path, NULL, NULL, NULL, 0, r->svg, r->svg_len};
     return 0;
 }
 
@@ -533,13 +539,18 @@ int main(int argc, char **argv)
         print_trace(&ctx, &o);
     }
     rc = 0;
-    if (o.dump)
-        rc = dump_all(&ctx, o.dump, &e);
+    run_outputs *r = calloc(1, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        rc = 1;
+    }
+    if (rc == 0 && o.dump)
+        rc = dump_all(o.dump, &e, r);
     if (rc == 0 && (o.heatmap || o.show)) {
         picture pic;
         rc = picture_build(&o, &e, &pic);
         if (rc == 0 && o.heatmap)
-            rc = write_heatmap_svg(o.heatmap, &pic);
+            rc = heatmap_svg_add(o.heatmap, &pic, r);
         if (rc == 0 && o.show) {
             printf("\n%s\n\n", pic.title);
             int color = isatty(fileno(stdout)) && !getenv("NO_COLOR");
@@ -547,6 +558,11 @@ int main(int argc, char **argv)
         }
         picture_free(&pic);
     }
+    if (rc == 0 && r->n > 0 && cli_save_outputs(prog, &ctx, r->n, r->outs))
+        rc = 1;
+    if (r)
+        free(r->svg);
+    free(r);
     experiment_free(&ctx, &e);
     if (fflush(stdout) != 0)
         return 1;

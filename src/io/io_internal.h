@@ -2,9 +2,8 @@
  * io_internal.h - helpers shared by the file-format modules (npy.c, safetensors.c,
  * weights.c); not installed.
  *
- *   - an atomic file writer: bytes go to a temporary file next to the target, which
- *     is renamed over the target only when every byte has been written and synced,
- *     so an output file is written whole or not at all;
+ *   - the byte sink the format writers append to; the output set that owns it
+ *     (output.c) writes every output of a run whole, or none of them;
  *   - a reader that knows the file's size, so a header that promises more bytes than
  *     the file holds is refused before anything is allocated from it;
  *   - float16 / bfloat16 to float32 conversion and little-endian loads and stores.
@@ -36,35 +35,33 @@ int attn__rfile_read(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, void *buf,
                      uint64_t n, const char *what);
 void attn__rfile_close(attn__rfile *rf);
 
-/* ---- writing, whole or not at all ------------------------------------------- */
+/* ---- writing: the byte sink of one output of an output set (output.c) ----- */
 
+/* Where an output's bytes go while its set is open: the temporary file beside a
+ * regular target, or memory for a device, FIFO or standard output (written at the
+ * commit). The format writers below only append bytes; the set decides where they
+ * end up and when. */
 typedef struct attn__wfile {
-    FILE *f;
-    char *tmp_path;   /* allocated with ctx's allocator */
-    const char *path; /* the target */
-    int failed;       /* a write failed; commit will refuse */
+    const char *path;            /* the caller's name for the output, for messages */
+    FILE *f;                     /* the temporary file, or NULL for a memory sink */
+    unsigned char *mem;          /* memory sink: the bytes so far */
+    size_t len, cap;
+    const attn_allocator *alloc; /* the set's allocator, for mem */
+    int failed;                  /* a write failed; the output is dropped */
 } attn__wfile;
 
-/* Creates a temporary file "PATH.tmp.<pid>.<n>" in the target's directory. */
-int attn__wfile_open(attn_ctx *ctx, attn__wfile *wf, const char *path);
+/* Appends n bytes. IO (or NO_MEMORY) naming wf->path on failure. */
 int attn__wfile_write(attn_ctx *ctx, attn__wfile *wf, const void *buf, size_t n);
-/* Flushes, syncs, closes and renames the temporary file over the target. On failure
- * the temporary file is removed and the target is left as it was. */
-int attn__wfile_commit(attn_ctx *ctx, attn__wfile *wf);
-/* Closes and removes the temporary file; the target is left as it was. */
-void attn__wfile_abort(attn_ctx *ctx, attn__wfile *wf);
 
 /* Writes the elements of t (any strides) in C order, little-endian, through wf. */
 int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t);
 
-/* Writes t as a complete .npy file (preamble, header, data) through wf; the caller
- * commits or aborts. attn_npy_save is open + this + commit; the attn program uses it
- * to write all its outputs before renaming any. */
+/* Writes t as a complete .npy file (preamble, header, data) through wf; what
+ * attn_output_set_add_npy writes. */
 int attn__npy_write(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t);
 
 /* Writes a complete .safetensors file of n named tensors through wf (checking the
- * names and tensors first); the caller commits or aborts. attn_safetensors_save is
- * open + this + commit. */
+ * names and tensors first); what attn_output_set_add_safetensors writes. */
 int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *names,
                             const attn_tensor *tensors, int64_t n);
 

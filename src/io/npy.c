@@ -412,12 +412,13 @@ int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)
     int st = attn_tensor_check(ctx, t, path ? path : "npy output");
     if (st)
         return st;
-    attn__wfile wf;
-    if ((st = attn__wfile_open(ctx, &wf, path)))
+    /* One file is an output set of one (src/io/output.c). */
+    attn_output_set *set;
+    if ((st = attn_output_set_create(ctx, &set)))
         return st;
-    if ((st = attn__npy_write(ctx, &wf, t))) {
-        attn__wfile_abort(ctx, &wf);
-        return st;
-    }
-    return attn__wfile_commit(ctx, &wf);
+    st = attn_output_set_add_npy(ctx, set, path, t);
+    if (!st)
+        st = attn_output_set_commit(ctx, set);
+    attn_output_set_free(ctx, set);
+    return st;
 }

@@ -715,14 +715,14 @@ int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *n
 int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
                           const attn_tensor *tensors, int64_t n)
 {
-    attn__wfile wf;
-    int rc = attn__wfile_open(ctx, &wf, path);
+    /* One file is an output set of one (src/io/output.c). */
+    attn_output_set *set;
+    int rc = attn_output_set_create(ctx, &set);
     if (rc)
         return rc;
-    rc = attn__safetensors_write(ctx, &wf, names, tensors, n);
-    if (rc)
-        attn__wfile_abort(ctx, &wf);
-    else
-        rc = attn__wfile_commit(ctx, &wf);
+    rc = attn_output_set_add_safetensors(ctx, set, path, names, tensors, n);
+    if (!rc)
+        rc = attn_output_set_commit(ctx, set);
+    attn_output_set_free(ctx, set);
     return rc;
 }
