@@ -3,8 +3,9 @@
 # pass every exercise; each deliberately broken file in exercises/tests/ is named by
 # the diagnosis its file name promises, on the right exercise, while every other
 # exercise still passes; the untouched stubs (exercises/0N_*.c) are all "not
-# implemented yet"; and the classic mistakes of docs/exercises.md each have a broken
-# file, so none of their diagnoses can go untested.
+# implemented yet"; the classic mistakes of docs/exercises.md each have a broken
+# file, so none of their diagnoses can go untested; and the figures the page quotes
+# for the 1/sqrt(D) scale are what the library measures.
 set -u
 fail=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -82,7 +83,24 @@ else
     fi
 fi
 
-# 5. The command line: "5" grades 5a and 5b only; an unknown exercise is a usage error.
+# 5. docs/exercises.md's figures: with D = 64 and 5 keys of N(0, 1) entries, the
+# largest weight of a row is mostly 0.3-0.65 with the scale (p10 and p90) and near 1
+# without it (median above 0.95, three rows in four above 0.85).
+if "$bin/exercise_max_weight" 64 5 10000 0 >"$tmp/mw" 2>&1; then
+    read -r s10 s90 < <(awk '/^scale 1\/sqrt/ { print $3, $7 }' "$tmp/mw")
+    read -r u25 u50 < <(awk '/^no scale/ { print $4, $5 }' "$tmp/mw")
+    if awk -v a="$s10" -v b="$s90" -v c="$u25" -v d="$u50" \
+        'BEGIN { exit !(a >= 0.28 && a <= 0.35 && b >= 0.60 && b <= 0.70 && c >= 0.85 && d >= 0.95) }'; then
+        ok "the scale's measured figures: scaled p10 $s10, p90 $s90; unscaled p25 $u25, median $u50"
+    else
+        bad "the scale's figures moved: scaled p10 $s10 p90 $s90, unscaled p25 $u25 median $u50 (docs/exercises.md quotes 0.313, 0.653, 0.853, 0.983)"
+        cat "$tmp/mw"
+    fi
+else
+    bad "exercise_max_weight failed: $(cat "$tmp/mw")"
+fi
+
+# 6. The command line: "5" grades 5a and 5b only; an unknown exercise is a usage error.
 "$bin/grade_solutions" 5 >"$tmp/out" 2>&1
 got=$(verdicts "$tmp/out" | awk '{print $2}' | tr '\n' ' ')
 [ "$got" = "5a 5b " ] && ok "'grade 5' grades 5a and 5b" || bad "'grade 5' graded '$got', expected '5a 5b '"
