@@ -1,11 +1,12 @@
 # A thin driver for CMake. `make run` builds and runs the chapter's experiment;
-# `make test` builds and runs every test. Other targets: build, install, bench, clean.
+# `make test` builds and runs every test; `make exercises` grades the exercises in
+# exercises/ (ONLY=3 grades one). Other targets: build, install, bench, clean.
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 
-.PHONY: all build run test install bench clean
+.PHONY: all build run test exercises install bench clean
 
 all: build
 
@@ -20,6 +21,12 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Builds the library and the learner's exercise files only (not the tools or tests),
+# then grades them; the grader's exit status is make's.
+exercises: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) --target grade_exercises -j $(JOBS)
+	./$(BUILD)/exercises/grade_exercises $(ONLY)
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The exercise grader is itself graded: the model solutions (exercises/solutions/)
+# pass every exercise; each deliberately broken file in exercises/tests/ is named by
+# the diagnosis its file name promises, on the right exercise, while every other
+# exercise still passes; the untouched stubs (exercises/0N_*.c) are all "not
+# implemented yet"; the classic mistakes of docs/exercises.md each have a broken
+# file, so none of their diagnoses can go untested; and the figures the page quotes
+# for the 1/sqrt(D) scale are what the library measures.
+set -u
+fail=0
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+bin="$ATTN_BUILD_DIR/exercises"
+src="$ATTN_SOURCE_DIR/exercises"
+verdicts() { grep -E '^(PASS|TODO|WRONG) ' "$1"; }
+
+# 1. The solutions pass all seven exercises (1, 2, 3, 4, 5a, 5b, 6).
+"$bin/grade_solutions" >"$tmp/out" 2>&1; rc=$?
+n_pass=$(grep -c '^PASS ' "$tmp/out")
+if [ "$rc" -eq 0 ] && [ "$n_pass" -eq 7 ] && [ "$(verdicts "$tmp/out" | wc -l)" -eq 7 ]; then
+    ok "the model solutions pass all 7 exercises"
+else
+    bad "the model solutions: exit $rc, $n_pass of 7 PASS lines, expected exit 0 and 7"
+    sed 's/^/    /' "$tmp/out"
+fi
+
+# 2. Each broken file gets the diagnosis its name promises, and only that one.
+n_broken=0
+for f in "$src"/tests/*__*.c; do
+    name=$(basename "$f" .c)
+    stem=${name%%__*}
+    id=${name#*__}; id=${id//_/-}
+    number=$((10#${stem%%_*}))
+    n_broken=$((n_broken + 1))
+    if [ ! -x "$bin/grade_broken_$name" ]; then
+        bad "$name: $bin/grade_broken_$name was not built (re-run cmake?)"; continue
+    fi
+    "$bin/grade_broken_$name" >"$tmp/out" 2>&1; rc=$?
+    others=$(verdicts "$tmp/out" | grep -v '^PASS ' | wc -l)
+    line=$(grep -E "^WRONG ${number}[a-z]? " "$tmp/out" | head -1)
+    if [ "$rc" -eq 1 ] && [ "$others" -eq 1 ] && [[ "$line" == *"[$id]"* ]] \
+        && [ "$(verdicts "$tmp/out" | wc -l)" -eq 7 ]; then
+        ok "$name: exercise $number is diagnosed [$id], the other six pass"
+    else
+        bad "$name: expected exit 1 and one WRONG line for exercise $number naming [$id]; got exit $rc, $others verdicts other than PASS, line: '${line:-none}'"
+        sed 's/^/    /' "$tmp/out"
+    fi
+done
+[ "$n_broken" -gt 0 ] && ok "$n_broken broken files graded" || bad "no broken files in $src/tests"
+
+# 3. Every classic mistake the issue and docs/exercises.md name has a broken file.
+for id in mask-inverted mask-queries causal-transposed out-of-bounds masked-zero softmax-axis \
+          no-max-subtraction mask-transposed scale-missing scale-1-over-d k-layout heads-mixed \
+          merge-mixed no-rescale masked-first-nan empty-row-nan; do
+    file_id=${id//-/_}
+    if ls "$src"/tests/*__"$file_id".c >/dev/null 2>&1; then ok "mistake [$id] has a broken file"
+    else bad "mistake [$id] has no broken file exercises/tests/<stem>__$file_id.c"; fi
+done
+
+# 4. The stubs: untouched, every exercise is "not implemented yet". A learner who
+# has started an exercise has edited its file (the TODO line is gone), and then
+# this check is left to CI, which runs on a fresh clone.
+stubs=("$src"/0[1-6]_*.c)
+edited=""
+for f in "${stubs[@]}"; do
+    grep -q 'TODO: write this function' "$f" || edited="$edited $(basename "$f")"
+done
+if [ "${#stubs[@]}" -ne 6 ]; then
+    bad "expected 6 exercise files exercises/0N_*.c, found ${#stubs[@]}"
+elif [ -n "$edited" ]; then
+    echo "skip the stubs' check: these exercises have been started:$edited (CI checks the stubs on a fresh clone)"
+elif ! cmake --build "$ATTN_BUILD_DIR" --target grade_exercises >"$tmp/build" 2>&1; then
+    bad "the stubs do not build"; sed 's/^/    /' "$tmp/build"
+else
+    "$bin/grade_exercises" >"$tmp/out" 2>&1; rc=$?
+    n_todo=$(grep -c '^TODO .*not implemented yet' "$tmp/out")
+    if [ "$rc" -eq 1 ] && [ "$n_todo" -eq 7 ] && [ "$(verdicts "$tmp/out" | wc -l)" -eq 7 ]; then
+        ok "the untouched stubs: all 7 exercises are 'not implemented yet'"
+    else
+        bad "the stubs: exit $rc, $n_todo of 7 TODO lines, expected exit 1 and 7"
+        sed 's/^/    /' "$tmp/out"
+    fi
+fi
+
+# 5. docs/exercises.md's figures: with D = 64 and 5 keys of N(0, 1) entries, the
+# largest weight of a row is mostly 0.3-0.65 with the scale (p10 and p90) and near 1
+# without it (median above 0.95, three rows in four above 0.85).
+if "$bin/exercise_max_weight" 64 5 10000 0 >"$tmp/mw" 2>&1; then
+    read -r s10 s90 < <(awk '/^scale 1\/sqrt/ { print $3, $7 }' "$tmp/mw")
+    read -r u25 u50 < <(awk '/^no scale/ { print $4, $5 }' "$tmp/mw")
+    if awk -v a="$s10" -v b="$s90" -v c="$u25" -v d="$u50" \
+        'BEGIN { exit !(a >= 0.28 && a <= 0.35 && b >= 0.60 && b <= 0.70 && c >= 0.85 && d >= 0.95) }'; then
+        ok "the scale's measured figures: scaled p10 $s10, p90 $s90; unscaled p25 $u25, median $u50"
+    else
+        bad "the scale's figures moved: scaled p10 $s10 p90 $s90, unscaled p25 $u25 median $u50 (docs/exercises.md quotes 0.313, 0.653, 0.853, 0.983)"
+        cat "$tmp/mw"
+    fi
+else
+    bad "exercise_max_weight failed: $(cat "$tmp/mw")"
+fi
+
+# 6. The command line: "5" grades 5a and 5b only; an unknown exercise is a usage error.
+"$bin/grade_solutions" 5 >"$tmp/out" 2>&1
+got=$(verdicts "$tmp/out" | awk '{print $2}' | tr '\n' ' ')
+[ "$got" = "5a 5b " ] && ok "'grade 5' grades 5a and 5b" || bad "'grade 5' graded '$got', expected '5a 5b '"
+"$bin/grade_solutions" 9 >"$tmp/out" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "unknown exercise '9'" "$tmp/out" && ok "'grade 9' is a usage error (exit 2)" \
+    || bad "'grade 9': exit $rc, expected 2 with a message: $(cat "$tmp/out")"
+
+exit $fail
