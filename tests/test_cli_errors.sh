@@ -63,6 +63,11 @@ run 2 "$ATTN" forward --weights "$W" --num-heads 3x --input "$X" --output "$WORK
 run 2 "$ATTN" forward --weights "$W" --num-heads 99999999999999999999 --input "$X" --output "$WORK/y.npy"
 run 2 "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --token-ids "$G/mha_chapter_pad_causal/ids.npy"
 err_has "--token-ids and --pad-id go together"
+say "uint8 token ids are named uint8 (not bool, what they load as) in the message"
+npy_bool_const "$WORK/ids_u8.npy" 1 2 5
+sed -i 's/|b1/|u1/' "$WORK/ids_u8.npy"
+run 1 "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --token-ids "$WORK/ids_u8.npy" --pad-id 0
+err_has "got uint8 (2, 5)"
 run 2 "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --empty-rows maybe
 err_has "--empty-rows takes error|zero, not 'maybe'"
 run 2 "$ATTN" "${fwd[@]}" --output "$WORK/y.npy" --causal=1

@@ -166,7 +166,8 @@ int cmd_forward(int argc, char **argv)
         if (!ok || ids2.ndim != 2 || ids2.shape[0] != B || ids2.shape[1] != T) {
             char s[96];
             cli_error(PROG, "--token-ids %s: expected int32 or int64 ids [%lld, %lld], got %s %s",
-                      ids_path, (long long)B, (long long)T, attn_dtype_name(ids.tensor.dtype),
+                      ids_path, (long long)B, (long long)T,
+                      ids.file_dtype ? ids.file_dtype : attn_dtype_name(ids.tensor.dtype),
                       cli_shape(&ids.tensor, s, sizeof(s)));
             goto done;
         }
