@@ -18,11 +18,6 @@ const attn__gemm_kernel attn__gemm_kernel_scalar = {
     ATTN_ARCH_SCALAR, GK_MR, GK_NR, gk_tile_item,
 };
 
-/* Micro-tiles of rows per work item, and panels of w per work item: a block of
- * 8 micro-tiles of x (under 100 rows) against 4 panels (64 or 128 features). */
-#define ATTN_GEMM_MB_TILES 8
-#define ATTN_GEMM_NB_PANELS 4
-
 static const attn__gemm_kernel *gemm_kernel_for(attn_arch arch)
 {
 #ifdef ATTN_HAVE_X86

@@ -48,6 +48,26 @@ static inline int64_t attn__gemm_row(const attn__gemm_rows *r, int64_t m)
     return (t / r->n[1]) * r->s[0] + (t % r->n[1]) * r->s[1] + i2 * r->s[2];
 }
 
+/* The element offsets of rows m0 .. m0 + n - 1 into off[0 .. n-1]: one division
+ * for the first row, then the indices are counted up, so a block of rows costs no
+ * division per row. */
+static inline void attn__gemm_row_offsets(const attn__gemm_rows *r, int64_t m0, int64_t n,
+                                          int64_t *off)
+{
+    const int64_t t = m0 / r->n[2];
+    int64_t i2 = m0 % r->n[2], i1 = t % r->n[1], i0 = t / r->n[1];
+    for (int64_t j = 0; j < n; j++) {
+        off[j] = i0 * r->s[0] + i1 * r->s[1] + i2 * r->s[2];
+        if (++i2 == r->n[2]) {
+            i2 = 0;
+            if (++i1 == r->n[1]) {
+                i1 = 0;
+                i0++;
+            }
+        }
+    }
+}
+
 /* Fills r from a 4-D view's sizes and strides (attn__as4d): the first three axes
  * are the rows, the last one the columns. */
 void attn__gemm_rows_from4d(const int64_t shape[4], const int64_t stride[4],
@@ -73,6 +93,11 @@ void attn__gemm_pack(attn_ctx *ctx, attn_arch arch, const float *w, int64_t w_rs
 void attn__gemm_run(attn_ctx *ctx, const attn__gemm_packed *pw, const float *x,
                     const attn__gemm_rows *xr, float *y, const attn__gemm_rows *yr);
 
+/* Micro-tiles of rows per work item, and panels of w per work item: a block of
+ * 8 micro-tiles of x (under 100 rows) against 4 panels (64 or 128 features). */
+#define ATTN_GEMM_MB_TILES 8
+#define ATTN_GEMM_NB_PANELS 4
+
 /* One call's plan, shared by the workers (see gemm_kernel.h). */
 typedef struct attn__gemm_job {
     const attn__gemm_packed *pw;
@@ -81,7 +106,7 @@ typedef struct attn__gemm_job {
     float *y;
     const attn__gemm_rows *yr;
     int64_t M;
-    int64_t mb; /* rows of x per work item (a multiple of mr) */
+    int64_t mb; /* rows of x per work item: mr * ATTN_GEMM_MB_TILES */
     int64_t nb; /* panels of w per work item */
 } attn__gemm_job;
 

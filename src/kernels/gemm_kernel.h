@@ -15,8 +15,9 @@
  * micro-tile reads GK_MR rows of x and one panel of w and keeps its GK_MR x NR sums
  * in registers over the whole of k, in increasing k.
  *
- * Rows are found from their index (attn__gemm_row: up to three leading axes with
- * their own strides), so a call needs no table of row offsets and no scratch.
+ * Rows are found from their index (up to three leading axes with their own
+ * strides): a work item counts its block's row offsets once, on its stack
+ * (attn__gemm_row_offsets), so a call needs no table of row offsets and no scratch.
  *
  * Tails: rows past M are served by repeating row M-1 (valid memory) and their sums
  * are dropped; columns past N are zeros in the packed panel and are dropped. Full
@@ -85,6 +86,10 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
     const int64_t p0 = pb * job->nb, p1 = p0 + job->nb < n_panels ? p0 + job->nb : n_panels;
     const int64_t x_cs = job->xr->cs, y_cs = job->yr->cs;
     float tile[GK_MR * GK_NR];
+    /* The block's row offsets, found once for all its panels. */
+    int64_t xoff[GK_MR * ATTN_GEMM_MB_TILES], yoff_all[GK_MR * ATTN_GEMM_MB_TILES];
+    attn__gemm_row_offsets(job->xr, m0, m1 - m0, xoff);
+    attn__gemm_row_offsets(job->yr, m0, m1 - m0, yoff_all);
     for (int64_t p = p0; p < p1; p++) {
         const float *wp = pw->wp + p * K * GK_NR;
         const float *bp = pw->bp + p * GK_NR;
@@ -93,12 +98,9 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
         for (int64_t m = m0; m < m1; m += GK_MR) {
             const int64_t mr = m1 - m < GK_MR ? m1 - m : GK_MR;
             const float *xr[GK_MR];
-            int64_t yoff[GK_MR];
-            for (int r = 0; r < GK_MR; r++) {
-                const int64_t row = m + (r < mr ? r : mr - 1);
-                xr[r] = job->x + attn__gemm_row(job->xr, row);
-                yoff[r] = attn__gemm_row(job->yr, row);
-            }
+            const int64_t *yoff = yoff_all + (m - m0);
+            for (int r = 0; r < GK_MR; r++)
+                xr[r] = job->x + xoff[m - m0 + (r < mr ? r : mr - 1)];
             if (mr == GK_MR && nc == GK_NR && y_cs == 1) {
                 /* Straight into y when the tile's rows are evenly spaced. */
                 const int64_t ldo = yoff[1] - yoff[0];
