@@ -252,9 +252,41 @@ ATTN_API int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, 
  * ---------------------------------------------------------------------------- */
 
 /* y = x W^T + b.  x [..., in], W [out, in], b [out] or NULL, y [..., out].
- * The leading axes of x and y must match. All float32; any strides. */
+ * The leading axes of x and y (up to three) must match. All float32; any strides.
+ * The GEMM packs W into panels first, in scratch taken as attn_ctx says (see
+ * attn_linear_workspace_size); with ATTN_ARCH_REF it reads W in place. */
 ATTN_API int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
                 const attn_tensor *b, attn_tensor *y);
+
+/* The scratch attn_linear needs for these arguments under ctx (its arch), in
+ * bytes: W packed for the GEMM, or 0 on ATTN_ARCH_REF. Checks the arguments as
+ * attn_linear does; *bytes is 0 on failure. */
+ATTN_API int attn_linear_workspace_size(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
+                               const attn_tensor *b, const attn_tensor *y, size_t *bytes);
+
+/* A linear weight packed once into the GEMM's panel layout for one instruction
+ * set (opaque; made by attn_linear_pack, freed by attn_linear_packed_free). It
+ * holds a copy of W and b: the caller's tensors may change or go away after
+ * packing. */
+typedef struct attn_linear_packed attn_linear_packed;
+
+/* Packs W [out, in] and b [out] (or NULL: zeros) for attn_arch_selected(ctx), in
+ * one allocation with ctx's allocator. On success *out must be freed with
+ * attn_linear_packed_free(); on failure *out is NULL. */
+ATTN_API int attn_linear_pack(attn_ctx *ctx, const attn_tensor *W, const attn_tensor *b,
+                     attn_linear_packed **out);
+/* Frees a packed weight with the allocator that packed it (ctx is not used and
+ * may be NULL). NULL-safe. */
+ATTN_API void attn_linear_packed_free(attn_ctx *ctx, attn_linear_packed *pw);
+
+/* attn_linear with a packed weight: x [..., in], y [..., out] (float32, any
+ * strides; leading axes equal). It needs no scratch and allocates nothing, and
+ * gives the same bits as attn_linear with the weight it was packed from. The
+ * call's arch (attn_arch_selected(ctx)) must be the one the weight was packed
+ * for: otherwise it fails with INVALID_ARGUMENT and a message naming both (pack
+ * the weight again under that arch). */
+ATTN_API int attn_linear_forward_packed(attn_ctx *ctx, const attn_tensor *x,
+                               const attn_linear_packed *pw, attn_tensor *y);
 
 /* ------------------------------------------------------------------------------
  * Scaled dot-product attention
@@ -392,11 +424,58 @@ ATTN_API int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, in
  *   x [B, T, E] (float32)   out [B, T, E]   weights [B, H, T, T] or NULL
  * p->mask broadcasts to [B, H, T, T] (e.g. a padding mask [B, 1, 1, T] AND a causal
  * mask, [B, 1, T, T]); p->causal adds the causal mask; p->has_scale overrides
- * 1/sqrt(D). Workspace for q, k, v and the context is allocated once per call with
- * ctx's allocator. */
+ * 1/sqrt(D). The arguments are checked once. Its scratch (q, k, v, the context,
+ * the attention's own, and W_qkv and W_o packed for the GEMM) is one block of
+ * attn_mha_workspace_size bytes, taken as attn_ctx says: the caller's workspace,
+ * the context's kept buffer, or one allocation freed before the call returns. */
 ATTN_API int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
                      const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                      attn_tensor *weights);
+
+/* The scratch attn_mha_forward needs for these arguments under ctx (its threads,
+ * impl and arch), in bytes. Checks the arguments as attn_mha_forward does;
+ * *bytes is 0 on failure. */
+ATTN_API int attn_mha_workspace_size(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                            const attn_tensor *x, const attn_sdpa_params *p,
+                            const attn_tensor *out, const attn_tensor *weights,
+                            size_t *bytes);
+
+/* Multi-head attention weights packed once for the GEMM of one instruction set:
+ * W_qkv, b_qkv, W_o and b_o copied into its panel layout (opaque; made by
+ * attn_mha_pack, freed by attn_mha_packed_free). The caller's weight tensors may
+ * change or go away after packing. The type is opaque so that other weight
+ * layouts (separate q/k/v projections, fewer k/v heads) can be packed into it
+ * later and run through the same attn_mha_forward_packed. */
+typedef struct attn_mha_packed attn_mha_packed;
+
+/* Checks w as attn_mha_weights_check does (shapes, float32) and packs it for
+ * attn_arch_selected(ctx), in one allocation with ctx's allocator. The head count
+ * is given to each forward call. On success *out must be freed with
+ * attn_mha_packed_free(); on failure *out is NULL. */
+ATTN_API int attn_mha_pack(attn_ctx *ctx, const attn_mha_weights *w, attn_mha_packed **out);
+/* Frees packed weights with the allocator that packed them (ctx is not used and
+ * may be NULL). NULL-safe. */
+ATTN_API void attn_mha_packed_free(attn_ctx *ctx, attn_mha_packed *pw);
+
+/* attn_mha_forward with packed weights: same arguments, checks and results (the
+ * same bits as attn_mha_forward with the weights they were packed from). Its
+ * scratch, attn_mha_packed_workspace_size bytes (no packing: less than
+ * attn_mha_forward's), is taken as attn_ctx says, so with a large enough
+ * ctx->workspace, or keep_workspace set, a call after the first allocates
+ * nothing. The call's arch (attn_arch_selected(ctx)) must be the one the weights
+ * were packed for: otherwise it fails with INVALID_ARGUMENT and a message naming
+ * both (pack them again under that arch). */
+ATTN_API int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
+                            const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
+                            attn_tensor *weights);
+
+/* The scratch attn_mha_forward_packed needs for these arguments under ctx, in
+ * bytes. Checks the arguments as attn_mha_forward_packed does; *bytes is 0 on
+ * failure. */
+ATTN_API int attn_mha_packed_workspace_size(attn_ctx *ctx, const attn_mha_packed *pw,
+                                   int64_t num_heads, const attn_tensor *x,
+                                   const attn_sdpa_params *p, const attn_tensor *out,
+                                   const attn_tensor *weights, size_t *bytes);
 
 /* ------------------------------------------------------------------------------
  * Random numbers (for the chapter's experiment and for tests)

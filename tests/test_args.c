@@ -631,6 +631,107 @@ static void test_linear(void)
                     attn_linear(C, &x, &W, &b, &y));
 }
 
+/* attn_linear_workspace_size checks what attn_linear checks. */
+static int linear_ws_as_call(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
+                             const attn_tensor *b, attn_tensor *y)
+{
+    size_t bytes = 1;
+    int rc = attn_linear_workspace_size(ctx, x, W, b, y, &bytes);
+    if (rc != ATTN_OK && bytes != 0) {
+        check_failures_++;
+        fprintf(stderr, "attn_linear_workspace_size failed but left *bytes = %zu\n", bytes);
+    }
+    return rc;
+}
+
+/* attn_linear_pack, freeing what it packs, so that a call can be repeated. */
+static int linear_pack_as_call(attn_ctx *ctx, const attn_tensor *W, const attn_tensor *b)
+{
+    attn_linear_packed *pw = (attn_linear_packed *)&pw; /* must be set to NULL on failure */
+    int rc = attn_linear_pack(ctx, W, b, &pw);
+    if (rc != ATTN_OK && pw != NULL) {
+        check_failures_++;
+        fprintf(stderr, "attn_linear_pack failed but left *out = %p\n", (void *)pw);
+    }
+    if (rc == ATTN_OK)
+        attn_linear_packed_free(ctx, pw);
+    return rc;
+}
+
+static void test_linear_packed(void)
+{
+    TEST("attn_linear_workspace_size, attn_linear_pack and attn_linear_forward_packed refuse "
+         "what attn_linear refuses, NULL outputs and packed weights, and a weight packed for "
+         "another arch; attn_linear_packed_free accepts NULL");
+    covers("attn_linear_workspace_size");
+    covers("attn_linear_pack");
+    covers("attn_linear_packed_free");
+    covers("attn_linear_forward_packed");
+    static float x_buf[2 * 3 * 4], w_buf[5 * 4], b_buf[5], y_buf[2 * 3 * 5];
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, 2, 3, 4, 1);
+    attn_tensor W = make(ATTN_DTYPE_F32, w_buf, 2, 5, 4, 1, 1);
+    attn_tensor b = make(ATTN_DTYPE_F32, b_buf, 1, 5, 1, 1, 1);
+    attn_tensor y = make(ATTN_DTYPE_F32, y_buf, 3, 2, 3, 5, 1);
+
+    EXPECT_OK(linear_ws_as_call(C, &x, &W, &b, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear_workspace_size(C, &x, &W, &b, &y, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, linear_ws_as_call(C, NULL, &W, &b, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, linear_ws_as_call(C, &x, NULL, &b, &y));
+    FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, linear_ws_as_call(C, &x, &W, &b, &y));
+    FOR_EACH_VARIANT(&W, ATTN_DTYPE_I32, linear_ws_as_call(C, &x, &W, &b, &y));
+    FOR_EACH_VARIANT(&b, ATTN_DTYPE_I32, linear_ws_as_call(C, &x, &W, &b, &y));
+    FOR_EACH_VARIANT(&y, ATTN_DTYPE_I32, linear_ws_as_call(C, &x, &W, &b, &y));
+    attn_tensor y_out = make(ATTN_DTYPE_F32, y_buf, 3, 2, 3, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, linear_ws_as_call(C, &x, &W, &b, &y_out));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    linear_ws_as_call(C, &x, &W, &b, &y));
+
+    EXPECT_OK(linear_pack_as_call(C, &W, &b));
+    EXPECT_OK(linear_pack_as_call(C, &W, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear_pack(C, &W, &b, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, linear_pack_as_call(C, NULL, &b));
+    FOR_EACH_VARIANT(&W, ATTN_DTYPE_I32, linear_pack_as_call(C, &W, &b));
+    FOR_EACH_VARIANT(&b, ATTN_DTYPE_I32, linear_pack_as_call(C, &W, &b));
+    attn_tensor W3 = make(ATTN_DTYPE_F32, w_buf, 3, 1, 5, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, linear_pack_as_call(C, &W3, NULL));
+    attn_tensor b4 = make(ATTN_DTYPE_F32, b_buf, 1, 4, 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, linear_pack_as_call(C, &W, &b4));
+    attn_tensor b2 = make(ATTN_DTYPE_F32, b_buf, 2, 1, 5, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, linear_pack_as_call(C, &W, &b2));
+    /* W [2^62, 2^62] through stride 0: its count overflows before any packing. */
+    attn_tensor Wbig = W;
+    Wbig.shape[0] = Wbig.shape[1] = (int64_t)1 << 62;
+    Wbig.stride[0] = Wbig.stride[1] = 0;
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, linear_pack_as_call(C, &Wbig, NULL));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    linear_pack_as_call(C, &W, &b));
+    attn_linear_packed_free(NULL, NULL);
+
+    attn_linear_packed *pw = NULL;
+    CHECK_INT(attn_linear_pack(NULL, &W, &b, &pw), ATTN_OK);
+    EXPECT_OK(attn_linear_forward_packed(C, &x, pw, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear_forward_packed(C, &x, NULL, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear_forward_packed(C, NULL, pw, &y));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_linear_forward_packed(C, &x, pw, NULL));
+    FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, attn_linear_forward_packed(C, &x, pw, &y));
+    FOR_EACH_VARIANT(&y, ATTN_DTYPE_I32, attn_linear_forward_packed(C, &x, pw, &y));
+    attn_tensor x_in = make(ATTN_DTYPE_F32, x_buf, 3, 2, 4, 3, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear_forward_packed(C, &x_in, pw, &y));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear_forward_packed(C, &x, pw, &y_out));
+    attn_tensor y_lead = make(ATTN_DTYPE_F32, y_buf, 3, 3, 2, 5, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear_forward_packed(C, &x, pw, &y_lead));
+    attn_tensor y_nd = make(ATTN_DTYPE_F32, y_buf, 2, 6, 5, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_linear_forward_packed(C, &x, pw, &y_nd));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    attn_linear_forward_packed(C, &x, pw, &y));
+    /* Packed for the default arch, run on another one. */
+    const attn_arch other = attn_arch_selected(NULL) == ATTN_ARCH_REF ? ATTN_ARCH_SCALAR
+                                                                       : ATTN_ARCH_REF;
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = other,
+                    attn_linear_forward_packed(C, &x, pw, &y));
+    attn_linear_packed_free(NULL, pw);
+}
+
 /* The attention calls share one contract; each is run through the same checks. */
 typedef int (*sdpa_fn)(attn_ctx *, const attn_tensor *, const attn_tensor *,
                        const attn_tensor *, const attn_sdpa_params *, attn_tensor *,
@@ -914,6 +1015,176 @@ static void test_mha(void)
     xb.shape[1] = ob.shape[1] = (int64_t)1 << 30;
     xb.stride[0] = xb.stride[1] = ob.stride[0] = ob.stride[1] = 0;
     EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_mha_forward(C, &w, H, &xb, NULL, &ob, NULL));
+}
+
+/* attn_mha_workspace_size and attn_mha_packed_workspace_size check what the
+ * forward calls check; *bytes is 0 after a failure. */
+static int mha_ws_as_call(attn_ctx *ctx, const attn_mha_weights *w, int64_t H,
+                          const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
+                          attn_tensor *att)
+{
+    size_t bytes = 1;
+    int rc = attn_mha_workspace_size(ctx, w, H, x, p, out, att, &bytes);
+    if (rc != ATTN_OK && bytes != 0) {
+        check_failures_++;
+        fprintf(stderr, "attn_mha_workspace_size failed but left *bytes = %zu\n", bytes);
+    }
+    return rc;
+}
+
+static int mha_packed_ws_as_call(attn_ctx *ctx, const attn_mha_packed *pw, int64_t H,
+                                 const attn_tensor *x, const attn_sdpa_params *p,
+                                 attn_tensor *out, attn_tensor *att)
+{
+    size_t bytes = 1;
+    int rc = attn_mha_packed_workspace_size(ctx, pw, H, x, p, out, att, &bytes);
+    if (rc != ATTN_OK && bytes != 0) {
+        check_failures_++;
+        fprintf(stderr, "attn_mha_packed_workspace_size failed but left *bytes = %zu\n", bytes);
+    }
+    return rc;
+}
+
+/* attn_mha_pack, freeing what it packs. */
+static int mha_pack_as_call(attn_ctx *ctx, const attn_mha_weights *w)
+{
+    attn_mha_packed *pw = (attn_mha_packed *)&pw; /* must be set to NULL on failure */
+    int rc = attn_mha_pack(ctx, w, &pw);
+    if (rc != ATTN_OK && pw != NULL) {
+        check_failures_++;
+        fprintf(stderr, "attn_mha_pack failed but left *out = %p\n", (void *)pw);
+    }
+    if (rc == ATTN_OK)
+        attn_mha_packed_free(ctx, pw);
+    return rc;
+}
+
+/* The checks every multi-head call shares: the head count (call_heads reads it
+ * from Hh) and bad x, out and attention weights (call). */
+#define MHA_CALL_CHECKS(call_heads, call)                                              \
+    do {                                                                               \
+        const int64_t heads_[] = {0, -1, INT64_MIN};                                   \
+        for (size_t i_ = 0; i_ < sizeof heads_ / sizeof heads_[0]; i_++) {             \
+            int64_t Hh = heads_[i_];                                                   \
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, call_heads);                     \
+        }                                                                              \
+        {                                                                              \
+            int64_t Hh = 3;                                                            \
+            EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, call_heads);                       \
+        }                                                                              \
+        FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, call);                                    \
+        FOR_EACH_VARIANT(&out, ATTN_DTYPE_I32, call);                                  \
+        FOR_EACH_VARIANT(&att, ATTN_DTYPE_I32, call);                                  \
+    } while (0)
+
+static void test_mha_packed(void)
+{
+    TEST("attn_mha_workspace_size, attn_mha_pack, attn_mha_forward_packed and "
+         "attn_mha_packed_workspace_size refuse what attn_mha_forward refuses, NULL "
+         "outputs and packed weights, a workspace whose size overflows, and weights "
+         "packed for another arch; attn_mha_packed_free accepts NULL");
+    covers("attn_mha_workspace_size");
+    covers("attn_mha_pack");
+    covers("attn_mha_packed_free");
+    covers("attn_mha_forward_packed");
+    covers("attn_mha_packed_workspace_size");
+    enum { E = 4, B = 2, T = 3, H = 2 };
+    static float wqkv[3 * E * E], bqkv[3 * E], wo[E * E], bo[E], x_buf[B * T * E],
+        o_buf[B * T * E], a_buf[B * H * T * T];
+    attn_mha_weights w;
+    w.w_qkv = make(ATTN_DTYPE_F32, wqkv, 2, 3 * E, E, 1, 1);
+    w.b_qkv = make(ATTN_DTYPE_F32, bqkv, 1, 3 * E, 1, 1, 1);
+    w.w_o = make(ATTN_DTYPE_F32, wo, 2, E, E, 1, 1);
+    w.b_o = make(ATTN_DTYPE_F32, bo, 1, E, 1, 1, 1);
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, B, T, E, 1);
+    attn_tensor out = make(ATTN_DTYPE_F32, o_buf, 3, B, T, E, 1);
+    attn_tensor att = make(ATTN_DTYPE_F32, a_buf, 4, B, H, T, T);
+    attn_sdpa_params bad_p;
+    attn_sdpa_params_init(&bad_p);
+    bad_p.empty_rows = (attn_empty_rows)5;
+    /* x [2^30, 2^30, E] read through stride 0: the workspace does not fit. */
+    attn_tensor xb = x, ob = out;
+    xb.shape[0] = ob.shape[0] = (int64_t)1 << 30;
+    xb.shape[1] = ob.shape[1] = (int64_t)1 << 30;
+    xb.stride[0] = xb.stride[1] = ob.stride[0] = ob.stride[1] = 0;
+
+    /* The workspace query for unpacked weights. */
+    EXPECT_OK(mha_ws_as_call(C, &w, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_workspace_size(C, &w, H, &x, NULL, &out, &att, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, mha_ws_as_call(C, NULL, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, mha_ws_as_call(C, &w, H, NULL, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, mha_ws_as_call(C, &w, H, &x, NULL, NULL, &att));
+    MHA_CALL_CHECKS(mha_ws_as_call(C, &w, Hh, &x, NULL, &out, NULL),
+                    mha_ws_as_call(C, &w, H, &x, NULL, &out, &att));
+    FOR_EACH_VARIANT(&w.w_qkv, ATTN_DTYPE_I32, mha_ws_as_call(C, &w, H, &x, NULL, &out, &att));
+    FOR_EACH_VARIANT(&w.b_o, ATTN_DTYPE_I32, mha_ws_as_call(C, &w, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, mha_ws_as_call(C, &w, H, &x, &bad_p, &out, NULL));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, mha_ws_as_call(C, &w, H, &xb, NULL, &ob, NULL));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    mha_ws_as_call(C, &w, H, &x, NULL, &out, &att));
+
+    /* Packing. */
+    EXPECT_OK(mha_pack_as_call(C, &w));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_mha_pack(C, &w, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, mha_pack_as_call(C, NULL));
+    attn_tensor *slots[4] = {&w.w_qkv, &w.b_qkv, &w.w_o, &w.b_o};
+    for (int s = 0; s < 4; s++)
+        FOR_EACH_VARIANT(slots[s], ATTN_DTYPE_I32, mha_pack_as_call(C, &w));
+    attn_mha_weights bw = w;
+    bw.w_qkv = make(ATTN_DTYPE_F32, wqkv, 2, 2 * E, E, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, mha_pack_as_call(C, &bw));
+    bw = w;
+    bw.b_o = make(ATTN_DTYPE_F32, bo, 1, E - 1, 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, mha_pack_as_call(C, &bw));
+    bw = w;
+    bw.w_o.shape[0] = bw.w_o.shape[1] = (int64_t)1 << 62;
+    bw.w_o.stride[0] = bw.w_o.stride[1] = 0;
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, mha_pack_as_call(C, &bw));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    mha_pack_as_call(C, &w));
+    attn_mha_packed_free(NULL, NULL);
+
+    /* The forward call and the workspace query on packed weights. */
+    attn_mha_packed *pw = NULL;
+    CHECK_INT(attn_mha_pack(NULL, &w, &pw), ATTN_OK);
+    EXPECT_OK(attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
+    EXPECT_OK(mha_packed_ws_as_call(C, pw, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_packed_workspace_size(C, pw, H, &x, NULL, &out, &att, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed(C, NULL, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                mha_packed_ws_as_call(C, NULL, H, &x, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed(C, pw, H, NULL, NULL, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed(C, pw, H, &x, NULL, NULL, &att));
+    MHA_CALL_CHECKS(attn_mha_forward_packed(C, pw, Hh, &x, NULL, &out, NULL),
+                    attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
+    MHA_CALL_CHECKS(mha_packed_ws_as_call(C, pw, Hh, &x, NULL, &out, NULL),
+                    mha_packed_ws_as_call(C, pw, H, &x, NULL, &out, &att));
+    attn_tensor xe = make(ATTN_DTYPE_F32, x_buf, 3, B, E, T, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward_packed(C, pw, H, &xe, NULL, &out, NULL));
+    attn_tensor ot = make(ATTN_DTYPE_F32, o_buf, 3, T, B, E, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward_packed(C, pw, H, &x, NULL, &ot, NULL));
+    attn_tensor at = make(ATTN_DTYPE_F32, a_buf, 4, B, H + 1, T, T - 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &at));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed(C, pw, H, &x, &bad_p, &out, NULL));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_mha_forward_packed(C, pw, H, &xb, NULL, &ob, NULL));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, mha_packed_ws_as_call(C, pw, H, &xb, NULL, &ob, NULL));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = (attn_arch)42,
+                    attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->impl = (attn_impl)9,
+                    attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
+    const attn_arch other = attn_arch_selected(NULL) == ATTN_ARCH_REF ? ATTN_ARCH_SCALAR
+                                                                       : ATTN_ARCH_REF;
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = other,
+                    attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
+    EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = other,
+                    mha_packed_ws_as_call(C, pw, H, &x, NULL, &out, &att));
+    attn_mha_packed_free(NULL, pw);
 }
 
 static void test_files(void)
@@ -1397,8 +1668,10 @@ int main(void)
     test_shapes();
     test_masks();
     test_linear();
+    test_linear_packed();
     test_sdpa();
     test_mha();
+    test_mha_packed();
     test_files();
     test_output_sets();
     test_weights();

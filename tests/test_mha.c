@@ -173,6 +173,16 @@ static void test_mha_against_oracle(int B, int T, int E, int H, int use_padding)
     if (bad)
         fprintf(stderr, "  B=%d T=%d E=%d H=%d: %d entries differ from the oracle\n", B, T, E, H, bad);
     CHECK_INT(bad, 0);
+    TEST("the same module on weights packed once (attn_mha_pack) gives the same bits");
+    attn_mha_packed *pw = NULL;
+    float *outp = malloc(sizeof(float) * B * T * E), *wp = malloc(sizeof(float) * B * H * T * T);
+    attn_tensor top = tu_tensor3(outp, B, T, E), twp = tu_tensor4(wp, B, H, T, T);
+    CHECK_INT(attn_mha_pack(&ctx, &mw, &pw), ATTN_OK);
+    CHECK_INT(attn_mha_forward_packed(&ctx, pw, H, &tx, &p, &top, &twp), ATTN_OK);
+    CHECK(memcmp(out, outp, sizeof(float) * B * T * E) == 0);
+    CHECK(memcmp(w, wp, sizeof(float) * B * H * T * T) == 0);
+    attn_mha_packed_free(&ctx, pw);
+    free(outp), free(wp);
     TEST("the same module with the causal flag instead of a causal mask gives the same numbers");
     attn_tensor_init(NULL, &tmask, ATTN_DTYPE_BOOL, pad, 4, pad_s);
     p.causal = 1;

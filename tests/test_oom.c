@@ -115,6 +115,76 @@ static int run_mha(attn_ctx *ctx, void *arg)
     return attn_mha_forward(ctx, &mw, H, &tx, &p, &ty, NULL);
 }
 
+static int run_linear(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_tensor tx = tu_tensor3(x, B, T, E), tq = tu_tensor3(y, B, T, E);
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    return attn_linear(ctx, &tx, &mw.w_o, &mw.b_o, &tq);
+}
+
+static int run_linear_pack(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_linear_packed *pl = NULL;
+    int rc = attn_linear_pack(ctx, &mw.w_qkv, &mw.b_qkv, &pl);
+    if (rc == ATTN_OK)
+        attn_linear_packed_free(ctx, pl);
+    return rc;
+}
+
+static int run_linear_packed(attn_ctx *ctx, void *arg)
+{
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(y, B, T, E);
+    return attn_linear_forward_packed(ctx, &tx, arg, &ty);
+}
+
+static int run_mha_pack(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_mha_packed *pw = NULL;
+    int rc = attn_mha_pack(ctx, &mw, &pw);
+    if (rc == ATTN_OK)
+        attn_mha_packed_free(ctx, pw);
+    return rc;
+}
+
+static int run_mha_packed(attn_ctx *ctx, void *arg)
+{
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(y, B, T, E);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    return attn_mha_forward_packed(ctx, arg, H, &tx, &p, &ty, NULL);
+}
+
+/* The multi-head call with keep_workspace: the kept buffer is the one allocation,
+ * and a failed call leaves none behind (the context is released here). */
+static int run_mha_kept(attn_ctx *ctx, void *arg)
+{
+    ctx->keep_workspace = 1;
+    int rc = run_mha_packed(ctx, arg);
+    if (rc == ATTN_OK)
+        rc = run_mha_packed(ctx, arg);
+    attn_ctx_release(ctx);
+    return rc;
+}
+
+static int run_workspace_queries(attn_ctx *ctx, void *arg)
+{
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(y, B, T, E);
+    size_t bytes;
+    int rc = attn_mha_workspace_size(ctx, &mw, H, &tx, NULL, &ty, NULL, &bytes);
+    if (rc == ATTN_OK)
+        rc = attn_mha_packed_workspace_size(ctx, arg, H, &tx, NULL, &ty, NULL, &bytes);
+    if (rc == ATTN_OK)
+        rc = attn_linear_workspace_size(ctx, &tx, &mw.w_o, &mw.b_o, &ty, &bytes);
+    return rc;
+}
+
 static char npy_path[512], st_path[512], out_path[512], out_stem[128];
 
 /* Files in the test folder whose name starts with the output's name: the output
@@ -228,6 +298,25 @@ int main(void)
 
     TEST("multi-head attention fails cleanly at every allocation");
     CHECK(sweep("attn_mha_forward", run_mha, NULL) >= 1);
+
+    TEST("packing weights, the projection, and multi-head attention on packed weights "
+         "(with and without keep_workspace) fail cleanly at every allocation, and a "
+         "packed projection and the workspace queries allocate nothing");
+    attn_mha_weights mw0 = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_mha_packed *pw = NULL;
+    attn_linear_packed *pl = NULL;
+    CHECK_INT(attn_mha_pack(NULL, &mw0, &pw), ATTN_OK);
+    CHECK_INT(attn_linear_pack(NULL, &mw0.w_o, &mw0.b_o, &pl), ATTN_OK);
+    CHECK(sweep("attn_mha_pack", run_mha_pack, NULL) >= 1);
+    CHECK(sweep("attn_linear_pack", run_linear_pack, NULL) >= 1);
+    CHECK(sweep("attn_mha_forward_packed", run_mha_packed, pw) >= 1);
+    CHECK(sweep("attn_mha_forward_packed (keep_workspace)", run_mha_kept, pw) >= 1);
+    if (attn_arch_selected(NULL) != ATTN_ARCH_REF) /* the reference reads W in place */
+        CHECK(sweep("attn_linear", run_linear, NULL) >= 1);
+    CHECK_INT(sweep("attn_linear_forward_packed", run_linear_packed, pl), 0);
+    CHECK_INT(sweep("the workspace queries", run_workspace_queries, pw), 0);
+    attn_mha_packed_free(NULL, pw);
+    attn_linear_packed_free(NULL, pl);
 
     TEST("the file readers and the weight loader fail cleanly at every allocation");
     CHECK(sweep("attn_npy_load", run_npy_load, NULL) >= 1);

@@ -12,8 +12,24 @@
  * The split and the merge copy nothing: q, k and v are strided views into the qkv
  * buffer, and the attention writes its context straight into the merged layout, the
  * way PyTorch's view + transpose describes the same memory with other strides.
+ *
+ * A call checks its arguments once (weights, x, out, the attention's parameters),
+ * plans once (the attention's kernel and scratch, the layout of one scratch block)
+ * and then runs unchecked steps that allocate nothing: the projection GEMM
+ * (linear.h), the attention (attn__sdpa_run), the projection again. Its scratch is
+ * one block, taken as attn_ctx says (the caller's workspace, the context's kept
+ * buffer, or one allocation):
+ *
+ *   qkv      [B, T, 3E] floats
+ *   merged   [B, T, E] floats
+ *   region   the attention's scratch; for attn_mha_forward also W_qkv, then W_o,
+ *            packed for the GEMM (the three are used one after another)
+ *
+ * attn_mha_pack packs W_qkv and W_o once, so attn_mha_forward_packed skips the
+ * packing; both run the same GEMM on the same panels and give the same bits.
  */
-#include "attn_internal.h"
+#include "linear.h"
+#include "sdpa_contract.h"
 
 #include <string.h>
 
@@ -90,14 +106,49 @@ static void head_view(attn_tensor *t, float *base, int64_t B, int64_t T, int64_t
     t->stride[3] = 1;
 }
 
-int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
-                     const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
-                     attn_tensor *weights)
+
+/* What attn_mha_pack returns. The weights are described by the rows of their
+ * projections so that other layouts can produce the same type later: separate
+ * q/k/v projections with fewer k/v heads (grouped-query attention) pack into the
+ * same one GEMM of q_rows + 2 * kv_rows outputs, and only kv_rows changes. */
+struct attn_mha_packed {
+    attn_allocator allocator; /* first: attn__packed_free reads it */
+    int64_t E;                /* embed_dim: x's last axis and out's */
+    int64_t q_rows, kv_rows;  /* rows of W_qkv that make q, and k (and v): E and E */
+    attn__gemm_packed qkv;    /* W_qkv [q_rows + 2 kv_rows, E] and b_qkv */
+    attn__gemm_packed o;      /* W_o [E, q_rows] and b_o */
+};
+
+/* num_heads against E, with the messages attn_mha_weights_check gives. */
+static int heads_check(attn_ctx *ctx, int64_t E, int64_t num_heads)
 {
-    int64_t E;
-    int rc = attn_mha_weights_check(ctx, w, num_heads, &E);
-    if (rc)
-        return rc;
+    if (num_heads < 1)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "num_heads is %lld; it must be at least 1", (long long)num_heads);
+    if (E % num_heads != 0)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "embed_dim %lld is not divisible by num_heads %lld", (long long)E,
+                          (long long)num_heads);
+    return ATTN_OK;
+}
+
+/* One checked call: its sizes, the attention's plan, the rows the two GEMMs walk,
+ * and the layout of its scratch block. */
+typedef struct mha_plan {
+    int64_t B, T, E, H, D;
+    attn__sdpa_plan sdpa;
+    attn__gemm_rows x_rows, qkv_rows, merged_rows, out_rows;
+    size_t merged_off, region_off, bytes; /* offsets into the block, and its size */
+} mha_plan;
+
+/* Checks x, out, weights and p for embed_dim E and num_heads H (already checked)
+ * and plans the call. pack_bytes is the room the per-call packing needs in the
+ * region (0 when the weights come packed). */
+static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor *x,
+                         const attn_sdpa_params *p, const attn_tensor *out,
+                         const attn_tensor *weights, size_t pack_bytes, mha_plan *mp)
+{
+    int rc;
     if ((rc = attn_tensor_check(ctx, x, "x")) || (rc = attn_tensor_check(ctx, out, "out")))
         return rc;
     if (x->dtype != ATTN_DTYPE_F32 || out->dtype != ATTN_DTYPE_F32)
@@ -110,41 +161,226 @@ int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads
     if (out->ndim != 3 || memcmp(out->shape, x->shape, 3 * sizeof x->shape[0]) != 0)
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "out has shape %s; expected %s",
                           attn__shape_str(out, so, sizeof so), attn__shape_str(x, sx, sizeof sx));
-    const int64_t B = x->shape[0], T = x->shape[1], H = num_heads, D = E / H;
+    const int64_t B = x->shape[0], T = x->shape[1], D = E / H;
 
-    /* Workspace: qkv [B, T, 3E] and the merged context [B, T, E], one allocation. */
-    int64_t bt, n_qkv;
-    size_t bytes;
-    if (!attn__mul_i64(B, T, &bt) || !attn__mul_i64(bt, 4 * E, &n_qkv) ||
-        !attn__bytes(n_qkv, sizeof(float), &bytes))
+    /* The block: qkv [B, T, 3E], merged [B, T, E], then the region. */
+    int64_t bt, n_all;
+    size_t qkv_bytes, merged_bytes, region;
+    if (!attn__mul_i64(B, T, &bt) || !attn__mul_i64(bt, 4 * E, &n_all) ||
+        !attn__bytes(bt * 3 * E, sizeof(float), &qkv_bytes) ||
+        !attn__bytes(bt * E, sizeof(float), &merged_bytes) ||
+        !(qkv_bytes = attn__align64(qkv_bytes)) || !(merged_bytes = attn__align64(merged_bytes)))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "workspace for x %s does not fit in memory",
                           attn__shape_str(x, sx, sizeof sx));
-    float *ws = attn__alloc(ctx, bytes, "the q/k/v and context workspace");
-    if (!ws)
-        return ATTN_STATUS_NO_MEMORY;
-    n_qkv = bt * 3 * E;
-    float *qkv_buf = ws, *ctx_buf = ws + n_qkv; /* [B, T, 3E] then [B, T, E] */
+
+    /* The attention is checked and planned on views of where q, k, v and the
+     * context will be; only their strides matter until the call runs. */
+    float *base = (float *)x->data;
+    attn_tensor q, k, v, context;
+    head_view(&q, base, B, T, H, D, 3 * E, 0);
+    head_view(&k, base, B, T, H, D, 3 * E, E);
+    head_view(&v, base, B, T, H, D, 3 * E, 2 * E);
+    head_view(&context, base, B, T, H, D, E, 0);
+    attn__sdpa_shapes s;
+    if ((rc = attn__sdpa_prepare(ctx, &q, &k, &v, p, &context, weights, &s)) ||
+        (rc = attn__sdpa_plan_for_ctx(ctx, &s, &mp->sdpa)))
+        return rc;
+
+    region = attn__align64(mp->sdpa.scratch_bytes > pack_bytes ? mp->sdpa.scratch_bytes
+                                                                : pack_bytes);
+    if (!region || qkv_bytes > SIZE_MAX - merged_bytes ||
+        region > SIZE_MAX - qkv_bytes - merged_bytes)
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "workspace for x %s does not fit in memory",
+                          attn__shape_str(x, sx, sizeof sx));
+    mp->merged_off = qkv_bytes;
+    mp->region_off = qkv_bytes + merged_bytes;
+    mp->bytes = mp->region_off + region;
+    mp->B = B, mp->T = T, mp->E = E, mp->H = H, mp->D = D;
+
+    int64_t sh[4], st[4];
+    attn__as4d(x, sh, st);
+    attn__gemm_rows_from4d(sh, st, &mp->x_rows);
+    attn__as4d(out, sh, st);
+    attn__gemm_rows_from4d(sh, st, &mp->out_rows);
+    const attn__gemm_rows qkv_rows = {{1, B, T}, {0, T * 3 * E, 3 * E}, 1};
+    const attn__gemm_rows merged_rows = {{1, B, T}, {0, T * E, E}, 1};
+    mp->qkv_rows = qkv_rows;
+    mp->merged_rows = merged_rows;
+    return ATTN_OK;
+}
+
+/* Runs a planned call in `scratch` (mp->bytes, 64-byte aligned). The projections
+ * come packed (qkv_w, o_w), or as tensors in w to be packed into the region for
+ * arch just before each is used. Allocates nothing; fails only with EMPTY_ROW. */
+static int mha_run(attn_ctx *ctx, const mha_plan *mp, const attn__gemm_packed *qkv_w,
+                   const attn__gemm_packed *o_w, const attn_mha_weights *w, attn_arch arch,
+                   const float *x, float *out, float *weights, char *scratch)
+{
+    const int64_t E = mp->E;
+    float *qkv = (float *)scratch, *merged = (float *)(scratch + mp->merged_off);
+    void *region = scratch + mp->region_off;
+    attn__gemm_packed pw;
 
     /* qkv = x W_qkv^T + b_qkv   [B, T, 3E] */
-    attn_tensor qkv, merged;
-    const int64_t qkv_shape[3] = {B, T, 3 * E}, merged_shape[3] = {B, T, E};
-    attn_tensor_init(ctx, &qkv, ATTN_DTYPE_F32, qkv_buf, 3, qkv_shape);
-    attn_tensor_init(ctx, &merged, ATTN_DTYPE_F32, ctx_buf, 3, merged_shape);
-    rc = attn_linear(ctx, x, &w->w_qkv, &w->b_qkv, &qkv);
+    if (w) {
+        attn__gemm_pack(ctx, arch, w->w_qkv.data, w->w_qkv.stride[0], w->w_qkv.stride[1],
+                        w->b_qkv.data, w->b_qkv.stride[0], 3 * E, E, region, &pw);
+        qkv_w = &pw;
+    }
+    attn__linear_run(ctx, qkv_w, x, &mp->x_rows, qkv, &mp->qkv_rows);
 
-    /* Split q, k, v (columns 0, E, 2E of each qkv row) and the heads: [B, H, T, D]
-     * views of the same memory. The context view writes the merged [B, T, E]. */
-    attn_tensor q, k, v, context;
-    head_view(&q, qkv_buf, B, T, H, D, 3 * E, 0);
-    head_view(&k, qkv_buf, B, T, H, D, 3 * E, E);
-    head_view(&v, qkv_buf, B, T, H, D, 3 * E, 2 * E);
-    head_view(&context, ctx_buf, B, T, H, D, E, 0);
+    /* q, k, v are columns 0, E, 2E of each qkv row, split into heads by the plan's
+     * strides; the context is written straight into the merged [B, T, E]. */
+    int rc = attn__sdpa_run(ctx, &mp->sdpa, qkv, qkv + E, qkv + 2 * E, merged, weights, region);
+    if (rc != ATTN_OK)
+        return rc;
 
-    if (rc == ATTN_OK)
-        rc = attn_sdpa(ctx, &q, &k, &v, p, &context, weights);
     /* out = merged W_o^T + b_o   [B, T, E] */
+    if (w) {
+        attn__gemm_pack(ctx, arch, w->w_o.data, w->w_o.stride[0], w->w_o.stride[1],
+                        w->b_o.data, w->b_o.stride[0], E, E, region, &pw);
+        o_w = &pw;
+    }
+    attn__linear_run(ctx, o_w, merged, &mp->merged_rows, out, &mp->out_rows);
+    return ATTN_OK;
+}
+
+/* Checks and plans attn_mha_forward's arguments; *arch is the GEMM's. */
+static int mha_prepare(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                       const attn_tensor *x, const attn_sdpa_params *p, const attn_tensor *out,
+                       const attn_tensor *weights, attn_arch *arch, mha_plan *mp)
+{
+    int64_t E;
+    int rc = attn_mha_weights_check(ctx, w, num_heads, &E);
     if (rc == ATTN_OK)
-        rc = attn_linear(ctx, &merged, &w->w_o, &w->b_o, out);
-    attn__free(ctx, ws);
+        rc = attn__arch_resolve(ctx, arch);
+    if (rc != ATTN_OK)
+        return rc;
+    /* W_qkv is the larger of the two weights packed into the region. */
+    const size_t pack = attn__gemm_pack_bytes(*arch, 3 * E, E);
+    if (!pack)
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "a packed qkv weight of %lld x %lld floats overflows",
+                          (long long)(3 * E), (long long)E);
+    return mha_plan_make(ctx, E, num_heads, x, p, out, weights, pack, mp);
+}
+
+/* Checks and plans attn_mha_forward_packed's arguments. */
+static int mha_prepare_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
+                              const attn_tensor *x, const attn_sdpa_params *p,
+                              const attn_tensor *out, const attn_tensor *weights, mha_plan *mp)
+{
+    if (!pw)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "the packed weights are NULL");
+    int rc = heads_check(ctx, pw->E, num_heads);
+    if (rc == ATTN_OK)
+        rc = attn__packed_arch_check(ctx, pw->qkv.arch, "the attention weights");
+    if (rc == ATTN_OK)
+        rc = mha_plan_make(ctx, pw->E, num_heads, x, p, out, weights, 0, mp);
     return rc;
+}
+
+/* Takes the block, runs, gives the block back. */
+static int mha_call(attn_ctx *ctx, const mha_plan *mp, const attn__gemm_packed *qkv_w,
+                    const attn__gemm_packed *o_w, const attn_mha_weights *w, attn_arch arch,
+                    const attn_tensor *x, attn_tensor *out, attn_tensor *weights)
+{
+    char *scratch = attn__scratch_get(ctx, mp->bytes, "the multi-head attention workspace");
+    if (!scratch)
+        return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
+    int rc = mha_run(ctx, mp, qkv_w, o_w, w, arch, x->data, out->data,
+                     weights ? weights->data : NULL, scratch);
+    attn__scratch_put(ctx, scratch);
+    return rc;
+}
+
+int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                     const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
+                     attn_tensor *weights)
+{
+    attn_arch arch;
+    mha_plan mp;
+    int rc = mha_prepare(ctx, w, num_heads, x, p, out, weights, &arch, &mp);
+    if (rc != ATTN_OK)
+        return rc;
+    return mha_call(ctx, &mp, NULL, NULL, w, arch, x, out, weights);
+}
+
+int attn_mha_workspace_size(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                            const attn_tensor *x, const attn_sdpa_params *p,
+                            const attn_tensor *out, const attn_tensor *weights, size_t *bytes)
+{
+    if (!bytes)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "bytes is NULL");
+    *bytes = 0;
+    attn_arch arch;
+    mha_plan mp;
+    int rc = mha_prepare(ctx, w, num_heads, x, p, out, weights, &arch, &mp);
+    if (rc == ATTN_OK)
+        *bytes = mp.bytes;
+    return rc;
+}
+
+int attn_mha_pack(attn_ctx *ctx, const attn_mha_weights *w, attn_mha_packed **out)
+{
+    if (!out)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    int64_t E;
+    attn_arch arch;
+    /* One head always divides E: the head count is the forward call's to check. */
+    int rc = attn_mha_weights_check(ctx, w, 1, &E);
+    if (rc == ATTN_OK)
+        rc = attn__arch_resolve(ctx, &arch);
+    if (rc != ATTN_OK)
+        return rc;
+    const size_t qkv_bytes = attn__gemm_pack_bytes(arch, 3 * E, E);
+    const size_t o_bytes = attn__gemm_pack_bytes(arch, E, E);
+    if (!qkv_bytes || !o_bytes || qkv_bytes > SIZE_MAX - o_bytes)
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "packed attention weights for embed_dim %lld overflow", (long long)E);
+    void *mem;
+    attn_mha_packed *pw = attn__packed_alloc(ctx, sizeof *pw, qkv_bytes + o_bytes,
+                                             "the packed attention weights", &mem);
+    if (!pw)
+        return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
+    pw->E = pw->q_rows = pw->kv_rows = E;
+    attn__gemm_pack(ctx, arch, w->w_qkv.data, w->w_qkv.stride[0], w->w_qkv.stride[1],
+                    w->b_qkv.data, w->b_qkv.stride[0], 3 * E, E, mem, &pw->qkv);
+    attn__gemm_pack(ctx, arch, w->w_o.data, w->w_o.stride[0], w->w_o.stride[1], w->b_o.data,
+                    w->b_o.stride[0], E, E, (char *)mem + qkv_bytes, &pw->o);
+    *out = pw;
+    return ATTN_OK;
+}
+
+void attn_mha_packed_free(attn_ctx *ctx, attn_mha_packed *pw)
+{
+    (void)ctx;
+    attn__packed_free(pw);
+}
+
+int attn_mha_packed_workspace_size(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
+                                   const attn_tensor *x, const attn_sdpa_params *p,
+                                   const attn_tensor *out, const attn_tensor *weights,
+                                   size_t *bytes)
+{
+    if (!bytes)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "bytes is NULL");
+    *bytes = 0;
+    mha_plan mp;
+    int rc = mha_prepare_packed(ctx, pw, num_heads, x, p, out, weights, &mp);
+    if (rc == ATTN_OK)
+        *bytes = mp.bytes;
+    return rc;
+}
+
+int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
+                            const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
+                            attn_tensor *weights)
+{
+    mha_plan mp;
+    int rc = mha_prepare_packed(ctx, pw, num_heads, x, p, out, weights, &mp);
+    if (rc != ATTN_OK)
+        return rc;
+    return mha_call(ctx, &mp, &pw->qkv, &pw->o, NULL, pw->qkv.arch, x, out, weights);
 }

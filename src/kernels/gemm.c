@@ -1,8 +1,13 @@
 /*
- * gemm.c - the projection GEMM behind attn_linear: the planner (packing, work
- * items, threads) and the kernel body of src/kernels/gemm_kernel.h built as portable C.
- * The AVX2 and AVX-512 builds are src/kernels/gemm_avx2.c and src/kernels/gemm_avx512.c; the
- * contract (what is packed, who handles tails) is written in src/kernels/gemm_kernel.h.
+ * gemm.c - the projection GEMM behind attn_linear: packing a weight into panels,
+ * planning a call (work items, threads), and the kernel body of
+ * src/kernels/gemm_kernel.h built as portable C. The AVX2 and AVX-512 builds are
+ * src/kernels/gemm_avx2.c and src/kernels/gemm_avx512.c; the contract (what is packed,
+ * who handles tails) is written in src/kernels/gemm_kernel.h.
+ *
+ * Packing is separate from running so that a weight can be packed once and used by
+ * many calls (attn_linear_pack, attn_mha_pack) or packed per call into the caller's
+ * scratch (attn_linear, attn_mha_forward); neither step allocates.
  */
 #define ATTN_SIMD_SCALAR 1
 #define GK_MR 4
@@ -10,13 +15,8 @@
 #include "gemm_kernel.h"
 
 const attn__gemm_kernel attn__gemm_kernel_scalar = {
-    ATTN_ARCH_SCALAR, GK_MR, GK_NR, gk_pack_item, gk_tile_item,
+    ATTN_ARCH_SCALAR, GK_MR, GK_NR, gk_tile_item,
 };
-
-/* Micro-tiles of rows per work item, and panels of w per work item: a block of
- * 8 micro-tiles of x (under 100 rows) against 4 panels (64 or 128 features). */
-#define ATTN_GEMM_MB_TILES 8
-#define ATTN_GEMM_NB_PANELS 4
 
 static const attn__gemm_kernel *gemm_kernel_for(attn_arch arch)
 {
@@ -30,40 +30,111 @@ static const attn__gemm_kernel *gemm_kernel_for(attn_arch arch)
     return &attn__gemm_kernel_scalar;
 }
 
-int attn__gemm(attn_ctx *ctx, attn_arch arch, const attn__gemm_args *g)
+/* The panel width of arch: the kernel's micro-tile width, or 1 for the reference,
+ * which reads W row by row. */
+static int gemm_nr(attn_arch arch)
 {
-    const attn__gemm_kernel *kern = gemm_kernel_for(arch);
-    const int64_t n_panels = (g->N + kern->nr - 1) / kern->nr;
+    return arch == ATTN_ARCH_REF ? 1 : gemm_kernel_for(arch)->nr;
+}
+
+void attn__gemm_rows_from4d(const int64_t shape[4], const int64_t stride[4],
+                            attn__gemm_rows *r)
+{
+    for (int i = 0; i < 3; i++) {
+        r->n[i] = shape[i];
+        r->s[i] = stride[i];
+    }
+    r->cs = stride[3];
+}
+
+size_t attn__gemm_pack_bytes(attn_arch arch, int64_t N, int64_t K)
+{
+    const int64_t nr = gemm_nr(arch);
+    const int64_t cols = (N / nr + (N % nr != 0)) * nr; /* N rounded up, no overflow */
     int64_t wp_floats;
     size_t wp_bytes, bp_bytes;
-    if (!attn__mul_i64(n_panels * kern->nr, g->K, &wp_floats) ||
+    if (cols < N || !attn__mul_i64(cols, K, &wp_floats) ||
         !attn__bytes(wp_floats, sizeof(float), &wp_bytes) ||
-        !attn__bytes(n_panels * kern->nr, sizeof(float), &bp_bytes))
-        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
-                          "linear: a packed weight of %lld x %lld floats overflows",
-                          (long long)g->N, (long long)g->K);
-    attn__gemm_job job;
-    job.g = g;
-    job.wp = (float *)attn__alloc(ctx, wp_bytes, "the packed linear weight");
-    job.bp = (float *)attn__alloc(ctx, bp_bytes, "the packed linear bias");
-    if (!job.wp || !job.bp) {
-        if (job.wp)
-            attn__free(ctx, job.wp);
-        if (job.bp)
-            attn__free(ctx, job.bp);
-        return ATTN_STATUS_NO_MEMORY;
+        !attn__bytes(cols, sizeof(float), &bp_bytes))
+        return 0;
+    wp_bytes = attn__align64(wp_bytes);
+    bp_bytes = attn__align64(bp_bytes);
+    if (!wp_bytes || !bp_bytes || wp_bytes > SIZE_MAX - bp_bytes)
+        return 0;
+    return wp_bytes + bp_bytes;
+}
+
+/* What the packing workers share: the source and the destination. */
+typedef struct pack_job {
+    const float *w;
+    int64_t w_rs, w_cs;
+    const float *bias;
+    int64_t b_s;
+    attn__gemm_packed *pw;
+} pack_job;
+
+/* Packs panel `item` of w (nr output features) and of the bias, zero past N. */
+static void pack_item(void *arg, int64_t item, int worker)
+{
+    (void)worker;
+    const pack_job *job = (const pack_job *)arg;
+    const attn__gemm_packed *pw = job->pw;
+    const int64_t K = pw->K, nr = pw->nr;
+    float *dst = pw->wp + item * K * nr;
+    float *bdst = pw->bp + item * nr;
+    for (int64_t c = 0; c < nr; c++) {
+        const int64_t n = item * nr + c;
+        if (n < pw->N) {
+            const float *src = job->w + n * job->w_rs;
+            if (job->w_cs == 1)
+                for (int64_t k = 0; k < K; k++)
+                    dst[k * nr + c] = src[k];
+            else
+                for (int64_t k = 0; k < K; k++)
+                    dst[k * nr + c] = src[k * job->w_cs];
+            bdst[c] = job->bias ? job->bias[n * job->b_s] : 0.0f;
+        } else {
+            for (int64_t k = 0; k < K; k++)
+                dst[k * nr + c] = 0.0f;
+            bdst[c] = 0.0f;
+        }
     }
+}
+
+void attn__gemm_pack(attn_ctx *ctx, attn_arch arch, const float *w, int64_t w_rs,
+                     int64_t w_cs, const float *bias, int64_t b_s, int64_t N, int64_t K,
+                     void *mem, attn__gemm_packed *pw)
+{
+    const int nr = gemm_nr(arch);
+    const int64_t n_panels = N / nr + (N % nr != 0);
+    pw->arch = arch;
+    pw->nr = nr;
+    pw->N = N;
+    pw->K = K;
+    pw->wp = (float *)mem;
+    /* The size was checked by attn__gemm_pack_bytes, so this cannot overflow. */
+    pw->bp = (float *)((char *)mem + attn__align64((size_t)(n_panels * nr * K) * sizeof(float)));
+    pack_job job = {w, w_rs, w_cs, bias, b_s, pw};
+    /* Packing moves N*K floats; count it as a few operations each. */
+    attn__parallel_for(attn__threads_for(ctx, 4.0 * (double)N * (double)K, n_panels), n_panels,
+                       pack_item, &job);
+}
+
+void attn__gemm_run(attn_ctx *ctx, const attn__gemm_packed *pw, const float *x,
+                    const attn__gemm_rows *xr, float *y, const attn__gemm_rows *yr)
+{
+    const attn__gemm_kernel *kern = gemm_kernel_for(pw->arch);
+    const int64_t n_panels = (pw->N + kern->nr - 1) / kern->nr;
+    attn__gemm_job job;
+    job.pw = pw;
+    job.x = x;
+    job.xr = xr;
+    job.y = y;
+    job.yr = yr;
+    job.M = xr->n[0] * xr->n[1] * xr->n[2]; /* checked: x's element count fits */
     job.mb = (int64_t)kern->mr * ATTN_GEMM_MB_TILES;
     job.nb = ATTN_GEMM_NB_PANELS;
-
-    /* Packing moves N*K floats; count it as a few operations each. */
-    attn__parallel_for(attn__threads_for(ctx, 4.0 * (double)wp_floats, n_panels), n_panels,
-                       kern->pack, &job);
-    const int64_t items = ((g->M + job.mb - 1) / job.mb) * ((n_panels + job.nb - 1) / job.nb);
-    const double flops = 2.0 * (double)g->M * (double)g->N * (double)g->K;
+    const int64_t items = ((job.M + job.mb - 1) / job.mb) * ((n_panels + job.nb - 1) / job.nb);
+    const double flops = 2.0 * (double)job.M * (double)pw->N * (double)pw->K;
     attn__parallel_for(attn__threads_for(ctx, flops, items), items, kern->tile, &job);
-
-    attn__free(ctx, job.wp);
-    attn__free(ctx, job.bp);
-    return ATTN_OK;
 }

@@ -1,8 +1,9 @@
 /*
- * gemm.h - the projection GEMM behind attn_linear: its arguments, one call's plan
- * and what each instruction set's build provides. The planner is src/kernels/gemm.c;
- * the kernel body, and its contract, src/kernels/gemm_kernel.h. Internal; names
- * start with attn__.
+ * gemm.h - the projection GEMM behind attn_linear and multi-head attention: a
+ * weight packed into panels, the rows it multiplies, and the two steps of a call,
+ * pack (once, or per call into scratch) and run (unchecked, allocates nothing).
+ * The planner is src/kernels/gemm.c; the kernel body, and its contract,
+ * src/kernels/gemm_kernel.h. Internal; names start with attn__.
  */
 #ifndef ATTN_GEMM_H
 #define ATTN_GEMM_H
@@ -14,36 +15,104 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* y[m, n] = sum_k x[m, k] * w[n, k] + (bias ? bias[n] : 0)  (nn.Linear's x W^T + b)
- *   x: M rows, row m at x + x_row[m], element k at stride x_cs
- *   w: [N, K] with row stride w_rs and column stride w_cs
- *   y: M rows, row m at y + y_row[m], element n at stride y_cs
- *   bias: N floats at stride b_s, or NULL
- * Row offsets come as arrays so that any strided view of [..., K] works. The
- * result does not depend on the thread count. Fails only on allocation. */
-typedef struct attn__gemm_args {
-    int64_t M, N, K;
-    const float *x; const int64_t *x_row; int64_t x_cs;
-    const float *w; int64_t w_rs, w_cs;
-    const float *bias; int64_t b_s;
-    float *y; const int64_t *y_row; int64_t y_cs;
-} attn__gemm_args;
+/* A weight W [N, K] and bias b [N] packed for one instruction set:
+ *   wp [ceil(N / nr)][K][nr]   panel p holds features p*nr .. p*nr+nr-1, zero past N
+ *   bp [ceil(N / nr) * nr]     the bias (zeros when there is none, and past N)
+ * nr is the arch's micro-tile width (4 scalar, 16 AVX2, 32 AVX-512); for the
+ * reference (ATTN_ARCH_REF) it is 1, so wp is W itself, row by row. Element
+ * (n, k) of W is wp[(n / nr) * K * nr + k * nr + n % nr] on every arch. */
+typedef struct attn__gemm_packed {
+    attn_arch arch;
+    int nr;
+    int64_t N, K;
+    float *wp;
+    float *bp;
+} attn__gemm_packed;
 
-int attn__gemm(attn_ctx *ctx, attn_arch arch, const attn__gemm_args *g);
+/* M rows of a matrix whose row index is split over up to three leading axes, the
+ * way attn_linear walks x [..., K] and y [..., N] (any strides): row m is
+ * (i0, i1, i2) with m = (i0 * n[1] + i1) * n[2] + i2, and starts at element
+ * i0 * s[0] + i1 * s[1] + i2 * s[2]; its elements are cs apart. Describing rows this
+ * way, instead of by an array of row offsets, is what lets a call run without
+ * scratch for them. */
+typedef struct attn__gemm_rows {
+    int64_t n[3];
+    int64_t s[3];
+    int64_t cs;
+} attn__gemm_rows;
 
-/* One call's plan, shared by the workers (see src/gemm_kernel.h). */
+/* The element offset of row m. */
+static inline int64_t attn__gemm_row(const attn__gemm_rows *r, int64_t m)
+{
+    const int64_t i2 = m % r->n[2], t = m / r->n[2];
+    return (t / r->n[1]) * r->s[0] + (t % r->n[1]) * r->s[1] + i2 * r->s[2];
+}
+
+/* The element offsets of rows m0 .. m0 + n - 1 into off[0 .. n-1]: one division
+ * for the first row, then the indices are counted up, so a block of rows costs no
+ * division per row. */
+static inline void attn__gemm_row_offsets(const attn__gemm_rows *r, int64_t m0, int64_t n,
+                                          int64_t *off)
+{
+    const int64_t t = m0 / r->n[2];
+    int64_t i2 = m0 % r->n[2], i1 = t % r->n[1], i0 = t / r->n[1];
+    for (int64_t j = 0; j < n; j++) {
+        off[j] = i0 * r->s[0] + i1 * r->s[1] + i2 * r->s[2];
+        if (++i2 == r->n[2]) {
+            i2 = 0;
+            if (++i1 == r->n[1]) {
+                i1 = 0;
+                i0++;
+            }
+        }
+    }
+}
+
+/* Fills r from a 4-D view's sizes and strides (attn__as4d): the first three axes
+ * are the rows, the last one the columns. */
+void attn__gemm_rows_from4d(const int64_t shape[4], const int64_t stride[4],
+                            attn__gemm_rows *r);
+
+/* The bytes a packed W [N, K] (and its bias) takes on arch, two 64-byte aligned
+ * parts; 0 when that overflows size_t. */
+size_t attn__gemm_pack_bytes(attn_arch arch, int64_t N, int64_t K);
+
+/* Packs W (row stride w_rs, column stride w_cs) and bias (N floats at stride b_s,
+ * or NULL) for arch into mem, which holds attn__gemm_pack_bytes(arch, N, K) bytes
+ * and is 64-byte aligned, and describes the result in *pw. Runs on ctx's threads;
+ * never fails and allocates nothing. */
+void attn__gemm_pack(attn_ctx *ctx, attn_arch arch, const float *w, int64_t w_rs,
+                     int64_t w_cs, const float *bias, int64_t b_s, int64_t N, int64_t K,
+                     void *mem, attn__gemm_packed *pw);
+
+/* y[m, n] = sum_k x[m, k] * W[n, k] + b[n] (nn.Linear's x W^T + b) for the M rows
+ * that xr and yr describe (the same leading sizes), with the packed weight pw,
+ * through the kernel of gemm_kernel.h for pw->arch. pw->arch is never REF here:
+ * the reference loop is attn_linear's own (src/attention/linear.c). Unchecked and
+ * allocation-free; the result does not depend on the thread count. */
+void attn__gemm_run(attn_ctx *ctx, const attn__gemm_packed *pw, const float *x,
+                    const attn__gemm_rows *xr, float *y, const attn__gemm_rows *yr);
+
+/* Micro-tiles of rows per work item, and panels of w per work item: a block of
+ * 8 micro-tiles of x (under 100 rows) against 4 panels (64 or 128 features). */
+#define ATTN_GEMM_MB_TILES 8
+#define ATTN_GEMM_NB_PANELS 4
+
+/* One call's plan, shared by the workers (see gemm_kernel.h). */
 typedef struct attn__gemm_job {
-    const attn__gemm_args *g;
-    float *wp;     /* packed w: [ceil(N / nr)][K][nr] */
-    float *bp;     /* packed bias: [ceil(N / nr) * nr] */
-    int64_t mb;    /* rows of x per work item (a multiple of mr) */
-    int64_t nb;    /* panels of w per work item */
+    const attn__gemm_packed *pw;
+    const float *x;
+    const attn__gemm_rows *xr;
+    float *y;
+    const attn__gemm_rows *yr;
+    int64_t M;
+    int64_t mb; /* rows of x per work item: mr * ATTN_GEMM_MB_TILES */
+    int64_t nb; /* panels of w per work item */
 } attn__gemm_job;
 
 typedef struct attn__gemm_kernel {
     attn_arch arch;
     int mr, nr;
-    void (*pack)(void *job, int64_t panel, int worker);
     void (*tile)(void *job, int64_t item, int worker);
 } attn__gemm_kernel;
 

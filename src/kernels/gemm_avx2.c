@@ -11,5 +11,5 @@
 #include "gemm_kernel.h"
 
 const attn__gemm_kernel attn__gemm_kernel_avx2 = {
-    ATTN_ARCH_AVX2, GK_MR, GK_NR, gk_pack_item, gk_tile_item,
+    ATTN_ARCH_AVX2, GK_MR, GK_NR, gk_tile_item,
 };

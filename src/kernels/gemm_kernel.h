@@ -8,21 +8,27 @@
  *
  * It computes y[m, n] = sum_k x[m, k] w[n, k] + bias[n] (nn.Linear, W [N, K]).
  * Both x and w are contiguous along k only, so one side must be repacked for
- * vector loads along n: w is packed once per call (gk_pack_item, in parallel)
- * into panels [ceil(N / NR)][K][NR] with NR = GK_NRV * SIMD_W, zero-padded past N.
- * x is never copied: the micro-kernel broadcasts x[m, k] straight from the caller's
- * rows (any strides), so a micro-tile reads GK_MR rows of x and one panel of w and
- * keeps its GK_MR x NR sums in registers over the whole of k, in increasing k.
+ * vector loads along n: w is packed beforehand (attn__gemm_pack in gemm.c, once for
+ * a packed weight or per call into scratch) into panels [ceil(N / NR)][K][NR] with
+ * NR = GK_NRV * SIMD_W, zero-padded past N. x is never copied: the micro-kernel
+ * broadcasts x[m, k] straight from the caller's rows (any strides), so a
+ * micro-tile reads GK_MR rows of x and one panel of w and keeps its GK_MR x NR sums
+ * in registers over the whole of k, in increasing k.
+ *
+ * Rows are found from their index (up to three leading axes with their own
+ * strides): a work item counts its block's row offsets once, on its stack
+ * (attn__gemm_row_offsets), so a call needs no table of row offsets and no scratch.
  *
  * Tails: rows past M are served by repeating row M-1 (valid memory) and their sums
  * are dropped; columns past N are zeros in the packed panel and are dropped. Full
- * micro-tiles with a unit column stride store straight into y; others go through
- * a small stack tile.
+ * micro-tiles with a unit column stride whose rows are evenly spaced store straight
+ * into y; others go through a small stack tile.
  *
- * Work items: one item is a block of GK_MB rows x GK_NB panels; items write
- * disjoint parts of y and each sum has one order, so the result does not depend on
- * the thread count. The panel of w an item reads (K x NR floats) stays in L2 while
- * it walks the block's rows.
+ * Work items: one item is a block of job->mb rows (ATTN_GEMM_MB_TILES micro-tiles,
+ * gemm.c) x job->nb panels (ATTN_GEMM_NB_PANELS); items write disjoint parts of y
+ * and each sum has one order, so the result does not depend on the thread count.
+ * The panel of w an item reads (K x NR floats) stays in L2 while it walks the
+ * block's rows.
  */
 #ifndef ATTN_GEMM_KERNEL_H
 #define ATTN_GEMM_KERNEL_H
@@ -41,34 +47,6 @@
 #else
 #define GK_INLINE static inline
 #endif
-
-/* Packs panel `item` of w (NR output features) and of the bias. */
-static void gk_pack_item(void *arg, int64_t item, int worker)
-{
-    (void)worker;
-    const attn__gemm_job *job = (const attn__gemm_job *)arg;
-    const attn__gemm_args *g = job->g;
-    const int64_t K = g->K;
-    float *dst = job->wp + item * K * GK_NR;
-    float *bdst = job->bp + item * GK_NR;
-    for (int64_t c = 0; c < GK_NR; c++) {
-        const int64_t n = item * GK_NR + c;
-        if (n < g->N) {
-            const float *src = g->w + n * g->w_rs;
-            if (g->w_cs == 1)
-                for (int64_t k = 0; k < K; k++)
-                    dst[k * GK_NR + c] = src[k];
-            else
-                for (int64_t k = 0; k < K; k++)
-                    dst[k * GK_NR + c] = src[k * g->w_cs];
-            bdst[c] = g->bias ? g->bias[n * g->b_s] : 0.0f;
-        } else {
-            for (int64_t k = 0; k < K; k++)
-                dst[k * GK_NR + c] = 0.0f;
-            bdst[c] = 0.0f;
-        }
-    }
-}
 
 /* The micro-kernel: out[r][c] = bias[c] + sum_k x_r[k * xcs] * wp[k][c]. */
 GK_INLINE void gk_ukr(int64_t K, const float *const *xr, int64_t xcs, const float *wp,
@@ -99,39 +77,46 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
 {
     (void)worker;
     const attn__gemm_job *job = (const attn__gemm_job *)arg;
-    const attn__gemm_args *g = job->g;
-    const int64_t n_panels = (g->N + GK_NR - 1) / GK_NR;
+    const attn__gemm_packed *pw = job->pw;
+    const int64_t M = job->M, N = pw->N, K = pw->K;
+    const int64_t n_panels = (N + GK_NR - 1) / GK_NR;
     const int64_t n_pblocks = (n_panels + job->nb - 1) / job->nb;
     const int64_t mb = item / n_pblocks, pb = item % n_pblocks;
-    const int64_t m0 = mb * job->mb, m1 = m0 + job->mb < g->M ? m0 + job->mb : g->M;
+    const int64_t m0 = mb * job->mb, m1 = m0 + job->mb < M ? m0 + job->mb : M;
     const int64_t p0 = pb * job->nb, p1 = p0 + job->nb < n_panels ? p0 + job->nb : n_panels;
+    const int64_t x_cs = job->xr->cs, y_cs = job->yr->cs;
     float tile[GK_MR * GK_NR];
+    /* The block's row offsets, found once for all its panels. */
+    int64_t xoff[GK_MR * ATTN_GEMM_MB_TILES], yoff_all[GK_MR * ATTN_GEMM_MB_TILES];
+    attn__gemm_row_offsets(job->xr, m0, m1 - m0, xoff);
+    attn__gemm_row_offsets(job->yr, m0, m1 - m0, yoff_all);
     for (int64_t p = p0; p < p1; p++) {
-        const float *wp = job->wp + p * g->K * GK_NR;
-        const float *bp = job->bp + p * GK_NR;
+        const float *wp = pw->wp + p * K * GK_NR;
+        const float *bp = pw->bp + p * GK_NR;
         const int64_t n0 = p * GK_NR;
-        const int64_t nc = g->N - n0 < GK_NR ? g->N - n0 : GK_NR;
+        const int64_t nc = N - n0 < GK_NR ? N - n0 : GK_NR;
         for (int64_t m = m0; m < m1; m += GK_MR) {
             const int64_t mr = m1 - m < GK_MR ? m1 - m : GK_MR;
             const float *xr[GK_MR];
+            const int64_t *yoff = yoff_all + (m - m0);
             for (int r = 0; r < GK_MR; r++)
-                xr[r] = g->x + g->x_row[m + (r < mr ? r : mr - 1)];
-            if (mr == GK_MR && nc == GK_NR && g->y_cs == 1) {
+                xr[r] = job->x + xoff[m - m0 + (r < mr ? r : mr - 1)];
+            if (mr == GK_MR && nc == GK_NR && y_cs == 1) {
                 /* Straight into y when the tile's rows are evenly spaced. */
-                const int64_t ldo = g->y_row[m + 1] - g->y_row[m];
+                const int64_t ldo = yoff[1] - yoff[0];
                 int even = 1;
                 for (int r = 2; r < GK_MR; r++)
-                    even &= g->y_row[m + r] - g->y_row[m] == r * ldo;
+                    even &= yoff[r] - yoff[0] == r * ldo;
                 if (even) {
-                    gk_ukr(g->K, xr, g->x_cs, wp, bp, g->y + g->y_row[m] + n0, ldo);
+                    gk_ukr(K, xr, x_cs, wp, bp, job->y + yoff[0] + n0, ldo);
                     continue;
                 }
             }
-            gk_ukr(g->K, xr, g->x_cs, wp, bp, tile, GK_NR);
+            gk_ukr(K, xr, x_cs, wp, bp, tile, GK_NR);
             for (int64_t r = 0; r < mr; r++) {
-                float *yrow = g->y + g->y_row[m + r];
+                float *yrow = job->y + yoff[r];
                 for (int64_t c = 0; c < nc; c++)
-                    yrow[(n0 + c) * g->y_cs] = tile[r * GK_NR + c];
+                    yrow[(n0 + c) * y_cs] = tile[r * GK_NR + c];
             }
         }
     }
