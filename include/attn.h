@@ -254,7 +254,9 @@ ATTN_API int attn_mask_check(attn_ctx *ctx, const attn_tensor *mask, int64_t B, 
 /* y = x W^T + b.  x [..., in], W [out, in], b [out] or NULL, y [..., out].
  * The leading axes of x and y (up to three) must match. All float32; any strides.
  * The GEMM packs W into panels first, in scratch taken as attn_ctx says (see
- * attn_linear_workspace_size); with ATTN_ARCH_REF it reads W in place. */
+ * attn_linear_workspace_size); with ATTN_ARCH_REF it reads W in place.
+ * Aliasing: y must not overlap x, W or b (each y element needs a whole row of x and
+ * of W); such a call is refused, naming both. */
 ATTN_API int attn_linear(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W,
                 const attn_tensor *b, attn_tensor *y);
 
@@ -284,7 +286,7 @@ ATTN_API void attn_linear_packed_free(attn_ctx *ctx, attn_linear_packed *pw);
  * gives the same bits as attn_linear with the weight it was packed from. The
  * call's arch (attn_arch_selected(ctx)) must be the one the weight was packed
  * for: otherwise it fails with INVALID_ARGUMENT and a message naming both (pack
- * the weight again under that arch). */
+ * the weight again under that arch). Aliasing: y must not overlap x (refused). */
 ATTN_API int attn_linear_forward_packed(attn_ctx *ctx, const attn_tensor *x,
                                const attn_linear_packed *pw, attn_tensor *y);
 
@@ -427,7 +429,10 @@ ATTN_API int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, in
  * 1/sqrt(D). The arguments are checked once. Its scratch (q, k, v, the context,
  * the attention's own, and W_qkv and W_o packed for the GEMM) is one block of
  * attn_mha_workspace_size bytes, taken as attn_ctx says: the caller's workspace,
- * the context's kept buffer, or one allocation freed before the call returns. */
+ * the context's kept buffer, or one allocation freed before the call returns.
+ * Aliasing: out may be x itself (the same view: x is read whole before out is
+ * written); out, weights and p->lse must not overlap x otherwise, nor the weight
+ * tensors, p's inputs or each other (refused, naming both). */
 ATTN_API int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
                      const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                      attn_tensor *weights);

@@ -260,11 +260,203 @@ static void test_masks(void)
     CHECK(ids[0] == 1 && ids[1] == 2 && ids[5] == 4); /* untouched */
 }
 
+static void test_sdpa_pairs(void)
+{
+    TEST("attn_sdpa refuses every output (out, weights, lse) that overlaps an input (q, k, "
+         "v, mask, bias, sinks, ALiBi slopes) or another output, naming both, on every "
+         "path; out may be q itself and then equals the result with separate memory");
+    enum { B = 1, H = 2, T = 6, D = 4 };
+    enum { NQ = B * H * T * D, NW = B * H * T * T, NL = B * H * T };
+    /* One arena holds every tensor, so any output can be placed on any input. */
+    /* Each input is followed by a gap at least as large as the largest output, so
+     * an output laid over an input's start overlaps that input only. */
+    enum { GAP = NW };
+    static float arena[16 * NW];
+    float *q = arena, *k = q + NQ + GAP, *v = k + NQ + GAP, *bias = v + NQ + GAP,
+          *sinks = bias + NW + GAP, *slopes = sinks + H + GAP, *o = slopes + H + GAP,
+          *w = o + NQ, *lse = w + NW, *o2 = lse + NL;
+    uint8_t *mask = (uint8_t *)(o2 + NQ + GAP);
+    tu_fill(arena, (int64_t)(sizeof arena / sizeof arena[0]), 5);
+    for (int i = 0; i < NW; i++)
+        mask[i] = 1;
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D);
+    attn_tensor tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(o, B, H, T, D);
+    attn_tensor tw = tu_tensor4(w, B, H, T, T), tb = tu_tensor4(bias, B, H, T, T);
+    attn_tensor tl = tu_tensor3(lse, B, H, T), tm = tu_tensor4((float *)mask, B, H, T, T);
+    tm.dtype = ATTN_DTYPE_BOOL;
+    const int64_t hs[1] = {H};
+    attn_tensor tsk, tsl;
+    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, sinks, 1, hs);
+    attn_tensor_init(NULL, &tsl, ATTN_DTYPE_F32, slopes, 1, hs);
+    for (int i = 0; i < H; i++)
+        slopes[i] = 0.1f;
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.mask = &tm;
+    p.bias = &tb;
+    p.sinks = &tsk;
+    p.alibi_slopes = &tsl;
+    p.lse = &tl;
+
+    const attn_arch archs[] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int a = 0; a < 4; a++) {
+        if (!attn_arch_supported(archs[a]))
+            continue;
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.arch = archs[a];
+        CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, &tw), ATTN_OK);
+
+        /* Each output placed over the start of each input. */
+        struct { const char *name; float *at; } ins[] = {
+            {"q", q}, {"k", k}, {"v", v}, {"bias", bias}, {"sinks", sinks},
+            {"alibi_slopes", slopes}, {"mask", (float *)mask}};
+        for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) {
+            attn_tensor bad_o = to, bad_w = tw, bad_l = tl;
+            bad_o.data = ins[i].at + (i == 0 ? 1 : 0); /* q itself is allowed; q + 1 is not */
+            bad_w.data = ins[i].at;
+            bad_l.data = ins[i].at;
+            expect_alias_error(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &bad_o, &tw), &ctx, "out",
+                               ins[i].name);
+            expect_alias_error(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, &bad_w), &ctx, "weights",
+                               ins[i].name);
+            attn_sdpa_params pl = p;
+            pl.lse = &bad_l;
+            expect_alias_error(attn_sdpa(&ctx, &tq, &tk, &tv, &pl, &to, &tw), &ctx, "lse",
+                               ins[i].name);
+        }
+        /* Outputs on each other. */
+        attn_tensor w_on_o = tw, l_on_w = tl;
+        w_on_o.data = o;
+        l_on_w.data = w;
+        expect_alias_error(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, &w_on_o), &ctx, "weights", "out");
+        attn_sdpa_params pl = p;
+        pl.lse = &l_on_w;
+        expect_alias_error(attn_sdpa(&ctx, &tq, &tk, &tv, &pl, &to, &tw), &ctx, "lse", "weights");
+
+        /* In place: out is q. */
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_TOP_LEFT;
+        attn_tensor to2 = tu_tensor4(o2, B, H, T, D);
+        static float qcopy[NQ];
+        memcpy(qcopy, q, sizeof qcopy);
+        CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to2, NULL), ATTN_OK);
+        CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &tq, NULL), ATTN_OK);
+        CHECK(memcmp(q, o2, sizeof qcopy) == 0);
+        memcpy(q, qcopy, sizeof qcopy);
+        attn_sdpa_params_init(&p);
+        p.mask = &tm;
+        p.bias = &tb;
+        p.sinks = &tsk;
+        p.alibi_slopes = &tsl;
+        p.lse = &tl;
+    }
+}
+
+static void test_linear_pairs(void)
+{
+    TEST("attn_linear refuses y overlapping x, the weight or the bias (y == x gave numbers "
+         "off by up to 30), and attn_linear_forward_packed y overlapping x, naming both");
+    enum { M = 4, K = 6, N = 6 };
+    static float buf[M * K + N * K + N + M * N];
+    float *x = buf, *W = x + M * K, *b = W + N * K, *y = b + N;
+    tu_fill(buf, (int64_t)(sizeof buf / sizeof buf[0]), 9);
+    const int64_t sx[2] = {M, K}, sw[2] = {N, K}, sb[1] = {N}, sy[2] = {M, N};
+    attn_tensor tx, tW, tb, ty;
+    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, x, 2, sx);
+    attn_tensor_init(NULL, &tW, ATTN_DTYPE_F32, W, 2, sw);
+    attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, b, 1, sb);
+    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, y, 2, sy);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    CHECK_INT(attn_linear(&ctx, &tx, &tW, &tb, &ty), ATTN_OK);
+    attn_tensor on_x = ty, on_w = ty, on_b = ty;
+    on_x.data = x;
+    on_w.data = W + 3;
+    on_b.data = b;
+    expect_alias_error(attn_linear(&ctx, &tx, &tW, &tb, &on_x), &ctx, "y", "x");
+    expect_alias_error(attn_linear(&ctx, &tx, &tW, &tb, &on_w), &ctx, "y", "weight");
+    expect_alias_error(attn_linear(&ctx, &tx, &tW, &tb, &on_b), &ctx, "y", "bias");
+    attn_linear_packed *pw = NULL;
+    CHECK_INT(attn_linear_pack(&ctx, &tW, &tb, &pw), ATTN_OK);
+    expect_alias_error(attn_linear_forward_packed(&ctx, &tx, pw, &on_x), &ctx, "y", "x");
+    CHECK_INT(attn_linear_forward_packed(&ctx, &tx, pw, &ty), ATTN_OK);
+    attn_linear_packed_free(&ctx, pw);
+}
+
+static void test_mha_pairs(void)
+{
+    TEST("attn_mha_forward may write out over x itself (same result as separate memory) "
+         "but refuses out, the attention weights or the log-sum-exp overlapping x, the "
+         "weight tensors or each other, naming both; the packed call too");
+    enum { B = 2, T = 5, E = 8, H = 2 };
+    /* One arena in a known order, with a gap after the output weight so that an
+     * out laid over it overlaps it alone. */
+    static float arena[3 * E * E + 3 * E + E * E + B * T * E + E + B * T * E + B * T * E +
+                       B * H * T * T + B * H * T];
+    float *wqkv = arena, *bqkv = wqkv + 3 * E * E, *wo = bqkv + 3 * E, *bo = wo + E * E + B * T * E;
+    float *x = bo + E, *out = x + B * T * E, *att = out + B * T * E, *lse = att + B * H * T * T;
+    tu_fill(wqkv, 3 * E * E, 11);
+    tu_fill(bqkv, 3 * E, 12);
+    tu_fill(wo, E * E, 13);
+    tu_fill(bo, E, 14);
+    tu_fill(x, B * T * E, 15);
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, B, T, E), to = tu_tensor3(out, B, T, E);
+    attn_tensor ta = tu_tensor4(att, B, H, T, T), tl = tu_tensor3(lse, B, H, T);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_TOP_LEFT;
+    p.lse = &tl;
+    CHECK_INT(attn_mha_forward(&ctx, &mw, H, &tx, &p, &to, &ta), ATTN_OK);
+
+    attn_tensor o_wqkv = to, o_wo = to, a_x = ta, a_o = ta, l_x = tl, l_a = tl;
+    o_wqkv.data = wqkv;
+    o_wo.data = wo;
+    a_x.data = x;
+    a_o.data = out;
+    l_x.data = x + 3;
+    l_a.data = att;
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &p, &o_wqkv, &ta), &ctx, "out",
+                       "qkv weight");
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &p, &o_wo, &ta), &ctx, "out",
+                       "output weight");
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &p, &to, &a_x), &ctx, "weights", "x");
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &p, &to, &a_o), &ctx, "weights", "out");
+    attn_sdpa_params pl = p;
+    pl.lse = &l_x;
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &pl, &to, &ta), &ctx, "lse", "x");
+    pl.lse = &l_a;
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &pl, &to, &ta), &ctx, "lse", "weights");
+    attn_tensor shifted = to;
+    shifted.data = x + 1;
+    expect_alias_error(attn_mha_forward(&ctx, &mw, H, &tx, &p, &shifted, &ta), &ctx, "out", "x");
+
+    attn_mha_packed *pw = NULL;
+    CHECK_INT(attn_mha_pack(&ctx, &mw, &pw), ATTN_OK);
+    expect_alias_error(attn_mha_forward_packed(&ctx, pw, H, &tx, &p, &to, &a_x), &ctx,
+                       "weights", "x");
+    /* In place: out is x. */
+    static float xin[B * T * E];
+    memcpy(xin, x, sizeof xin);
+    CHECK_INT(attn_mha_forward_packed(&ctx, pw, H, &tx, &p, &tx, NULL), ATTN_OK);
+    CHECK(memcmp(x, out, sizeof xin) == 0);
+    memcpy(x, xin, sizeof xin);
+    CHECK_INT(attn_mha_forward(&ctx, &mw, H, &tx, &p, &tx, NULL), ATTN_OK);
+    CHECK(memcmp(x, out, sizeof xin) == 0);
+    attn_mha_packed_free(&ctx, pw);
+}
+
 int main(void)
 {
     test_detector();
     test_column_blocks();
     test_tensor_copy();
     test_masks();
+    test_sdpa_pairs();
+    test_linear_pairs();
+    test_mha_pairs();
     return check_summary("test_alias");
 }

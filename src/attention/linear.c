@@ -36,8 +36,15 @@ int attn__linear_check(attn_ctx *ctx, const attn_tensor *x, const attn_tensor *W
     int y_ok = y->ndim == x->ndim && y->shape[y->ndim - 1] == out;
     for (int i = 0; y_ok && i < x->ndim - 1; i++)
         y_ok = x->shape[i] == y->shape[i];
-    if (w_ok && b_ok && y_ok)
+    if (w_ok && b_ok && y_ok) {
+        /* Every y element is a sum over a whole row of x and a whole row of W, so
+         * y may share memory with none of them (y == x gave wrong numbers). */
+        if ((rc = attn__no_overlap(ctx, "attn_linear", y, "y", x, "x", 0)) ||
+            (rc = attn__no_overlap(ctx, "attn_linear", y, "y", W, "weight", 0)) ||
+            (b && (rc = attn__no_overlap(ctx, "attn_linear", y, "y", b, "bias", 0))))
+            return rc;
         return ATTN_OK;
+    }
     /* Only a failing call pays for formatting the shapes. */
     char sx[128], sw[128], sb[128], sy[128];
     attn__shape_str(x, sx, sizeof sx);
@@ -145,7 +152,7 @@ static int linear_check_packed(attn_ctx *ctx, const attn_tensor *x, int64_t N, i
     for (int i = 0; ok && i < x->ndim - 1; i++)
         ok = x->shape[i] == y->shape[i];
     if (ok)
-        return ATTN_OK;
+        return attn__no_overlap(ctx, "attn_linear_forward_packed", y, "y", x, "x", 0);
     char sx[128], sy[128];
     return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
                       "linear: x %s and y %s do not fit the packed weight [%lld, %lld] "

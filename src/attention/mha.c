@@ -144,6 +144,40 @@ typedef struct mha_plan {
 /* Checks x, out, weights and p for embed_dim E and num_heads H (already checked)
  * and plans the call. pack_bytes is the room the per-call packing needs in the
  * region (0 when the weights come packed). */
+/* Outputs that overlap inputs. out may be x itself: x is read whole by the q/k/v
+ * projection before the output projection writes out. Nothing else may overlap:
+ * out, the attention weights and the log-sum-exp against x, the masks and options,
+ * the weight tensors (w, NULL for packed weights, which live in the library's
+ * memory) and each other. */
+static int mha_aliasing(attn_ctx *ctx, const attn_tensor *x, const attn_sdpa_params *p,
+                        const attn_mha_weights *w, const attn_tensor *out,
+                        const attn_tensor *weights)
+{
+    const attn_tensor *ins[10] = {x, p ? p->mask : NULL, p ? p->bias : NULL,
+                                  p ? p->sinks : NULL, p ? p->alibi_slopes : NULL,
+                                  w ? &w->w_qkv : NULL, w ? &w->b_qkv : NULL,
+                                  w ? &w->w_o : NULL, w ? &w->b_o : NULL, NULL};
+    static const char *const in_names[10] = {"x", "mask", "bias", "sinks", "alibi_slopes",
+                                             "qkv weight", "qkv bias", "output weight",
+                                             "output bias", NULL};
+    const attn_tensor *outs[3] = {out, weights, p ? p->lse : NULL};
+    static const char *const out_names[3] = {"out", "weights", "lse"};
+    int rc;
+    /* Each output against the inputs first, then the outputs against each other,
+     * so that the message names an input whenever one is involved. */
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < 9 && outs[o]; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, "attn_mha_forward", outs[o], out_names[o], ins[i],
+                                                 in_names[i], o == 0 && i == 0)))
+                return rc;
+    for (int o = 0; o < 3; o++)
+        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_mha_forward", outs[o2], out_names[o2], outs[o],
+                                                   out_names[o], 0)))
+                return rc;
+    return ATTN_OK;
+}
+
 static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor *x,
                          const attn_sdpa_params *p, const attn_tensor *out,
                          const attn_tensor *weights, size_t pack_bytes, mha_plan *mp)
@@ -182,7 +216,7 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor 
     head_view(&v, base, B, T, H, D, 3 * E, 2 * E);
     head_view(&context, base, B, T, H, D, E, 0);
     attn__sdpa_shapes s;
-    if ((rc = attn__sdpa_prepare(ctx, &q, &k, &v, p, &context, weights, &s)) ||
+    if ((rc = attn__sdpa_prepare_shapes(ctx, &q, &k, &v, p, &context, weights, &s)) ||
         (rc = attn__sdpa_plan_for_ctx(ctx, &s, &mp->sdpa)))
         return rc;
 
@@ -262,7 +296,8 @@ static int mha_prepare(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_hea
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "a packed qkv weight of %lld x %lld floats overflows",
                           (long long)(3 * E), (long long)E);
-    return mha_plan_make(ctx, E, num_heads, x, p, out, weights, pack, mp);
+    rc = mha_plan_make(ctx, E, num_heads, x, p, out, weights, pack, mp);
+    return rc != ATTN_OK ? rc : mha_aliasing(ctx, x, p, w, out, weights);
 }
 
 /* Checks and plans attn_mha_forward_packed's arguments. */
@@ -277,7 +312,7 @@ static int mha_prepare_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t 
         rc = attn__packed_arch_check(ctx, pw->qkv.arch, "the attention weights");
     if (rc == ATTN_OK)
         rc = mha_plan_make(ctx, pw->E, num_heads, x, p, out, weights, 0, mp);
-    return rc;
+    return rc != ATTN_OK ? rc : mha_aliasing(ctx, x, p, NULL, out, weights);
 }
 
 /* Takes the block, runs, gives the block back. */

@@ -182,18 +182,18 @@ static int check_aliasing(attn_ctx *ctx, const attn_tensor *q, const attn_tensor
     const attn_tensor *outs[3] = {out, weights, p->lse};
     const char *out_names[3] = {"out", "weights", "lse"};
     int rc;
-    for (int o = 0; o < 3; o++) {
-        if (!outs[o])
-            continue;
-        for (int i = 0; i < 7; i++)
+    /* Each output against the inputs first, then the outputs against each other,
+     * so that the message names an input whenever one is involved. */
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < 7 && outs[o]; i++)
             if (ins[i] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o], out_names[o], ins[i],
                                                  in_names[i], o == 0 && i == 0)))
                 return rc;
-        for (int o2 = o + 1; o2 < 3; o2++)
-            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o2], out_names[o2],
-                                                   outs[o], out_names[o], 0)))
+    for (int o = 0; o < 3; o++)
+        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o2], out_names[o2], outs[o],
+                                                   out_names[o], 0)))
                 return rc;
-    }
     return ATTN_OK;
 }
 
@@ -201,6 +201,20 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
                        const attn_tensor *v, const attn_sdpa_params *p,
                        const attn_tensor *out, const attn_tensor *weights,
                        attn__sdpa_shapes *s)
+{
+    attn_sdpa_params defaults;
+    if (!p) {
+        attn_sdpa_params_init(&defaults);
+        p = &defaults;
+    }
+    int rc = attn__sdpa_prepare_shapes(ctx, q, k, v, p, out, weights, s);
+    return rc != ATTN_OK ? rc : check_aliasing(ctx, q, k, v, p, out, weights);
+}
+
+int attn__sdpa_prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                              const attn_tensor *v, const attn_sdpa_params *p,
+                              const attn_tensor *out, const attn_tensor *weights,
+                              attn__sdpa_shapes *s)
 {
     int rc;
     attn_sdpa_params defaults;
@@ -255,8 +269,7 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "scale %g is not a finite number",
                           (double)p->scale);
     if ((rc = attn__mask4_init(ctx, p->mask, s->B, s->H, s->Tq, s->Tk, &s->mask)) ||
-        (rc = check_options(ctx, p, s)) ||
-        (rc = check_aliasing(ctx, q, k, v, p, out, weights)))
+        (rc = check_options(ctx, p, s)))
         return rc;
     s->scale = p->has_scale ? p->scale : (float)(1.0 / sqrt((double)s->D));
     s->empty_rows = p->empty_rows;

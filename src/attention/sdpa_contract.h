@@ -52,6 +52,14 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
                        const attn_tensor *out, const attn_tensor *weights,
                        attn__sdpa_shapes *s);
 
+/* attn__sdpa_prepare without the check that outputs do not overlap inputs: for a
+ * caller that plans on views of its own scratch (multi-head attention checks the
+ * overlap of its own arguments instead). */
+int attn__sdpa_prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                              const attn_tensor *v, const attn_sdpa_params *p,
+                              const attn_tensor *out, const attn_tensor *weights,
+                              attn__sdpa_shapes *s);
+
 /* Records the EMPTY_ROW error for query i of (b, h), naming where it is. */
 int attn__empty_row_fail(attn_ctx *ctx, const attn__sdpa_shapes *s, int64_t b, int64_t h,
                          int64_t i);
