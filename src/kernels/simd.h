@@ -3,8 +3,9 @@
  *
  * One kernel body (src/kernels/fused_kernel.h, src/kernels/gemm_kernel.h) is compiled three times:
  * by src/kernels/sdpa_fused.c with no ISA flags (portable C), by src/kernels/sdpa_fused_avx2.c with
- * -mavx2 -mfma and by src/kernels/sdpa_fused_avx512.c with -mavx512f (CMake adds the flags
- * to those files only). Each of those files defines exactly one of
+ * -mavx2 -mfma and by src/kernels/sdpa_fused_avx512.c with -mavx512f -mavx512dq
+ * -mavx512bw -mavx512vl (CMake adds the flags to those files only; the runtime
+ * dispatch takes that path only when cpuid reports all four). Each of those files defines exactly one of
  *
  *     ATTN_SIMD_SCALAR   ATTN_SIMD_AVX2   ATTN_SIMD_AVX512
  *
