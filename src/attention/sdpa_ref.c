@@ -4,18 +4,20 @@
  * This is the specification the tests trust and the code a learner reads first,
  * beside the chapter. For each (batch b, head h), on plain loops:
  *
- *   1. scores  = q k^T * scale           [Tq, Tk]  scale = 1/sqrt(D) by default
- *      masked scores become -inf         (the mask is false: may not attend)
+ *   1. scores  = q k^T * scale           [Tq, Tk]  scale = 1/sqrt(D) by default;
+ *                                                  masked scores are -inf
  *   2. weights = softmax(scores) by row  [Tq, Tk]
  *   3. out     = weights v               [Tq, Dv]
  *
  * Shapes: q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], out [B, H, Tq, Dv],
- * weights [B, H, Tq, Tk]; element (b, h, i, d) of q is qd[attn__off4(s.q_s, b, h, i, d)].
- * `scores` is the caller's [Tq, Tk] block, reused for every (b, h).
+ * weights [B, H, Tq, Tk] (NULL: not wanted); element (b, h, i, d) of q is
+ * qd[attn__off4(s.q_s, b, h, i, d)], and likewise for the others. `scores` is the
+ * caller's [Tq, Tk] block, reused for every (b, h).
  *
- * The arguments were checked before this runs (sdpa_contract.c); the public entry
- * point, attn_sdpa_ref, is in sdpa.c. The fused kernel (src/kernels/) computes the
- * same thing without the score block.
+ * The arguments were checked, and the mask read into s, before this runs
+ * (sdpa_contract.c); the public entry point, attn_sdpa_ref, is in sdpa.c. The
+ * fused kernel (src/kernels/fused_kernel.h) computes the same thing without the
+ * score block, and gives the same answer for NaN and inf inputs.
  */
 #include "sdpa_contract.h"
 
@@ -39,11 +41,13 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *sp, const float *
                         attn__may_attend(&s, b, h, i, j) ? dot * s.scale : -INFINITY;
                 }
 
-            /* Step 2: softmax over the key axis, from the row's maximum so that exp
-             * never overflows. A masked key has exp(-inf) = 0 weight. A row with no
-             * visible key is an error, or all zeros when asked. (Visibility is read
-             * from the mask, not from the scores, so a NaN score is not taken for a
-             * masked one: it makes its own row NaN, as in PyTorch.) */
+            /* Step 2: weights = softmax over the key axis, in place.  [Tq, Tk]
+             * It starts from the row's maximum so that exp never overflows; a masked
+             * key has exp(-inf) = 0 weight. A row with no visible key is an error,
+             * or all zeros when asked. Visibility is read from the mask, not from
+             * the scores, so a NaN score is not taken for a masked one: it makes its
+             * own row NaN, as in PyTorch (and so does a row whose visible scores are
+             * all -inf: exp(-inf - -inf) is NaN). */
             for (int64_t i = 0; i < Tq; i++) {
                 float *row = scores + i * Tk;
                 float max = -INFINITY;
@@ -58,20 +62,25 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *sp, const float *
                         return attn__empty_row_fail(ctx, &s, b, h, i);
                     for (int64_t j = 0; j < Tk; j++)
                         row[j] = 0.0f;
-                    continue;
+                } else {
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < Tk; j++) {
+                        row[j] = expf(row[j] - max);
+                        sum += row[j];
+                    }
+                    for (int64_t j = 0; j < Tk; j++)
+                        row[j] /= sum;
                 }
-                float sum = 0.0f;
-                for (int64_t j = 0; j < Tk; j++) {
-                    row[j] = expf(row[j] - max);
-                    sum += row[j];
-                }
-                for (int64_t j = 0; j < Tk; j++)
-                    row[j] /= sum;
+                if (wd)
+                    for (int64_t j = 0; j < Tk; j++)
+                        wd[attn__off4(s.w_s, b, h, i, j)] = row[j];
             }
 
             /* Step 3: out = weights v.  [Tq, Dv]  A masked key is skipped, not
-             * multiplied by its zero weight, so whatever its value row holds (even NaN)
-             * never reaches the output. */
+             * multiplied by its zero weight, so whatever its value row holds (even
+             * NaN) never reaches the output. Every other key is multiplied, even
+             * when its weight underflowed to 0: 0 * NaN and 0 * inf are NaN, and a
+             * bad value must reach every row whose softmax includes its key. */
             for (int64_t i = 0; i < Tq; i++)
                 for (int64_t d = 0; d < Dv; d++) {
                     float acc = 0.0f;
@@ -80,11 +89,6 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *sp, const float *
                             acc += scores[i * Tk + j] * vd[attn__off4(s.v_s, b, h, j, d)];
                     od[attn__off4(s.o_s, b, h, i, d)] = acc;
                 }
-
-            if (wd)
-                for (int64_t i = 0; i < Tq; i++)
-                    for (int64_t j = 0; j < Tk; j++)
-                        wd[attn__off4(s.w_s, b, h, i, j)] = scores[i * Tk + j];
         }
     return ATTN_OK;
 }
