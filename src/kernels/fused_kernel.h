@@ -106,8 +106,8 @@
  * query rows (ATTN__FUSED_ROW_MAX in sdpa_fused.h), such as one decoding step
  * against a cache (S5) or the chapter's toy size: one item is one (b, h) and its
  * few query rows; K and V rows are read in place (unit stride along the head dim
- * required) in two streaming passes, the rows' scores kept in a [Tq][Tk] scratch
- * block (Tq <= 8), so the bandwidth goes to K and V only. Tails along D and Dv use
+ * required), K in a score phase and V in a weighted-sum phase, the rows' scores
+ * kept in a [Tq][Tk] scratch block (Tq <= 8), so the bandwidth goes to K and V only. Tails along D and Dv use
  * partial vector loads.
  *
  * Room to grow: the (b, h) of K and V is looked up in one place per item

@@ -5,8 +5,8 @@
  * phases over all the rows - scores, softmax, weighted sum - so that the rows'
  * independent work overlaps in the core instead of one short row waiting on its
  * own chain of latencies. K and V rows are read in place (unit stride along the
- * head dim required), each in one streaming pass; the rows' scores live in a
- * [Tq][Tk] scratch block. Its contract is written at the top of
+ * head dim required), K in the score phase and V in the weighted-sum phase; the
+ * rows' scores live in a [Tq][Tk] scratch block. Its contract is written at the top of
  * src/kernels/fused_kernel.h, which includes this file once per instruction set.
  */
 #ifndef ATTN_FUSED_ROW_H
