@@ -336,7 +336,9 @@ FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
 /* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
  * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P,
  * O = O * alpha. A vector of query rows at a time: every step runs along the key
- * axis, so no horizontal reduction is needed. */
+ * axis, so no horizontal reduction is needed. The max may drop a NaN score (simd_max
+ * returns its second operand when either is NaN); that row is NaN all the same,
+ * since its P holds exp(NaN) = NaN, which reaches l and O. */
 static void fk_softmax_update(const fk_tile *t, int64_t nkp)
 {
     const int64_t br = t->br, nr = t->nr, dvp = t->dvp;
