@@ -117,7 +117,7 @@ typedef enum attn_arch {
     ATTN_ARCH_REF = 1,    /* the reference kernels only */
     ATTN_ARCH_SCALAR = 2, /* portable C fast kernels */
     ATTN_ARCH_AVX2 = 3,   /* AVX2 + FMA */
-    ATTN_ARCH_AVX512 = 4  /* AVX-512F */
+    ATTN_ARCH_AVX512 = 4  /* AVX-512 F + DQ + BW + VL */
 } attn_arch;
 
 typedef struct attn_ctx {
@@ -716,11 +716,12 @@ ATTN_API void attn_output_remove_temporaries(void);
  * Fast paths: instruction-set dispatch, threads, the fused kernel by name
  *
  * The fused kernel and the GEMM come in three builds: portable C ("scalar"),
- * AVX2 + FMA ("avx2") and AVX-512 ("avx512"). Which one runs is decided once per
- * process from cpuid and xgetbv (the CPU has the instructions and the OS saves
- * their registers); the environment variable ATTN_ARCH=ref|scalar|avx2|avx512|auto
- * forces a path for the whole process, and ctx->arch (when not AUTO) for calls
- * made with that context. "ref" makes attn_sdpa run the reference.
+ * AVX2 + FMA ("avx2") and AVX-512 F + DQ + BW + VL ("avx512"). Which one runs is
+ * decided once per process from cpuid and xgetbv (the CPU has the instructions and
+ * the OS saves their registers); the environment variable
+ * ATTN_ARCH=ref|scalar|avx2|avx512|auto forces a path for the whole process, and
+ * ctx->arch (when not AUTO) for calls made with that context. "ref" makes
+ * attn_sdpa run the reference.
  * ---------------------------------------------------------------------------- */
 
 /* "auto", "ref", "scalar", "avx2", "avx512" ("unknown" otherwise). */

@@ -11,7 +11,8 @@
  *     from the row's maximum.
  *
  * Each claim is checked on the reference and on the default kernel on every
- * instruction-set path this machine runs.
+ * instruction-set path this machine runs. tests/test_nonfinite_paths.c sweeps the
+ * same rule over the fused kernel's row and tile paths, masks and thread counts.
  */
 #include "attn.h"
 #include "check.h"

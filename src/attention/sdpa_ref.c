@@ -22,7 +22,8 @@
  *
  * The arguments were checked before this runs (sdpa_contract.c); the public entry
  * point, attn_sdpa_ref, is in sdpa.c. The fused kernel (src/kernels/) computes the
- * same thing without the score block.
+ * same thing without the score block, and gives the same answer for NaN and inf
+ * inputs.
  */
 #include "sdpa_contract.h"
 
@@ -51,13 +52,14 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *sp, const float *
                                              : -INFINITY;
                 }
 
-            /* Step 2: softmax over the key axis, from the row's maximum so that exp
-             * never overflows. A hidden key has exp(-inf) = 0 weight; a sink adds
-             * exp(sink - max) to the sum and takes no value. A row with no visible
-             * key is an error, or all zeros when asked (always zeros with a sink).
-             * (Visibility is read from the mask, not from the scores, so a NaN score
-             * is not taken for a hidden one: it makes its own row NaN, as in
-             * PyTorch.) */
+            /* Step 2: weights = softmax over the key axis, in place.  [Tq, Tk]
+             * It starts from the row's maximum so that exp never overflows. A hidden
+             * key has exp(-inf) = 0 weight; a sink adds exp(sink - max) to the sum
+             * and takes no value. A row with no visible key is an error, or all
+             * zeros when asked (always zeros with a sink). Visibility is read from
+             * the mask, not from the scores, so a NaN score is not taken for a hidden
+             * one: it makes its own row NaN, as in PyTorch (and so does a row whose
+             * visible scores are all -inf: exp(-inf - -inf) is NaN). */
             for (int64_t i = 0; i < Tq; i++) {
                 float *row = scores + i * Tk;
                 float max = sink;
@@ -85,11 +87,16 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *sp, const float *
                 }
                 if (s.lse)
                     s.lse[b * s.lse_s[0] + h * s.lse_s[1] + i * s.lse_s[2]] = lse;
+                if (wd)
+                    for (int64_t j = 0; j < Tk; j++)
+                        wd[attn__off4(s.w_s, b, h, i, j)] = row[j];
             }
 
             /* Step 3: out = weights v.  [Tq, Dv]  A hidden key is skipped, not
-             * multiplied by its zero weight, so whatever its value row holds (even NaN)
-             * never reaches the output. */
+             * multiplied by its zero weight, so whatever its value row holds (even
+             * NaN) never reaches the output. Every other key is multiplied, even
+             * when its weight underflowed to 0: 0 * NaN and 0 * inf are NaN, and a
+             * bad value must reach every row whose softmax includes its key. */
             for (int64_t i = 0; i < Tq; i++)
                 for (int64_t d = 0; d < Dv; d++) {
                     float acc = 0.0f;
@@ -98,11 +105,6 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *sp, const float *
                             acc += scores[i * Tk + j] * vd[attn__off4(s.v_s, b, hk, j, d)];
                     od[attn__off4(s.o_s, b, h, i, d)] = acc;
                 }
-
-            if (wd)
-                for (int64_t i = 0; i < Tq; i++)
-                    for (int64_t j = 0; j < Tk; j++)
-                        wd[attn__off4(s.w_s, b, h, i, j)] = scores[i * Tk + j];
         }
     return ATTN_OK;
 }

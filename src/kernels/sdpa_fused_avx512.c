@@ -1,6 +1,6 @@
 /*
  * sdpa_fused_avx512.c - the fused attention kernel (src/kernels/fused_kernel.h) built for
- * AVX-512F (16 floats a vector; 32 registers).
+ * AVX-512 F + DQ + BW + VL (16 floats a vector; 32 registers).
  * CMake compiles this file alone with the ISA flags; src/runtime/dispatch.c calls it only
  * when cpuid and xgetbv say the CPU and the OS support those registers.
  *

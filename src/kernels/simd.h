@@ -3,8 +3,9 @@
  *
  * One kernel body (src/kernels/fused_kernel.h, src/kernels/gemm_kernel.h) is compiled three times:
  * by src/kernels/sdpa_fused.c with no ISA flags (portable C), by src/kernels/sdpa_fused_avx2.c with
- * -mavx2 -mfma and by src/kernels/sdpa_fused_avx512.c with -mavx512f (CMake adds the flags
- * to those files only). Each of those files defines exactly one of
+ * -mavx2 -mfma and by src/kernels/sdpa_fused_avx512.c with -mavx512f -mavx512dq
+ * -mavx512bw -mavx512vl (CMake adds the flags to those files only; the runtime
+ * dispatch takes that path only when cpuid reports all four). Each of those files defines exactly one of
  *
  *     ATTN_SIMD_SCALAR   ATTN_SIMD_AVX2   ATTN_SIMD_AVX512
  *
@@ -57,14 +58,19 @@
 #define SIMD_C6 (1.0f / 720.0f)
 #define SIMD_C7 (1.0f / 5040.0f)
 
-/* The portable scalar version; every path uses it for single values (the running
- * max's correction factor), and the SCALAR path for everything. */
+/* The portable scalar version: the SCALAR path's exp. */
 static inline float simd_exp_nonpos_1(float x)
 {
     if (x != x)
         return x; /* NaN stays NaN: a NaN score makes its row NaN, as in the reference */
     if (x < SIMD_EXP_MIN)
         return 0.0f; /* also -inf */
+    /* x > 0 is outside the domain. The fused kernel passes one only in a row that a
+     * NaN score already makes NaN (a vector max can drop a NaN and leave the row's
+     * max below an earlier score), and it could be as large as FLT_MAX, where the
+     * conversion of n to int32_t below would be undefined: so clamp it. */
+    if (x > 0.0f)
+        x = 0.0f;
     /* Adding 1.5 * 2^23 rounds to the nearest integer in the default rounding mode. */
     const float shifter = 12582912.0f;
     float n = (x * SIMD_LOG2E + shifter) - shifter; /* IEEE: not folded without fast-math */

@@ -1,0 +1,546 @@
+/*
+ * fused_tile.h - the fused kernel's tile path: one work item is (b, h, a tile of
+ * br query rows), walking tiles of bc keys with the online softmax. Its contract
+ * (tile sizes, the online-softmax state, tails, masks, threads, non-finite values)
+ * is written at the top of src/kernels/fused_kernel.h, which includes this file
+ * once per instruction set.
+ *
+ * The item, fk_tile_item at the end, reads as its named steps:
+ *
+ *   fk_tile_begin       pack the query tile as Q^T micro-panels; m = -inf, l = 0, O = 0
+ *   for each key tile that is not hidden entirely (fk_tile_kind):
+ *     fk_value_tile     pack the value tile (or read it in place)
+ *     fk_scores         S = (Q K^T) * scale, masked entries -inf
+ *     fk_softmax_update m, l, P = exp(S - m), and O rescaled by exp(m_old - m_new)
+ *     fk_accumulate     O += P V
+ *   fk_finish           out = O / l; rows that saw no key are empty
+ *   fk_write_weights    only when asked for: exp(S - m) / l, tile by tile
+ */
+#ifndef ATTN_FUSED_TILE_H
+#define ATTN_FUSED_TILE_H
+
+#include "fused_common.h"
+
+/* ---- Which key tiles a query tile needs -------------------------------------- */
+
+enum { FK_SKIP = 0, FK_FULL = 1, FK_PARTIAL = 2 };
+
+/* How many (i, j) of rows [i0, i1) x keys [j0, j1) the mask and the causal flag
+ * let through; s has a mask. */
+static int64_t fk_mask_allowed(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
+                               int64_t i1, int64_t j0, int64_t j1)
+{
+    int64_t allowed = 0;
+    const int64_t ms3 = s->mask.stride[3];
+    if (s->mask.stride[2] == 0 && j1 - j0 <= 64) {
+        /* The same row for every query (a padding mask [B, 1, 1, Tk]): count it
+         * once, as prefix sums, and read each row's causal span from them. */
+        int64_t prefix[65];
+        const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, 0, 0);
+        prefix[0] = 0;
+        for (int64_t j = j0; j < j1; j++)
+            prefix[j - j0 + 1] = prefix[j - j0] + (mrow[j * ms3] != 0);
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
+            allowed += je > j0 ? prefix[je - j0] : 0;
+        }
+        return allowed;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, i, 0);
+        const int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
+        for (int64_t j = j0; j < je; j++)
+            allowed += mrow[j * ms3] != 0;
+    }
+    return allowed;
+}
+
+/* Classifies the tile rows [i0, i1) x keys [j0, j1); nkp is the padded key count. */
+static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
+                        int64_t i1, int64_t j0, int64_t j1, int64_t nkp)
+{
+    if (s->causal && j0 >= fk_causal_limit(s, i1 - 1))
+        return FK_SKIP;
+    int partial = (j1 - j0 != nkp);
+    if (s->causal && j1 > fk_causal_limit(s, i0))
+        partial = 1;
+    if (!s->mask.data)
+        return partial ? FK_PARTIAL : FK_FULL;
+    const int64_t allowed = fk_mask_allowed(s, b, h, i0, i1, j0, j1);
+    if (allowed == 0)
+        return FK_SKIP;
+    if (allowed != (i1 - i0) * (j1 - j0))
+        partial = 1;
+    return partial ? FK_PARTIAL : FK_FULL;
+}
+
+/* ---- One item's state --------------------------------------------------------- */
+
+/* One (b, h, query tile): where its data is and the worker's scratch, laid out as
+ * fk_tile_ws_floats says. */
+typedef struct fk_tile {
+    const attn__sdpa_shapes *s;
+    int64_t b, h;
+    int64_t i0, i1;            /* query rows i0 .. i1-1 */
+    int64_t nr;                /* i1 - i0 rounded up to FK_QW: rows the micro-kernels see */
+    int64_t br, bc, dvp;       /* the job's tile sizes and padded value width */
+    const float *qb, *kb, *vb; /* (b, h)'s q and its key/value head's k and v */
+    float *ob;                 /* (b, h)'s out */
+    float *qt;                 /* [nr/FK_QW][D][FK_QW]  the query tile, transposed */
+    float *vp;                 /* [bc][dvp]  a packed value tile */
+    float *ST;                 /* [bc][br]   scores, then weights, key-major */
+    float *O;                  /* [br][dvp]  output accumulator */
+    float *m;                  /* [br] running max */
+    float *l;                  /* [br] running sum */
+    float *alpha;              /* [br] this key tile's correction factor */
+    float *inv;                /* [br] 1 / l, 0 for an empty row, NaN for a NaN row */
+} fk_tile;
+
+/* Scratch floats one worker needs on the tile path: the buffers of fk_tile. */
+static int64_t fk_tile_ws_floats(const attn__fused_job *job)
+{
+    const int64_t br = job->br, bc = job->bc, dvp = job->dvp;
+    return fk_align(br * job->s->D) + fk_align(bc * dvp) + fk_align(bc * br) +
+           fk_align(br * dvp) + 4 * fk_align(br);
+}
+
+/* ---- Pack ----------------------------------------------------------------------- */
+
+/* Query rows i0 .. i0+nr-1, transposed into micro-panels [nr/FK_QW][D][FK_QW], so
+ * that query rows lie along the vector lanes; rows past Tq are zeros. */
+static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
+                       int64_t nr, float *qt)
+{
+    const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0);
+    /* Panel by panel, d outer: the writes run contiguously (FK_QW floats a d) and
+     * the strided reads stay within the panel's rows, which fit in L1. */
+    for (int64_t p0 = 0; p0 < nr; p0 += FK_QW) {
+        float *panel = qt + p0 * D;
+        const int64_t live = fk_min(FK_QW, rows - p0); /* may be <= 0 */
+        for (int64_t d = 0; d < D; d++) {
+            float *dst = panel + d * FK_QW;
+            const float *src = qb + (i0 + p0) * s->q_s[2] + d * s->q_s[3];
+            int64_t r = 0;
+            for (; r < live; r++)
+                dst[r] = src[r * s->q_s[2]];
+            for (; r < FK_QW; r++)
+                dst[r] = 0.0f;
+        }
+    }
+}
+
+/* Values of keys j0 .. j0+nkp-1 into [nkp][dvp]; keys past Tk and columns past Dv
+ * are zeros. With `check`, returns 1 when a value is not finite (inf or NaN), so
+ * that the caller can keep a masked key's value out of the output (0 * inf is
+ * NaN); without it, returns 0 and looks at nothing. */
+static int fk_pack_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, int64_t nkp,
+                     int64_t dvp, float *vp, int check)
+{
+    const int64_t Dv = s->Dv;
+    /* x * 0 is NaN exactly when x is inf or NaN; the sum of those products flags a
+     * non-finite value anywhere in the tile's values. */
+    const simd_f32 zero = simd_zero();
+    simd_f32 chk = simd_zero();
+    float chk1 = 0.0f;
+    for (int64_t c = 0; c < nkp; c++) {
+        float *vdst = vp + c * dvp;
+        const int64_t j = j0 + c;
+        int64_t e = 0;
+        if (j < s->Tk) {
+            const float *vsrc = vb + j * s->v_s[2];
+            if (s->v_s[3] == 1)
+                for (; e + SIMD_W <= Dv; e += SIMD_W) {
+                    simd_f32 x = simd_load(vsrc + e);
+                    simd_store(vdst + e, x);
+                    if (check)
+                        chk = simd_add(chk, simd_mul(x, zero));
+                }
+            for (; e < Dv; e++) {
+                vdst[e] = vsrc[e * s->v_s[3]];
+                if (check)
+                    chk1 += vdst[e] * 0.0f;
+            }
+        }
+        for (; e < dvp; e++)
+            vdst[e] = 0.0f;
+    }
+    chk1 += simd_hsum(chk);
+    return chk1 != chk1;
+}
+
+/* Step 1: lays out the worker's scratch for item `item`, packs its query tile and
+ * starts the online-softmax state (m = -inf, l = 0, O = 0). */
+static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, fk_tile *t)
+{
+    const attn__sdpa_shapes *s = job->s;
+    /* Items go head by head, so that consecutive items reuse the head's K and V
+     * from cache; within a head the last query tiles come first, since under the
+     * causal mask they are the heaviest and the light ones then fill the tail. */
+    const int64_t bh = item / job->n_qt;
+    const int64_t qt_index = job->n_qt - 1 - item % job->n_qt;
+    t->s = s;
+    t->b = bh / s->H;
+    t->h = bh % s->H;
+    t->br = job->br;
+    t->bc = job->bc;
+    t->dvp = job->dvp;
+    t->i0 = qt_index * t->br;
+    t->i1 = fk_min(t->i0 + t->br, s->Tq);
+    t->nr = fk_round_up(t->i1 - t->i0, FK_QW);
+
+    float *ws = job->ws + (int64_t)worker * job->ws_floats;
+    t->qt = ws;
+    t->vp = t->qt + fk_align(t->br * s->D);
+    t->ST = t->vp + fk_align(t->bc * t->dvp);
+    t->O = t->ST + fk_align(t->bc * t->br);
+    t->m = t->O + fk_align(t->br * t->dvp);
+    t->l = t->m + fk_align(t->br);
+    t->alpha = t->l + fk_align(t->br);
+    t->inv = t->alpha + fk_align(t->br);
+
+    int64_t kvb, kvh;
+    fk_kv_head(s, t->b, t->h, &kvb, &kvh);
+    t->qb = job->q + t->b * s->q_s[0] + t->h * s->q_s[1];
+    t->kb = job->k + kvb * s->k_s[0] + kvh * s->k_s[1];
+    t->vb = job->v + kvb * s->v_s[0] + kvh * s->v_s[1];
+    t->ob = job->out + t->b * s->o_s[0] + t->h * s->o_s[1];
+
+    fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt);
+    for (int64_t r = 0; r < t->nr; r++) {
+        t->m[r] = -INFINITY;
+        t->l[r] = 0.0f;
+        for (int64_t e = 0; e < t->dvp; e++)
+            t->O[r * t->dvp + e] = 0.0f;
+    }
+}
+
+/* Where the weighted sum reads a key tile's values from. */
+typedef struct fk_vtile {
+    const float *v; /* [nkp][ldv] */
+    int64_t ldv;
+    int nonfinite; /* a PARTIAL tile whose values hold an inf or a NaN */
+} fk_vtile;
+
+/* Step 1, per key tile: the values of keys j0 .. j0+nkp-1. Read in place when the
+ * tile is whole, nothing in it is masked and rows are unit-stride multiples of the
+ * vector; otherwise packed (zeros past Tk and Dv). Only a PARTIAL tile is checked
+ * for inf/NaN: where nothing is masked, every value must reach the output anyway
+ * (0 * NaN = NaN, as in the reference), so a FULL tile costs no check. */
+static fk_vtile fk_value_tile(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
+{
+    const attn__sdpa_shapes *s = t->s;
+    fk_vtile vt;
+    if (kind == FK_FULL && s->v_s[3] == 1 && t->dvp == s->Dv) {
+        vt.v = t->vb + j0 * s->v_s[2];
+        vt.ldv = s->v_s[2];
+        vt.nonfinite = 0;
+    } else {
+        vt.nonfinite = fk_pack_v(s, t->vb, j0, nkp, t->dvp, t->vp, kind == FK_PARTIAL);
+        vt.v = t->vp;
+        vt.ldv = t->dvp;
+    }
+    return vt;
+}
+
+/* ---- Score ---------------------------------------------------------------------- */
+
+/* Score micro-kernel, transposed: ST[kk][c] = (sum_d k_kk[d] * qt[d][c]) * scale for
+ * FK_MK keys kk (key rows read in place at krow[kk], element stride ks, broadcast
+ * one element at a time) and FK_QW query rows c (qt, a packed micro-panel
+ * [D][FK_QW]), summed over d in increasing order; ST has key stride ldst. */
+FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const float *qt,
+                         float *ST, int64_t ldst, simd_f32 vscale)
+{
+    simd_f32 acc[FK_MK][FK_NQV];
+    for (int kk = 0; kk < FK_MK; kk++)
+        for (int c = 0; c < FK_NQV; c++)
+            acc[kk][c] = simd_zero();
+    for (int64_t d = 0; d < D; d++) {
+        simd_f32 qv[FK_NQV];
+        for (int c = 0; c < FK_NQV; c++)
+            qv[c] = simd_load(qt + d * FK_QW + c * SIMD_W);
+        for (int kk = 0; kk < FK_MK; kk++) {
+            simd_f32 kv = simd_set1(krow[kk][d * ks]);
+            for (int c = 0; c < FK_NQV; c++)
+                acc[kk][c] = simd_fma(kv, qv[c], acc[kk][c]);
+        }
+    }
+    for (int kk = 0; kk < FK_MK; kk++)
+        for (int c = 0; c < FK_NQV; c++)
+            simd_store(ST + kk * ldst + c * SIMD_W, simd_mul(acc[kk][c], vscale));
+}
+
+/* Step 2: ST [nkp][br] = (K Q^T) * scale for the nkp keys from j0 and the tile's
+ * query rows, then, for a PARTIAL tile, -inf at every masked entry (keys past Tk
+ * count as masked). Scaling before masking keeps masked entries at -inf for any
+ * scale, even a negative one. */
+static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t D = s->D, ldst = t->br, nr = t->nr, i0 = t->i0;
+    float *ST = t->ST;
+    const simd_f32 vscale = simd_set1(s->scale);
+    for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
+        const float *krow[FK_MK];
+        for (int kk = 0; kk < FK_MK; kk++) {
+            /* Keys past Tk repeat the last key (valid memory); they are masked below. */
+            const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
+            krow[kk] = t->kb + j * s->k_s[2];
+        }
+        for (int64_t rb = 0; rb < nr; rb += FK_QW)
+            fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+    }
+    if (kind != FK_PARTIAL)
+        return;
+    const int64_t rows = t->i1 - i0; /* real query rows */
+    for (int64_t c = 0; c < nkp; c++) {
+        const int64_t j = j0 + c;
+        float *strow = ST + c * ldst;
+        if (j >= s->Tk) {
+            for (int64_t r = 0; r < nr; r++)
+                strow[r] = -INFINITY;
+            continue;
+        }
+        int64_t r = 0;
+        if (s->causal) /* key j is hidden from the query rows i with i + 1 <= j */
+            for (const int64_t rc = fk_min(rows, j - i0); r < rc; r++)
+                strow[r] = -INFINITY;
+        if (s->mask.data) {
+            const uint8_t *mcol =
+                s->mask.data + attn__off4(s->mask.stride, t->b, t->h, i0, j);
+            const int64_t ms2 = s->mask.stride[2];
+            if (ms2 == 0) { /* one value for the whole column */
+                if (!mcol[0])
+                    for (; r < rows; r++)
+                        strow[r] = -INFINITY;
+            } else {
+                for (; r < rows; r++)
+                    if (!mcol[r * ms2])
+                        strow[r] = -INFINITY;
+            }
+        }
+    }
+}
+
+/* ---- Online-softmax update ------------------------------------------------------ */
+
+/* The running max with -inf (a row that has seen nothing yet) raised to -FLT_MAX,
+ * so that exp(S - m) is exp(-inf) = 0 for masked scores rather than exp(NaN).
+ * The operand order keeps NaN: simd_max returns its second operand when either is
+ * NaN, and a NaN max must make its row NaN. */
+FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
+{
+    return simd_max(simd_set1(-FLT_MAX), m);
+}
+
+/* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
+ * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P,
+ * O = O * alpha. A vector of query rows at a time: every step runs along the key
+ * axis, so no horizontal reduction is needed. The max may drop a NaN score (simd_max
+ * returns its second operand when either is NaN); that row is NaN all the same,
+ * since its P holds exp(NaN) = NaN, which reaches l and O. */
+static void fk_softmax_update(const fk_tile *t, int64_t nkp)
+{
+    const int64_t br = t->br, nr = t->nr, dvp = t->dvp;
+    float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
+    for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
+        simd_f32 vmax = simd_set1(-INFINITY);
+        for (int64_t c = 0; c < nkp; c++)
+            vmax = simd_max(vmax, simd_load(ST + c * br + r0));
+        const simd_f32 mold = simd_load(m + r0);
+        const simd_f32 mnew = simd_max(mold, vmax);
+        const simd_f32 msafe = fk_max_for_exp(mnew);
+        simd_store(alpha + r0, simd_exp_nonpos(simd_sub(mold, msafe)));
+        simd_store(m + r0, mnew);
+        simd_f32 vsum = simd_zero();
+        for (int64_t c = 0; c < nkp; c++) {
+            simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe));
+            simd_store(ST + c * br + r0, p);
+            vsum = simd_add(vsum, p);
+        }
+        simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
+    }
+    for (int64_t r = 0; r < nr; r++)
+        if (alpha[r] != 1.0f) {
+            const simd_f32 va = simd_set1(alpha[r]);
+            float *orow = t->O + r * dvp;
+            for (int64_t e = 0; e < dvp; e += SIMD_W)
+                simd_store(orow + e, simd_mul(simd_load(orow + e), va));
+        }
+}
+
+/* ---- Accumulate ------------------------------------------------------------------ */
+
+/* Weighted-sum micro-kernel: O[r][c] += sum_j PT[j][r] * V[j][c] for r < FK_MR and
+ * nv vectors of columns (nv is a constant at each call site), summed over j in
+ * increasing order; PT has key stride ldp, V row stride ldv, O row stride ldo. */
+FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const float *V,
+                         int64_t ldv, float *O, int64_t ldo, const int nv)
+{
+    simd_f32 acc[FK_MR][FK_NV];
+    for (int r = 0; r < FK_MR; r++)
+        for (int c = 0; c < nv; c++)
+            acc[r][c] = simd_load(O + r * ldo + c * SIMD_W);
+    for (int64_t j = 0; j < nkeys; j++) {
+        simd_f32 vv[FK_NV];
+        for (int c = 0; c < nv; c++)
+            vv[c] = simd_load(V + j * ldv + c * SIMD_W);
+        for (int r = 0; r < FK_MR; r++) {
+            simd_f32 pv = simd_set1(PT[j * ldp + r]);
+            for (int c = 0; c < nv; c++)
+                acc[r][c] = simd_fma(pv, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < FK_MR; r++)
+        for (int c = 0; c < nv; c++)
+            simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
+}
+
+/* O += P V for a PARTIAL tile whose packed values hold an inf or a NaN: a plain
+ * loop that skips exactly the masked (i, j) - never a weight because it is 0, since
+ * an unmasked key whose weight underflowed to 0 still makes its NaN reach the row
+ * (0 * NaN = NaN, as in the reference) - with the same fma per element, in the same
+ * order, as the micro-kernel, so that a row the bad value does not reach keeps the
+ * bits it would have without it. Such tiles are rare, so speed does not matter. */
+static void fk_accumulate_visible(const fk_tile *t, int64_t j0, int64_t nkp)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t br = t->br, dvp = t->dvp;
+    for (int64_t r = 0; r < t->i1 - t->i0; r++)
+        for (int64_t c = 0; c < nkp; c++) {
+            if (!fk_key_visible(s, t->b, t->h, t->i0 + r, j0 + c))
+                continue;
+            const simd_f32 pv = simd_set1(t->ST[c * br + r]);
+            float *orow = t->O + r * dvp;
+            const float *vrow = t->vp + c * dvp;
+            for (int64_t e = 0; e < dvp; e += SIMD_W)
+                simd_store(orow + e, simd_fma(pv, simd_load(vrow + e), simd_load(orow + e)));
+        }
+}
+
+/* Step 4: O += P V over the nkp keys from j0, micro-tile by micro-tile. Every
+ * weight is multiplied, zeros included: a masked key's weight is exactly 0 and its
+ * value, in a tile without inf or NaN, finite, so it adds nothing; a tile whose
+ * values are not all finite and that masks something takes the plain loop above. */
+static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, const fk_vtile *vt)
+{
+    if (vt->nonfinite) {
+        fk_accumulate_visible(t, j0, nkp);
+        return;
+    }
+    const int64_t br = t->br, dvp = t->dvp;
+    for (int64_t rb = 0; rb < t->nr; rb += FK_MR) {
+        int64_t e = 0;
+        for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
+            fk_ukr_pv(nkp, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp,
+                      FK_NV);
+        for (; e < dvp; e += SIMD_W)
+            fk_ukr_pv(nkp, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, 1);
+    }
+}
+
+/* ---- Finish ----------------------------------------------------------------------- */
+
+/* Step 5: out = O / l for the tile's rows, and the first empty row recorded for the
+ * worker. l = 0 has two causes: the row may attend to no key (empty: an error, or
+ * zeros), or every key it may attend to scored -inf, where the reference's softmax
+ * is exp(-inf - -inf) = NaN; the mask tells them apart, as in the reference. */
+static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t Dv = s->Dv, dvp = t->dvp;
+    float *l = t->l, *inv = t->inv;
+    int64_t empty = INT64_MAX;
+    for (int64_t r = 0; r < t->nr; r++)
+        inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+    for (int64_t r = 0; r < t->i1 - t->i0; r++) {
+        const int64_t i = t->i0 + r;
+        if (l[r] == 0.0f) {
+            if (fk_row_sees_a_key(s, t->b, t->h, i))
+                inv[r] = NAN;
+            else if (empty == INT64_MAX)
+                empty = (t->b * s->H + t->h) * s->Tq + i;
+        }
+        float *orow = t->ob + i * s->o_s[2];
+        const float *acc = t->O + r * dvp;
+        if (s->o_s[3] == 1) {
+            int64_t e = 0;
+            const simd_f32 vinv = simd_set1(inv[r]);
+            for (; e + SIMD_W <= Dv; e += SIMD_W)
+                simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
+            for (; e < Dv; e++)
+                orow[e] = acc[e] * inv[r];
+        } else {
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = acc[e] * inv[r];
+        }
+    }
+    if (empty < job->empty_first[worker])
+        job->empty_first[worker] = empty;
+}
+
+/* ---- Write weights ------------------------------------------------------------------ */
+
+/* Step 6, only when the weights are wanted: each key tile's scores recomputed and
+ * exp(S - m) / l written straight into the caller's weights. A hidden tile gets
+ * 0 * (1 / l): zero, except in a NaN row, where the reference's 0 / NaN is NaN too. */
+static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t br = t->br, bc = t->bc, i0 = t->i0, i1 = t->i1;
+    float *wb = job->weights + t->b * s->w_s[0] + t->h * s->w_s[1];
+    float *ST = t->ST;
+    for (int64_t j0 = 0; j0 < s->Tk; j0 += bc) {
+        const int64_t j1 = fk_min(j0 + bc, s->Tk);
+        const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
+        const int kind = fk_tile_kind(s, t->b, t->h, i0, i1, j0, j1, nkp);
+        if (kind == FK_SKIP) {
+            for (int64_t i = i0; i < i1; i++)
+                for (int64_t j = j0; j < j1; j++)
+                    wb[i * s->w_s[2] + j * s->w_s[3]] = 0.0f * t->inv[i - i0];
+            continue;
+        }
+        fk_scores(t, j0, nkp, kind);
+        for (int64_t r0 = 0; r0 < t->nr; r0 += SIMD_W) {
+            const simd_f32 msafe = fk_max_for_exp(simd_load(t->m + r0));
+            const simd_f32 vinv = simd_load(t->inv + r0);
+            for (int64_t c = 0; c < nkp; c++)
+                simd_store(ST + c * br + r0,
+                           simd_mul(simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe)),
+                                    vinv));
+        }
+        for (int64_t r = 0; r < i1 - i0; r++) {
+            float *wrow = wb + (i0 + r) * s->w_s[2];
+            for (int64_t j = j0; j < j1; j++)
+                wrow[j * s->w_s[3]] = ST[(j - j0) * br + r];
+        }
+    }
+}
+
+/* ---- The item ------------------------------------------------------------------------- */
+
+/* One (b, h, query tile), in the steps above. */
+static void fk_tile_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    const attn__sdpa_shapes *s = job->s;
+    fk_tile t;
+    fk_tile_begin(job, item, worker, &t);
+    const int64_t j_end = s->causal ? fk_causal_limit(s, t.i1 - 1) : s->Tk;
+    for (int64_t j0 = 0; j0 < j_end; j0 += t.bc) {
+        const int64_t j1 = fk_min(j0 + t.bc, s->Tk);
+        const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
+        const int kind = fk_tile_kind(s, t.b, t.h, t.i0, t.i1, j0, j1, nkp);
+        if (kind == FK_SKIP)
+            continue;
+        const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
+        fk_scores(&t, j0, nkp, kind);
+        fk_softmax_update(&t, nkp);
+        fk_accumulate(&t, j0, nkp, &vt);
+    }
+    fk_finish(job, &t, worker);
+    if (job->weights)
+        fk_write_weights(job, &t);
+}
+
+#endif /* ATTN_FUSED_TILE_H */
