@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 
-.PHONY: all build run test exercises install bench clean
+.PHONY: all build run learn test exercises install bench clean
 
 all: build
 
@@ -18,6 +18,15 @@ build: $(BUILD)/CMakeCache.txt
 
 run: build
 	./$(BUILD)/inspect_self_attention
+
+# A Debug build of its own (no optimisation, full debug information), so that gdb
+# steps through src/attention/sdpa_ref.c line by line; the experiment runs the
+# reference kernels by default, and --trace says so.
+DEBUG_BUILD ?= build-debug
+learn:
+	cmake -S . -B $(DEBUG_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O0 -g" $(CMAKE_FLAGS)
+	cmake --build $(DEBUG_BUILD) -j $(JOBS) --target inspect_self_attention
+	./$(DEBUG_BUILD)/inspect_self_attention --impl ref --trace
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

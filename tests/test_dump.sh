@@ -133,8 +133,12 @@ check_case() { # B T E H [extra flags]
         bad "$name: weights.safetensors missing"
     fi
 
-    # Round trip through the attn program.
-    if "$ATTN" forward --weights "$st" --num-heads "$H" --input "$d/x.npy" \
+    # Round trip through the attn program. The experiment runs the reference kernels
+    # by default (--impl ref), so attn forward is forced onto them too (ATTN_ARCH=ref);
+    # with --impl fused, attn forward's own default (the fused kernel) must agree.
+    local fwd_env=ATTN_ARCH=ref
+    case " $* " in *" --impl fused "*) fwd_env=ATTN_DUMP_TEST=fused ;; esac
+    if env "$fwd_env" "$ATTN" forward --weights "$st" --num-heads "$H" --input "$d/x.npy" \
         --token-ids "$d/token_ids.npy" --pad-id 0 --causal \
         --output "$tmp/y.npy" --attention "$tmp/a.npy" 2>"$tmp/ferr.txt"; then
         cmp -s "$tmp/y.npy" "$d/output.npy" && ok "$name: attn forward on the dump reproduces output.npy" \
@@ -144,7 +148,7 @@ check_case() { # B T E H [extra flags]
     else
         bad "$name: attn forward could not read the dump: $(cat "$tmp/ferr.txt")"
     fi
-    if "$ATTN" forward --weights "$st" --num-heads "$H" --input "$d/x.npy" \
+    if env "$fwd_env" "$ATTN" forward --weights "$st" --num-heads "$H" --input "$d/x.npy" \
         --mask "$d/combined_mask.npy" --output "$tmp/y2.npy" 2>"$tmp/ferr.txt"; then
         cmp -s "$tmp/y2.npy" "$d/output.npy" && ok "$name: ... also with combined_mask.npy as --mask" \
             || bad "$name: attn forward with --mask combined_mask.npy differs"
@@ -200,6 +204,7 @@ EOF
 check_case 2 5 16 4
 check_case 3 7 12 3 --seed 7
 check_case 1 1 4 2 --seed 0
+check_case 2 5 16 4 --impl fused
 
 # A dump that cannot be written fails with one line and status 1.
 touch "$tmp/not_a_dir"

@@ -69,19 +69,41 @@ check 3 7 12 3
 check 1 1 3 1
 check 4 9 32 8
 
-# Which kernel: the default is the fused kernel on the best instruction set; forcing
-# the reference (ATTN_ARCH=ref) is reported, with the reason.
-env -u ATTN_ARCH "$INSPECT" --trace >"$tmp/t1" 2>&1
-grep -q "^attention:   fused online-softmax kernel" "$tmp/t1" && ok "default run reports the fused kernel: $(grep '^attention:' "$tmp/t1")" \
-    || bad "default run does not report the fused kernel: $(grep -A2 '== kernel' "$tmp/t1")"
-ATTN_ARCH=ref "$INSPECT" --trace >"$tmp/t2" 2>&1
+# Which kernel: the default is the reference (issue 11: a learner's breakpoint in
+# src/attention/sdpa_ref.c must be hit), with the plain projections; --impl fused is
+# the fused kernel on the best instruction set, and the trace says it never builds
+# the scores; forcing the reference under --impl fused (ATTN_ARCH=ref) is reported,
+# with the reason.
+env -u ATTN_ARCH "$INSPECT" --trace >"$tmp/t0" 2>&1
+grep -q "^attention:   reference: .*attn_sdpa_ref" "$tmp/t0" && grep -q "^why: .*--impl ref (the default)" "$tmp/t0" \
+    && grep -q "^projections: .*plain reference loops" "$tmp/t0" && ! grep -q "never materialises" "$tmp/t0" \
+    && ok "default run reports the reference kernels: $(grep '^attention:' "$tmp/t0")" \
+    || bad "default run does not report the reference: $(grep -A4 '== kernel' "$tmp/t0")"
+ATTN_ARCH=avx512 "$INSPECT" --trace >"$tmp/t0b" 2>&1
+grep -q "^attention:   reference: " "$tmp/t0b" && ok "ATTN_ARCH does not move the default off the reference" \
+    || bad "ATTN_ARCH=avx512 moved the default run: $(grep '^attention:' "$tmp/t0b")"
+env -u ATTN_ARCH "$INSPECT" --impl fused --trace >"$tmp/t1" 2>&1
+grep -q "^attention:   fused online-softmax kernel" "$tmp/t1" \
+    && grep -q "^scores:      the fused kernel never materialises the scores" "$tmp/t1" \
+    && grep -q "scores \[2, 4, 5, 5\].*(never built by the fused kernel)" "$tmp/t1" \
+    && ok "--impl fused reports the fused kernel and that it never builds the scores: $(grep '^attention:' "$tmp/t1")" \
+    || bad "--impl fused is not reported: $(grep -A4 '== kernel' "$tmp/t1")"
+ATTN_ARCH=ref "$INSPECT" --impl fused --trace >"$tmp/t2" 2>&1
 grep -q "^attention:   reference" "$tmp/t2" && grep -q "ATTN_ARCH" "$tmp/t2" \
-    && ok "ATTN_ARCH=ref reports the reference and why: $(grep '^why:' "$tmp/t2")" \
+    && ok "--impl fused with ATTN_ARCH=ref reports the reference and why: $(grep '^why:' "$tmp/t2")" \
     || bad "ATTN_ARCH=ref is not reported: $(grep -A2 '== kernel' "$tmp/t2")"
-ATTN_ARCH=scalar "$INSPECT" --trace >"$tmp/t3" 2>&1
+ATTN_ARCH=scalar "$INSPECT" --impl fused --trace >"$tmp/t3" 2>&1
 grep -q "^attention:   fused online-softmax kernel.*scalar build" "$tmp/t3" \
-    && ok "ATTN_ARCH=scalar reports the portable fused build" \
+    && ok "--impl fused with ATTN_ARCH=scalar reports the portable fused build" \
     || bad "ATTN_ARCH=scalar is not reported: $(grep -A2 '== kernel' "$tmp/t3")"
+# The chapter's three projections are named as row blocks of the fused one.
+grep -q "the chapter's W_q = W_qkv\[0:16\], W_k = W_qkv\[16:32\], W_v = W_qkv\[32:48\]" "$tmp/t0" \
+    && ok "the trace names W_q, W_k, W_v as row blocks of W_qkv" \
+    || bad "the trace lacks the W_q/W_k/W_v row blocks"
+# Under a mistake the trace says the printed numbers are not the kernel's.
+"$INSPECT" --mistake no-scale --trace >"$tmp/t5" 2>&1
+grep -q "^scores:      MISTAKE no-scale: .*tools/common_mistakes.c" "$tmp/t5" \
+    && ok "a mistake is named in the trace" || bad "--mistake no-scale --trace: $(grep -A4 '== kernel' "$tmp/t5")"
 
 # Without --trace nothing of it is printed.
 "$INSPECT" >"$tmp/t4" 2>&1

@@ -5,7 +5,7 @@
  *
  * Only text: it computes nothing, so the shapes it prints are derived here from
  * B, T, E, H by the same rules the library checks (the tests compare them with the
- * arrays --dump writes).
+ * arrays --dump writes). The numbers of each step are --values' (common_values.c).
  */
 #include "common_trace.h"
 
@@ -75,6 +75,11 @@ int trace_print(FILE *f, const trace_info *t)
     step(f, 2, "fused q/k/v projection", "qkv", shape(s[1], sizeof s[1], 3, qkv_s),
          "qkv = x \xc2\xb7 W_qkv\xe1\xb5\x80 + b_qkv, W_qkv %s, b_qkv %s (attn_linear, src/attention/linear.c)",
          shape(w1, sizeof w1, 2, wq_s), shape(w2, sizeof w2, 1, bq_s));
+    /* The chapter writes three projections; they are row blocks of the fused one. */
+    fprintf(f, "%4s%s W_q = W_qkv[0:%" PRId64 "], W_k = W_qkv[%" PRId64 ":%" PRId64 "], W_v = W_qkv[%"
+               PRId64 ":%" PRId64 "] (rows; the same blocks of b_qkv)%s\n",
+            "", "the chapter's", E, E, 2 * E, 2 * E, 3 * E,
+            t->separate_layout ? ", drawn as three nn.Linear(E, E) (--layout separate)" : "");
     char three[128];
     snprintf(three, sizeof three, "3 \xc3\x97 %s", shape(s[2], sizeof s[2], 3, x_s));
     step(f, 3, "split the last axis", "q, k, v", three,
@@ -86,12 +91,13 @@ int trace_print(FILE *f, const trace_info *t)
          shape(w3, sizeof w3, 4, view_s));
     char scale[64];
     snprintf(scale, sizeof scale, "%.9g", 1.0 / sqrt((double)D));
+    const char *not_built = t->scores_built ? "" : " (never built by the fused kernel)";
     step(f, 5, "scaled dot products", "scores", shape(s[4], sizeof s[4], 4, sc_s),
-         "scores = q \xc2\xb7 k\xe1\xb5\x80 / sqrt(%" PRId64 ") = q \xc2\xb7 k\xe1\xb5\x80 \xc3\x97 %s",
-         D, scale);
+         "scores = q \xc2\xb7 k\xe1\xb5\x80 / sqrt(%" PRId64 ") = q \xc2\xb7 k\xe1\xb5\x80 \xc3\x97 %s%s",
+         D, scale, not_built);
     step(f, 6, "mask", "scores", shape(s[5], sizeof s[5], 4, sc_s),
-         "scores = -inf where the combined mask %s is false",
-         shape(w4, sizeof w4, 4, comb_s));
+         "scores = -inf where the combined mask %s is false%s",
+         shape(w4, sizeof w4, 4, comb_s), not_built);
     step(f, 7, "softmax over the keys", "weights", shape(s[6], sizeof s[6], 4, sc_s),
          "weights = softmax(scores, axis=-1); a masked key gets exactly 0");
     step(f, 8, "weighted sum of values", "context", shape(s[7], sizeof s[7], 4, head_s),
@@ -122,7 +128,10 @@ int trace_print(FILE *f, const trace_info *t)
     fprintf(f, "attention:   %s\n", t->attention_kernel ? t->attention_kernel : "unknown");
     if (t->kernel_reason)
         fprintf(f, "why:         %s\n", t->kernel_reason);
-    fprintf(f, "projections: attn_linear (src/attention/linear.c)\n");
+    if (t->scores_note)
+        fprintf(f, "scores:      %s\n", t->scores_note);
+    fprintf(f, "projections: %s\n",
+            t->projections ? t->projections : "attn_linear (src/attention/linear.c)");
     fprintf(f, "threads:     at most %d (attn_threads_resolve); small calls such as the "
                "chapter's use fewer, and the count never changes the results\n",
             t->threads);

@@ -16,6 +16,10 @@ typedef struct trace_info {
     int64_t pad_id;          /* the pad token of the padding mask */
     const char *attention_kernel; /* e.g. "fused online-softmax kernel (src/kernels/sdpa_fused.c), avx512" */
     const char *kernel_reason;    /* why that path, e.g. "auto: best path for this CPU" */
+    int scores_built;        /* 0 when the kernel that ran never built the scores array */
+    const char *scores_note; /* a sentence printed under the kernel, or NULL */
+    const char *projections; /* how attn_linear ran, or NULL for the file alone */
+    int separate_layout;     /* the weights were drawn as three nn.Linear(E, E) */
     int threads;             /* most threads a call may use */
 } trace_info;
 

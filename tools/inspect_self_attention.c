@@ -12,20 +12,32 @@
  * x and both nn.Linear layers are drawn as torch.manual_seed + torch.randn +
  * nn.Linear's default initialisation draw them (src/core/rng.c).
  *
+ * It runs the library's reference kernels (attn_sdpa_ref and the plain loops of
+ * attn_linear) unless --impl fused asks for the fast ones, so that a debugger
+ * stops in the three steps of src/attention/sdpa_ref.c (`make learn`,
+ * docs/debugging.md).
+ *
  * For a learner there is more to see on request: --trace prints every step with its
- * formula and shape, --dump DIR writes every array (.npy, .safetensors), --heatmap
- * FILE.svg and --show draw the masks and each head's weights for one sample.
+ * formula and shape, --values the numbers of every step for one sample and head,
+ * --dump DIR writes every array (.npy, .safetensors), --heatmap FILE.svg and --show
+ * draw the masks and each head's weights for one sample, --layout separate draws
+ * the weights as three nn.Linear(E, E) layers (the chapter's W_q, W_k, W_v) and
+ * --mistake NAME shows what one classic mistake changes (tools/common_mistakes.c).
  *
  * Usage: inspect_self_attention [--batch-size 2] [--seq-len 5] [--embed-dim 16]
  *                               [--num-heads 4] [--seed 42] [--trace] [--dump DIR]
  *                               [--heatmap FILE.svg] [--show] [--sample 0]
+ *                               [--values] [--head 0] [--impl ref|fused]
+ *                               [--layout fused|separate] [--mistake NAME]
  */
 #define _POSIX_C_SOURCE 200809L /* mkdir, isatty, fileno, open_memstream */
 
 #include "attn.h"
 #include "common_cli.h"
 #include "common_heatmap.h"
+#include "common_mistakes.h"
 #include "common_trace.h"
+#include "common_values.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -46,8 +58,18 @@ typedef struct options {
     const char *dump;   /* --dump DIR: write every array there, or NULL */
     const char *heatmap; /* --heatmap FILE.svg, or NULL */
     int show;           /* --show: heatmaps in the terminal */
-    int64_t sample;     /* --sample N: which sample --heatmap and --show draw */
+    int64_t sample;     /* --sample N: which sample --heatmap, --show and --values show */
+    int64_t head;       /* --head N: which head --values shows */
+    int values;         /* --values: print every step's matrices */
+    int impl;           /* --impl: IMPL_REF (the default) or IMPL_FUSED */
+    int layout;         /* --layout: LAYOUT_FUSED (the default) or LAYOUT_SEPARATE */
+    int mistake;        /* --mistake: a mistake enum value, MISTAKE_NONE by default */
 } options;
+
+enum { IMPL_REF = 0, IMPL_FUSED = 1 };
+static const char *const impl_names[] = {"ref", "fused", NULL};
+enum { LAYOUT_FUSED = 0, LAYOUT_SEPARATE = 1 };
+static const char *const layout_names[] = {"fused", "separate", NULL};
 
 static const char *prog = "inspect_self_attention";
 
@@ -60,6 +82,8 @@ static const char HELP[] =
     "    inspect_self_attention [--batch-size B] [--seq-len T] [--embed-dim E]\n"
     "                           [--num-heads H] [--seed N] [--trace] [--dump DIR]\n"
     "                           [--heatmap FILE.svg] [--show] [--sample S]\n"
+    "                           [--values] [--head N] [--impl ref|fused]\n"
+    "                           [--layout fused|separate] [--mistake NAME]\n"
     "\n"
     "DESCRIPTION\n"
     "    Draws x ~ N(0, 1) [B, T, E] and the projection weights (nn.Linear's default\n"
@@ -70,6 +94,7 @@ static const char HELP[] =
     "    attention_shape, combined_mask_shape, first_head_weights_row0\n"
     "    (weights[0, 0, 0, :] rounded to 4 decimals) and last_real_query_can_attend_to\n"
     "    (the combined mask's row for the last real token of sample 0, as 0/1).\n"
+    "    It runs the library's reference kernels unless --impl fused is given.\n"
     "\n"
     "OPTIONS\n"
     "    --batch-size B\n"
@@ -83,14 +108,53 @@ static const char HELP[] =
     "    --seed N\n"
     "        Random seed for x and the weights, 0..9223372036854775807 (default 42);\n"
     "        the same seed draws the same numbers as torch.manual_seed(N).\n"
+    "    --impl ref|fused\n"
+    "        Which kernels run: ref (the default) is the reference, the chapter's\n"
+    "        three steps on plain loops (attn_sdpa_ref, src/attention/sdpa_ref.c, and\n"
+    "        attn_linear's plain loops), the code to step through in a debugger;\n"
+    "        fused is the library's fast path (the fused online-softmax kernel and\n"
+    "        the packed GEMM on the best instruction set, or ATTN_ARCH's), which\n"
+    "        never builds the [T, T] scores.\n"
+    "    --layout fused|separate\n"
+    "        How the weights are drawn. fused (the default) is the chapter's module:\n"
+    "        qkv = nn.Linear(E, 3E), then output = nn.Linear(E, E); W_q, W_k and W_v\n"
+    "        are rows 0..E-1, E..2E-1 and 2E..3E-1 of qkv.weight. separate draws\n"
+    "        three nn.Linear(E, E) layers in q, k, v order, then the output layer, as\n"
+    "        a module written with q_proj, k_proj, v_proj and out_proj draws them\n"
+    "        after the same torch.manual_seed; they are stored stacked as qkv.weight\n"
+    "        all the same. The two layouts draw different numbers from one seed.\n"
     "    --trace\n"
     "        After the seven lines, each step with its formula and shape, the masks\n"
-    "        and how they broadcast, and which kernel ran.\n"
+    "        and how they broadcast, and which kernel ran (for the fused kernel,\n"
+    "        that it never materialises the scores).\n"
+    "    --values\n"
+    "        After the seven lines, the numbers of every step for one sample and\n"
+    "        head (--sample, --head): x, q, k, v of that head, the raw scores q k^T,\n"
+    "        the scaled scores, the masked scores (-inf where hidden), the weights,\n"
+    "        the context, the merged heads and the output, each titled with its\n"
+    "        formula and shape, rows and columns labelled 'pos P (id I)' (position\n"
+    "        P, token id I), rounded to 4 decimals.\n"
+    "    --head N\n"
+    "        The head --values shows, 0..H-1 (default 0).\n"
+    "    --mistake NAME\n"
+    "        Run the attention with one classic mistake, on plain loops with\n"
+    "        PyTorch's semantics (tools/common_mistakes.c): no-scale (no 1/sqrt(D)),\n"
+    "        inverted-mask (true read as 'hide', nn.MultiheadAttention's boolean\n"
+    "        attn_mask convention), mask-queries (the padding mask hides pad\n"
+    "        queries instead of pad keys), softmax-wrong-axis (softmax over the\n"
+    "        queries), mask-zero (hidden scores 0 instead of -inf); none (the\n"
+    "        default) is the correct run. The seven lines, --values, --dump,\n"
+    "        --heatmap and --show then show the mistaken numbers, and lines after\n"
+    "        the seven say which mistake is on and what it changed against the\n"
+    "        correct run.\n"
     "    --dump DIR\n"
     "        Write x.npy, token_ids.npy, padding_mask.npy, causal_mask.npy,\n"
     "        combined_mask.npy, weights.safetensors (qkv.weight, qkv.bias,\n"
     "        output.weight, output.bias), output.npy and attention.npy into DIR\n"
-    "        (created if needed).\n"
+    "        (created if needed), and the steps between them: q.npy, k.npy, v.npy\n"
+    "        [B, H, T, D] (after the head split), scores.npy (q k^T), scaled_scores.npy\n"
+    "        (/ sqrt(D)), masked_scores.npy (-inf where hidden) [B, H, T, T] and\n"
+    "        context.npy [B, H, T, D] (weights v, before the merge).\n"
     "    --heatmap FILE.svg\n"
     "        An SVG of the padding, causal and combined masks and each head's\n"
     "        attention weights for one sample (T <= 256, H <= 64; hover a cell to read\n"
@@ -99,7 +163,7 @@ static const char HELP[] =
     "        The same heatmaps in the terminal (in colour when the output is a\n"
     "        terminal and NO_COLOR is not set).\n"
     "    --sample S\n"
-    "        The sample --heatmap and --show draw, 0..B-1 (default 0).\n"
+    "        The sample --heatmap, --show and --values show, 0..B-1 (default 0).\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -111,7 +175,9 @@ static const char HELP[] =
     CLI_HELP_EXIT
     "\n"
     "EXAMPLE\n"
-    "    inspect_self_attention --seq-len 8 --trace --heatmap weights.svg\n";
+    "    inspect_self_attention --seq-len 8 --trace --heatmap weights.svg\n"
+    "    inspect_self_attention --values --sample 1 --head 2\n"
+    "    inspect_self_attention --mistake mask-zero --show\n";
 
 /* Returns CLI_PARSED to run, CLI_EXIT_OK when --help was printed, or
  * CLI_EXIT_USAGE after one line on stderr. */
@@ -129,6 +195,11 @@ static int parse_options(int argc, char **argv, options *o)
     o->heatmap = NULL;
     o->show = 0;
     o->sample = 0;
+    o->head = 0;
+    o->values = 0;
+    o->impl = IMPL_REF;
+    o->layout = LAYOUT_FUSED;
+    o->mistake = MISTAKE_NONE;
     cli_opt opts[] = {
         {"batch-size", CLI_INT, &o->batch_size, NULL, 1, max_size, 0},
         {"seq-len", CLI_INT, &o->seq_len, NULL, 1, max_size, 0},
@@ -140,6 +211,11 @@ static int parse_options(int argc, char **argv, options *o)
         {"heatmap", CLI_STRING, &o->heatmap, NULL, 0, 0, 0},
         {"show", CLI_FLAG, &o->show, NULL, 0, 0, 0},
         {"sample", CLI_INT, &o->sample, NULL, 0, max_size, 0},
+        {"head", CLI_INT, &o->head, NULL, 0, max_size, 0},
+        {"values", CLI_FLAG, &o->values, NULL, 0, 0, 0},
+        {"impl", CLI_CHOICE, &o->impl, impl_names, 0, 0, 0},
+        {"layout", CLI_CHOICE, &o->layout, layout_names, 0, 0, 0},
+        {"mistake", CLI_CHOICE, &o->mistake, mistake_names, 0, 0, 0},
     };
     int rc = cli_parse(prog, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), HELP);
     if (rc != CLI_PARSED)
@@ -155,6 +231,10 @@ static int parse_options(int argc, char **argv, options *o)
         return cli_usage_error(prog, "--sample %" PRId64 " is out of range for --batch-size %"
                                PRId64 " (samples are 0 .. %" PRId64 ")",
                                o->sample, o->batch_size, o->batch_size - 1);
+    if (o->head >= o->num_heads)
+        return cli_usage_error(prog, "--head %" PRId64 " is out of range for --num-heads %"
+                               PRId64 " (heads are 0 .. %" PRId64 ")",
+                               o->head, o->num_heads, o->num_heads - 1);
     if (o->embed_dim % o->num_heads != 0)
         return cli_usage_error(prog, "--embed-dim %" PRId64 " is not divisible by --num-heads %"
                                PRId64, o->embed_dim, o->num_heads);
@@ -186,11 +266,27 @@ static int64_t demo_real_len(int64_t b, int64_t T)
 static void print_rounded(float value)
 {
     char buf[64];
+    if (isnan(value)) { /* Python prints NaN as "nan" whatever its sign bit */
+        fputs("nan", stdout);
+        return;
+    }
     snprintf(buf, sizeof buf, "%.4f", (double)value);
     size_t n = strlen(buf);
     while (n > 0 && buf[n - 1] == '0' && buf[n - 2] != '.')
         buf[--n] = '\0';
     fputs(buf, stdout);
+}
+
+/* "NAME=[w0, w1, ...]" and then `end`. */
+static void print_weights_row(const char *name, const float *w, int64_t n, const char *end)
+{
+    printf("%s=[", name);
+    for (int64_t j = 0; j < n; j++) {
+        if (j)
+            printf(", ");
+        print_rounded(w[j]);
+    }
+    printf("]%s", end);
 }
 
 static void print_shape(const char *name, const attn_tensor *t)
@@ -210,15 +306,25 @@ typedef struct experiment {
     attn_tensor combined_mask;  /* [B, 1, T, T] bool */
     attn_tensor output;         /* [B, T, E]   float32 */
     attn_tensor attention;      /* [B, H, T, T] float32 */
+    /* With --values, --dump or --mistake: every step's array (common_values.h).
+     * Under a mistake, output and attention above hold the mistaken results and
+     * the two below the correct ones, for the comparison. */
+    int have_steps;
+    steps st;
+    attn_tensor correct_output;    /* [B, T, E]    only under a mistake */
+    attn_tensor correct_attention; /* [B, H, T, T] only under a mistake */
 } experiment;
 
 static void experiment_free(attn_ctx *ctx, experiment *e)
 {
     attn_tensor *all[] = {&e->x, &e->w.w_qkv, &e->w.b_qkv, &e->w.w_o, &e->w.b_o,
                           &e->token_ids, &e->padding_mask, &e->causal_mask,
-                          &e->combined_mask, &e->output, &e->attention};
+                          &e->combined_mask, &e->output, &e->attention,
+                          &e->correct_output, &e->correct_attention};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         attn_tensor_free(ctx, all[i]);
+    if (e->have_steps)
+        steps_free(ctx, &e->st);
 }
 
 static int experiment_run(attn_ctx *ctx, const options *o, experiment *e)
@@ -253,7 +359,16 @@ static int experiment_run(attn_ctx *ctx, const options *o, experiment *e)
     attn_rng rng;
     attn_rng_seed(&rng, o->seed);
     attn_rng_randn(&rng, e->x.data, B * T * E);
-    attn_rng_linear_init(&rng, e->w.w_qkv.data, e->w.b_qkv.data, 3 * E, E);
+    float *wqkv = e->w.w_qkv.data, *bqkv = e->w.b_qkv.data;
+    if (o->layout == LAYOUT_SEPARATE) {
+        /* Three nn.Linear(E, E) layers, q then k then v, each weight then bias: the
+         * same bounds as Linear(E, 3E) (both have in_features E) but another order
+         * of draws, so other numbers. Stacked, they are qkv.weight's row blocks. */
+        for (int64_t part = 0; part < 3; part++)
+            attn_rng_linear_init(&rng, wqkv + part * E * E, bqkv + part * E, E, E);
+    } else {
+        attn_rng_linear_init(&rng, wqkv, bqkv, 3 * E, E);
+    }
     attn_rng_linear_init(&rng, e->w.w_o.data, e->w.b_o.data, E, E);
 
     int64_t *ids = e->token_ids.data;
@@ -272,6 +387,22 @@ static int experiment_run(attn_ctx *ctx, const options *o, experiment *e)
     attn_sdpa_params_init(&p);
     p.mask = &e->combined_mask;
     TRY(attn_mha_forward(ctx, &e->w, H, &e->x, &p, &e->output, &e->attention));
+
+    if (o->values || o->dump || o->mistake != MISTAKE_NONE) {
+        e->have_steps = 1;
+        TRY(steps_run(ctx, &e->x, &e->w, H, &e->padding_mask, &e->combined_mask,
+                      (mistake)o->mistake, &e->st));
+    }
+    if (o->mistake != MISTAKE_NONE) {
+        /* Keep the correct results for the comparison; everything printed, drawn or
+         * written from here on is the mistaken run's. */
+        TRY(attn_tensor_alloc(ctx, &e->correct_output, ATTN_DTYPE_F32, 3, x_shape));
+        TRY(attn_tensor_alloc(ctx, &e->correct_attention, ATTN_DTYPE_F32, 4, attn_shape));
+        memcpy(e->correct_output.data, e->output.data, (size_t)(B * T * E) * sizeof(float));
+        memcpy(e->correct_attention.data, e->attention.data, (size_t)(B * H * T * T) * sizeof(float));
+        memcpy(e->output.data, e->st.output.data, (size_t)(B * T * E) * sizeof(float));
+        memcpy(e->attention.data, e->st.weights.data, (size_t)(B * H * T * T) * sizeof(float));
+    }
 #undef TRY
     return ATTN_OK;
 }
@@ -295,14 +426,8 @@ static void experiment_print(const options *o, const experiment *e)
     print_shape("attention_shape", &e->attention);
     print_shape("combined_mask_shape", &e->combined_mask);
 
-    const float *w = e->attention.data; /* weights[0, 0, 0, :] is the first T floats */
-    printf("first_head_weights_row0=[");
-    for (int64_t j = 0; j < T; j++) {
-        if (j)
-            printf(", ");
-        print_rounded(w[j]);
-    }
-    printf("]\n");
+    /* weights[0, 0, 0, :] is the first T floats */
+    print_weights_row("first_head_weights_row0", e->attention.data, T, "\n");
 
     /* The last real token of sample 0 is its last non-pad position. */
     int64_t last = 0;
@@ -317,6 +442,62 @@ static void experiment_print(const options *o, const experiment *e)
 }
 
 /* ------------------------------------------------------------------------------
+ * --mistake: what it is and what it changed against the correct run
+ * ---------------------------------------------------------------------------- */
+
+/* Counts the rows of `rows` x `n` arrays where the mistaken run differs from the
+ * correct one: by more than 1e-6 (the mistaken loops and the reference compute an
+ * unchanged row in the same order, so they agree far closer than that), or by being
+ * NaN in one and not the other. Also the rows that hold a NaN, and the largest
+ * finite difference. */
+static void compare_rows(const float *bad, const float *good, int64_t rows, int64_t n,
+                         int64_t *changed, int64_t *nan_rows, double *largest)
+{
+    *changed = *nan_rows = 0;
+    *largest = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        int differs = 0, has_nan = 0;
+        for (int64_t j = 0; j < n; j++) {
+            const float a = bad[r * n + j], b = good[r * n + j];
+            has_nan |= isnan(a);
+            if (isnan(a) != isnan(b)) {
+                differs = 1;
+            } else if (!isnan(a)) {
+                double d = fabs((double)a - (double)b);
+                differs |= d > 1e-6;
+                if (d > *largest)
+                    *largest = d;
+            }
+        }
+        *changed += differs;
+        *nan_rows += has_nan;
+    }
+}
+
+static void print_mistake(const options *o, const experiment *e)
+{
+    const int64_t B = o->batch_size, T = o->seq_len, E = o->embed_dim, H = o->num_heads;
+    const mistake m = (mistake)o->mistake;
+    printf("mistake=%s: %s\n", mistake_names[m], mistake_explain(m));
+    printf("mistake_code=%s\n", mistake_code(m));
+    const float *bad = e->attention.data, *good = e->correct_attention.data;
+    int same = 1;
+    for (int64_t j = 0; j < T; j++)
+        same &= memcmp(&bad[j], &good[j], sizeof(float)) == 0;
+    print_weights_row("correct_first_head_weights_row0", good, T,
+                      same ? " (first_head_weights_row0 is unchanged by the mistake)\n"
+                           : " (first_head_weights_row0 above is the mistaken one)\n");
+    int64_t changed, nan_rows;
+    double largest;
+    compare_rows(bad, good, B * H * T, T, &changed, &nan_rows, &largest);
+    printf("mistake_changed_weight_rows=%" PRId64 " of %" PRId64 " (largest finite difference %.4f;"
+           " %" PRId64 " rows hold NaN)\n", changed, B * H * T, largest, nan_rows);
+    compare_rows(e->output.data, e->correct_output.data, B * T, E, &changed, &nan_rows, &largest);
+    printf("mistake_changed_output_rows=%" PRId64 " of %" PRId64 " (largest finite difference %.4f;"
+           " %" PRId64 " rows hold NaN)\n", changed, B * T, largest, nan_rows);
+}
+
+/* ------------------------------------------------------------------------------
  * --trace: which kernel ran, then the step table (tools/common_trace.c)
  * ---------------------------------------------------------------------------- */
 
@@ -326,22 +507,47 @@ static void print_trace(const attn_ctx *ctx, const options *o)
     char reason[512];
     const char *arch_reason = attn_arch_reason(ctx);
     attn_arch arch = attn_arch_selected(ctx);
+    const char *scores_note = NULL;
+    int scores_built = 1;
     if (ctx->impl == ATTN_IMPL_REF) {
         snprintf(kernel, sizeof kernel,
                  "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/attention/sdpa_ref.c)");
-        snprintf(reason, sizeof reason, "ctx->impl is ATTN_IMPL_REF");
+        snprintf(reason, sizeof reason,
+                 "--impl ref (the default): ctx->impl = ATTN_IMPL_REF and ctx->arch = ATTN_ARCH_REF");
     } else if (arch == ATTN_ARCH_REF) {
         snprintf(kernel, sizeof kernel,
                  "reference: scores, masked softmax, weighted sum (attn_sdpa_ref, src/attention/sdpa_ref.c)");
-        snprintf(reason, sizeof reason, "ctx->impl is %s but the selected arch is ref (%s)",
-                 ctx->impl == ATTN_IMPL_FUSED ? "FUSED" : "AUTO", arch_reason);
+        snprintf(reason, sizeof reason, "--impl fused, but the selected arch is ref (%s)",
+                 arch_reason);
     } else {
         snprintf(kernel, sizeof kernel,
                  "fused online-softmax kernel (attn_sdpa_fused, src/kernels/sdpa_fused.c), %s build",
                  attn_arch_name(arch));
-        snprintf(reason, sizeof reason, "ctx->impl is %s, so attn_sdpa runs the fused kernel; arch %s",
-                 ctx->impl == ATTN_IMPL_FUSED ? "FUSED" : "AUTO (the default)", arch_reason);
+        snprintf(reason, sizeof reason, "--impl fused: ctx->impl = ATTN_IMPL_FUSED; arch %s",
+                 arch_reason);
+        scores_built = 0;
+        scores_note = "the fused kernel never materialises the scores [B, H, T, T]: steps 5 to 7 "
+                      "run one tile of keys at a time with a running max and sum per query row; "
+                      "the weights are recomputed tile by tile only because the experiment asks "
+                      "for them";
     }
+    char mistaken[512];
+    if (o->mistake != MISTAKE_NONE) {
+        /* The printed lines come from the mistaken run, not from the kernel above. */
+        snprintf(mistaken, sizeof mistaken,
+                 "MISTAKE %s: the seven lines, --values and the pictures come from the mistaken "
+                 "steps on plain loops (tools/common_mistakes.c); the kernel above ran the "
+                 "correct attention they are compared with", mistake_names[o->mistake]);
+        scores_note = mistaken;
+    }
+    char projections[256];
+    if (ctx->impl == ATTN_IMPL_REF || arch == ATTN_ARCH_REF)
+        snprintf(projections, sizeof projections,
+                 "attn_linear (src/attention/linear.c), its plain reference loops");
+    else
+        snprintf(projections, sizeof projections,
+                 "attn_linear (src/attention/linear.c), the packed GEMM, %s build",
+                 attn_arch_name(arch));
     trace_info t;
     t.B = o->batch_size;
     t.T = o->seq_len;
@@ -351,6 +557,10 @@ static void print_trace(const attn_ctx *ctx, const options *o)
     t.pad_id = 0;
     t.attention_kernel = kernel;
     t.kernel_reason = reason;
+    t.scores_built = scores_built;
+    t.scores_note = scores_note;
+    t.projections = projections;
+    t.separate_layout = o->layout == LAYOUT_SEPARATE;
     t.threads = attn_threads_resolve(ctx);
     trace_print(stdout, &t);
 }
@@ -361,7 +571,7 @@ static void print_trace(const attn_ctx *ctx, const options *o)
 
 /* Every file one run writes (--dump's arrays and weights, --heatmap's SVG), saved
  * as one output set: nothing is renamed into place before all are written. */
-enum { DUMP_ARRAYS = 7, MAX_OUTPUTS = DUMP_ARRAYS + 2 };
+enum { DUMP_ARRAYS = 14, MAX_OUTPUTS = DUMP_ARRAYS + 2 };
 typedef struct run_outputs {
     cli_output outs[MAX_OUTPUTS];
     int n;
@@ -379,10 +589,14 @@ static int dump_all(const char *dir, const experiment *e, run_outputs *r)
     }
     static const char *const files[DUMP_ARRAYS] = {
         "x.npy", "token_ids.npy", "padding_mask.npy", "causal_mask.npy",
-        "combined_mask.npy", "output.npy", "attention.npy"};
+        "combined_mask.npy", "output.npy", "attention.npy",
+        "q.npy", "k.npy", "v.npy", "scores.npy", "scaled_scores.npy", "masked_scores.npy",
+        "context.npy"};
     const attn_tensor *arrays[DUMP_ARRAYS] = {&e->x, &e->token_ids, &e->padding_mask,
                                               &e->causal_mask, &e->combined_mask,
-                                              &e->output, &e->attention};
+                                              &e->output, &e->attention,
+                                              &e->st.q, &e->st.k, &e->st.v, &e->st.scores,
+                                              &e->st.scaled, &e->st.masked, &e->st.context};
     /* The chapter module's parameter names (nn.Module.state_dict()). */
     static const char *const names[4] = {"qkv.weight", "qkv.bias", "output.weight",
                                          "output.bias"};
@@ -485,10 +699,14 @@ static int picture_build(const options *o, const experiment *e, picture *pic)
     for (int64_t t = 0; t < T && used < (int)sizeof pic->title - 40; t++)
         used += snprintf(pic->title + used, sizeof pic->title - (size_t)used,
                          t ? ", %" PRId64 : "%" PRId64, ids[t]);
-    snprintf(pic->title + used, sizeof pic->title - (size_t)used,
-             "] (pad id 0): masks and attention weights, B=%" PRId64 " T=%" PRId64
-             " E=%" PRId64 " H=%" PRId64 ", seed %" PRIu64,
-             o->batch_size, T, o->embed_dim, H, o->seed);
+    used += snprintf(pic->title + used, sizeof pic->title - (size_t)used,
+                     "] (pad id 0): masks and attention weights, B=%" PRId64 " T=%" PRId64
+                     " E=%" PRId64 " H=%" PRId64 ", seed %" PRIu64,
+                     o->batch_size, T, o->embed_dim, H, o->seed);
+    if (o->mistake != MISTAKE_NONE && used < (int)sizeof pic->title)
+        snprintf(pic->title + used, sizeof pic->title - (size_t)used,
+                 "; MISTAKE %s (the weights are the mistaken ones, the masks the correct ones)",
+                 mistake_names[o->mistake]);
     return 0;
 }
 
@@ -525,6 +743,14 @@ int main(int argc, char **argv)
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
+    if (o.impl == IMPL_REF) {
+        /* The reference kernels, so that a breakpoint in src/attention/sdpa_ref.c is
+         * hit and attn_linear runs its plain loops (docs/debugging.md). */
+        ctx.impl = ATTN_IMPL_REF;
+        ctx.arch = ATTN_ARCH_REF;
+    } else {
+        ctx.impl = ATTN_IMPL_FUSED;
+    }
     experiment e;
     rc = experiment_run(&ctx, &o, &e);
     if (rc) {
@@ -534,9 +760,15 @@ int main(int argc, char **argv)
     }
     experiment_print(&o, &e);
     /* The seven lines above stay exactly the chapter's; what follows is asked for. */
+    if (o.mistake != MISTAKE_NONE)
+        print_mistake(&o, &e);
     if (o.trace) {
         printf("\n");
         print_trace(&ctx, &o);
+    }
+    if (o.values) {
+        printf("\n");
+        values_print(stdout, &e.st, &e.x, e.token_ids.data, o.sample, o.head);
     }
     rc = 0;
     run_outputs *r = calloc(1, sizeof *r);
