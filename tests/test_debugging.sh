@@ -13,7 +13,7 @@ line() { awk -v s="$1" 'index($0, s) { f = 1 } f && /for \(/ { print NR; exit }'
 
 prev=0
 for c in "/* Step 1: scores = q k^T * scale, hidden keys -inf.  [Tq, Tk] */" \
-         "/* Step 2: softmax over the key axis," "/* Step 3: out = weights v.  [Tq, Dv]"; do
+         "/* Step 2: weights = softmax over the key axis," "/* Step 3: out = weights v.  [Tq, Dv]"; do
     grep -qF -- "$c" "$doc" || bad "docs/debugging.md does not name the comment '$c'"
     n=$(grep -cF -- "$c" "$src")
     [ "$n" -eq 1 ] || { bad "'$c' occurs $n times in sdpa_ref.c"; continue; }
