@@ -4,13 +4,15 @@ shapes, in the same run, and the ratios.
 
     python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
                                    [--shapes S1,S2,...] [--skip-plain-above 2e9]
+                                   [--shapes-only]
 
 What it runs, each figure the median of --runs timed calls after two warm-up calls
 (the same method as `attn bench`), with --threads threads for everybody:
 
-  attn       `attn bench --json` on SPEC section 5's shapes (the library default,
-             i.e. the fused kernel on the best ISA), `attn bench --mha`, `attn bench
-             --gemm --size 2048` and `attn bench --bandwidth`;
+  attn       `attn bench --json` on SPEC section 5's shapes S1-S8 (the library
+             default, i.e. the fused kernel on the best ISA) and on the option cases
+             below (as custom shapes), `attn bench --mha`, `attn bench --gemm --size
+             2048` and `attn bench --bandwidth`;
   torch SDPA torch.nn.functional.scaled_dot_product_attention (2.x: its CPU path is
              a fused flash kernel; PyTorch 1.13 has none, and the column is left
              empty: run it with Debian's torch as /usr/bin/python3 for the 1.13 peer);
@@ -19,6 +21,17 @@ What it runs, each figure the median of --runs timed calls after two warm-up cal
   torch MHA  nn.MultiheadAttention(E=768, H=12, batch_first) at T=1024, projections
              included, need_weights=False;
   numpy      np.dot of two 2048 x 2048 float32 matrices (OpenBLAS sgemm).
+
+Grouped-query shapes (S7, S8, Hkv < H) run torch SDPA with enable_gqa=True (K and V
+read in place) and torch plain with K and V repeated per query head (chapter 21's
+repeat_kv). S7's bottom-right causal mask hides nothing for its one query row, so
+torch gets no mask there, as a decoding loop would call it. The option cases (the
+names below, all on S2's sizes unless said): W1 a causal window of 256 keys
+(--window 255,0), given to torch SDPA as a float mask (0 inside, -inf outside); C1
+a softcap of 50 on causal S2, which torch SDPA has no switch for, so its column is
+the softcap written out in torch (c * tanh(s / c), then the causal mask and
+softmax) and the plain column the same; G1 grouped-query S2 (Hkv = 3).
+--shapes-only skips the multi-head, GEMM and bandwidth lines.
 
 Ratios are "times faster than the peer": peer_ms / attn_ms. Shapes are measured
 interleaved (attn, then the peers, shape by shape), so drift on a shared machine
@@ -43,19 +56,68 @@ import torch.nn.functional as F  # noqa: E402
 
 HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")  # PyTorch 2.0 and later
 
+# name: (B, H, Hkv, Tq, Tk, D, mask, window (left, right) or None, softcap or None)
 SHAPES = {
-    "S1": (2, 4, 5, 5, 4, "none"),
-    "S2": (1, 12, 1024, 1024, 64, "causal"),
-    "S3": (4, 12, 1024, 1024, 64, "causal"),
-    "S4": (1, 16, 4096, 4096, 64, "causal"),
-    "S5": (1, 32, 1, 4096, 128, "none"),
-    "S6": (8, 8, 512, 512, 64, "padding"),
+    "S1": (2, 4, 4, 5, 5, 4, "none", None, None),
+    "S2": (1, 12, 12, 1024, 1024, 64, "causal", None, None),
+    "S3": (4, 12, 12, 1024, 1024, 64, "causal", None, None),
+    "S4": (1, 16, 16, 4096, 4096, 64, "causal", None, None),
+    "S5": (1, 32, 32, 1, 4096, 128, "none", None, None),
+    "S6": (8, 8, 8, 512, 512, 64, "padding", None, None),
+    "S7": (1, 32, 8, 1, 8192, 128, "causal_bottom_right", None, None),
+    "S8": (1, 32, 8, 2048, 2048, 128, "causal", None, None),
+    # The option cases, run by attn as custom shapes.
+    "W1": (1, 12, 12, 1024, 1024, 64, "causal", (255, 0), None),
+    "C1": (1, 12, 12, 1024, 1024, 64, "causal", None, 50.0),
+    "G1": (1, 12, 3, 1024, 1024, 64, "causal", None, None),
 }
 
 
-def flops(B, H, Tq, Tk, D, mask):
-    f = 4.0 * B * H * Tq * Tk * D
-    return f / 2 if mask == "causal" else f
+def flops(B, H, Hkv, Tq, Tk, D, mask, window, softcap):
+    """attn bench's count: causal with Tq == Tk and no window counts half;
+    otherwise the visible (query, key) pairs."""
+    if window is None and (mask not in ("causal", "causal_bottom_right") or Tq == Tk):
+        f = 4.0 * B * H * Tq * Tk * D
+        return f / 2 if mask in ("causal", "causal_bottom_right") else f
+    return 4.0 * B * H * D * float(visible(Tq, Tk, mask, window).sum())
+
+
+def visible(Tq, Tk, mask, window):
+    """[Tq, Tk] booleans: the keys each query sees under the causal mask and the
+    window (query i sits at key position i + Tk - Tq)."""
+    i = torch.arange(Tq)[:, None]
+    j = torch.arange(Tk)[None, :]
+    ip = i + (Tk - Tq)
+    vis = torch.ones(Tq, Tk, dtype=torch.bool)
+    if mask == "causal":
+        vis &= j <= i
+    if mask == "causal_bottom_right":
+        vis &= j <= ip
+    if window is not None:
+        if window[0] >= 0:
+            vis &= j >= ip - window[0]
+        if window[1] >= 0:
+            vis &= j <= ip + window[1]
+    return vis
+
+
+def attn_args(name):
+    """`attn bench` arguments for a shape: --shape for SPEC's, a custom shape for
+    the option cases."""
+    if name.startswith("S"):
+        return ["--shape", name]
+    B, H, Hkv, Tq, Tk, D, mask, window, softcap = SHAPES[name]
+    args = ["--batch", str(B), "--heads", str(H), "--kv-heads", str(Hkv), "--query-len",
+            str(Tq), "--key-len", str(Tk), "--head-dim", str(D)]
+    if mask == "causal":
+        args.append("--causal")
+    elif mask == "causal_bottom_right":
+        args.append("--causal-bottom-right")
+    if window is not None:
+        args += ["--window", f"{window[0]},{window[1]}"]
+    if softcap is not None:
+        args += ["--softcap", str(softcap)]
+    return args
 
 
 def median_ms(fn, runs):
@@ -83,31 +145,55 @@ def attn_json(attn, args):
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def torch_inputs(B, H, Tq, Tk, D, mask):
+def torch_inputs(B, H, Hkv, Tq, Tk, D, mask, window, softcap):
+    """q, k, v and the boolean mask (None when nothing is hidden)."""
     g = torch.Generator().manual_seed(0)
     q = torch.rand(B, H, Tq, D, generator=g) * 2 - 1
-    k = torch.rand(B, H, Tk, D, generator=g) * 2 - 1
-    v = torch.rand(B, H, Tk, D, generator=g) * 2 - 1
+    k = torch.rand(B, Hkv, Tk, D, generator=g) * 2 - 1
+    v = torch.rand(B, Hkv, Tk, D, generator=g) * 2 - 1
     m = None
     if mask == "padding":
         m = torch.ones(B, 1, 1, Tk, dtype=torch.bool)
         m[B // 2:, :, :, Tk - Tk // 4:] = False
-    elif mask == "causal":
-        m = torch.ones(Tq, Tk, dtype=torch.bool).tril()
+    elif mask in ("causal", "causal_bottom_right") or window is not None:
+        m = visible(Tq, Tk, mask, window)
+        if bool(m.all()):
+            m = None
     return q, k, v, m
 
 
-def torch_sdpa(q, k, v, m, mask):
-    if mask == "causal":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+class Case:
+    """One shape's torch calls, with what torch needs prepared outside the timing:
+    the float mask of a window, K and V repeated for plain attention under GQA."""
 
+    def __init__(self, q, k, v, m, mask, window, softcap):
+        self.q, self.k, self.v, self.m = q, k, v, m
+        self.gqa = q.shape[1] != k.shape[1]
+        self.softcap = softcap
+        self.is_causal = mask == "causal" and window is None
+        self.fmask = None
+        if window is not None:
+            self.fmask = torch.zeros(m.shape).masked_fill(~m, float("-inf"))
+        group = q.shape[1] // k.shape[1]
+        self.kr = k.repeat_interleave(group, dim=1) if self.gqa else k
+        self.vr = v.repeat_interleave(group, dim=1) if self.gqa else v
 
-def torch_plain(q, k, v, m, mask):
-    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    if m is not None:
-        s = s.masked_fill(~m, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+    def sdpa(self):
+        if self.softcap is not None:
+            return self.plain()  # torch SDPA has no softcap: written out
+        kw = {"enable_gqa": True} if self.gqa else {}
+        if self.is_causal:
+            return F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=True, **kw)
+        mask = self.fmask if self.fmask is not None else self.m
+        return F.scaled_dot_product_attention(self.q, self.k, self.v, attn_mask=mask, **kw)
+
+    def plain(self):
+        s = (self.q @ self.kr.transpose(-2, -1)) * (1.0 / math.sqrt(self.q.shape[-1]))
+        if self.softcap is not None:
+            s = self.softcap * torch.tanh(s / self.softcap)
+        if self.m is not None:
+            s = s.masked_fill(~self.m, float("-inf"))
+        return torch.softmax(s, dim=-1) @ self.vr
 
 
 def main():
@@ -115,10 +201,12 @@ def main():
     ap.add_argument("--attn", default=os.path.join("build", "attn"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6,S7,S8,W1,C1,G1")
     ap.add_argument("--skip-plain-above", type=float, default=float("inf"),
                     help="skip torch plain on shapes above this many FLOPs")
     ap.add_argument("--json", action="store_true", help="print one JSON object per line")
+    ap.add_argument("--shapes-only", action="store_true",
+                    help="skip the multi-head, GEMM and bandwidth comparisons")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     common = ["--threads", str(a.threads), "--runs", str(a.runs)]
@@ -129,22 +217,21 @@ def main():
           f"FP32 FMA peak {peak:.1f} GFLOP/s (attn bench --peak)")
     rows = []
     for name in a.shapes.split(","):
-        B, H, Tq, Tk, D, mask = SHAPES[name]
-        mine = [r for r in attn_json(a.attn, ["--shape", name] + common)
+        shape = SHAPES[name]
+        mine = [r for r in attn_json(a.attn, attn_args(name) + common)
                 if r.get("kind") == "sdpa"][0]
-        q, k, v, m = torch_inputs(B, H, Tq, Tk, D, mask)
+        c = Case(*torch_inputs(*shape), shape[6], shape[7], shape[8])
         with torch.inference_mode():
             sdpa = None
             if HAVE_SDPA:
-                sdpa = median_ms(lambda: torch_sdpa(q, k, v, m, mask), a.runs)
+                diff = (c.sdpa() - c.plain()).abs().max()
+                print(f"# check on {name}: |torch SDPA - plain| max {float(diff):.2e}")
+                sdpa = median_ms(c.sdpa, a.runs)
             plain = None
-            if flops(B, H, Tq, Tk, D, mask) <= a.skip_plain_above:
-                plain = median_ms(lambda: torch_plain(q, k, v, m, mask), a.runs)
-            if name == "S1" and HAVE_SDPA:
-                diff = (torch_sdpa(q, k, v, m, mask) - torch_plain(q, k, v, m, mask)).abs().max()
-                print(f"# check on S1: |torch SDPA - plain| max {float(diff):.2e}")
+            if flops(*shape) <= a.skip_plain_above:
+                plain = median_ms(c.plain, a.runs)
         rows.append((name, mine, sdpa, plain))
-        del q, k, v, m
+        del c
 
     print(f"{'shape':6} {'attn ms':>10} {'GFLOP/s':>8} {'%peak':>6} {'SDPA ms':>10} "
           f"{'plain ms':>10} {'vs SDPA':>8} {'vs plain':>9}")
@@ -162,6 +249,9 @@ def main():
                               "torch_plain_ms": plain,
                               "vs_sdpa": (sdpa / ms) if sdpa else None,
                               "vs_plain": (plain / ms) if plain else None}))
+
+    if a.shapes_only:
+        return 0
 
     # Multi-head attention end to end (projections included).
     T, E, NH = 1024, 768, 12
@@ -191,9 +281,11 @@ def main():
     bw = attn_json(a.attn, ["--bandwidth"] + common)
     kv = [r for r in bw if r.get("kind") == "kv_stream"]
     st = [r for r in bw if r.get("kind") == "bandwidth"]
-    if kv and st:
-        print(f"S5 K/V streaming: {st[0]['gbs']:.1f} GB/s measured; attn reads K and V at "
-              f"{kv[0]['kv_gbs']:.1f} GB/s ({100 * kv[0]['fraction']:.0f}%)")
+    for line in kv:
+        if st:
+            print(f"{line['shape']} K/V streaming: {st[0]['gbs']:.1f} GB/s measured; attn "
+                  f"reads K and V at {line['kv_gbs']:.1f} GB/s "
+                  f"({100 * line['fraction']:.0f}%)")
     return 0
 
 

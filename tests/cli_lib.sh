@@ -64,7 +64,9 @@ npy_floats() {
     od -An -v -j$((10 + hl)) -tf4 -w4 "$1" | awk '{print $1}'
 }
 
-# npy_close GOT EXPECTED ATOL RTOL: same shape, and every |got - exp| <= atol + rtol*|exp|.
+# npy_close GOT EXPECTED ATOL RTOL: same shape, and every |got - exp| <= atol + rtol*|exp|;
+# equal values always agree, so an expected -inf (a log-sum-exp of a row that sees no
+# key) is matched by -inf only.
 npy_close() {
     local gs es
     gs=$(npy_shape "$1")
@@ -77,7 +79,7 @@ npy_close() {
     local res
     res=$(paste <(npy_floats "$1") <(npy_floats "$2") | awk -v atol="$3" -v rtol="$4" '
         function abs(x) { return x < 0 ? -x : x }
-        { n++; d = abs($1 - $2); if (!(d <= atol + rtol * abs($2))) { bad++; if (bad < 4) printf "  [%d] %s vs %s\n", n - 1, $1, $2 } }
+        { n++; d = ($1 == $2) ? 0 : abs($1 - $2); if (!(d <= atol + rtol * abs($2))) { bad++; if (bad < 4) printf "  [%d] %s vs %s\n", n - 1, $1, $2 } }
         END { printf "%d %d\n", n, bad + 0 }' | tail -n 1)
     local n=${res% *} nbad=${res#* }
     if [ "$n" -gt 0 ] && [ "$nbad" -eq 0 ]; then ok; else bad "$1 differs from $2 in $nbad of $n values"; fi

@@ -8,13 +8,16 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fail=1; }
 
-if "$ATTN" bench --help >"$tmp/help" 2>&1 && grep -q "S6" "$tmp/help" && grep -q -- "--impl" "$tmp/help" \
-    && grep -q "ATTN_ARCH" "$tmp/help"; then ok "--help names the shapes, --impl and ATTN_ARCH"
+if "$ATTN" bench --help >"$tmp/help" 2>&1 && grep -q "S6" "$tmp/help" && grep -q "S7" "$tmp/help" \
+    && grep -q "S8" "$tmp/help" && grep -q -- "--impl" "$tmp/help" && grep -q "ATTN_ARCH" "$tmp/help" \
+    && grep -q -- "--kv-heads" "$tmp/help" && grep -q -- "--window" "$tmp/help" \
+    && grep -q -- "--softcap" "$tmp/help" && grep -q -- "--causal-bottom-right" "$tmp/help"; then
+    ok "--help names the shapes S1-S8, the options, --impl and ATTN_ARCH"
 else bad "--help"; fi
 
 # SPEC section 4's fields, first on every line and in this order; a field that means
 # nothing for a line's kind is null (see attn bench --help, JSON OUTPUT).
-SPEC_FIELDS='^\{"kind":"[a-z_]+","impl":"[^"]+","B":([0-9]+|null),"H":([0-9]+|null),"Tq":([0-9]+|null),"Tk":([0-9]+|null),"D":([0-9]+|null),"mask":("[a-z]+"|null),"threads":[0-9]+,"median_ms":([0-9.]+|null),"gflops":([0-9.]+|null),"default_arch":"[a-z0-9]+","reason":"[^"]+","peak_gflops_1t":[0-9.]+,"peak_gflops":[0-9.]+(,.*)?\}$'
+SPEC_FIELDS='^\{"kind":"[a-z_]+","impl":"[^"]+","B":([0-9]+|null),"H":([0-9]+|null),"Tq":([0-9]+|null),"Tk":([0-9]+|null),"D":([0-9]+|null),"mask":("[a-z_]+"|null),"threads":[0-9]+,"median_ms":([0-9.]+|null),"gflops":([0-9.]+|null),"default_arch":"[a-z0-9]+","reason":"[^"]+","peak_gflops_1t":[0-9.]+,"peak_gflops":[0-9.]+(,.*)?\}$'
 # every_line_has_spec_fields NAME FILE: FILE has lines, each one JSON object with them.
 every_line_has_spec_fields() {
     local n bad_lines
@@ -75,6 +78,31 @@ if "$ATTN" bench --batch 1 --heads 2 --query-len 17 --key-len 33 --head-dim 8 --
     ok "a custom shape with a padding mask"
 else bad "custom shape: $(cat "$tmp/custom")"; fi
 
+# Section 6's options on a custom shape: the JSON line carries them, and a window's
+# FLOPs count only the pairs it leaves visible (Tq = Tk = 1024, window 63,0: 64*65/2
+# + 960*64 = 63520 pairs, 4*H*D = 256 FLOPs each), so gflops * median_ms = 16.26 MFLOP.
+if "$ATTN" bench --batch 1 --heads 4 --kv-heads 2 --query-len 3 --key-len 40 --head-dim 8 --causal-bottom-right \
+    --window 5,0 --softcap 30 --runs 2 --threads 1 --json --impl all >"$tmp/opts" 2>"$tmp/err"; then
+    every_line_has_spec_fields "options --json --impl all" "$tmp/opts"
+    n=$(wc -l <"$tmp/opts")
+    if [ "$n" -ge 3 ] && [ "$(grep -c '"H":4,"Tq":3,"Tk":40,"D":8,"mask":"causal_bottom_right",.*"kv_heads":2,"window":\[5,0\],"softcap":30[,}]' "$tmp/opts")" -eq "$n" ]; then
+        ok "--kv-heads, --causal-bottom-right, --window and --softcap reach every JSON line"
+    else bad "options JSON: $(head -2 "$tmp/opts")"; fi
+else bad "options run: $(cat "$tmp/err")"; fi
+if "$ATTN" bench --query-len 1024 --head-dim 64 --window 63,0 --runs 2 --threads 1 --json >"$tmp/win" 2>"$tmp/err" &&
+    grep -q '"window":\[63,0\],"softcap":null' "$tmp/win" &&
+    awk -F'"median_ms":|,"gflops":|,"default_arch"' '{ f = $2 * $3 * 1e6; r = f / 16261120; exit !(r > 0.99 && r < 1.01) }' "$tmp/win"; then
+    ok "a window's FLOPs are its visible pairs' (16.26 MFLOP for 1024 rows, window 63,0)"
+else bad "window FLOPs: $(cat "$tmp/win" "$tmp/err")"; fi
+if "$ATTN" bench --query-len 4 --key-len 9 --head-dim 2 --causal --runs 1 --threads 1 --json >"$tmp/tl" 2>"$tmp/err" &&
+    grep -q '"Tq":4,"Tk":9,"D":2,"mask":"causal"' "$tmp/tl"; then
+    ok "--causal with Tq != Tk runs (top-left is defined for any Tq, Tk)"
+else bad "causal Tq != Tk: $(cat "$tmp/tl" "$tmp/err")"; fi
+if "$ATTN" bench --shape S7 --runs 1 --threads 1 --json >"$tmp/s7" 2>"$tmp/err" &&
+    grep -q '"B":1,"H":32,"Tq":1,"Tk":8192,"D":128,"mask":"causal_bottom_right",.*"shape":"S7",.*"kv_heads":8,"window":null' "$tmp/s7"; then
+    ok "S7 is SPEC's GQA decode step (H 32, Hkv 8, Tk 8192, bottom-right causal)"
+else bad "S7: $(cat "$tmp/s7" "$tmp/err")"; fi
+
 refuse() { # name, args...
     local name=$1; shift
     "$ATTN" bench "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
@@ -84,7 +112,15 @@ refuse() { # name, args...
 }
 refuse "unknown shape" --shape S9
 refuse "unknown impl" --impl fastest
-refuse "causal with Tq != Tk" --query-len 4 --key-len 5 --head-dim 2 --causal
+refuse "--causal with --causal-bottom-right" --query-len 4 --head-dim 2 --causal --causal-bottom-right
+refuse "--kv-heads that does not divide --heads" --heads 6 --kv-heads 4 --query-len 4 --head-dim 2
+refuse "a window side below -1" --query-len 4 --head-dim 2 --window -2,0
+refuse "a window that is not LEFT,RIGHT" --query-len 4 --head-dim 2 --window 3
+refuse "a softcap of 0" --query-len 4 --head-dim 2 --softcap 0
+refuse "a negative softcap" --query-len 4 --head-dim 2 --softcap -1
+refuse "--window without a custom shape" --shape S2 --window 3,0
+refuse "--softcap without a custom shape" --softcap 30
+refuse "--causal-bottom-right without a custom shape" --causal-bottom-right
 refuse "a non-number" --threads two
 refuse "an unknown option" --frobnicate
 refuse "more threads than 64 bits hold" --threads 99999999999999999999

@@ -20,7 +20,7 @@ static const cmd_entry commands[] = {
     {"forward", "multi-head self-attention with weights from a .safetensors file",
      cmd_forward},
     {"sdpa", "scaled dot-product attention on .npy arrays", cmd_sdpa},
-    {"bench", "time attention (SPEC shapes S1-S6 or custom) against the machine's peak",
+    {"bench", "time attention (SPEC shapes S1-S8 or custom) against the machine's peak",
      cmd_bench},
     {NULL, NULL, NULL}, /* placeholder so the table is never empty */
 };

@@ -6,7 +6,7 @@
  *                          the text header and the JSON line every benchmark prints
  *   tools/bench_probes.c   the machine's own limits: the FP32 FMA peak and the
  *                          streaming read bandwidth (tools/bench_probes.h)
- *   tools/bench_sdpa.c     scaled dot-product attention on S1-S6 or a custom shape
+ *   tools/bench_sdpa.c     scaled dot-product attention on S1-S8 or a custom shape
  *   tools/bench_mha.c      multi-head attention end to end, projections included
  *   tools/bench_gemm.c     the projection GEMM alone (y = x W^T)
  *
@@ -14,7 +14,10 @@
  * warm-up calls and then at least `runs` timed samples; a sample of a very short
  * call repeats it enough times to last about a millisecond and divides. The figure
  * is the median sample. FLOPs are SPEC section 5's: 4*B*H*Tq*Tk*D, halved for
- * causal shapes; multi-head attention adds 2*B*T*E*4E for the projections.
+ * causal shapes with Tq == Tk; a window, or causal with Tq != Tk, counts the
+ * (query, key) pairs it leaves visible instead (4*B*H*D per pair), so that a
+ * window's GFLOP/s count only the work it needs. Multi-head attention adds
+ * 2*B*T*E*4E for the projections.
  */
 #ifndef TOOLS_BENCH_H
 #define TOOLS_BENCH_H
@@ -35,14 +38,19 @@ typedef struct bench_opts {
     char reason_json[1024];
 } bench_opts;
 
-/* One attention shape: SPEC section 5's S1-S6, or the command line's own. */
+/* One attention shape: SPEC section 5's S1-S8, or the command line's own. */
 typedef struct bench_shape {
     const char *name;
     int64_t B, H, Tq, Tk, D;
-    int causal, padding;
+    int causal;       /* an attn_causal value */
+    int padding;      /* S6's padding mask */
+    int64_t Hkv;      /* key/value heads (grouped-query attention); 0 = H */
+    int has_window;   /* a sliding window (window_left, window_right), -1 = unbounded */
+    int64_t window_left, window_right;
+    float softcap;    /* 0 = none */
 } bench_shape;
 
-#define BENCH_N_SPEC_SHAPES 6
+#define BENCH_N_SPEC_SHAPES 8
 extern const bench_shape bench_spec_shapes[BENCH_N_SPEC_SHAPES];
 
 /* ---- timing (bench_common.c) ---- */
@@ -61,9 +69,12 @@ double bench_peak_rss_mib(void);
 /* Two warm-up calls, then `runs` samples of at least ~1 ms each. */
 bench_timing bench_time_call(bench_fn fn, void *arg, int runs);
 void bench_fill_uniform(float *p, int64_t n, uint64_t seed);
-/* FLOPs of the attention core on s (SPEC section 5). */
+/* FLOPs of the attention core on s (SPEC section 5; see the top of this file). */
 double bench_sdpa_flops(const bench_shape *s);
+/* none, causal, causal_bottom_right or padding. */
 const char *bench_mask_name(const bench_shape *s);
+/* s's key/value heads: Hkv, or H when not set. */
+int64_t bench_kv_heads(const bench_shape *s);
 
 /* ---- output (bench_common.c) ---- */
 

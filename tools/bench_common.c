@@ -11,9 +11,17 @@
 #include <time.h>
 
 const bench_shape bench_spec_shapes[BENCH_N_SPEC_SHAPES] = {
-    {"S1", 2, 4, 5, 5, 4, 0, 0},          {"S2", 1, 12, 1024, 1024, 64, 1, 0},
-    {"S3", 4, 12, 1024, 1024, 64, 1, 0},  {"S4", 1, 16, 4096, 4096, 64, 1, 0},
-    {"S5", 1, 32, 1, 4096, 128, 0, 0},    {"S6", 8, 8, 512, 512, 64, 0, 1},
+    /* name  B   H   Tq    Tk    D    causal  padding  Hkv  window  softcap */
+    {"S1", 2, 4, 5, 5, 4, 0, 0, 0, 0, 0, 0, 0.0f},
+    {"S2", 1, 12, 1024, 1024, 64, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0.0f},
+    {"S3", 4, 12, 1024, 1024, 64, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0.0f},
+    {"S4", 1, 16, 4096, 4096, 64, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0.0f},
+    {"S5", 1, 32, 1, 4096, 128, 0, 0, 0, 0, 0, 0, 0.0f},
+    {"S6", 8, 8, 512, 512, 64, 0, 1, 0, 0, 0, 0, 0.0f},
+    /* S7: one grouped-query decode step against a cache (Llama-3-8B-like); S8: its
+     * prefill. */
+    {"S7", 1, 32, 1, 8192, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 8, 0, 0, 0, 0.0f},
+    {"S8", 1, 32, 2048, 2048, 128, ATTN_CAUSAL_TOP_LEFT, 0, 8, 0, 0, 0, 0.0f},
 };
 
 double bench_now_s(void)
@@ -81,13 +89,42 @@ void bench_fill_uniform(float *p, int64_t n, uint64_t seed)
 
 double bench_sdpa_flops(const bench_shape *s)
 {
-    double f = 4.0 * (double)s->B * (double)s->H * (double)s->Tq * (double)s->Tk * (double)s->D;
-    return s->causal ? f / 2 : f;
+    const double per_pair = 4.0 * (double)s->B * (double)s->H * (double)s->D;
+    if (!s->has_window && (!s->causal || s->Tq == s->Tk)) {
+        const double f = per_pair * (double)s->Tq * (double)s->Tk;
+        return s->causal ? f / 2 : f;
+    }
+    /* Count the visible keys of each query row: query i sits at key position
+     * i' = i + Tk - Tq (include/attn.h). */
+    double pairs = 0;
+    for (int64_t i = 0; i < s->Tq; i++) {
+        const int64_t ip = i + s->Tk - s->Tq;
+        int64_t lo = 0, hi = s->Tk - 1;
+        if (s->causal == ATTN_CAUSAL_TOP_LEFT && i < hi)
+            hi = i;
+        if (s->causal == ATTN_CAUSAL_BOTTOM_RIGHT && ip < hi)
+            hi = ip;
+        if (s->has_window && s->window_left >= 0 && ip - s->window_left > lo)
+            lo = ip - s->window_left;
+        if (s->has_window && s->window_right >= 0 && ip + s->window_right < hi)
+            hi = ip + s->window_right;
+        if (hi >= lo)
+            pairs += (double)(hi - lo + 1);
+    }
+    return per_pair * pairs;
 }
 
 const char *bench_mask_name(const bench_shape *s)
 {
-    return s->causal ? "causal" : s->padding ? "padding" : "none";
+    return s->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? "causal_bottom_right"
+           : s->causal                           ? "causal"
+           : s->padding                          ? "padding"
+                                                 : "none";
+}
+
+int64_t bench_kv_heads(const bench_shape *s)
+{
+    return s->Hkv > 0 ? s->Hkv : s->H;
 }
 
 void bench_print_header(const bench_opts *o)

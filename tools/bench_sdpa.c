@@ -1,7 +1,9 @@
 /*
  * bench_sdpa.c - `attn bench`'s main benchmark: scaled dot-product attention on one
- * shape (SPEC section 5's S1-S6 or a custom one), on the path or paths --impl names.
- * With --bandwidth it also says how close S5 comes to streaming its K and V.
+ * shape (SPEC section 5's S1-S8 or a custom one, with grouped-query heads, causal
+ * alignment, a window or a softcap), on the path or paths --impl names. With
+ * --bandwidth it also says how close the decode steps S5 and S7 come to streaming
+ * their K and V.
  */
 #include "bench.h"
 
@@ -50,8 +52,10 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
     const int threads = attn_threads_resolve(&a->ctx);
     const double gf = bench_sdpa_flops(s) / t.median_s / 1e9;
     const double frac = o->peakn > 0 ? gf / o->peakn : 0;
-    /* Bytes of K and V read once: what bounds a decoding step such as S5. */
-    const double kv_gbs = 2.0 * (double)(s->B * s->H * s->Tk * s->D) * 4 / t.median_s / 1e9;
+    /* Bytes of K and V read once: what bounds a decoding step such as S5 or S7
+     * (with grouped-query heads, K and V have Hkv heads, each read once). */
+    const double kv_gbs =
+        2.0 * (double)(s->B * bench_kv_heads(s) * s->Tk * s->D) * 4 / t.median_s / 1e9;
     const bench_fields f = {"sdpa", impl, s->B, s->H, s->Tq, s->Tk, s->D, bench_mask_name(s),
                             threads, t.median_s * 1e3, gf};
     if (o->stream_gbs > 0 && o->json) {
@@ -68,14 +72,36 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
     if (o->json) {
         bench_json_begin(o, &f);
         printf(",\"shape\":\"%s\",\"runs\":%d,\"min_ms\":%.6f,\"peak_frac\":%.4f,"
-               "\"peak_rss_mib\":%.1f",
-               s->name, t.runs, t.min_s * 1e3, frac, bench_peak_rss_mib());
+               "\"peak_rss_mib\":%.1f,\"kv_heads\":%lld",
+               s->name, t.runs, t.min_s * 1e3, frac, bench_peak_rss_mib(),
+               (long long)bench_kv_heads(s));
+        if (s->has_window)
+            printf(",\"window\":[%lld,%lld]", (long long)s->window_left,
+                   (long long)s->window_right);
+        else
+            printf(",\"window\":null");
+        if (s->softcap > 0)
+            printf(",\"softcap\":%.9g", (double)s->softcap);
+        else
+            printf(",\"softcap\":null");
         bench_json_end();
-    } else
-        printf("%-6s %-14s %5lld %4lld %6lld %6lld %5lld %-8s %3d %10.4f %9.2f %5.1f%% %8.1f\n",
+    } else {
+        /* The options, when any, after the table's columns. */
+        char extra[96] = "";
+        size_t n = 0;
+        if (bench_kv_heads(s) != s->H)
+            n += (size_t)snprintf(extra + n, sizeof extra - n, " kv_heads=%lld",
+                                  (long long)bench_kv_heads(s));
+        if (s->has_window)
+            n += (size_t)snprintf(extra + n, sizeof extra - n, " window=%lld,%lld",
+                                  (long long)s->window_left, (long long)s->window_right);
+        if (s->softcap > 0)
+            snprintf(extra + n, sizeof extra - n, " softcap=%g", (double)s->softcap);
+        printf("%-6s %-14s %5lld %4lld %6lld %6lld %5lld %-8s %3d %10.4f %9.2f %5.1f%% %8.1f%s\n",
                s->name, impl, (long long)s->B, (long long)s->H, (long long)s->Tq,
                (long long)s->Tk, (long long)s->D, bench_mask_name(s), threads, t.median_s * 1e3, gf,
-               100 * frac, bench_peak_rss_mib());
+               100 * frac, bench_peak_rss_mib(), extra);
+    }
     fflush(stdout);
     return 0;
 }
@@ -86,8 +112,8 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
     memset(&a, 0, sizeof a);
     attn_ctx_init(&a.ctx);
     a.ctx.threads = o->threads;
-    const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->D;
-    const int64_t qs[4] = {B, H, Tq, D}, ks[4] = {B, H, Tk, D}, ms[4] = {B, 1, 1, Tk};
+    const int64_t B = s->B, H = s->H, Hkv = bench_kv_heads(s), Tq = s->Tq, Tk = s->Tk, D = s->D;
+    const int64_t qs[4] = {B, H, Tq, D}, ks[4] = {B, Hkv, Tk, D}, ms[4] = {B, 1, 1, Tk};
     int rc;
     if ((rc = attn_tensor_alloc(&a.ctx, &a.q, ATTN_DTYPE_F32, 4, qs)) ||
         (rc = attn_tensor_alloc(&a.ctx, &a.k, ATTN_DTYPE_F32, 4, ks)) ||
@@ -99,10 +125,14 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
         return 1;
     }
     bench_fill_uniform(a.q.data, B * H * Tq * D, 1);
-    bench_fill_uniform(a.k.data, B * H * Tk * D, 2);
-    bench_fill_uniform(a.v.data, B * H * Tk * D, 3);
+    bench_fill_uniform(a.k.data, B * Hkv * Tk * D, 2);
+    bench_fill_uniform(a.v.data, B * Hkv * Tk * D, 3);
     attn_sdpa_params_init(&a.p);
     a.p.causal = s->causal;
+    a.p.has_window = s->has_window;
+    a.p.window_left = s->window_left;
+    a.p.window_right = s->window_right;
+    a.p.softcap = s->softcap;
     if (s->padding) {
         uint8_t *m = a.mask.data;
         for (int64_t b = 0; b < B; b++)

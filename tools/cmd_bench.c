@@ -28,9 +28,11 @@ static const char HELP[] =
     "    attn bench - time attention against this machine's FMA peak\n"
     "\n"
     "SYNOPSIS\n"
-    "    attn bench [--shape NAME | --batch B --heads H --query-len Tq [--key-len Tk]\n"
-    "               --head-dim D [--causal] [--padding]] [--threads N] [--impl NAME]\n"
-    "               [--runs N] [--json]\n"
+    "    attn bench [--shape NAME | --batch B --heads H [--kv-heads Hkv]\n"
+    "               --query-len Tq [--key-len Tk] --head-dim D\n"
+    "               [--causal | --causal-bottom-right] [--padding]\n"
+    "               [--window LEFT,RIGHT] [--softcap C]]\n"
+    "               [--threads N] [--impl NAME] [--runs N] [--json]\n"
     "    attn bench --peak [--threads N] [--json]\n"
     "    attn bench --mha [--seq-len T] [--embed-dim E] [--num-heads H] [--causal]\n"
     "               [--threads N] [--impl default|ref|all] [--runs N] [--json]\n"
@@ -46,7 +48,9 @@ static const char HELP[] =
     "    memory so far. A call shorter than a millisecond is repeated within each\n"
     "    sample and divided.\n"
     "\n"
-    "    Shapes (SPEC section 5; FLOPs 4*B*H*Tq*Tk*D, half of that for causal):\n"
+    "    Shapes (SPEC section 5; FLOPs 4*B*H*Tq*Tk*D, half of that for causal with\n"
+    "    Tq == Tk; with a window, or causal with Tq != Tk, 4*B*H*D per visible\n"
+    "    (query, key) pair):\n"
     "      S1  B=2 H=4  Tq=Tk=5    D=4    none     the chapter's toy size\n"
     "      S2  B=1 H=12 Tq=Tk=1024 D=64   causal   a GPT-2 small layer\n"
     "      S3  B=4 H=12 Tq=Tk=1024 D=64   causal\n"
@@ -54,18 +58,33 @@ static const char HELP[] =
     "      S5  B=1 H=32 Tq=1 Tk=4096 D=128 none    one decode step against a cache\n"
     "      S6  B=8 H=8  Tq=Tk=512  D=64   padding  samples b >= B/2 pad their last\n"
     "                                              quarter of keys\n"
-    "    Without --shape or a custom shape, all six run in turn.\n"
+    "      S7  B=1 H=32 Hkv=8 Tq=1 Tk=8192 D=128 bottom-right causal: one GQA decode\n"
+    "                                              step against a cache (judged by\n"
+    "                                              K/V bytes per second, --bandwidth)\n"
+    "      S8  B=1 H=32 Hkv=8 Tq=Tk=2048 D=128 causal: GQA prefill\n"
+    "    Without --shape or a custom shape, all eight run in turn.\n"
     "\n"
     "OPTIONS\n"
     "    --shape NAME\n"
-    "        S1 .. S6, or all (the default).\n"
+    "        S1 .. S8, or all (the default).\n"
     "    --batch B, --heads H, --query-len Tq, --key-len Tk, --head-dim D\n"
     "        A custom shape instead of --shape: --query-len and --head-dim are\n"
     "        needed, Tk defaults to Tq, H and B to 1; each 1..1048576.\n"
+    "    --kv-heads Hkv\n"
+    "        Grouped-query attention on a custom shape: K and V have Hkv heads\n"
+    "        (default H), Hkv dividing H; 1 is multi-query attention.\n"
     "    --causal\n"
-    "        The causal mask on a custom shape (needs Tq == Tk) or with --mha.\n"
+    "        Top-left causal on a custom shape (any Tq, Tk), or with --mha.\n"
+    "    --causal-bottom-right\n"
+    "        Bottom-right causal on a custom shape: query i sees keys up to\n"
+    "        i + Tk - Tq (a query block at the end of a cache).\n"
     "    --padding\n"
     "        S6's padding mask on a custom shape.\n"
+    "    --window LEFT,RIGHT\n"
+    "        A sliding window on a custom shape (each side -1 for unbounded or\n"
+    "        >= 0; see 'attn sdpa --help').\n"
+    "    --softcap C\n"
+    "        Logit softcapping, C > 0, on a custom shape.\n"
     "    --threads N\n"
     "        Worker threads, 1..1024 (default: one per online core; the library uses\n"
     "        at most its own pool's size).\n"
@@ -90,8 +109,9 @@ static const char HELP[] =
     "        The projection GEMM alone, y = x W^T, N x N x N (--size N, default 1024,\n"
     "        1..1048576).\n"
     "    --bandwidth\n"
-    "        The read bandwidth of streaming S5's K and V (GB/s), then S5's attention\n"
-    "        time as a fraction of it.\n"
+    "        The read bandwidth of streaming S5's K and V (GB/s), then S5's and S7's\n"
+    "        attention times as the rate at which they read their K and V, and that\n"
+    "        rate as a fraction of the bandwidth.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -103,7 +123,8 @@ static const char HELP[] =
     "    kv_stream, mha, gemm, peak, bandwidth), impl, B, H, Tq, Tk, D, mask,\n"
     "    threads, median_ms, gflops; then the run's setup: default_arch and reason\n"
     "    (the path attn_sdpa picks and why), peak_gflops_1t and peak_gflops; then the\n"
-    "    kind's own fields (shape, runs, min_ms, peak_frac, peak_rss_mib; E and arch\n"
+    "    kind's own fields (shape, runs, min_ms, peak_frac, peak_rss_mib, kv_heads,\n"
+    "    window ([LEFT, RIGHT] or null), softcap (or null) for sdpa; E and arch\n"
     "    for mha; M, N, K for gemm; kv_gbs, stream_gbs, fraction for kv_stream; gbs\n"
     "    and bytes for bandwidth). A field that means nothing for a kind is null:\n"
     "    the attention shape and mask of gemm, peak and bandwidth, the time of peak,\n"
@@ -139,15 +160,20 @@ static void json_escape(const char *s, char *buf, size_t size)
 
 int cmd_bench(int argc, char **argv)
 {
-    static const char *const shape_names[] = {"S1", "S2", "S3", "S4", "S5", "S6", "all", NULL};
+    static const char *const shape_names[] = {"S1", "S2", "S3", "S4", "S5",
+                                              "S6", "S7", "S8", "all", NULL};
     static const char *const impl_names[] = {"default", "ref",    "fused", "scalar",
                                              "avx2",    "avx512", "all",   NULL};
     bench_opts o;
     memset(&o, 0, sizeof o);
     int64_t threads = 0, runs = 10, B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
     int64_t T = 1024, E = 768, NH = 12, gemm_n = 1024;
-    int shape_ix = 6, impl_ix = 0;
-    int causal = 0, padding = 0, want_peak = 0, want_mha = 0, want_gemm = 0, want_bw = 0;
+    int64_t kv_heads = 0;
+    int shape_ix = BENCH_N_SPEC_SHAPES, impl_ix = 0; /* "all" */
+    int causal = 0, causal_br = 0, padding = 0;
+    int want_peak = 0, want_mha = 0, want_gemm = 0, want_bw = 0;
+    const char *window = NULL;
+    float softcap = 0;
     cli_opt opts[] = {
         {"shape", CLI_CHOICE, &shape_ix, shape_names, 0, 0, 0},
         {"batch", CLI_INT, &B, NULL, 1, BENCH_MAX_SIZE, 0},
@@ -155,8 +181,12 @@ int cmd_bench(int argc, char **argv)
         {"query-len", CLI_INT, &Tq, NULL, 1, BENCH_MAX_SIZE, 0},
         {"key-len", CLI_INT, &Tk, NULL, 1, BENCH_MAX_SIZE, 0},
         {"head-dim", CLI_INT, &D, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"kv-heads", CLI_INT, &kv_heads, NULL, 1, BENCH_MAX_SIZE, 0},
         {"causal", CLI_FLAG, &causal, NULL, 0, 0, 0},
+        {"causal-bottom-right", CLI_FLAG, &causal_br, NULL, 0, 0, 0},
         {"padding", CLI_FLAG, &padding, NULL, 0, 0, 0},
+        {"window", CLI_STRING, &window, NULL, 0, 0, 0},
+        {"softcap", CLI_FLOAT, &softcap, NULL, 0, 0, 0},
         {"threads", CLI_INT, &threads, NULL, 1, BENCH_MAX_THREADS, 0},
         {"impl", CLI_CHOICE, &impl_ix, impl_names, 0, 0, 0},
         {"runs", CLI_INT, &runs, NULL, 1, BENCH_MAX_RUNS, 0},
@@ -178,7 +208,8 @@ int cmd_bench(int argc, char **argv)
     /* Combinations the options cannot mean together are refused, not ignored. */
     const int is_custom = cli_seen(opts, nopts, "batch") || cli_seen(opts, nopts, "heads") ||
                           cli_seen(opts, nopts, "query-len") ||
-                          cli_seen(opts, nopts, "key-len") || cli_seen(opts, nopts, "head-dim");
+                          cli_seen(opts, nopts, "key-len") || cli_seen(opts, nopts, "head-dim") ||
+                          cli_seen(opts, nopts, "kv-heads");
     if (want_peak + want_mha + want_gemm + want_bw > 1)
         return cli_usage_error(PROG, "--peak, --mha, --gemm and --bandwidth exclude each other");
     if ((want_peak || want_mha || want_gemm || want_bw) &&
@@ -195,11 +226,24 @@ int cmd_bench(int argc, char **argv)
                                "shapes have their own masks)");
     if (!is_custom && padding)
         return cli_usage_error(PROG, "--padding applies to a custom shape");
+    static const char *const custom_only[] = {"causal-bottom-right", "window", "softcap", NULL};
+    for (int i = 0; custom_only[i]; i++)
+        if (!is_custom && cli_seen(opts, nopts, custom_only[i]))
+            return cli_usage_error(PROG, "--%s applies to a custom shape", custom_only[i]);
+    if (causal && causal_br)
+        return cli_usage_error(PROG, "--causal (top-left) and --causal-bottom-right exclude "
+                               "each other: give one alignment");
+    if (cli_seen(opts, nopts, "softcap") && !(softcap > 0.0f))
+        return cli_usage_error(PROG, "--softcap must be a number > 0 (got %g)", (double)softcap);
+    int64_t window_left = -1, window_right = -1;
+    if (window && (rc = cli_parse_window(PROG, "window", window, &window_left, &window_right)) !=
+                      CLI_PARSED)
+        return rc;
     if (!Tk)
         Tk = Tq;
-    if (is_custom && causal && Tq != Tk)
-        return cli_usage_error(PROG, "--causal needs Tq == Tk, got %lld and %lld",
-                               (long long)Tq, (long long)Tk);
+    if (kv_heads && H % kv_heads != 0)
+        return cli_usage_error(PROG, "--heads %lld is not a multiple of --kv-heads %lld",
+                               (long long)H, (long long)kv_heads);
     if (want_mha && E % NH != 0)
         return cli_usage_error(PROG, "--embed-dim %lld is not divisible by --num-heads %lld",
                                (long long)E, (long long)NH);
@@ -228,17 +272,33 @@ int cmd_bench(int argc, char **argv)
     if (want_gemm)
         return bench_gemm(gemm_n, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (want_bw) {
-        if (bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o))
+        /* S5 and S7 are the decode steps: their K and V against the bandwidth. */
+        if (bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
+            bench_sdpa(&bench_spec_shapes[6], &o))
             return CLI_EXIT_ERROR;
         return CLI_EXIT_OK;
     }
     if (is_custom) {
-        const bench_shape custom = {"custom", B, H, Tq, Tk, D, causal, padding};
+        const bench_shape custom = {"custom",
+                                    B,
+                                    H,
+                                    Tq,
+                                    Tk,
+                                    D,
+                                    causal      ? ATTN_CAUSAL_TOP_LEFT
+                                    : causal_br ? ATTN_CAUSAL_BOTTOM_RIGHT
+                                                : ATTN_CAUSAL_NONE,
+                                    padding,
+                                    kv_heads,
+                                    window != NULL,
+                                    window_left,
+                                    window_right,
+                                    softcap};
         return bench_sdpa(&custom, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
     int status = 0;
     for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
-        if (shape_ix == 6 || shape_ix == x)
+        if (shape_ix == BENCH_N_SPEC_SHAPES || shape_ix == x)
             status |= bench_sdpa(&bench_spec_shapes[x], &o);
     return status ? CLI_EXIT_ERROR : CLI_EXIT_OK;
 }

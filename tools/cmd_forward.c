@@ -7,7 +7,9 @@
  *
  * Masks: --token-ids/--pad-id build the padding mask [B, 1, 1, T], --mask adds a
  * boolean mask of any shape that broadcasts to [B, H, T, T], --causal the causal
- * mask; all combine by AND.
+ * mask; all combine by AND. The options of current models that make sense for
+ * self-attention (SPEC section 6: window, softcap, ALiBi, bias, sinks, log-sum-exp)
+ * go to the attention inside through attn_sdpa_params.
  */
 #include "attn.h"
 #include "cmds.h"
@@ -25,9 +27,12 @@ static const char HELP[] =
     "\n"
     "SYNOPSIS\n"
     "    attn forward --weights W.safetensors [--prefix P] --num-heads H\n"
-    "                 --input X.npy [--token-ids IDS.npy --pad-id N] [--causal]\n"
-    "                 [--mask M.npy] [--empty-rows error|zero]\n"
-    "                 --output Y.npy [--attention A.npy]\n"
+    "                 --input X.npy [--token-ids IDS.npy --pad-id N]\n"
+    "                 [--causal | --causal-bottom-right] [--mask M.npy]\n"
+    "                 [--window LEFT,RIGHT] [--softcap C]\n"
+    "                 [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
+    "                 [--empty-rows error|zero]\n"
+    "                 --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
     "DESCRIPTION\n"
     "    Runs the chapter's multi-head self-attention on X:\n"
@@ -35,6 +40,7 @@ static const char HELP[] =
     "        qkv = X W_qkv^T + b_qkv            [B, T, 3E], split into q, k, v\n"
     "        q, k, v -> [B, H, T, D]            D = E / H\n"
     "        weights = softmax(q k^T / sqrt(D)) with masked keys at -inf\n"
+    "                  (and the options below, in SPEC section 6's order)\n"
     "        Y = merge(weights v) W_o^T + b_o   [B, T, E]\n"
     "\n"
     "    X is [B, T, E] (a batch) or [T, E] (one sequence); Y has the shape of X.\n"
@@ -62,6 +68,28 @@ static const char HELP[] =
     "        mask [B, 1, 1, T]). Give both or neither.\n"
     "    --causal\n"
     "        Position t attends to positions 0..t only (mask [1, 1, T, T]).\n"
+    "    --causal-bottom-right\n"
+    "        The same as --causal here: queries and keys are the same T positions,\n"
+    "        so both alignments agree. Give one of the two.\n"
+    "    --window LEFT,RIGHT\n"
+    "        A sliding window: position t sees positions t - LEFT .. t + RIGHT; each\n"
+    "        side is -1 (unbounded) or >= 0. With --causal, '--window 4095,0' is\n"
+    "        Mistral's window of 4096 positions.\n"
+    "    --softcap C\n"
+    "        Cap the scores smoothly at +-C: scores = C tanh(scores / C) (Gemma 2);\n"
+    "        C > 0.\n"
+    "    --alibi\n"
+    "        ALiBi with the paper's slopes for H heads: head h's scores get\n"
+    "        -slope_h * |t - j|.\n"
+    "    --alibi-slopes S.npy\n"
+    "        ALiBi with these slopes, float [H]. Not with --alibi.\n"
+    "    --bias B.npy\n"
+    "        An additive float bias of any shape that broadcasts to [B, H, T, T];\n"
+    "        -inf in it hides a key as a mask does.\n"
+    "    --sinks S.npy\n"
+    "        One sink logit per head, float [H] (gpt-oss): it joins each row's\n"
+    "        softmax denominator with no value; a row that sees no key then gets\n"
+    "        zero output, not an error.\n"
     "    --mask M.npy\n"
     "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
     "        to [B, H, T, T] by numpy's rule.\n"
@@ -72,12 +100,20 @@ static const char HELP[] =
     "        Where to write the output (float32, the shape of X).\n"
     "    --attention A.npy\n"
     "        Also write the attention weights, [B, H, T, T] (or [H, T, T] for [T, E]).\n"
+    "    --lse L.npy\n"
+    "        Also write the attention's log-sum-exp per query row, float32 [B, H, T]\n"
+    "        (or [H, T] for [T, E]); see 'attn sdpa --help'.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
     "    Options take their value as the next argument or after '=' (--num-heads=4).\n"
     "    Output files are written whole or not at all: each goes to a temporary file\n"
     "    next to it, and all are renamed into place only when all are written.\n"
+    "\n"
+    "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
+    "    --alibi-slopes, a window side below -1, a softcap that is not > 0. Slopes\n"
+    "    or sinks that are not [H] and a bias that does not broadcast are errors\n"
+    "    (exit 1) that name the shapes.\n"
     "\n"
     CLI_HELP_NUMBERS
     "\n"
@@ -94,7 +130,9 @@ int cmd_forward(int argc, char **argv)
     const char *weights = NULL, *prefix = "", *input = NULL, *ids_path = NULL;
     const char *mask_path = NULL, *output = NULL, *attention = NULL;
     int64_t num_heads = 0, pad_id = 0;
-    int causal = 0, empty_rows = 0;
+    int empty_rows = 0;
+    cli_sdpa_options so;
+    memset(&so, 0, sizeof so);
     static const char *const empty_choices[] = {"error", "zero", NULL};
     cli_opt opts[] = {
         {"weights", CLI_STRING, &weights, NULL, 0, 0, 0},
@@ -103,7 +141,7 @@ int cmd_forward(int argc, char **argv)
         {"input", CLI_STRING, &input, NULL, 0, 0, 0},
         {"token-ids", CLI_STRING, &ids_path, NULL, 0, 0, 0},
         {"pad-id", CLI_INT, &pad_id, NULL, INT64_MIN, INT64_MAX, 0},
-        {"causal", CLI_FLAG, &causal, NULL, 0, 0, 0},
+        CLI_SDPA_OPTIONS(&so),
         {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
         {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
         {"output", CLI_STRING, &output, NULL, 0, 0, 0},
@@ -118,14 +156,18 @@ int cmd_forward(int argc, char **argv)
         return rc;
     if (cli_seen(opts, nopts, "token-ids") != cli_seen(opts, nopts, "pad-id"))
         return cli_usage_error(PROG, "--token-ids and --pad-id go together");
-    if (attention && strcmp(attention, output) == 0)
-        return cli_usage_error(PROG, "--output and --attention name the same file");
+    static const char *const out_names[3] = {"output", "attention", "lse"};
+    const char *out_paths[3] = {output, attention, so.lse};
+    if ((rc = cli_distinct_outputs(PROG, 3, out_names, out_paths)) != CLI_PARSED ||
+        (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
+            CLI_PARSED)
+        return rc;
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
     attn_mha_weights w;
     attn_array x = {0}, ids = {0}, user_mask = {0};
-    attn_tensor pad = {0}, both = {0}, out = {0}, att = {0};
+    attn_tensor pad = {0}, both = {0}, out = {0}, att = {0}, lse = {0};
     const attn_tensor *mask = NULL;
     int status = CLI_EXIT_ERROR;
     memset(&w, 0, sizeof(w));
@@ -204,32 +246,56 @@ int cmd_forward(int argc, char **argv)
 
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
+    if (cli_sdpa_options_load(PROG, &ctx, &so, &p))
+        goto done;
+    /* Self-attention has Tq == Tk, where bottom-right and top-left causal are the
+     * same mask; top-left is the one every kernel has always run. */
+    if (p.causal == ATTN_CAUSAL_BOTTOM_RIGHT)
+        p.causal = ATTN_CAUSAL_TOP_LEFT;
     p.mask = mask;
-    p.causal = causal;
     p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
-    const int64_t sa[4] = {B, H, T, T};
+    const int64_t sa[4] = {B, H, T, T}, sl[3] = {B, H, T};
     if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3) ||
-        (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa))) {
+        (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa)) ||
+        (so.lse && attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, 3, sl))) {
         cli_fail(PROG, &ctx);
         goto done;
     }
+    p.lse = so.lse ? &lse : NULL;
     if (attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
-        cli_fail_attention(PROG, &ctx, NULL);
+        cli_fail_sdpa(PROG, &ctx, &so, NULL);
         goto done;
     }
 
-    /* One sequence in, one sequence out: drop the batch axis of size 1 again. */
-    attn_tensor results[2];
-    const char *paths[2] = {output, attention};
-    results[0] = out;
-    results[1] = att;
+    /* One sequence in, one sequence out: drop the batch axis of size 1 again. The
+     * outputs asked for go out as one output set: all are written or none. */
+    attn_tensor results[3];
+    const char *paths[3];
+    int n_out = 0;
+    paths[n_out] = output;
+    results[n_out] = out;
     if (single) {
-        const int64_t so[2] = {T, E}, sw[3] = {H, T, T};
-        attn_tensor_reshape(&ctx, &out, 2, so, &results[0]);
-        if (attention)
-            attn_tensor_reshape(&ctx, &att, 3, sw, &results[1]);
+        const int64_t s2[2] = {T, E};
+        attn_tensor_reshape(&ctx, &out, 2, s2, &results[n_out]);
     }
-    if (cli_save_npys(PROG, &ctx, attention ? 2 : 1, paths, results))
+    n_out++;
+    if (attention) {
+        const int64_t sw[3] = {H, T, T};
+        paths[n_out] = attention;
+        results[n_out] = att;
+        if (single)
+            attn_tensor_reshape(&ctx, &att, 3, sw, &results[n_out]);
+        n_out++;
+    }
+    if (so.lse) {
+        const int64_t sl2[2] = {H, T};
+        paths[n_out] = so.lse;
+        results[n_out] = lse;
+        if (single)
+            attn_tensor_reshape(&ctx, &lse, 2, sl2, &results[n_out]);
+        n_out++;
+    }
+    if (cli_save_npys(PROG, &ctx, n_out, paths, results))
         goto done;
     status = CLI_EXIT_OK;
 
@@ -242,5 +308,7 @@ done:
     attn_tensor_free(&ctx, &both);
     attn_tensor_free(&ctx, &out);
     attn_tensor_free(&ctx, &att);
+    attn_tensor_free(&ctx, &lse);
+    cli_sdpa_options_free(&ctx, &so);
     return status;
 }

@@ -1,8 +1,13 @@
 /*
  * cmd_sdpa.c - `attn sdpa`: scaled dot-product attention on .npy arrays.
  *
- *   q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]  (or without B, or without B
- *   and H) -> out [.., Tq, Dv]; optional weights [.., Tq, Tk]
+ *   q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]  (or without B, or
+ *   without B and H) -> out [.., H, Tq, Dv]; optional weights [.., H, Tq, Tk] and
+ *   log-sum-exp [.., H, Tq]
+ *
+ * The options of current models (SPEC section 6) are read by common_cli's
+ * CLI_SDPA_OPTIONS and checked by the library; grouped-query attention needs no
+ * flag, as k and v's head count says it.
  */
 #include "attn.h"
 #include "cmds.h"
@@ -20,22 +25,34 @@ static const char HELP[] =
     "    attn sdpa - scaled dot-product attention on .npy arrays\n"
     "\n"
     "SYNOPSIS\n"
-    "    attn sdpa --query Q.npy --key K.npy --value V.npy [--mask M.npy] [--causal]\n"
-    "              [--scale S] [--empty-rows error|zero]\n"
-    "              --output O.npy [--attention A.npy]\n"
+    "    attn sdpa --query Q.npy --key K.npy --value V.npy [--mask M.npy]\n"
+    "              [--causal | --causal-bottom-right] [--window LEFT,RIGHT]\n"
+    "              [--softcap C] [--alibi | --alibi-slopes S.npy] [--bias B.npy]\n"
+    "              [--sinks S.npy] [--scale S] [--empty-rows error|zero]\n"
+    "              --output O.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
     "DESCRIPTION\n"
     "    Computes attention for every batch b and head h:\n"
     "\n"
     "        scores  = Q K^T * scale            [B, H, Tq, Tk]   scale = 1/sqrt(D)\n"
-    "        scores  = -inf where the mask is false\n"
-    "        weights = softmax(scores) over the key axis\n"
+    "        scores  = C tanh(scores / C)       with --softcap C\n"
+    "        scores += bias + ALiBi             with --bias, --alibi\n"
+    "        scores  = -inf where a key is hidden (--mask, --causal, --window)\n"
+    "        weights = softmax(scores) over the key axis (and the sink, --sinks)\n"
     "        O       = weights V                [B, H, Tq, Dv]\n"
     "\n"
-    "    Q is [B, H, Tq, D], K is [B, H, Tk, D], V is [B, H, Tk, Dv]; the leading\n"
+    "    Q is [B, H, Tq, D], K is [B, Hkv, Tk, D], V is [B, Hkv, Tk, Dv]; the leading\n"
     "    axes may be left out ([H, T, D] or [T, D]), the same way in all three.\n"
     "    Tq and Tk may differ (cross-attention). Arrays are .npy files (float32, or\n"
     "    float64/float16, converted).\n"
+    "\n"
+    "    Grouped-query attention (GQA; MQA when Hkv = 1) needs no flag: when K and V\n"
+    "    have fewer heads than Q, query head h reads key/value head h / (H / Hkv).\n"
+    "    H must be a multiple of Hkv.\n"
+    "\n"
+    "    Positions: query i sits at key position i' = i + Tk - Tq, at the end of the\n"
+    "    keys (i' = i when Tq == Tk); --causal-bottom-right, --window and --alibi\n"
+    "    measure from there.\n"
     "\n"
     "OPTIONS\n"
     "    --query Q.npy, --key K.npy, --value V.npy\n"
@@ -44,8 +61,32 @@ static const char HELP[] =
     "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
     "        to [B, H, Tq, Tk] by numpy's rule (e.g. a padding mask [B, 1, 1, Tk]).\n"
     "    --causal\n"
-    "        Query i attends to keys 0..i only; needs Tq == Tk. Combines with --mask\n"
-    "        by AND.\n"
+    "        Top-left causal (the chapter's; PyTorch's is_causal): query i attends to\n"
+    "        keys 0..i only, for any Tq and Tk. Combines with --mask by AND.\n"
+    "    --causal-bottom-right\n"
+    "        Bottom-right causal (a query block at the end of a cache; PyTorch's\n"
+    "        causal_lower_right): query i attends to keys 0..i + Tk - Tq. The same as\n"
+    "        --causal when Tq == Tk. Give one of the two.\n"
+    "    --window LEFT,RIGHT\n"
+    "        A sliding window: key j is visible from query i iff\n"
+    "        i' - LEFT <= j <= i' + RIGHT; each side is -1 (unbounded) or >= 0.\n"
+    "        '--window 3,0' is a causal window of 4 keys (Mistral's W = 4).\n"
+    "    --softcap C\n"
+    "        Cap the scores smoothly at +-C: scores = C tanh(scores / C) (Gemma 2);\n"
+    "        C > 0.\n"
+    "    --alibi\n"
+    "        ALiBi with the paper's slopes for H heads (2^(-8k/H), k = 1..H, when H\n"
+    "        is a power of two; the paper's interleaving rule otherwise): query head\n"
+    "        h's scores get -slope_h * |i' - j|.\n"
+    "    --alibi-slopes S.npy\n"
+    "        ALiBi with these slopes, float [H]. Not with --alibi.\n"
+    "    --bias B.npy\n"
+    "        An additive float bias of any shape that broadcasts to [B, H, Tq, Tk]\n"
+    "        (PyTorch's float attn_mask); -inf in it hides a key as a mask does.\n"
+    "    --sinks S.npy\n"
+    "        One sink logit per query head, float [H] (gpt-oss): it joins each row's\n"
+    "        softmax denominator with no value, so a row's weights sum to less than\n"
+    "        1, and a row whose keys are all hidden gets zero output (not an error).\n"
     "    --scale S\n"
     "        Multiply the scores by S instead of 1/sqrt(D): any number float32\n"
     "        holds (see NUMBERS); 0 makes every weight of a row equal.\n"
@@ -56,20 +97,33 @@ static const char HELP[] =
     "        Where to write the output, float32 [.., Tq, Dv].\n"
     "    --attention A.npy\n"
     "        Also write the attention weights, float32 [.., Tq, Tk].\n"
+    "    --lse L.npy\n"
+    "        Also write each row's log-sum-exp of its final scores, float32\n"
+    "        [B, H, Tq] ([H, Tq] for 3-D inputs): log(sum_j exp(s_ij) [+ exp(sink)]);\n"
+    "        -inf for a row that sees no key (with --empty-rows zero), the sink's\n"
+    "        logit with --sinks.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
     "    Options take their value as the next argument or after '=' (--scale=0.5).\n"
-    "    Output files are written whole or not at all: each goes to a temporary file\n"
-    "    next to it, and all are renamed into place only when all are written.\n"
+    "    Output files (--output, --attention, --lse) are written whole or not at\n"
+    "    all: each goes to a temporary file next to it, and all are renamed into\n"
+    "    place only when all are written.\n"
+    "\n"
+    "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
+    "    --alibi-slopes, a window side below -1, a softcap that is not > 0. Shapes\n"
+    "    that do not fit (H not a multiple of Hkv, slopes or sinks not [H], a bias\n"
+    "    that does not broadcast) are errors (exit 1) that name the shapes.\n"
     "\n"
     CLI_HELP_NUMBERS
     "\n"
     CLI_HELP_EXIT
     "\n"
-    "EXAMPLE\n"
+    "EXAMPLES\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal \\\n"
-    "        --output o.npy --attention a.npy\n";
+    "        --output o.npy --attention a.npy\n"
+    "    attn sdpa --query q.npy --key k.npy --value v.npy --causal-bottom-right \\\n"
+    "        --window 4095,0 --softcap 50 --sinks sinks.npy --output o.npy --lse l.npy\n";
 
 /* Checks that a loaded q/k/v is a float array of 2 to 4 dimensions. */
 static int check_qkv(const char *opt, const char *path, const attn_array *a)
@@ -87,14 +141,16 @@ int cmd_sdpa(int argc, char **argv)
     const char *qp = NULL, *kp = NULL, *vp = NULL, *mask_path = NULL, *output = NULL,
                *attention = NULL;
     float scale = 0;
-    int causal = 0, empty_rows = 0;
+    int empty_rows = 0;
+    cli_sdpa_options so;
+    memset(&so, 0, sizeof so);
     static const char *const empty_choices[] = {"error", "zero", NULL};
     cli_opt opts[] = {
         {"query", CLI_STRING, &qp, NULL, 0, 0, 0},
         {"key", CLI_STRING, &kp, NULL, 0, 0, 0},
         {"value", CLI_STRING, &vp, NULL, 0, 0, 0},
         {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
-        {"causal", CLI_FLAG, &causal, NULL, 0, 0, 0},
+        CLI_SDPA_OPTIONS(&so),
         {"scale", CLI_FLOAT, &scale, NULL, 0, 0, 0},
         {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
         {"output", CLI_STRING, &output, NULL, 0, 0, 0},
@@ -107,13 +163,17 @@ int cmd_sdpa(int argc, char **argv)
     static const char *const required[] = {"query", "key", "value", "output", NULL};
     if ((rc = cli_require(PROG, opts, nopts, required)) != CLI_PARSED)
         return rc;
-    if (attention && strcmp(attention, output) == 0)
-        return cli_usage_error(PROG, "--output and --attention name the same file");
+    static const char *const out_names[3] = {"output", "attention", "lse"};
+    const char *out_paths[3] = {output, attention, so.lse};
+    if ((rc = cli_distinct_outputs(PROG, 3, out_names, out_paths)) != CLI_PARSED ||
+        (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
+            CLI_PARSED)
+        return rc;
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
     attn_array q = {0}, k = {0}, v = {0}, m = {0};
-    attn_tensor out = {0}, att = {0};
+    attn_tensor out = {0}, att = {0}, lse = {0};
     int status = CLI_EXIT_ERROR;
 
     if (cli_load_npy(PROG, &ctx, "--query", qp, &q) || check_qkv("query", qp, &q) ||
@@ -131,32 +191,48 @@ int cmd_sdpa(int argc, char **argv)
     }
     if (mask_path && cli_load_mask(PROG, &ctx, mask_path, &m))
         goto done;
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    if (cli_sdpa_options_load(PROG, &ctx, &so, &p))
+        goto done;
 
-    /* out: q's shape with v's last size; weights: q's shape with Tk last. */
-    int64_t so[ATTN_MAX_DIMS], sw[ATTN_MAX_DIMS];
+    /* out: q's shape with v's last size; weights: q's shape with Tk last; the
+     * log-sum-exp: q's shape without its last axis. */
+    int64_t s_out[ATTN_MAX_DIMS], s_att[ATTN_MAX_DIMS];
     for (int i = 0; i < nd; i++)
-        so[i] = sw[i] = q.tensor.shape[i];
-    so[nd - 1] = v.tensor.shape[nd - 1];
-    sw[nd - 1] = k.tensor.shape[nd - 2];
-    if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, nd, so) ||
-        (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, nd, sw))) {
+        s_out[i] = s_att[i] = q.tensor.shape[i];
+    s_out[nd - 1] = v.tensor.shape[nd - 1];
+    s_att[nd - 1] = k.tensor.shape[nd - 2];
+    if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, nd, s_out) ||
+        (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, nd, s_att)) ||
+        (so.lse && attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, nd - 1, q.tensor.shape))) {
         cli_fail(PROG, &ctx);
         goto done;
     }
-    attn_sdpa_params p;
-    attn_sdpa_params_init(&p);
     p.mask = mask_path ? &m.tensor : NULL;
-    p.causal = causal;
+    p.lse = so.lse ? &lse : NULL;
     p.has_scale = cli_seen(opts, nopts, "scale");
     p.scale = scale;
     p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
     if (attn_sdpa(&ctx, &q.tensor, &k.tensor, &v.tensor, &p, &out, attention ? &att : NULL)) {
-        cli_fail_attention(PROG, &ctx, mask_path);
+        cli_fail_sdpa(PROG, &ctx, &so, mask_path);
         goto done;
     }
-    const char *paths[2] = {output, attention};
-    attn_tensor results[2] = {out, att};
-    if (cli_save_npys(PROG, &ctx, attention ? 2 : 1, paths, results))
+    /* The outputs asked for, as one output set: all are written or none. */
+    const char *paths[3];
+    attn_tensor results[3];
+    int n_out = 0;
+    paths[n_out] = output;
+    results[n_out++] = out;
+    if (attention) {
+        paths[n_out] = attention;
+        results[n_out++] = att;
+    }
+    if (so.lse) {
+        paths[n_out] = so.lse;
+        results[n_out++] = lse;
+    }
+    if (cli_save_npys(PROG, &ctx, n_out, paths, results))
         goto done;
     status = CLI_EXIT_OK;
 
@@ -167,5 +243,7 @@ done:
     attn_array_free(&ctx, &m);
     attn_tensor_free(&ctx, &out);
     attn_tensor_free(&ctx, &att);
+    attn_tensor_free(&ctx, &lse);
+    cli_sdpa_options_free(&ctx, &so);
     return status;
 }

@@ -387,3 +387,126 @@ int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *pat
         outs[i] = (cli_output){paths[i], &tensors[i], NULL, NULL, 0, NULL, 0};
     return cli_save_outputs(prog, ctx, n, outs);
 }
+
+/* ---- The options of current models ---- */
+
+int cli_parse_window(const char *prog, const char *opt, const char *text, int64_t *left,
+                     int64_t *right)
+{
+    const char *comma = strchr(text, ',');
+    char a[64], b[64];
+    int64_t l = 0, r = 0;
+    if (!comma || (size_t)(comma - text) >= sizeof a || strlen(comma + 1) >= sizeof b)
+        return cli_usage_error(prog, "--%s takes LEFT,RIGHT (two whole numbers, each -1 for "
+                               "unbounded or >= 0), not '%s'", opt, text);
+    memcpy(a, text, (size_t)(comma - text));
+    a[comma - text] = '\0';
+    strcpy(b, comma + 1);
+    const cli_num rl = cli_parse_int64(a, &l), rr = cli_parse_int64(b, &r);
+    if (rl == CLI_NUM_SYNTAX || rr == CLI_NUM_SYNTAX)
+        return cli_usage_error(prog, "--%s takes LEFT,RIGHT (two whole numbers, each -1 for "
+                               "unbounded or >= 0), not '%s'", opt, text);
+    if (rl != CLI_NUM_OK || rr != CLI_NUM_OK)
+        return cli_usage_error(prog, "--%s %s does not fit in 64 bits", opt, text);
+    if (l < -1 || r < -1)
+        return cli_usage_error(prog, "--%s %s: the %s side is %lld; each side must be -1 "
+                               "(unbounded) or at least 0", opt, text,
+                               l < -1 ? "left" : "right", (long long)(l < -1 ? l : r));
+    *left = l;
+    *right = r;
+    return CLI_PARSED;
+}
+
+int cli_sdpa_options_check(const char *prog, cli_sdpa_options *o, int softcap_seen)
+{
+    if (o->causal && o->causal_bottom_right)
+        return cli_usage_error(prog, "--causal (top-left) and --causal-bottom-right exclude "
+                               "each other: give one alignment");
+    if (o->alibi && o->alibi_slopes)
+        return cli_usage_error(prog, "--alibi (the default slopes) and --alibi-slopes %s "
+                               "exclude each other", o->alibi_slopes);
+    if (softcap_seen && !(o->softcap > 0.0f))
+        return cli_usage_error(prog, "--softcap must be a number > 0 (got %g)",
+                               (double)o->softcap);
+    if (o->window)
+        return cli_parse_window(prog, "window", o->window, &o->window_left, &o->window_right);
+    return CLI_PARSED;
+}
+
+/* Loads one float array for an option of section 6. */
+static int load_float(const char *prog, attn_ctx *ctx, const char *opt, const char *path,
+                      attn_array *a)
+{
+    if (cli_load_npy(prog, ctx, opt, path, a))
+        return CLI_EXIT_ERROR;
+    if (a->tensor.dtype == ATTN_DTYPE_F32)
+        return 0;
+    cli_error(prog, "%s %s: expected a float array, got %s", opt, path,
+              a->file_dtype ? a->file_dtype : attn_dtype_name(a->tensor.dtype));
+    return CLI_EXIT_ERROR;
+}
+
+int cli_sdpa_options_load(const char *prog, attn_ctx *ctx, cli_sdpa_options *o,
+                          attn_sdpa_params *p)
+{
+    p->causal = o->causal ? ATTN_CAUSAL_TOP_LEFT
+                : o->causal_bottom_right ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+    if (o->window) {
+        p->has_window = 1;
+        p->window_left = o->window_left;
+        p->window_right = o->window_right;
+    }
+    p->softcap = o->softcap;
+    p->alibi = o->alibi;
+    if (o->alibi_slopes) {
+        if (load_float(prog, ctx, "--alibi-slopes", o->alibi_slopes, &o->slopes_a))
+            return CLI_EXIT_ERROR;
+        p->alibi_slopes = &o->slopes_a.tensor;
+    }
+    if (o->bias) {
+        if (load_float(prog, ctx, "--bias", o->bias, &o->bias_a))
+            return CLI_EXIT_ERROR;
+        p->bias = &o->bias_a.tensor;
+    }
+    if (o->sinks) {
+        if (load_float(prog, ctx, "--sinks", o->sinks, &o->sinks_a))
+            return CLI_EXIT_ERROR;
+        p->sinks = &o->sinks_a.tensor;
+    }
+    return 0;
+}
+
+void cli_sdpa_options_free(attn_ctx *ctx, cli_sdpa_options *o)
+{
+    attn_array_free(ctx, &o->slopes_a);
+    attn_array_free(ctx, &o->bias_a);
+    attn_array_free(ctx, &o->sinks_a);
+}
+
+int cli_fail_sdpa(const char *prog, const attn_ctx *ctx, const cli_sdpa_options *o,
+                  const char *mask_path)
+{
+    /* The library names the tensor by its field ("bias shape (3, 4) does not
+     * broadcast to ..."); the user knows it by its flag and file. */
+    static const char *const fields[3] = {"bias ", "sinks ", "alibi_slopes "};
+    static const char *const flags[3] = {"--bias", "--sinks", "--alibi-slopes"};
+    const char *paths[3] = {o->bias, o->sinks, o->alibi_slopes};
+    if (ctx->status != ATTN_STATUS_EMPTY_ROW && ctx->status != ATTN_STATUS_MASK_BROADCAST)
+        for (int i = 0; i < 3; i++)
+            if (paths[i] && strncmp(ctx->message, fields[i], strlen(fields[i])) == 0) {
+                cli_error(prog, "%s %s: %s", flags[i], paths[i], ctx->message);
+                return CLI_EXIT_ERROR;
+            }
+    return cli_fail_attention(prog, ctx, mask_path);
+}
+
+int cli_distinct_outputs(const char *prog, int n, const char *const *names,
+                         const char *const *paths)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (paths[i] && paths[j] && strcmp(paths[i], paths[j]) == 0)
+                return cli_usage_error(prog, "--%s and --%s name the same file", names[i],
+                                       names[j]);
+    return CLI_PARSED;
+}

@@ -132,6 +132,65 @@ int cli_load_npy(const char *prog, attn_ctx *ctx, const char *what, const char *
  * line and returns CLI_EXIT_ERROR. */
 int cli_load_mask(const char *prog, attn_ctx *ctx, const char *path, attn_array *out);
 
+/* ---- The options of current models (SPEC section 6), shared by `attn sdpa` and
+ * `attn forward` ---- */
+
+/* What the command line gave (filled by cli_parse through CLI_SDPA_OPTIONS) and
+ * what cli_sdpa_options_load then loaded. Zero it before parsing. */
+typedef struct cli_sdpa_options {
+    int causal;              /* --causal (top-left) */
+    int causal_bottom_right; /* --causal-bottom-right */
+    const char *window;      /* --window LEFT,RIGHT, as given */
+    float softcap;           /* --softcap C (> 0) */
+    int alibi;               /* --alibi: the default slopes */
+    const char *alibi_slopes, *bias, *sinks; /* .npy paths */
+    const char *lse;         /* --lse: where to write the log-sum-exp */
+    int64_t window_left, window_right; /* --window, parsed by cli_sdpa_options_check */
+    attn_array slopes_a, bias_a, sinks_a; /* loaded by cli_sdpa_options_load */
+} cli_sdpa_options;
+
+/* The cli_opt entries of those options, for a command's option table:
+ *   cli_opt opts[] = { ..., CLI_SDPA_OPTIONS(&o), ... }; */
+#define CLI_SDPA_OPTIONS(o)                                                              \
+    {"causal", CLI_FLAG, &(o)->causal, NULL, 0, 0, 0},                                    \
+    {"causal-bottom-right", CLI_FLAG, &(o)->causal_bottom_right, NULL, 0, 0, 0},          \
+    {"window", CLI_STRING, &(o)->window, NULL, 0, 0, 0},                                  \
+    {"softcap", CLI_FLOAT, &(o)->softcap, NULL, 0, 0, 0},                                 \
+    {"alibi", CLI_FLAG, &(o)->alibi, NULL, 0, 0, 0},                                      \
+    {"alibi-slopes", CLI_STRING, &(o)->alibi_slopes, NULL, 0, 0, 0},                      \
+    {"bias", CLI_STRING, &(o)->bias, NULL, 0, 0, 0},                                      \
+    {"sinks", CLI_STRING, &(o)->sinks, NULL, 0, 0, 0},                                    \
+    {"lse", CLI_STRING, &(o)->lse, NULL, 0, 0, 0}
+
+/* Parses "LEFT,RIGHT" for --window (each a whole number, -1 for unbounded or >= 0).
+ * Returns CLI_PARSED, or CLI_EXIT_USAGE after one line naming the value. */
+int cli_parse_window(const char *prog, const char *opt, const char *text, int64_t *left,
+                     int64_t *right);
+
+/* The usage rules of those options, after cli_parse: --causal and
+ * --causal-bottom-right exclude each other, as do --alibi and --alibi-slopes; the
+ * window's sides are -1 or >= 0; the softcap is > 0 (finiteness is the number
+ * rule's). Returns CLI_PARSED or CLI_EXIT_USAGE (one line naming the values). */
+int cli_sdpa_options_check(const char *prog, cli_sdpa_options *o, int softcap_seen);
+
+/* Loads the slopes, bias and sinks files (float arrays; float64 and float16 are
+ * converted) and sets p's causal, window, softcap, ALiBi, bias and sinks fields;
+ * p->lse is the caller's (its shape depends on the command). Returns 0, or
+ * CLI_EXIT_ERROR after one line naming the file. */
+int cli_sdpa_options_load(const char *prog, attn_ctx *ctx, cli_sdpa_options *o,
+                          attn_sdpa_params *p);
+void cli_sdpa_options_free(attn_ctx *ctx, cli_sdpa_options *o);
+
+/* cli_fail_attention, and a library message about the bias, the sinks or the
+ * ALiBi slopes (a shape that does not fit) also names the file it came from. */
+int cli_fail_sdpa(const char *prog, const attn_ctx *ctx, const cli_sdpa_options *o,
+                  const char *mask_path);
+
+/* Usage error unless the named output paths (NULL = not wanted) are all different:
+ * "--output and --lse name the same file". n <= 8. */
+int cli_distinct_outputs(const char *prog, int n, const char *const *names,
+                         const char *const *paths);
+
 /* One output file: a .npy of `tensor`; or, when `names` is set, a .safetensors of
  * the n_named tensors `named` under those names; or, when both are NULL, the
  * n_bytes bytes at `bytes` (an SVG). */
