@@ -1,11 +1,13 @@
 /*
  * test_heatmap.c - the heatmap SVG is well-formed XML with one titled cell per
- * entry, masked cells are marked, and the terminal drawing shades and labels.
+ * entry, masked cells are marked (a masked score says -inf), every kind of panel
+ * (masks, scaled scores, weights) has its own colours and key, positions and token
+ * ids are labelled "pos P (id I)", and the terminal drawing shades and labels.
  *
  * The drawing code lives with the tools (tools/common_heatmap.c), not in libattn,
  * so this test compiles it in. Well-formedness is checked by a small XML checker
  * below (balanced and properly nested tags, quoted attributes, known entities, one
- * root element) so the test needs nothing beyond a C compiler; tests/test_heatmap.sh
+ * root element) so the test needs nothing beyond a C compiler; tests/test_heatmap_svg.sh
  * additionally runs xmllint on the real program's SVG when it is installed.
  */
 #include "check.h"
@@ -243,18 +245,24 @@ static int count(const char *hay, const char *needle)
     return c;
 }
 
-/* A 4x3 weights panel (query ids 7, 8, 9, 0; key ids 7, 8, 9) whose last key is
- * masked for the first row, and a 1x3 mask panel, with a title that needs escaping. */
+/* Three panels with a title that needs escaping: a 1x3 mask panel (key ids 7, 8, 9;
+ * the last key masked), then 4x3 scaled scores and 4x3 weights (query ids 7, 8, 9, 0)
+ * whose last key is masked for the first row. The scores' -inf is that masked cell. */
 static const float weights[12] = {0.5f, 0.5f, 0.0f, 0.25f, 0.25f, 0.5f,
                                   1.0f, 0.0f, 0.0f, 0.125f, 0.375f, 0.5f};
+static const float scores[12] = {0.5f, -1.25f, -INFINITY, 2.0f, 0.0f, -0.5f,
+                                 1.0f, -2.0f, 0.25f, 0.75f, -0.75f, 1.5f};
 static const uint8_t off[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const float mask_row[3] = {1.0f, 1.0f, 0.0f};
 static const uint8_t mask_off[3] = {0, 0, 1};
 static const int64_t qids[4] = {7, 8, 9, 0}, kids[3] = {7, 8, 9};
 
-static void make_panels(heatmap_panel p[2])
+#define NPANELS 3
+#define NCELLS (1 * 3 + 4 * 3 + 4 * 3)
+
+static void make_panels(heatmap_panel p[NPANELS])
 {
-    memset(p, 0, 2 * sizeof p[0]);
+    memset(p, 0, NPANELS * sizeof p[0]);
     p[0].title = "padding <mask> & \"friends\"";
     p[0].rows = 1;
     p[0].cols = 3;
@@ -264,25 +272,44 @@ static void make_panels(heatmap_panel p[2])
     p[0].mask_col_stride = 1;
     p[0].col_labels = kids;
     p[0].col_axis = "key";
-    p[0].is_mask = 1;
-    p[1].title = "head 0 weights";
-    p[1].rows = 4;
-    p[1].cols = 3;
-    p[1].values = weights;
-    p[1].row_stride = 3;
-    p[1].col_stride = 1;
-    p[1].masked = off;
-    p[1].mask_row_stride = 3;
-    p[1].mask_col_stride = 1;
-    p[1].row_labels = qids;
-    p[1].col_labels = kids;
-    p[1].row_axis = "query";
-    p[1].col_axis = "key";
+    p[0].kind = HEATMAP_MASK;
+    for (int k = 1; k < 3; k++) {
+        p[k].title = k == 1 ? "head 0 scaled scores" : "head 0 weights";
+        p[k].rows = 4;
+        p[k].cols = 3;
+        p[k].values = k == 1 ? scores : weights;
+        p[k].row_stride = 3;
+        p[k].col_stride = 1;
+        p[k].masked = off;
+        p[k].mask_row_stride = 3;
+        p[k].mask_col_stride = 1;
+        p[k].row_labels = qids;
+        p[k].col_labels = kids;
+        p[k].row_axis = "query";
+        p[k].col_axis = "key";
+        p[k].kind = k == 1 ? HEATMAP_SCORES : HEATMAP_WEIGHTS;
+        p[k].new_row = 1;
+    }
+}
+
+/* The text of the <g> element that starts with `open`, up to its "</g>", or NULL. */
+static char *group_text(const char *doc, const char *open)
+{
+    const char *a = strstr(doc, open);
+    const char *b = a ? strstr(a, "</g>") : NULL;
+    if (!b)
+        return NULL;
+    char *g = malloc((size_t)(b - a) + 1);
+    if (g) {
+        memcpy(g, a, (size_t)(b - a));
+        g[b - a] = '\0';
+    }
+    return g;
 }
 
 static void test_svg(void)
 {
-    heatmap_panel p[2];
+    heatmap_panel p[NPANELS];
     make_panels(p);
     const char *path = TMP "/test_heatmap.svg";
 
@@ -291,7 +318,7 @@ static void test_svg(void)
     CHECK(f != NULL);
     if (!f)
         return;
-    CHECK_INT(heatmap_write_svg(f, "a <title> & more", p, 2, 1, 4), 0);
+    CHECK_INT(heatmap_write_svg(f, "a <title> & more", p, NPANELS, 1, 4), 0);
     fclose(f);
     char *doc = read_file(path);
     CHECK(doc != NULL);
@@ -305,36 +332,97 @@ static void test_svg(void)
     CHECK_STR_CONTAINS(doc, "<svg xmlns=\"http://www.w3.org/2000/svg\"");
 
     TEST("there is one <rect class=\"cell\"> per entry, each with a <title>");
-    CHECK_INT(st.cells, 1 * 3 + 4 * 3);
-    CHECK_INT(heatmap_cell_count(p, 2), 15);
+    CHECK_INT(st.cells, NCELLS);
+    CHECK_INT(heatmap_cell_count(p, NPANELS), NCELLS);
     CHECK_INT(st.titled_cells, st.cells);
 
     TEST("masked cells are marked: hatched, and their title says so");
-    CHECK_INT(st.masked_cells, 2); /* one in the mask panel, one in the weights panel */
-    CHECK_INT(count(doc, "fill=\"url(#masked)\">"), 2);
+    CHECK_INT(st.masked_cells, 3); /* one in each panel */
+    CHECK_INT(count(doc, "fill=\"url(#masked)\">"), 3);
     CHECK_STR_CONTAINS(doc, "<pattern id=\"masked\"");
 
-    TEST("a cell's title names the panel, the query and key positions with token ids, "
-         "and holds the value");
-    if (st.titled_cells == 15) {
-        /* Document order: the mask panel's 3 cells, then the weights row by row. */
-        CHECK_STR_EQ(st.titles[0], "padding &lt;mask&gt; &amp; &quot;friends&quot;: row 0 "
-                                   "\xe2\x86\x92 key 0 (token 7) = 1 (may attend)");
-        CHECK_STR_CONTAINS(st.titles[2], "= 0 (masked)");
-        CHECK_STR_EQ(st.titles[3 + 1], "head 0 weights: query 0 (token 7) \xe2\x86\x92 "
-                                       "key 1 (token 8) = 0.500000");
-        CHECK_STR_CONTAINS(st.titles[3 + 2], "= 0.000000 (masked)");
-        CHECK_STR_CONTAINS(st.titles[3 + 9], "query 3 (token 0) \xe2\x86\x92 key 0 (token 7) = 0.125000");
+    TEST("a cell's title names the panel, the query and key as \"pos P (id I)\", and "
+         "holds the value");
+    if (st.titled_cells == NCELLS) {
+        /* Document order: the mask panel's 3 cells, the scores, then the weights,
+         * row by row. */
+        CHECK_STR_EQ(st.titles[0], "padding &lt;mask&gt; &amp; &quot;friends&quot;: any query "
+                                   "\xe2\x86\x92 key pos 0 (id 7) = 1 (may attend)");
+        CHECK_STR_CONTAINS(st.titles[2], "key pos 2 (id 9) = 0 (masked)");
+        CHECK_STR_EQ(st.titles[3 + 3], "head 0 scaled scores: query pos 1 (id 8) \xe2\x86\x92 "
+                                       "key pos 0 (id 7) = 2.000000");
+        CHECK_STR_EQ(st.titles[15 + 1], "head 0 weights: query pos 0 (id 7) \xe2\x86\x92 "
+                                        "key pos 1 (id 8) = 0.500000");
+        CHECK_STR_CONTAINS(st.titles[15 + 2], "= 0.000000 (masked)");
+        CHECK_STR_EQ(st.titles[15 + 9], "head 0 weights: query pos 3 (id 0) \xe2\x86\x92 "
+                                        "key pos 0 (id 7) = 0.125000");
     }
 
-    TEST("the picture has a colour scale from 0 to 1 and labels its axes with token ids");
+    TEST("a masked score is -inf, said so in its title and written in its cell");
+    if (st.titled_cells == NCELLS)
+        CHECK_STR_EQ(st.titles[3 + 2], "head 0 scaled scores: query pos 0 (id 7) \xe2\x86\x92 "
+                                       "key pos 2 (id 9) = -inf (masked)");
+    CHECK_INT(count(doc, "= -inf (masked)</title>"), 1);
+    CHECK_INT(count(doc, "fill=\"#222\">\xe2\x88\x92\xe2\x88\x9e</text>"), 1); /* in the cell */
+
+    TEST("scores take the blue-white-red scale over [-max|score|, max|score|], not the "
+         "weights' one");
+    CHECK_STR_CONTAINS(doc, "fill=\"#b40426\"><title>head 0 scaled scores: query pos 1 (id 8) ");
+    CHECK_STR_CONTAINS(doc, "fill=\"#3b4cc0\"><title>head 0 scaled scores: query pos 2 (id 9) "
+                            "\xe2\x86\x92 key pos 1");
+    CHECK_STR_CONTAINS(doc, "fill=\"#dddddd\"><title>head 0 scaled scores: query pos 1 (id 8) "
+                            "\xe2\x86\x92 key pos 1");
+
+    TEST("a mask's \"may attend\" cells have the masks' own colour and say 1");
+    CHECK_INT(count(doc, "fill=\"#2e8b57\"><title>padding"), 2);
+
+    TEST("each kind of panel has its own key: weights 0..1, scores -2..2 and -inf, masks "
+         "1 and 0");
+    char *gw = group_text(doc, "<g class=\"legend legend-weights\">");
+    char *gs = group_text(doc, "<g class=\"legend legend-scores\">");
+    char *gm = group_text(doc, "<g class=\"legend legend-masks\">");
+    CHECK(gw != NULL && gs != NULL && gm != NULL);
+    if (gw && gs && gm) {
+        CHECK_STR_CONTAINS(gw, "fill=\"url(#scale)\"");
+        CHECK_STR_CONTAINS(gw, ">0.00</text>");
+        CHECK_STR_CONTAINS(gw, ">1.00</text>");
+        CHECK_STR_CONTAINS(gw, "masked: weight exactly 0");
+        CHECK_STR_CONTAINS(gs, "fill=\"url(#scores)\"");
+        CHECK_STR_CONTAINS(gs, ">-2.00</text>");
+        CHECK_STR_CONTAINS(gs, ">2.00</text>");
+        CHECK_STR_CONTAINS(gs, "\xe2\x88\x92\xe2\x88\x9e masked score");
+        CHECK_STR_CONTAINS(gm, "fill=\"#2e8b57\"");
+        CHECK_STR_CONTAINS(gm, "1 = may attend");
+        CHECK_STR_CONTAINS(gm, "0 = masked");
+        CHECK(strstr(gm, "url(#scale)") == NULL); /* not the weights' shading */
+    }
+    free(gw);
+    free(gs);
+    free(gm);
     CHECK_STR_CONTAINS(doc, "<linearGradient id=\"scale\"");
-    CHECK_STR_CONTAINS(doc, ">0.00</text>");
-    CHECK_STR_CONTAINS(doc, ">1.00</text>");
-    CHECK_STR_CONTAINS(doc, "text-anchor=\"end\">9</text>"); /* a query id */
-    CHECK_STR_CONTAINS(doc, "key token id");
+    CHECK_STR_CONTAINS(doc, "<linearGradient id=\"scores\"");
+
+    TEST("the axes are labelled \"pos P (id I)\" on both sides, and named");
+    CHECK_STR_CONTAINS(doc, "text-anchor=\"end\">pos 3 (id 0)</text>"); /* a query */
+    CHECK_STR_CONTAINS(doc, ">pos 2 (id 9)</text>");                    /* a key */
+    CHECK_STR_CONTAINS(doc, "text-anchor=\"end\">any query</text>");
+    CHECK_STR_CONTAINS(doc, "key pos (id) \xe2\x86\x92");
+    CHECK_STR_CONTAINS(doc, "query pos (id)");
     free_stats(&st);
     free(doc);
+
+    TEST("a picture of weights alone has only the weights' key");
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        CHECK_INT(heatmap_write_svg(f, "weights", &p[2], 1, 1, 4), 0);
+        fclose(f);
+        doc = read_file(path);
+        CHECK(doc && strstr(doc, "legend-weights") != NULL);
+        CHECK(doc && strstr(doc, "legend-scores") == NULL);
+        CHECK(doc && strstr(doc, "legend-masks") == NULL);
+        free(doc);
+    }
 
     TEST("the checker itself rejects broken XML (so the checks above can fail)");
     const char *bad[] = {
@@ -394,27 +482,37 @@ static void test_cells_scale_with_size(void)
 
 static void test_terminal(void)
 {
-    heatmap_panel p[2];
+    heatmap_panel p[NPANELS];
     make_panels(p);
     const char *path = TMP "/test_heatmap_term.txt";
 
-    TEST("--show's drawing shades by value, marks masked cells and labels token ids, "
-         "without escape codes when colour is off");
+    TEST("--show's drawing shades weights by value, marks masked cells, prints scores "
+         "with -inf, labels rows \"pos P (id I)\", without escape codes when colour is off");
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
     if (!f)
         return;
-    CHECK_INT(heatmap_print_terminal(f, p, 2, 0), 0);
+    CHECK_INT(heatmap_print_terminal(f, p, NPANELS, 0), 0);
     fclose(f);
     char *txt = read_file(path);
-    CHECK_STR_CONTAINS(txt, "head 0 weights  (rows: query token id, columns: key token id)");
+    CHECK_STR_CONTAINS(txt, "head 0 weights  (rows: query pos (id), columns: key pos (id))");
     CHECK_STR_CONTAINS(txt, "\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88"); /* 1.0: full blocks */
     CHECK_STR_CONTAINS(txt, "\xe2\x96\x93\xe2\x96\x93\xe2\x96\x93"); /* 0.5: dark shade */
-    CHECK_STR_CONTAINS(txt, "\xc3\x97\xc3\x97\xc3\x97");             /* masked */
-    CHECK_STR_CONTAINS(txt, "    9 "); /* a query id label */
+    CHECK_STR_CONTAINS(txt, "\xc3\x97\xc3\x97\xc3\x97");             /* a masked weight */
+    CHECK_STR_CONTAINS(txt, "\npos 3 (id 0) "); /* a query's row label */
+    CHECK_STR_CONTAINS(txt, "\nany query   1   1   \xc3\x97\n"); /* the mask's row */
+    CHECK_STR_CONTAINS(txt, "\n         pos     0     1     2\n        (id)     7     8     9\n");
+    CHECK_STR_CONTAINS(txt, "\npos 0 (id 7)  0.50 -1.25  -inf\n"); /* the scores' first row */
+    CHECK_INT(count(txt, "-inf"), 2); /* the masked score and the scores' key */
     CHECK(strchr(txt, '\x1b') == NULL);
-    /* 2 masked cells, 3 characters each */
-    CHECK_INT(count(txt, "\xc3\x97\xc3\x97\xc3\x97"), 2);
+    /* 1 masked weight, 3 characters */
+    CHECK_INT(count(txt, "\xc3\x97\xc3\x97\xc3\x97"), 1);
+
+    TEST("--show ends with one key per kind of panel, the masks' distinct from the weights'");
+    CHECK_STR_CONTAINS(txt, "key, masks:   1 = may attend   \xc3\x97 = masked (may not attend)\n");
+    CHECK_STR_CONTAINS(txt, "key, scores:  ");
+    CHECK_STR_CONTAINS(txt, "-inf = masked");
+    CHECK_STR_CONTAINS(txt, "key, weights: \xc2\xb7 0   \xe2\x96\x91 <0.25");
     free(txt);
 
     TEST("with colour on, every cell gets a 24-bit background colour and a reset");
@@ -422,19 +520,25 @@ static void test_terminal(void)
     CHECK(f != NULL);
     if (!f)
         return;
-    CHECK_INT(heatmap_print_terminal(f, p, 2, 1), 0);
+    CHECK_INT(heatmap_print_terminal(f, p, NPANELS, 1), 0);
     fclose(f);
     txt = read_file(path);
-    CHECK_INT(count(txt, "\x1b[48;2;"), 15);
-    CHECK_INT(count(txt, "\x1b[0m"), 15);
+    CHECK_INT(count(txt, "\x1b[48;2;"), NCELLS);
+    CHECK_INT(count(txt, "\x1b[0m"), NCELLS);
 
     TEST("with colour on, a cell shows its value on its colour (not a block that would "
-         "hide the colour)");
+         "hide the colour), each kind on its own scale");
     CHECK_STR_CONTAINS(txt, "0.50");
     CHECK_STR_CONTAINS(txt, "0.25");
     CHECK(strstr(txt, "\xe2\x96\x88") == NULL);
-    /* value 1.0 gets viridis yellow and dark text */
+    /* weight 1.0 gets viridis yellow and dark text */
     CHECK_STR_CONTAINS(txt, "\x1b[48;2;253;231;37m\x1b[38;2;20;20;20m1.00\x1b[0m");
+    /* score 2.0 gets the red end, -inf the masked grey (as a masked weight), a mask's 1
+     * its green; score cells are 5 wide here, for "-1.25" */
+    CHECK_STR_CONTAINS(txt, "\x1b[48;2;180;4;38m\x1b[38;2;240;240;240m2.00 \x1b[0m");
+    CHECK_STR_CONTAINS(txt, "\x1b[48;2;90;90;90m\x1b[38;2;200;200;200m-inf \x1b[0m");
+    CHECK_STR_CONTAINS(txt, "\x1b[48;2;90;90;90m\x1b[38;2;200;200;200m \xc3\x97  \x1b[0m");
+    CHECK_STR_CONTAINS(txt, "\x1b[48;2;46;139;87m\x1b[38;2;240;240;240m 1 \x1b[0m");
     free(txt);
 }
 
@@ -461,6 +565,21 @@ static void test_colors(void)
         prev = luma;
     }
     CHECK(monotone); /* brighter means more weight, also in grey */
+
+    TEST("the scores' scale is blue at -range, grey-white at 0, red at +range, clamps "
+         "outside, and greys out -inf and NaN");
+    heatmap_score_color(-2.0, 2.0, rgb);
+    CHECK(rgb[0] == 0x3b && rgb[1] == 0x4c && rgb[2] == 0xc0);
+    heatmap_score_color(0.0, 2.0, rgb);
+    CHECK(rgb[0] == 0xdd && rgb[1] == 0xdd && rgb[2] == 0xdd);
+    heatmap_score_color(2.0, 2.0, rgb);
+    CHECK(rgb[0] == 0xb4 && rgb[1] == 0x04 && rgb[2] == 0x26);
+    heatmap_score_color(50.0, 2.0, rgb);
+    CHECK(rgb[0] == 0xb4);
+    heatmap_score_color(-INFINITY, 2.0, rgb);
+    CHECK(rgb[0] == 90 && rgb[1] == 90 && rgb[2] == 90);
+    heatmap_score_color(NAN, 2.0, rgb);
+    CHECK(rgb[0] == 90);
 }
 
 int main(void)

@@ -1,18 +1,21 @@
 /*
- * common_heatmap.c - SVG and terminal heatmaps of masks and attention weights.
- * See common_heatmap.h for what is drawn; this file is only layout and escaping.
+ * common_heatmap.c - SVG and terminal heatmaps of masks, scaled scores and attention
+ * weights. See common_heatmap.h for what is drawn; this file is only layout, colour
+ * and escaping.
  *
  * The SVG is plain SVG 1.1 that any browser shows: one <rect class="cell"> per
  * entry with a <title> child (browsers show it as a tooltip), text labels with the
- * token ids, a hatch pattern for masked cells and a vertical colour scale.
+ * positions and token ids, a hatch pattern for masked cells and one key per kind of
+ * panel.
  */
 #include "common_heatmap.h"
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 
-/* The colour scale: eleven evenly spaced samples of matplotlib's "viridis"
+/* The weights' colour scale: eleven evenly spaced samples of matplotlib's "viridis"
  * (van der Walt and Smith, 2015; perceptually uniform and readable in grey and by
  * most colour-blind readers), linearly interpolated between them. */
 static const int scale_rgb[11][3] = {
@@ -20,6 +23,20 @@ static const int scale_rgb[11][3] = {
     {0x2a, 0x78, 0x8e}, {0x21, 0x91, 0x8c}, {0x22, 0xa8, 0x84}, {0x44, 0xbf, 0x70},
     {0x7a, 0xd1, 0x51}, {0xbd, 0xdf, 0x26}, {0xfd, 0xe7, 0x25},
 };
+
+/* The scores' scale is diverging, because a score's sign matters (it is a dot
+ * product) and 0 is its natural middle: the end and middle colours of Moreland's
+ * "cool to warm" map (Moreland, "Diverging Color Maps for Scientific Visualization",
+ * 2009), linearly interpolated. Its hues are far from viridis', so a score panel is
+ * never read as weights. */
+static const int score_rgb[3][3] = {{0x3b, 0x4c, 0xc0}, {0xdd, 0xdd, 0xdd}, {0xb4, 0x04, 0x26}};
+
+/* A mask's "may attend" is one solid colour of its own (a green that neither scale
+ * uses at full saturation), its "masked" the hatch every panel uses. */
+static const int mask_rgb[3] = {0x2e, 0x8b, 0x57};
+
+/* In the terminal, masked cells sit on this grey. */
+static const int masked_rgb[3] = {90, 90, 90};
 
 void heatmap_color(double value, int rgb[3])
 {
@@ -36,6 +53,23 @@ void heatmap_color(double value, int rgb[3])
         rgb[c] = (int)lround(scale_rgb[i][c] + f * (scale_rgb[i + 1][c] - scale_rgb[i][c]));
 }
 
+void heatmap_score_color(double value, double range, int rgb[3])
+{
+    if (!(value > -INFINITY) || value != value) {
+        memcpy(rgb, masked_rgb, sizeof masked_rgb);
+        return;
+    }
+    double t = range > 0.0 ? value / range : 0.0; /* -1 .. 1 */
+    if (t < -1.0)
+        t = -1.0;
+    if (t > 1.0)
+        t = 1.0;
+    const int *a = score_rgb[1], *b = t < 0.0 ? score_rgb[0] : score_rgb[2];
+    double f = fabs(t);
+    for (int c = 0; c < 3; c++)
+        rgb[c] = (int)lround(a[c] + f * (b[c] - a[c]));
+}
+
 /* Light colours get dark text and the other way round (Rec. 709 luma). */
 static int is_light(const int rgb[3])
 {
@@ -47,11 +81,55 @@ static double cell_value(const heatmap_panel *p, int64_t i, int64_t j)
     return (double)p->values[i * p->row_stride + j * p->col_stride];
 }
 
+/* A cell is masked where the panel's mask says so; a score of -inf is masked too,
+ * because that is what masking does to a score. */
 static int cell_masked(const heatmap_panel *p, int64_t i, int64_t j)
 {
+    if (p->kind == HEATMAP_SCORES && cell_value(p, i, j) == -INFINITY)
+        return 1;
     if (!p->masked)
         return 0;
     return p->masked[i * p->mask_row_stride + j * p->mask_col_stride] != 0;
+}
+
+/* The largest finite |score| of a panel, for a panel that gives no range. */
+static double panel_range(const heatmap_panel *p)
+{
+    if (p->range > 0.0)
+        return p->range;
+    double r = 0.0;
+    for (int64_t i = 0; i < p->rows; i++)
+        for (int64_t j = 0; j < p->cols; j++) {
+            double v = cell_value(p, i, j);
+            if (isfinite(v) && fabs(v) > r)
+                r = fabs(v);
+        }
+    return r > 0.0 ? r : 1.0;
+}
+
+/* The cell's colour by the panel's kind. */
+static void cell_color(const heatmap_panel *p, double range, double v, int masked, int rgb[3])
+{
+    if (masked)
+        memcpy(rgb, masked_rgb, sizeof masked_rgb);
+    else if (p->kind == HEATMAP_MASK)
+        memcpy(rgb, mask_rgb, sizeof mask_rgb);
+    else if (p->kind == HEATMAP_SCORES)
+        heatmap_score_color(v, range, rgb);
+    else
+        heatmap_color(v, rgb);
+}
+
+/* The value as the cell shows it: "0.54", "1"/"0" for masks, "-inf" for a masked
+ * score (ASCII, so that the terminal's columns line up). */
+static void cell_text(char *buf, size_t size, const heatmap_panel *p, double v, int masked)
+{
+    if (p->kind == HEATMAP_MASK)
+        snprintf(buf, size, "%d", v != 0.0 ? 1 : 0);
+    else if (p->kind == HEATMAP_SCORES && masked)
+        snprintf(buf, size, "-inf");
+    else
+        snprintf(buf, size, "%.2f", v);
 }
 
 int64_t heatmap_cell_count(const heatmap_panel *panels, int n)
@@ -62,9 +140,31 @@ int64_t heatmap_cell_count(const heatmap_panel *panels, int n)
     return total;
 }
 
+/* "pos 3 (id 4)", or "pos 3" without labels: the axes' tick labels. */
+static void pos_label(char *buf, size_t size, int64_t pos, const int64_t *labels)
+{
+    if (labels)
+        snprintf(buf, size, "pos %" PRId64 " (id %" PRId64 ")", pos, labels[pos]);
+    else
+        snprintf(buf, size, "pos %" PRId64, pos);
+}
+
+void heatmap_describe(char *buf, size_t size, const char *axis, int64_t pos,
+                      const int64_t *labels)
+{
+    char l[64];
+    pos_label(l, sizeof l, pos, labels);
+    if (axis)
+        snprintf(buf, size, "%s %s", axis, l);
+    else
+        snprintf(buf, size, "any query");
+}
+
 /* Writes text with the five XML special characters escaped. */
 static void xml_text(FILE *f, const char *s)
 {
+    if (!f) /* measuring (see lprintf) */
+        return;
     for (; *s; s++) {
         switch (*s) {
         case '&': fputs("&amp;", f); break;
@@ -77,23 +177,12 @@ static void xml_text(FILE *f, const char *s)
     }
 }
 
-/* "query 2 (token 3)" or "query 2" when there are no labels. */
-static void describe_index(char *buf, size_t size, const char *axis, int64_t i,
-                           const int64_t *labels)
-{
-    if (labels)
-        snprintf(buf, size, "%s %" PRId64 " (token %" PRId64 ")", axis ? axis : "row", i,
-                 labels[i]);
-    else
-        snprintf(buf, size, "%s %" PRId64, axis ? axis : "row", i);
-}
-
 /* The geometry shared by every panel of one picture. */
 typedef struct layout {
     double cell;      /* cell side in px */
     double label_w;   /* room left of a panel for the row labels and the axis name */
     double title_h;   /* panel title */
-    double collab_h;  /* column labels above the grid */
+    double collab_h;  /* column labels above the grid (turned, "pos 3 (id 4)") */
     double foot_h;    /* axis name below the grid */
     double gap;       /* between panels */
     int64_t label_every; /* label every k-th row/column when cells are small */
@@ -114,59 +203,63 @@ static void svg_panel(FILE *f, const layout *L, const heatmap_panel *p, double x
 {
     const double gx = x0 + L->label_w, gy = y0 + L->title_h + L->collab_h;
     const double gw = (double)p->cols * L->cell, gh = (double)p->rows * L->cell;
+    const double range = p->kind == HEATMAP_SCORES ? panel_range(p) : 1.0;
+    char label[96];
     fprintf(f, "<g class=\"panel\">\n<text class=\"panel-title\" x=\"%.1f\" y=\"%.1f\">", gx,
             y0 + L->title_h - 8);
     xml_text(f, p->title);
     fputs("</text>\n", f);
 
-    /* Column labels: the key token ids, above the grid. */
+    /* Column labels, "pos 3 (id 4)", turned so that they fit above narrow cells. */
     for (int64_t j = 0; j < p->cols; j++) {
         if (j % L->label_every)
             continue;
-        double cx = gx + (j + 0.5) * L->cell;
-        if (p->col_labels)
-            fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%" PRId64
-                       "</text>\n",
-                    cx, gy - 5, p->col_labels[j]);
+        double cx = gx + (j + 0.5) * L->cell + 3, cy = gy - 5;
+        pos_label(label, sizeof label, j, p->col_labels);
+        fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" transform=\"rotate(-55 %.1f %.1f)\">",
+                cx, cy, cx, cy);
+        xml_text(f, label);
+        fputs("</text>\n", f);
     }
-    /* Row labels: the query token ids, left of the grid. */
+    /* Row labels, "pos 3 (id 4)", left of the grid; a one-row panel holds for any
+     * query. */
     for (int64_t i = 0; i < p->rows; i++) {
         if (i % L->label_every)
             continue;
         double cy = gy + (i + 0.5) * L->cell + 4;
-        if (p->row_labels)
-            fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%" PRId64
-                       "</text>\n",
-                    gx - 5, cy, p->row_labels[i]);
+        if (p->row_axis)
+            pos_label(label, sizeof label, i, p->row_labels);
+        else
+            snprintf(label, sizeof label, "any query");
+        fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", gx - 5, cy);
+        xml_text(f, label);
+        fputs("</text>\n", f);
     }
     /* Axis names: the key axis under the grid, the query axis turned along the left. */
     if (p->col_axis) {
         fprintf(f, "<text class=\"axis\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", gx + gw / 2,
                 gy + gh + 14);
         xml_text(f, p->col_axis);
-        fputs(" token id \xe2\x86\x92</text>\n", f); /* U+2192 rightwards arrow */
+        fputs(" pos (id) \xe2\x86\x92</text>\n", f); /* U+2192 rightwards arrow */
     }
     if (p->row_axis) {
-        double ax = x0 + 12, ay = gy + gh / 2;
+        double ax = x0 + 10, ay = gy + gh / 2;
         fprintf(f, "<text class=\"axis\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
                    "transform=\"rotate(-90 %.1f %.1f)\">",
                 ax, ay, ax, ay);
         xml_text(f, p->row_axis);
-        fputs(" token id</text>\n", f); /* rows go down: an arrow would point up */
+        fputs(" pos (id)</text>\n", f); /* rows go down: an arrow would point up */
     }
-    if (!p->row_labels && p->rows == 1)
-        fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">any query</text>\n",
-                gx - 5, gy + 0.5 * L->cell + 4);
 
     char row[96], col[96];
     for (int64_t i = 0; i < p->rows; i++) {
-        describe_index(row, sizeof row, p->row_axis, i, p->row_labels);
+        heatmap_describe(row, sizeof row, p->row_axis, i, p->row_labels);
         for (int64_t j = 0; j < p->cols; j++) {
-            describe_index(col, sizeof col, p->col_axis, j, p->col_labels);
+            heatmap_describe(col, sizeof col, p->col_axis, j, p->col_labels);
             double v = cell_value(p, i, j);
             int masked = cell_masked(p, i, j);
             int rgb[3];
-            heatmap_color(v, rgb);
+            cell_color(p, range, v, masked, rgb);
             double x = gx + (double)j * L->cell, y = gy + (double)i * L->cell;
             if (masked)
                 fprintf(f, "<rect class=\"cell masked\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
@@ -182,17 +275,21 @@ static void svg_panel(FILE *f, const layout *L, const heatmap_panel *p, double x
             xml_text(f, row);
             fputs(" \xe2\x86\x92 ", f);
             xml_text(f, col);
-            if (p->is_mask)
+            if (p->kind == HEATMAP_MASK)
                 fprintf(f, " = %d (%s)", v != 0.0 ? 1 : 0, v != 0.0 ? "may attend" : "masked");
+            else if (p->kind == HEATMAP_SCORES && masked)
+                fputs(" = -inf (masked)", f);
             else
                 fprintf(f, " = %.6f%s", v, masked ? " (masked)" : "");
             fputs("</title></rect>\n", f);
-            if (L->in_cell_text && !(masked && !p->is_mask)) {
-                char txt[16];
-                if (p->is_mask)
-                    snprintf(txt, sizeof txt, "%d", v != 0.0 ? 1 : 0);
+            /* Masked weights stay bare hatch (their 0 is the mask's doing); a masked
+             * score says -inf, a mask cell its 0 or 1. */
+            if (L->in_cell_text && !(masked && p->kind == HEATMAP_WEIGHTS)) {
+                char txt[32];
+                if (p->kind == HEATMAP_SCORES && masked)
+                    snprintf(txt, sizeof txt, "\xe2\x88\x92\xe2\x88\x9e"); /* U+2212 U+221E */
                 else
-                    snprintf(txt, sizeof txt, "%.2f", v);
+                    cell_text(txt, sizeof txt, p, v, masked);
                 int light = masked ? 1 : is_light(rgb);
                 fprintf(f, "<text class=\"value\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
                            "fill=\"%s\">%s</text>\n",
@@ -205,6 +302,108 @@ static void svg_panel(FILE *f, const layout *L, const heatmap_panel *p, double x
             gx, gy, gw, gh);
 }
 
+/* The keys are drawn twice: once with f NULL to measure them (the picture's height
+ * must be known before its first line), then for real. */
+static void lprintf(FILE *f, const char *fmt, ...)
+{
+    if (!f)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+}
+
+/* One key entry: a swatch and up to two lines of text. Returns the height used. */
+static double svg_swatch(FILE *f, double x, double y, const char *fill, const char *line1,
+                         const char *line2)
+{
+    lprintf(f, "<rect class=\"key\" x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"16\" fill=\"%s\" "
+               "stroke=\"#555\"/>\n<text x=\"%.1f\" y=\"%.1f\">",
+            x, y, fill, x + 22, y + 12);
+    xml_text(f, line1);
+    lprintf(f, "</text>\n");
+    if (line2) {
+        lprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">", x + 22, y + 26);
+        xml_text(f, line2);
+        lprintf(f, "</text>\n");
+        return 40;
+    }
+    return 26;
+}
+
+/* A vertical colour bar with ticks; `labels` are bottom to top. Returns the height. */
+static double svg_bar(FILE *f, double x, double y, const char *gradient, int nticks,
+                      const double *ticks)
+{
+    const double bh = 110, bw = 16;
+    lprintf(f, "<rect class=\"scale\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+               "fill=\"url(#%s)\" stroke=\"#555\"/>\n",
+            x, y, bw, bh, gradient);
+    for (int t = 0; t < nticks; t++) {
+        double ty = y + bh - bh * t / (nticks - 1.0);
+        lprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\"/>\n"
+                   "<text x=\"%.1f\" y=\"%.1f\">%.2f</text>\n",
+                x + bw, ty, x + bw + 4, ty, x + bw + 7, ty + 4, ticks[t]);
+    }
+    return bh + 10;
+}
+
+/* The keys, one group per kind of panel present, stacked at (x, y). Returns the
+ * bottom. */
+static double svg_legends(FILE *f, const heatmap_panel *panels, int n, double x, double y)
+{
+    int has[3] = {0, 0, 0};
+    double range = 0.0;
+    for (int k = 0; k < n; k++) {
+        has[panels[k].kind] = 1;
+        if (panels[k].kind == HEATMAP_SCORES) {
+            double r = panel_range(&panels[k]);
+            if (r > range)
+                range = r;
+        }
+    }
+    if (has[HEATMAP_WEIGHTS]) {
+        const double ticks[5] = {0.0, 0.25, 0.5, 0.75, 1.0};
+        lprintf(f, "<g class=\"legend legend-weights\">\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "font-weight=\"bold\">weights (after softmax)</text>\n",
+                x, y + 12);
+        y += 20;
+        y += svg_bar(f, x, y, "scale", 5, ticks);
+        y += svg_swatch(f, x, y, "url(#masked)", "masked: weight exactly 0", NULL);
+        lprintf(f, "</g>\n");
+        y += 12;
+    }
+    if (has[HEATMAP_SCORES]) {
+        const double ticks[3] = {-range, 0.0, range};
+        lprintf(f, "<g class=\"legend legend-scores\">\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "font-weight=\"bold\">scaled scores q\xc2\xb7k/\xe2\x88\x9a" "D</text>\n"
+                   "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">(before the softmax)</text>\n",
+                x, y + 12, x, y + 26);
+        y += 34;
+        y += svg_bar(f, x, y, "scores", 3, ticks);
+        y += svg_swatch(f, x, y, "url(#masked)", "\xe2\x88\x92\xe2\x88\x9e masked score",
+                        "(softmax makes it 0)");
+        lprintf(f, "</g>\n");
+        y += 12;
+    }
+    if (has[HEATMAP_MASK]) {
+        char fill[16];
+        snprintf(fill, sizeof fill, "#%02x%02x%02x", mask_rgb[0], mask_rgb[1], mask_rgb[2]);
+        lprintf(f, "<g class=\"legend legend-masks\">\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "font-weight=\"bold\">masks (bool)</text>\n",
+                x, y + 12);
+        y += 20;
+        y += svg_swatch(f, x, y, fill, "1 = may attend", NULL);
+        y += svg_swatch(f, x, y, "url(#masked)", "0 = masked", "(may not attend)");
+        lprintf(f, "</g>\n");
+        y += 12;
+    }
+    lprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">hover a cell for its value</text>\n", x,
+            y + 10);
+    return y + 20;
+}
+
 int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, int n,
                       int first_row, int per_row)
 {
@@ -215,12 +414,27 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
     if (per_row < 1)
         per_row = 1;
     int64_t maxdim = 1;
+    size_t maxlabel = 0;
     for (int k = 0; k < n; k++) {
-        if (panels[k].rows > maxdim)
-            maxdim = panels[k].rows;
-        if (panels[k].cols > maxdim)
-            maxdim = panels[k].cols;
+        const heatmap_panel *p = &panels[k];
+        if (p->rows > maxdim)
+            maxdim = p->rows;
+        if (p->cols > maxdim)
+            maxdim = p->cols;
+        char label[96];
+        for (int64_t i = 0; i < p->rows; i++) {
+            pos_label(label, sizeof label, i, p->row_labels);
+            if (strlen(label) > maxlabel)
+                maxlabel = strlen(label);
+        }
+        for (int64_t j = 0; j < p->cols; j++) {
+            pos_label(label, sizeof label, j, p->col_labels);
+            if (strlen(label) > maxlabel)
+                maxlabel = strlen(label);
+        }
     }
+    if (maxlabel < 10)
+        maxlabel = 10; /* "any query" */
     layout L;
     L.cell = 240.0 / (double)maxdim;
     if (L.cell > 34.0)
@@ -231,9 +445,10 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
     if (L.label_every < 1)
         L.label_every = 1;
     L.in_cell_text = L.cell >= 28.0;
-    L.label_w = 52;
+    /* About 6.2 px per character at 11 px; the turned column labels rise by sin 55. */
+    L.label_w = 22 + 6.2 * (double)maxlabel;
     L.title_h = 26;
-    L.collab_h = 16;
+    L.collab_h = 10 + 6.2 * 0.82 * (double)maxlabel;
     L.foot_h = 22;
     L.gap = 18;
 
@@ -244,7 +459,7 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
     double width = 0, y = 46, row_h = 0, x = 16;
     int in_row = 0, row_cap = first_row;
     for (int k = 0; k < n; k++) {
-        if (in_row == row_cap) {
+        if (in_row == row_cap || (panels[k].new_row && in_row > 0)) {
             y += row_h;
             x = 16;
             row_h = 0;
@@ -263,9 +478,11 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
     }
     double legend_x = width + 10;
     double height = y + row_h + 30;
-    if (height < 330)
-        height = 330;
-    width = legend_x + 170;
+    width = legend_x + 190;
+
+    double legend_bottom = svg_legends(NULL, panels, n, legend_x, 60);
+    if (height < legend_bottom + 10)
+        height = legend_bottom + 10;
 
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" "
@@ -285,6 +502,11 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
     for (int s = 0; s <= 10; s++)
         fprintf(f, "<stop offset=\"%d%%\" stop-color=\"#%02x%02x%02x\"/>\n", s * 10,
                 scale_rgb[s][0], scale_rgb[s][1], scale_rgb[s][2]);
+    fputs("</linearGradient>\n<linearGradient id=\"scores\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n",
+          f);
+    for (int s = 0; s < 3; s++)
+        fprintf(f, "<stop offset=\"%d%%\" stop-color=\"#%02x%02x%02x\"/>\n", s * 50,
+                score_rgb[s][0], score_rgb[s][1], score_rgb[s][2]);
     fputs("</linearGradient>\n</defs>\n"
           "<style>.panel-title{font-size:13px;font-weight:bold;fill:#222}"
           ".label{fill:#333}.axis{fill:#666;font-style:italic}"
@@ -299,29 +521,7 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
 
     for (int k = 0; k < n; k++)
         svg_panel(f, &L, &panels[k], xs[k], ys[k]);
-
-    /* The colour scale, 0 at the bottom and 1 at the top, and the key for masked. */
-    const double bx = legend_x, by = 70, bh = 160, bw = 16;
-    fprintf(f, "<g class=\"legend\">\n<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">value</text>\n",
-            bx, by - 12);
-    fprintf(f, "<rect class=\"scale\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-               "fill=\"url(#scale)\" stroke=\"#555\"/>\n",
-            bx, by, bw, bh);
-    for (int t = 0; t <= 4; t++) {
-        double ty = by + bh - bh * t / 4.0;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\"/>\n"
-                   "<text x=\"%.1f\" y=\"%.1f\">%.2f</text>\n",
-                bx + bw, ty, bx + bw + 4, ty, bx + bw + 7, ty + 4, t / 4.0);
-    }
-    fprintf(f, "<rect class=\"key\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-               "fill=\"url(#masked)\" stroke=\"#555\"/>\n"
-               "<text x=\"%.1f\" y=\"%.1f\">masked</text>\n"
-               "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">(may not attend;</text>\n"
-               "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">weight exactly 0)</text>\n"
-               "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">masks: 1 = may attend</text>\n"
-               "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">hover a cell for its value</text>\n</g>\n",
-            bx, by + bh + 24, bw, bw, bx + bw + 6, by + bh + 36, bx, by + bh + 56, bx,
-            by + bh + 70, bx, by + bh + 90, bx, by + bh + 106);
+    svg_legends(f, panels, n, legend_x, 60);
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
 }
@@ -330,7 +530,7 @@ int heatmap_write_svg(FILE *f, const char *title, const heatmap_panel *panels, i
  * Terminal
  * ---------------------------------------------------------------------------- */
 
-/* The shading for a value: a middle dot for exactly 0, then quarters. */
+/* The shading for a weight: a middle dot for exactly 0, then quarters. */
 static const char *shade(double v)
 {
     if (v <= 0.0)
@@ -344,6 +544,8 @@ static const char *shade(double v)
     return "\xe2\x96\x88";     /* U+2588 full block */
 }
 
+#define TIMES "\xc3\x97" /* U+00D7 multiplication sign: a masked cell */
+
 static int digits(int64_t v)
 {
     int d = v < 0 ? 2 : 1;
@@ -354,78 +556,117 @@ static int digits(int64_t v)
     return d;
 }
 
+/* Prints one cell of width w: `txt` centred (a number or '×', which is one column
+ * wide but two bytes), or the weight's shading repeated. */
+static void term_cell(FILE *f, const heatmap_panel *p, double range, double v, int masked, int w,
+                      int color)
+{
+    char txt[32];
+    int tw;
+    if (color) {
+        int rgb[3];
+        cell_color(p, range, v, masked, rgb);
+        int light = masked ? 0 : is_light(rgb);
+        fprintf(f, "\x1b[48;2;%d;%d;%dm\x1b[38;2;%s", rgb[0], rgb[1], rgb[2],
+                light ? "20;20;20m" : (masked ? "200;200;200m" : "240;240;240m"));
+    }
+    if (!color && p->kind == HEATMAP_WEIGHTS) {
+        for (int c = 0; c < w; c++)
+            fputs(masked ? TIMES : shade(v), f);
+        return;
+    }
+    if (masked && p->kind != HEATMAP_SCORES) {
+        snprintf(txt, sizeof txt, TIMES);
+        tw = 1;
+    } else {
+        cell_text(txt, sizeof txt, p, v, masked);
+        tw = (int)strlen(txt);
+    }
+    if (color) { /* centred on its colour */
+        int left = (w - tw) / 2;
+        fprintf(f, "%*s%s%*s\x1b[0m", left, "", txt, w - tw - left, "");
+    } else { /* right-aligned, as numbers are */
+        fprintf(f, "%*s%s", w - tw, "", txt);
+    }
+}
+
 int heatmap_print_terminal(FILE *f, const heatmap_panel *panels, int n, int color)
 {
+    int has[3] = {0, 0, 0};
     for (int k = 0; k < n; k++) {
         const heatmap_panel *p = &panels[k];
-        int w = color ? 4 : 3, lw = 5; /* colour mode prints "0.54" in each cell */
-        for (int64_t j = 0; j < p->cols; j++)
-            if (p->col_labels && digits(p->col_labels[j]) + 1 > w)
-                w = digits(p->col_labels[j]) + 1;
-        for (int64_t i = 0; i < p->rows; i++)
-            if (p->row_labels && digits(p->row_labels[i]) + 1 > lw)
-                lw = digits(p->row_labels[i]) + 1;
+        const double range = p->kind == HEATMAP_SCORES ? panel_range(p) : 1.0;
+        has[p->kind] = 1;
+        /* Cell width: the weights' shading is 3 wide (4 for "0.54" in colour); a
+         * column is at least as wide as its position and token id. */
+        int w = p->kind == HEATMAP_WEIGHTS ? (color ? 4 : 3) : p->kind == HEATMAP_MASK ? 3 : 4;
+        char label[96];
+        for (int64_t j = 0; j < p->cols; j++) {
+            if (digits(j) > w)
+                w = digits(j);
+            if (p->col_labels && digits(p->col_labels[j]) > w)
+                w = digits(p->col_labels[j]);
+        }
+        if (p->kind == HEATMAP_SCORES)
+            for (int64_t i = 0; i < p->rows; i++)
+                for (int64_t j = 0; j < p->cols; j++) {
+                    cell_text(label, sizeof label, p, cell_value(p, i, j), cell_masked(p, i, j));
+                    if ((int)strlen(label) > w)
+                        w = (int)strlen(label);
+                }
+        int lw = 9; /* "any query" */
+        for (int64_t i = 0; i < p->rows; i++) {
+            pos_label(label, sizeof label, i, p->row_labels);
+            if ((int)strlen(label) > lw)
+                lw = (int)strlen(label);
+        }
         fprintf(f, "%s", p->title);
         if (p->row_axis && p->col_axis)
-            fprintf(f, "  (rows: %s token id, columns: %s token id)", p->row_axis, p->col_axis);
+            fprintf(f, "  (rows: %s pos (id), columns: %s pos (id))", p->row_axis, p->col_axis);
         else if (p->col_axis)
-            fprintf(f, "  (one row, the same for every query; columns: %s token id)", p->col_axis);
+            fprintf(f, "  (one row, the same for every query; columns: %s pos (id))", p->col_axis);
         fputc('\n', f);
-        fprintf(f, "%*s", lw, "");
-        for (int64_t j = 0; j < p->cols; j++) {
-            if (p->col_labels)
+        /* Two header lines: the key positions, then their token ids. */
+        fprintf(f, "%*s", lw, "pos");
+        for (int64_t j = 0; j < p->cols; j++)
+            fprintf(f, " %*" PRId64, w, j);
+        fputc('\n', f);
+        if (p->col_labels) {
+            fprintf(f, "%*s", lw, "(id)");
+            for (int64_t j = 0; j < p->cols; j++)
                 fprintf(f, " %*" PRId64, w, p->col_labels[j]);
-            else
-                fprintf(f, " %*" PRId64, w, j);
+            fputc('\n', f);
         }
-        fputc('\n', f);
         for (int64_t i = 0; i < p->rows; i++) {
-            if (p->row_labels)
-                fprintf(f, "%*" PRId64, lw, p->row_labels[i]);
+            if (p->row_axis)
+                pos_label(label, sizeof label, i, p->row_labels);
             else
-                fprintf(f, "%*s", lw, p->rows == 1 ? "all" : "");
+                snprintf(label, sizeof label, "any query");
+            fprintf(f, "%*s", lw, label);
             for (int64_t j = 0; j < p->cols; j++) {
-                double v = cell_value(p, i, j);
-                int masked = cell_masked(p, i, j);
                 fputc(' ', f);
-                if (color) {
-                    int rgb[3];
-                    heatmap_color(v, rgb);
-                    if (masked)
-                        fputs("\x1b[48;2;90;90;90m\x1b[38;2;200;200;200m", f);
-                    else
-                        fprintf(f, "\x1b[48;2;%d;%d;%dm\x1b[38;2;%s", rgb[0], rgb[1], rgb[2],
-                                is_light(rgb) ? "20;20;20m" : "240;240;240m");
-                }
-                if (color) {
-                    /* The background carries the shade, so the cell shows the number
-                     * (a block character would paint over the colour). */
-                    char txt[32];
-                    if (masked)
-                        snprintf(txt, sizeof txt, "\xc3\x97"); /* U+00D7 multiplication sign */
-                    else if (p->is_mask)
-                        snprintf(txt, sizeof txt, "%d", v != 0.0 ? 1 : 0);
-                    else
-                        snprintf(txt, sizeof txt, "%.2f", v);
-                    int tw = masked ? 1 : (int)strlen(txt);
-                    int left = (w - tw) / 2;
-                    fprintf(f, "%*s%s%*s\x1b[0m", left, "", txt, w - tw - left, "");
-                } else {
-                    for (int c = 0; c < w; c++)
-                        fputs(masked ? "\xc3\x97" /* U+00D7 multiplication sign */ : shade(v), f);
-                }
+                term_cell(f, p, range, cell_value(p, i, j), cell_masked(p, i, j), w, color);
             }
             fputc('\n', f);
         }
         fputc('\n', f);
     }
-    if (color)
-        fputs("key: colour from dark purple (0) to yellow (1), as in the SVG; "
-              "\xc3\x97 masked (may not attend)\n",
+    if (has[HEATMAP_MASK])
+        fputs(color ? "key, masks:   green 1 = may attend; grey " TIMES " = masked (may not attend)\n"
+                    : "key, masks:   1 = may attend   " TIMES " = masked (may not attend)\n",
               f);
-    else
-        fputs("key: \xc2\xb7 0   \xe2\x96\x91 <0.25   \xe2\x96\x92 <0.5   \xe2\x96\x93 <0.75   "
-              "\xe2\x96\x88 >=0.75   \xc3\x97 masked (may not attend)\n",
+    if (has[HEATMAP_SCORES])
+        fputs(color ? "key, scores:  q\xc2\xb7k/\xe2\x88\x9a" "D before the softmax, blue < 0 < red; "
+                      "-inf = masked (the softmax makes it 0)\n"
+                    : "key, scores:  q\xc2\xb7k/\xe2\x88\x9a" "D before the softmax; "
+                      "-inf = masked (the softmax makes it 0)\n",
+              f);
+    if (has[HEATMAP_WEIGHTS])
+        fputs(color ? "key, weights: colour from dark purple (0) to yellow (1), as in the SVG; "
+                      "grey " TIMES " = masked (weight exactly 0)\n"
+                    : "key, weights: \xc2\xb7 0   \xe2\x96\x91 <0.25   \xe2\x96\x92 <0.5   "
+                      "\xe2\x96\x93 <0.75   \xe2\x96\x88 >=0.75   " TIMES
+                      " masked (weight exactly 0)\n",
               f);
     return ferror(f) ? -1 : 0;
 }

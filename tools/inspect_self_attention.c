@@ -20,9 +20,10 @@
  * For a learner there is more to see on request: --trace prints every step with its
  * formula and shape, --values the numbers of every step for one sample and head,
  * --dump DIR writes every array (.npy, .safetensors), --heatmap FILE.svg and --show
- * draw the masks and each head's weights for one sample, --layout separate draws
- * the weights as three nn.Linear(E, E) layers (the chapter's W_q, W_k, W_v) and
- * --mistake NAME shows what one classic mistake changes (tools/common_mistakes.c).
+ * draw the masks and each head's scaled scores and weights for one sample, --layout
+ * separate draws the weights as three nn.Linear(E, E) layers (the chapter's W_q,
+ * W_k, W_v) and --mistake NAME shows what one classic mistake changes
+ * (tools/common_mistakes.c).
  *
  * Usage: inspect_self_attention [--batch-size 2] [--seq-len 5] [--embed-dim 16]
  *                               [--num-heads 4] [--seed 42] [--trace] [--dump DIR]
@@ -157,8 +158,9 @@ static const char HELP[] =
     "        context.npy [B, H, T, D] (weights v, before the merge).\n"
     "    --heatmap FILE.svg\n"
     "        An SVG of the padding, causal and combined masks and each head's\n"
-    "        attention weights for one sample (T <= 256, H <= 64; hover a cell to read\n"
-    "        its value).\n"
+    "        scaled scores (before the softmax, -inf where masked) and attention\n"
+    "        weights for one sample, positions and token ids on the axes as\n"
+    "        \"pos P (id I)\" (T <= 256, H <= 64; hover a cell to read its value).\n"
     "    --show\n"
     "        The same heatmaps in the terminal (in colour when the output is a\n"
     "        terminal and NO_COLOR is not set).\n"
@@ -624,18 +626,58 @@ static int dump_all(const char *dir, const experiment *e, run_outputs *r)
  * ---------------------------------------------------------------------------- */
 
 /* Panels for sample s: padding mask [T] (one row: it is the same for every query),
- * causal mask [T, T], combined mask [T, T], then one [T, T] panel per head. The
+ * causal mask [T, T], combined mask [T, T], then one [T, T] panel of scaled scores
+ * per head (before the softmax, -inf where masked) and one of weights per head. The
  * masks are shown as 0/1 values, and every cell the mask forbids is marked. */
 typedef struct picture {
-    heatmap_panel panels[3 + 64];
+    heatmap_panel panels[3 + 2 * 64];
     int n;
     float *mask_values;   /* padding [T], causal [T, T], combined [T, T] as 0/1 */
     uint8_t *mask_off;    /* the same three, 1 where the mask is false */
-    char titles[3 + 64][64];
+    float *scores;        /* [H, T, T] scaled scores of sample s */
+    char titles[3 + 2 * 64][64];
     char title[512];
 } picture;
 
-static int picture_build(const options *o, const experiment *e, picture *pic)
+/* The scaled scores of sample s, [H, T, T], as the reference's step 1 computes them
+ * (src/attention/sdpa_ref.c): q and k of head h are columns h*D .. h*D+D-1 and
+ * E + h*D .. of qkv = x W_qkv^T + b_qkv; score = (q . k in order of d) * 1/sqrt(D),
+ * -inf where the combined mask is false. attn_mha_forward never hands its scores
+ * out (the fused kernel never makes them), so the picture computes its own. */
+static int picture_scores(attn_ctx *ctx, const options *o, const experiment *e, float *scores)
+{
+    const int64_t T = o->seq_len, E = o->embed_dim, H = o->num_heads, D = E / H, s = o->sample;
+    const int64_t x_shape[2] = {T, E}, qkv_shape[2] = {T, 3 * E};
+    float *qkv = malloc((size_t)(T * 3 * E) * sizeof(float));
+    attn_tensor tx, tqkv;
+    int rc = qkv ? ATTN_OK : ATTN_STATUS_NO_MEMORY;
+    if (!rc)
+        rc = attn_tensor_init(ctx, &tx, ATTN_DTYPE_F32, (float *)e->x.data + s * T * E, 2, x_shape);
+    if (!rc)
+        rc = attn_tensor_init(ctx, &tqkv, ATTN_DTYPE_F32, qkv, 2, qkv_shape);
+    if (!rc)
+        rc = attn_linear(ctx, &tx, &e->w.w_qkv, &e->w.b_qkv, &tqkv);
+    if (rc) {
+        fprintf(stderr, "%s: the heatmap's scores: %s\n", prog,
+                rc == ATTN_STATUS_NO_MEMORY ? "out of memory" : ctx->message);
+        free(qkv);
+        return 1;
+    }
+    const float scale = (float)(1.0 / sqrt((double)D)); /* as sdpa_contract.c */
+    const uint8_t *comb = (const uint8_t *)e->combined_mask.data + s * T * T;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t j = 0; j < T; j++) {
+                float dot = 0.0f;
+                for (int64_t d = 0; d < D; d++)
+                    dot += qkv[i * 3 * E + h * D + d] * qkv[j * 3 * E + E + h * D + d];
+                scores[(h * T + i) * T + j] = comb[i * T + j] ? dot * scale : -INFINITY;
+            }
+    free(qkv);
+    return 0;
+}
+
+static int picture_build(attn_ctx *ctx, const options *o, const experiment *e, picture *pic)
 {
     const int64_t T = o->seq_len, H = o->num_heads, s = o->sample;
     const int64_t n = T + 2 * T * T;
@@ -647,10 +689,13 @@ static int picture_build(const options *o, const experiment *e, picture *pic)
     }
     pic->mask_values = malloc((size_t)n * sizeof(float));
     pic->mask_off = malloc((size_t)n);
-    if (!pic->mask_values || !pic->mask_off) {
+    pic->scores = malloc((size_t)(H * T * T) * sizeof(float));
+    if (!pic->mask_values || !pic->mask_off || !pic->scores) {
         fprintf(stderr, "%s: out of memory for the heatmaps\n", prog);
         return 1;
     }
+    if (picture_scores(ctx, o, e, pic->scores))
+        return 1;
     const uint8_t *pad = (const uint8_t *)e->padding_mask.data + s * T;
     const uint8_t *cau = e->causal_mask.data;
     const uint8_t *comb = (const uint8_t *)e->combined_mask.data + s * T * T;
@@ -676,31 +721,41 @@ static int picture_build(const options *o, const experiment *e, picture *pic)
         p->col_labels = ids;
         p->row_axis = k == 0 ? NULL : "query";
         p->col_axis = "key";
-        p->is_mask = 1;
+        p->kind = HEATMAP_MASK;
     }
+    /* Every score panel shares one colour range, so the heads compare. */
+    double range = 0.0;
+    for (int64_t i = 0; i < H * T * T; i++)
+        if (isfinite(pic->scores[i]) && fabs(pic->scores[i]) > range)
+            range = fabs(pic->scores[i]);
     const float *att = (const float *)e->attention.data + s * H * T * T;
-    for (int64_t h = 0; h < H; h++) {
-        heatmap_panel *p = &pic->panels[3 + h];
-        snprintf(pic->titles[3 + h], sizeof pic->titles[3 + h], "head %" PRId64 " weights", h);
-        p->title = pic->titles[3 + h];
+    for (int64_t k = 0; k < 2 * H; k++) {
+        const int64_t h = k % H;
+        const int is_scores = k < H;
+        heatmap_panel *p = &pic->panels[3 + k];
+        snprintf(pic->titles[3 + k], sizeof pic->titles[3 + k], "head %" PRId64 " %s", h,
+                 is_scores ? "scaled scores" : "weights");
+        p->title = pic->titles[3 + k];
         p->rows = p->cols = T;
-        p->values = att + h * T * T;
+        p->values = (is_scores ? pic->scores : att) + h * T * T;
         p->row_stride = p->mask_row_stride = T;
         p->col_stride = p->mask_col_stride = 1;
         p->masked = pic->mask_off + T + T * T; /* the combined mask, for every head */
         p->row_labels = p->col_labels = ids;
         p->row_axis = "query";
         p->col_axis = "key";
-        p->is_mask = 0;
+        p->kind = is_scores ? HEATMAP_SCORES : HEATMAP_WEIGHTS;
+        p->range = range;
+        p->new_row = h == 0; /* the scores on one row, the weights under them */
     }
-    pic->n = (int)(3 + H);
+    pic->n = (int)(3 + 2 * H);
     int used = snprintf(pic->title, sizeof pic->title,
                         "sample %" PRId64 ", token ids [", s);
     for (int64_t t = 0; t < T && used < (int)sizeof pic->title - 40; t++)
         used += snprintf(pic->title + used, sizeof pic->title - (size_t)used,
                          t ? ", %" PRId64 : "%" PRId64, ids[t]);
     used += snprintf(pic->title + used, sizeof pic->title - (size_t)used,
-                     "] (pad id 0): masks and attention weights, B=%" PRId64 " T=%" PRId64
+                     "] (pad id 0): masks, scaled scores and attention weights, B=%" PRId64 " T=%" PRId64
                      " E=%" PRId64 " H=%" PRId64 ", seed %" PRIu64,
                      o->batch_size, T, o->embed_dim, H, o->seed);
     if (o->mistake != MISTAKE_NONE && used < (int)sizeof pic->title)
@@ -714,6 +769,7 @@ static void picture_free(picture *pic)
 {
     free(pic->mask_values);
     free(pic->mask_off);
+    free(pic->scores);
 }
 
 /* Draws the SVG into memory; it joins the run's output set (see run_outputs). */
@@ -780,7 +836,7 @@ int main(int argc, char **argv)
         rc = dump_all(o.dump, &e, r);
     if (rc == 0 && (o.heatmap || o.show)) {
         picture pic;
-        rc = picture_build(&o, &e, &pic);
+        rc = picture_build(&ctx, &o, &e, &pic);
         if (rc == 0 && o.heatmap)
             rc = heatmap_svg_add(o.heatmap, &pic, r);
         if (rc == 0 && o.show) {
