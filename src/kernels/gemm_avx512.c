@@ -1,5 +1,5 @@
 /*
- * gemm_avx512.c - the projection GEMM (src/kernels/gemm_kernel.h) built for AVX-512F.
+ * gemm_avx512.c - the projection GEMM (src/kernels/gemm_kernel.h) built for AVX-512 (F, DQ, BW and VL).
  * CMake compiles this file alone with the ISA flags; src/kernels/gemm.c calls it only
  * when src/runtime/dispatch.c has found the instructions and their OS support.
  *
