@@ -124,7 +124,9 @@ vg "attn forward: fully masked rows" 1 "$ATTN" forward --weights "$g/weights.saf
 vg "attn forward: mask that does not broadcast" 1 "$ATTN" forward --weights "$g/weights.safetensors" --num-heads 3 --input "$g/x.npy" --mask "$files/ref_bool.npy" --output "$tmp/o.npy"
 vg "attn forward: unwritable output" 1 "$ATTN" forward --weights "$g/weights.safetensors" --num-heads 3 --input "$g/x.npy" --output "$tmp/no/such/dir/o.npy" --attention "$tmp/a.npy"
 vg "attn forward: usage error" 2 "$ATTN" forward --weights "$g/weights.safetensors" --num-heads 0
-vg "attn sdpa: causal with Tq != Tk" 1 "$ATTN" sdpa --query "$golden/sdpa_cross_mask/q.npy" --key "$golden/sdpa_cross_mask/k.npy" --value "$golden/sdpa_cross_mask/v.npy" --causal --output "$tmp/o.npy"
+ev="$src/tests/data/golden_options/everything"
+vg "attn sdpa: every option of current models at once" 0 "$ATTN" sdpa --query "$ev/q.npy" --key "$ev/k.npy" --value "$ev/v.npy" --causal-bottom-right --window 4,0 --softcap 8 --alibi --bias "$ev/bias.npy" --sinks "$ev/sinks.npy" --scale 0.3 --output "$tmp/o.npy" --attention "$tmp/a.npy" --lse "$tmp/l.npy"
+vg "attn sdpa: sinks of the wrong length" 1 "$ATTN" sdpa --query "$ev/q.npy" --key "$ev/k.npy" --value "$ev/v.npy" --sinks "$ev/bias.npy" --output "$tmp/o.npy"
 
 echo "tests/valgrind.sh: $runs runs, $([ $fail = 0 ] && echo "all clean" || echo "FAILURES")"
 exit $fail
