@@ -615,10 +615,10 @@ ATTN_API int attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, int
                                   const attn_rope_params *rope, attn_tensor *out,
                                   attn_tensor *weights);
 
-/* The scratch attn_kv_cache_attend needs for these arguments under ctx, in bytes,
- * whatever the sequences' lengths (it plans for a full cache and for the current
- * lengths and takes the larger): hand in that much as ctx->workspace and every
- * later step with the same shapes allocates nothing. Checks the arguments as
+/* The scratch attn_kv_cache_attend needs for these arguments under ctx, in bytes:
+ * planned for a full cache as well as for the current lengths (the larger is
+ * taken), so that a ctx->workspace of that size serves the later steps of a
+ * decoding loop with the same shapes as the keys grow. Checks the arguments as
  * attend does; *bytes is 0 on failure. */
 ATTN_API int attn_kv_cache_workspace_size(attn_ctx *ctx, const attn_kv_cache *cache,
                                           int64_t first, const attn_tensor *q,
