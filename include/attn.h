@@ -483,6 +483,151 @@ ATTN_API int attn_mha_packed_workspace_size(attn_ctx *ctx, const attn_mha_packed
                                    const attn_tensor *weights, size_t *bytes);
 
 /* ------------------------------------------------------------------------------
+ * RoPE: rotary position embedding
+ *
+ * RoPE rotates pairs of features of a query or key row by an angle that grows with
+ * the row's position: pair k of the row at position p turns by p * inv_freq[k],
+ * inv_freq[k] = 1 / base^(2k / D). It is computed in float32 the way the
+ * tutorial's chapter 21 (build_rope_cache) and PyTorch compute it:
+ *
+ *   e = (float)(2k) / (float)D;  inv_freq = 1.0f / powf(base, e);
+ *   angle = (float)p * inv_freq;  c = cosf(angle), s = sinf(angle)
+ *   x'[i0] = x[i0] * c - x[i1] * s;   x'[i1] = x[i0] * s + x[i1] * c
+ *
+ * so results equal PyTorch's to float32 rounding (its pow, cos and sin may differ
+ * from the C library's in the last bit). The pairing says which features form
+ * pair k = 0 .. D/2 - 1 (see docs/decoding.md for a worked example):
+ * ---------------------------------------------------------------------------- */
+
+typedef enum attn_rope_pairing {
+    ATTN_ROPE_INTERLEAVED = 0, /* features 2k and 2k+1 (chapter 21's apply_rope, GPT-J) */
+    ATTN_ROPE_HALF = 1         /* features k and k + D/2 (Llama, GPT-NeoX: rotate_half) */
+} attn_rope_pairing;
+
+typedef struct attn_rope_params {
+    attn_rope_pairing pairing;
+    float base;      /* a positive finite number; 10000 by attn_rope_params_init */
+    int64_t offset;  /* the position of row 0 (>= 0): row t sits at offset + t */
+} attn_rope_params;
+
+/* Fills p with the defaults: interleaved pairing, base 10000, offset 0. */
+ATTN_API void attn_rope_params_init(attn_rope_params *p);
+
+/* RoPE on x [B, H, T, D] (float32, any strides; fewer dims read as leading sizes
+ * of 1) into out of the same shape: row t of every (b, h) sits at position
+ * p->offset + t. D must be even. p NULL: the defaults. Positions are converted
+ * to float32 as PyTorch's float32 arange does (exact up to 2^24).
+ * For a query block at the end of Tk keys whose first key sits at position P, the
+ * queries' offset is P + Tk - Tq (the bottom-right alignment).
+ * Aliasing: out may be x itself (the same view, in place); an out that overlaps
+ * x otherwise is refused (INVALID_ARGUMENT, naming both). Allocates nothing. */
+ATTN_API int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor *x,
+                             attn_tensor *out);
+
+/* ------------------------------------------------------------------------------
+ * KV cache: the keys and values of earlier tokens, for decoding
+ *
+ * A cache holds, for B sequences, the keys [B, Hkv, capacity, D] and values
+ * [B, Hkv, capacity, Dv] of up to `capacity` positions each (C-contiguous, float32),
+ * and one length per sequence: sequence b holds positions 0 .. length(b) - 1.
+ * Its memory is one block, allocated once at creation or handed in by the caller;
+ * nothing after creation allocates except attend's scratch, which is taken as
+ * attn_ctx says (ctx->workspace, or keep_workspace), so a decoding loop allocates
+ * nothing per step. Calls name sequences by a range: `first` and the batch size
+ * Bn of the tensor given (sequences first .. first + Bn - 1).
+ * ---------------------------------------------------------------------------- */
+
+typedef struct attn_kv_cache_config {
+    int64_t batch;     /* B: sequences */
+    int64_t kv_heads;  /* Hkv: key/value heads */
+    int64_t capacity;  /* positions each sequence can hold */
+    int64_t head_dim;  /* D: features of a key (and of a query) */
+    int64_t value_dim; /* Dv: features of a value; 0 means D */
+} attn_kv_cache_config;
+
+/* A cache (opaque). Made by attn_kv_cache_create, freed by attn_kv_cache_free. */
+typedef struct attn_kv_cache attn_kv_cache;
+
+/* The bytes a cache of this configuration needs (its bookkeeping, the lengths,
+ * K and V), for a caller that hands in its own memory. */
+ATTN_API int attn_kv_cache_bytes(attn_ctx *ctx, const attn_kv_cache_config *cfg, size_t *bytes);
+
+/* Creates an empty cache (every length 0) in *out (NULL on failure). memory NULL:
+ * one allocation with ctx's allocator. Otherwise the cache lives in `memory`, at
+ * least attn_kv_cache_bytes bytes (memory_size says how many), 64-byte aligned,
+ * which the library never frees; the caller keeps it alive while the cache is
+ * used. The stored keys and values start zeroed. */
+ATTN_API int attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg, void *memory,
+                                  size_t memory_size, attn_kv_cache **out);
+
+/* Frees a cache with the allocator that created it (ctx is not used and may be
+ * NULL); a cache in caller memory frees nothing. NULL-safe. */
+ATTN_API void attn_kv_cache_free(attn_ctx *ctx, attn_kv_cache *cache);
+
+/* The number of positions sequence `seq` holds, or -1 when cache is NULL or seq
+ * is not in 0 .. B - 1. */
+ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t seq);
+
+/* Appends k [Bn, Hkv, Tnew, D] and v [Bn, Hkv, Tnew, Dv] (float32, any strides)
+ * to sequences first .. first + Bn - 1: row t of k[i] goes to position
+ * length(first + i) + t. With rope (not NULL), the keys are rotated at those
+ * positions as they are stored (rope->offset is not used: the cache knows each
+ * sequence's positions). A sequence without room for Tnew more positions fails
+ * the whole call with INVALID_ARGUMENT, naming the sequence, its length, Tnew and
+ * the capacity, and appends nothing to any sequence. k and v must not overlap the
+ * cache's memory (refused). Allocates nothing. */
+ATTN_API int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
+                                  const attn_tensor *k, const attn_tensor *v,
+                                  const attn_rope_params *rope);
+
+/* Rolls sequence seq back to `length` positions (0 <= length <= its length; the
+ * positions past it are forgotten and will be overwritten); seq -1 rolls back
+ * every sequence to min(length, its length). */
+ATTN_API int attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t seq,
+                                    int64_t length);
+
+/* Views of what sequence seq holds: k [1, Hkv, length(seq), D] and v [1, Hkv,
+ * length(seq), Dv], float32 views into the cache (strides of the [B, Hkv,
+ * capacity, D] layout; no copy), valid until the cache is freed; an append or a
+ * truncate changes what they see. Either may be NULL. An empty sequence has no
+ * view: INVALID_ARGUMENT. */
+ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t seq,
+                                attn_tensor *k, attn_tensor *v);
+
+/* Attention of q [Bn, H, Tq, D] (float32, any strides; H a multiple of Hkv) against
+ * sequences first .. first + Bn - 1, each with its own Tk = length(first + i):
+ * the queries are the last Tq positions of each sequence (append their keys
+ * first; Tq above a sequence's length is refused), so the causal mask is always
+ * the bottom-right one (p->causal may be NONE or BOTTOM_RIGHT; TOP_LEFT is
+ * refused). Every other option of attn_sdpa_params applies as attn_sdpa
+ * defines it, with positions counted from the sequence's start (a window sees
+ * the last keys of the sequence); p->mask and p->bias broadcast to
+ * [Bn, H, Tq, capacity] (key axis = cache position; each sequence reads its
+ * first length entries), p->lse is [Bn, H, Tq]. With rope (not NULL) the queries
+ * are rotated at their positions first (into scratch; q is not changed).
+ *   out [Bn, H, Tq, Dv]; weights [Bn, H, Tq, capacity] or NULL (positions past a
+ *   sequence's length get weight 0).
+ * Each sequence runs as one attention call (the kernel ctx->impl selects). Its
+ * scratch, attn_kv_cache_workspace_size bytes, is taken once as attn_ctx says.
+ * Aliasing: outputs must not overlap q, the cache or each other (refused). */
+ATTN_API int attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, int64_t first,
+                                  const attn_tensor *q, const attn_sdpa_params *p,
+                                  const attn_rope_params *rope, attn_tensor *out,
+                                  attn_tensor *weights);
+
+/* The scratch attn_kv_cache_attend needs for these arguments under ctx, in bytes:
+ * planned for a full cache as well as for the current lengths (the larger is
+ * taken), so that a ctx->workspace of that size serves the later steps of a
+ * decoding loop with the same shapes as the keys grow. Checks the arguments as
+ * attend does; *bytes is 0 on failure. */
+ATTN_API int attn_kv_cache_workspace_size(attn_ctx *ctx, const attn_kv_cache *cache,
+                                          int64_t first, const attn_tensor *q,
+                                          const attn_sdpa_params *p,
+                                          const attn_rope_params *rope,
+                                          const attn_tensor *out, const attn_tensor *weights,
+                                          size_t *bytes);
+
+/* ------------------------------------------------------------------------------
  * Random numbers (for the chapter's experiment and for tests)
  * ---------------------------------------------------------------------------- */
 

@@ -25,6 +25,7 @@
 
 #include "attn.h"
 #include "check.h"
+#include "test_util.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -45,7 +46,7 @@
 
 static long bad_inputs = 0; /* calls made with a bad argument */
 
-#define MAX_COVERED 128
+#define MAX_COVERED 160
 static const char *covered[MAX_COVERED];
 static int n_covered = 0;
 
@@ -1484,6 +1485,170 @@ static void test_dispatch_threads(void)
     }
 }
 
+static void test_rope_and_kv_cache(void)
+{
+    TEST("RoPE refuses NULL tensors, an odd head dim, a base that is not a positive finite "
+         "number, a negative offset, an unknown pairing, another shape or dtype and an out "
+         "that overlaps x; the KV cache refuses bad configs, small or misaligned memory, "
+         "sequences out of range, shapes that do not fit, a full cache, a truncate that "
+         "grows, an empty view, a top-left causal attend, queries longer than a sequence "
+         "and a NULL bytes");
+    covers("attn_rope_params_init");
+    covers("attn_rope_apply");
+    covers("attn_kv_cache_bytes");
+    covers("attn_kv_cache_create");
+    covers("attn_kv_cache_free");
+    covers("attn_kv_cache_length");
+    covers("attn_kv_cache_append");
+    covers("attn_kv_cache_truncate");
+    covers("attn_kv_cache_view");
+    covers("attn_kv_cache_attend");
+    covers("attn_kv_cache_workspace_size");
+
+    /* RoPE. */
+    static float xb[2 * 3 * 4], ob[2 * 3 * 4], x5[2 * 3 * 5];
+    attn_tensor x, out, odd, other, f64;
+    const int64_t sh[3] = {2, 3, 4}, sh5[3] = {2, 3, 5}, sh2[3] = {2, 3, 2};
+    attn_tensor_init(NULL, &x, ATTN_DTYPE_F32, xb, 3, sh);
+    attn_tensor_init(NULL, &out, ATTN_DTYPE_F32, ob, 3, sh);
+    attn_tensor_init(NULL, &odd, ATTN_DTYPE_F32, x5, 3, sh5);
+    attn_tensor_init(NULL, &other, ATTN_DTYPE_F32, ob, 3, sh2);
+    f64 = out;
+    f64.dtype = ATTN_DTYPE_I32;
+    attn_rope_params rp;
+    attn_rope_params_init(&rp);
+    attn_rope_params_init(NULL); /* NULL-safe */
+    CHECK(rp.pairing == ATTN_ROPE_INTERLEAVED && rp.base == 10000.0f && rp.offset == 0);
+    EXPECT_OK(attn_rope_apply(C, &rp, &x, &out));
+    EXPECT_OK(attn_rope_apply(C, NULL, &x, &x));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &rp, NULL, &out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &rp, &x, NULL));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_rope_apply(C, &rp, &odd, &odd));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_rope_apply(C, &rp, &x, &other));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_rope_apply(C, &rp, &x, &f64));
+    const float bases[] = {0.0f, -1.0f, INFINITY, NAN};
+    for (size_t i = 0; i < sizeof bases / sizeof bases[0]; i++) {
+        attn_rope_params b = rp;
+        b.base = bases[i];
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &b, &x, &out));
+    }
+    attn_rope_params neg = rp, pair = rp, huge = rp;
+    neg.offset = -1;
+    pair.pairing = (attn_rope_pairing)7;
+    huge.offset = INT64_MAX;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &neg, &x, &out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &pair, &x, &out));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_rope_apply(C, &huge, &x, &out));
+    attn_tensor shifted = x; /* the same memory one element further: overlaps x */
+    shifted.data = xb + 1;
+    shifted.shape[0] = 1;
+    attn_tensor x1 = x;
+    x1.shape[0] = 1;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &rp, &x1, &shifted));
+
+    /* The cache: B 2, Hkv 1, capacity 4, D 4. */
+    attn_kv_cache_config cfg = {2, 1, 4, 4, 0};
+    size_t bytes = 0;
+    EXPECT_OK(attn_kv_cache_bytes(C, &cfg, &bytes));
+    CHECK(bytes > 2 * 2 * 4 * 4 * sizeof(float));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, NULL, &bytes));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, &cfg, NULL));
+    const attn_kv_cache_config bad[] = {
+        {0, 1, 4, 4, 0}, {2, 0, 4, 4, 0}, {2, 1, 0, 4, 0}, {2, 1, 4, -1, 0}, {2, 1, 4, 4, -3}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, &bad[i], &bytes));
+    const attn_kv_cache_config ovf = {INT64_MAX / 2, 4, INT64_MAX / 4, 8, 0};
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_kv_cache_bytes(C, &ovf, &bytes));
+    attn_kv_cache *kc = NULL;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_create(C, &cfg, NULL, 0, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_create(C, &bad[0], NULL, 0, &kc));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_kv_cache_create(C, &ovf, NULL, 0, &kc));
+    CHECK(kc == NULL);
+    CHECK_INT(attn_kv_cache_bytes(NULL, &cfg, &bytes), ATTN_OK); /* the failures above cleared it */
+    unsigned char *mem = aligned_alloc(64, (bytes + 64 + 63) / 64 * 64);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_create(C, &cfg, mem, bytes - 1, &kc));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_create(C, &cfg, mem + 8, bytes, &kc));
+    EXPECT_OK((attn_kv_cache_create(C, &cfg, mem, bytes, &kc), attn_kv_cache_free(C, kc),
+               ATTN_OK));
+    attn_kv_cache_free(NULL, NULL);
+    bad_inputs++;
+
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    CHECK_INT(attn_kv_cache_create(&ctx, &cfg, NULL, 0, &kc), ATTN_OK);
+    CHECK_INT(attn_kv_cache_length(kc, 0), 0);
+    CHECK_INT(attn_kv_cache_length(kc, 2), -1);
+    CHECK_INT(attn_kv_cache_length(kc, -1), -1);
+    CHECK_INT(attn_kv_cache_length(NULL, 0), -1);
+    bad_inputs += 3;
+    static float kb[2 * 1 * 3 * 4], vb[2 * 1 * 3 * 4], k5b[2 * 1 * 3 * 5], qb[2 * 2 * 1 * 4],
+        obuf[2 * 2 * 1 * 4], wb[2 * 2 * 1 * 4];
+    attn_tensor k3 = tu_tensor4(kb, 2, 1, 3, 4), v3 = tu_tensor4(vb, 2, 1, 3, 4);
+    attn_tensor k5 = tu_tensor4(k5b, 2, 1, 3, 5), k1 = tu_tensor4(kb, 1, 1, 3, 4),
+                v1 = tu_tensor4(vb, 1, 1, 3, 4);
+    attn_tensor q = tu_tensor4(qb, 2, 2, 1, 4), o = tu_tensor4(obuf, 2, 2, 1, 4),
+                w = tu_tensor4(wb, 2, 2, 1, 4), q3 = tu_tensor4(qb, 1, 2, 1, 4);
+    /* Attend before anything was appended: the queries have no keys. */
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, &q, NULL, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_view(C, kc, 0, &k1, &v1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, NULL, 0, &k3, &v3, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, kc, 0, NULL, &v3, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, kc, 1, &k3, &v3, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, kc, -1, &k1, &v1, NULL));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_kv_cache_append(C, kc, 0, &k5, &v3, NULL));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_kv_cache_append(C, kc, 0, &k3, &v1, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, kc, 0, &k3, &v3, &pair));
+    CHECK_INT(attn_kv_cache_append(&ctx, kc, 0, &k3, &v3, &rp), ATTN_OK);
+    /* 3 of 4 positions held: 3 more do not fit, and nothing is appended. */
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, kc, 0, &k3, &v3, NULL));
+    CHECK_INT(attn_kv_cache_length(kc, 0), 3);
+    CHECK_INT(attn_kv_cache_length(kc, 1), 3);
+    attn_tensor kv_view;
+    CHECK_INT(attn_kv_cache_view(&ctx, kc, 1, &kv_view, NULL), ATTN_OK);
+    /* k overlapping the cache's own memory is refused. */
+    attn_tensor kv1 = kv_view;
+    kv1.shape[2] = 1;
+    attn_tensor vv1 = tu_tensor4(vb, 1, 1, 1, 4);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_append(C, kc, 0, &kv1, &vv1, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_view(C, NULL, 0, &k1, &v1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_view(C, kc, 2, &k1, &v1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_truncate(C, NULL, 0, 1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_truncate(C, kc, 0, 4));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_truncate(C, kc, 0, -1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_truncate(C, kc, 5, 1));
+    EXPECT_OK(attn_kv_cache_truncate(C, kc, 1, 3));
+
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    EXPECT_OK(attn_kv_cache_attend(C, kc, 0, &q, &p, &rp, &o, &w));
+    attn_tensor o1 = tu_tensor4(obuf, 1, 2, 1, 4), w3 = tu_tensor4(wb, 2, 2, 1, 3);
+    EXPECT_OK(attn_kv_cache_attend(C, kc, 1, &q3, NULL, NULL, &o1, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, &q, &p, NULL, &o, &o));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, NULL, 0, &q, &p, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, NULL, &p, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, &q, &p, NULL, NULL, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 1, &q, &p, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_kv_cache_attend(C, kc, 0, &q, &p, NULL, &o, &w3));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_kv_cache_attend(C, kc, 0, &k3, &p, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, &q, &p, &pair, &o, NULL));
+    attn_sdpa_params tl = p;
+    tl.causal = ATTN_CAUSAL_TOP_LEFT;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, &q, &tl, NULL, &o, NULL));
+    attn_tensor q2 = tu_tensor4(qb, 2, 2, 2, 4);
+    CHECK_INT(attn_kv_cache_truncate(&ctx, kc, -1, 1), ATTN_OK);
+    CHECK_INT(attn_kv_cache_length(kc, 1), 1);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_attend(C, kc, 0, &q2, &p, NULL, &o, NULL));
+    bytes = 0;
+    EXPECT_OK(attn_kv_cache_workspace_size(C, kc, 0, &q, &p, NULL, &o, &w, &bytes));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_kv_cache_workspace_size(C, kc, 0, &q, &p, NULL, &o, &w, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_kv_cache_workspace_size(C, kc, 0, &q, &tl, NULL, &o, &w, &bytes));
+    CHECK(bytes == 0);
+    attn_kv_cache_free(&ctx, kc);
+    free(mem);
+}
+
 /* ---- the random number functions ----------------------------------------------- */
 
 typedef void (*child_fn)(void);
@@ -1677,6 +1842,7 @@ int main(void)
     test_weights();
     test_dispatch_threads();
     test_rng();
+    test_rope_and_kv_cache();
     test_header_coverage();
     fprintf(stderr, "test_args: %ld bad inputs tried\n", bad_inputs);
     return check_summary("test_args");
