@@ -149,4 +149,14 @@ static void fk_exp_nonpos(const float *x, float *y, int64_t n)
         simd_store_n(y + i, simd_exp_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
 }
 
+/* y = tanh(x) with this build's vector tanh (for tests/test_fused_tanh.c). */
+static void fk_tanh(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + SIMD_W <= n; i += SIMD_W)
+        simd_store(y + i, simd_tanh(simd_load(x + i)));
+    if (i < n)
+        simd_store_n(y + i, simd_tanh(simd_load_n(x + i, n - i, 0.0f)), n - i);
+}
+
 #endif /* ATTN_FUSED_KERNEL_H */
