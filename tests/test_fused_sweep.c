@@ -318,7 +318,8 @@ static result run_one(fixture *f, attn_impl impl, attn_arch arch, int threads,
  * mode, and also in the default mode, where every path must report the empty row
  * (unless a sink takes its weight). The bound is the one above, per output: out,
  * weights and the log-sum-exp, the last with its floor scaled by its magnitude
- * (it is a log of a sum plus a max, so its rounding is relative). */
+ * (it is a log of a sum plus a max, so its rounding is relative). Under a
+ * sanitizer only every other single-option problem runs. */
 
 enum {
     OPT_GQA = 1, OPT_CAUSAL_TL = 2, OPT_CAUSAL_BR = 4, OPT_WINDOW = 8, OPT_SOFTCAP = 16,
@@ -591,7 +592,12 @@ static void options_sweep(const attn_arch *archs, int n_archs)
     double worst_ratio = 0;
     char worst[400] = "";
     int with_empty = 0;
+    int problems = 0;
     for (int n = 0; n < n_total; n++) {
+        /* Under a sanitizer, each option alone at four sizes (two on each path). */
+        if (SWEEP_QUICK && n % 2)
+            continue;
+        problems++;
         opt_problem pb;
         opt_problem_make(n, n_alone, &pb);
         opt_fixture f;
@@ -639,8 +645,9 @@ static void options_sweep(const attn_arch *archs, int n_archs)
         opt_fixture_free(&f);
     }
     fprintf(stderr, "%d option problems (%d with rows that see no key); worst error / bound = "
-                    "%.3f at %s\n", n_total, with_empty, worst_ratio, worst);
-    CHECK(with_empty > 5);
+                    "%.3f at %s\n", problems, with_empty, worst_ratio, worst);
+    /* Enough rows that see no key to test both modes (46 in the full sweep). */
+    CHECK(with_empty >= (SWEEP_QUICK ? 1 : 20));
 }
 
 int main(void)
