@@ -1,7 +1,8 @@
 /*
  * test_determinism.c - the same inputs give the same bits: across repeated runs,
- * across thread counts (1, 2, 3), for attention alone and for multi-head attention
- * end to end, on every instruction-set path this machine runs. Between paths the
+ * across thread counts (1, 2, 3), for attention alone (with and without every
+ * option of SPEC section 6) and for multi-head attention end to end, on every
+ * instruction-set path this machine runs. Between paths the
  * summation order differs (vector widths, fused multiply-adds), so there the test
  * measures the largest difference, prints it, and holds it to the float32 error
  * bound the correctness sweep uses.
@@ -34,6 +35,39 @@ static void run_sdpa(attn_arch arch, int threads, float *out)
     attn_sdpa_params_init(&p);
     p.causal = 1;
     p.mask = &tm;
+    CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
+}
+
+/* Every option of SPEC section 6 at once, on multi-query heads (H = 3 query heads
+ * over one key/value head) with bottom-right causal over a longer key
+ * sequence: out [B, H, T, D] and the log-sum-exp [B, H, T] after it in `out`. */
+enum { TK = T + 40 };
+static float kx[B * TK * D], vx[B * TK * D], bias_row[TK], slopes[H], sinks[H];
+
+static void run_sdpa_options(attn_arch arch, int threads, float *out)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(kx, B, 1, TK, D),
+                tv = tu_tensor4(vx, B, 1, TK, D), to = tu_tensor4(out, B, H, T, D),
+                tl = tu_tensor3(out + B * H * T * D, B, H, T), tb, tsl, tsk;
+    const int64_t bs[1] = {TK}, hs[1] = {H};
+    attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, bias_row, 1, bs);
+    attn_tensor_init(NULL, &tsl, ATTN_DTYPE_F32, slopes, 1, hs);
+    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, sinks, 1, hs);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    p.has_window = 1;
+    p.window_left = 70;
+    p.window_right = -1;
+    p.softcap = 3.0f;
+    p.alibi_slopes = &tsl;
+    p.bias = &tb;
+    p.sinks = &tsk;
+    p.lse = &tl;
     CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
 }
 
@@ -74,6 +108,12 @@ int main(void)
     tu_fill(bqkv, 3 * E, 6);
     tu_fill(wo, E * E, 7);
     tu_fill(bo, E, 8);
+    tu_fill(kx, B * TK * D, 9);
+    tu_fill(vx, B * TK * D, 10);
+    tu_fill(bias_row, TK, 11);
+    bias_row[5] = bias_row[100] = -INFINITY;
+    for (int h = 0; h < H; h++)
+        slopes[h] = 0.02f * (float)(h + 1), sinks[h] = 0.5f * (float)h;
     /* Weights at nn.Linear's scale (uniform in +-1/sqrt(E)) keep every stage O(1). */
     for (int i = 0; i < 3 * E * E; i++)
         wqkv[i] /= sqrtf((float)E);
@@ -108,6 +148,19 @@ int main(void)
             CHECK(memcmp(o1, o2, n_attn * 4) == 0);
             run_mha(archs[a], th, m2);
             CHECK(memcmp(m1, m2, n_mha * 4) == 0);
+        }
+        TEST("with every option (MQA, bottom-right causal, a window, softcap, ALiBi, a bias "
+             "with -inf, sinks), 1, 2 and 3 threads give the same output and log-sum-exp bits");
+        {
+            const size_t n_opt = n_attn + B * H * T;
+            float *p1 = malloc(n_opt * 4), *p2 = malloc(n_opt * 4);
+            run_sdpa_options(archs[a], 1, p1);
+            for (int th = 2; th <= 3; th++) {
+                memset(p2, 0, n_opt * 4);
+                run_sdpa_options(archs[a], th, p2);
+                CHECK(memcmp(p1, p2, n_opt * 4) == 0);
+            }
+            free(p1), free(p2);
         }
         attn_out[a] = o1;
         mha_out[a] = m1;

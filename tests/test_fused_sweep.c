@@ -305,6 +305,351 @@ static result run_one(fixture *f, attn_impl impl, attn_arch arch, int threads,
     return r;
 }
 
+/* ---- The options of SPEC section 6 ----------------------------------------------
+ *
+ * A second sweep, over the options the fused kernel takes on top of masks: GQA
+ * ratios 1, 2, 4 and H (MQA), top-left and bottom-right causal with Tq < Tk,
+ * Tq == Tk and Tq > Tk, windows (some hiding whole rows), softcap, ALiBi (default and
+ * caller slopes), biases in every broadcast shape with -inf entries, sinks, the
+ * log-sum-exp, and a random mask on top. The first problems take each option
+ * alone, at every size; the rest draw combinations. Sizes cross both of the
+ * kernel's paths: Tq <= 8 runs the row path, larger Tq the tile path with several
+ * query and key tiles (64 each). Problems with rows that see no key run in the zero
+ * mode, and also in the default mode, where every path must report the empty row
+ * (unless a sink takes its weight). The bound is the one above, per output: out,
+ * weights and the log-sum-exp, the last with its floor scaled by its magnitude
+ * (it is a log of a sum plus a max, so its rounding is relative). Under a
+ * sanitizer only every other single-option problem runs. */
+
+enum {
+    OPT_GQA = 1, OPT_CAUSAL_TL = 2, OPT_CAUSAL_BR = 4, OPT_WINDOW = 8, OPT_SOFTCAP = 16,
+    OPT_ALIBI = 32, OPT_BIAS = 64, OPT_SINKS = 128, OPT_MASK = 256, OPT_KINDS = 9
+};
+
+typedef struct opt_problem {
+    int64_t B, H, Hkv, Tq, Tk, D, Dv;
+    int causal, has_window;
+    int64_t wl, wr;
+    float softcap;
+    int alibi;        /* 0 off, 1 default slopes, 2 caller slopes */
+    int bias_kind;    /* 0 none, 1 [Tk], 2 [1, H, 1, Tk], 3 [B, 1, Tq, Tk], 4 [B, H, Tq, Tk] */
+    int sinks, mask, want_weights;
+} opt_problem;
+
+typedef struct opt_fixture {
+    opt_problem pb;
+    float *q, *k, *v, *slopes, *sinks, *bias; /* the bias in its own shape */
+    uint8_t *mask;                             /* [B, 1, Tq, Tk] */
+    int64_t bshape[4];
+    double *o_out, *o_w, *o_lse;
+    int empty_rows;
+} opt_fixture;
+
+static float *uniform_array(int64_t n, double lo, double hi)
+{
+    float *a = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t x = 0; x < n; x++)
+        a[x] = (float)(lo + (hi - lo) * uni());
+    return a;
+}
+
+static double oracle_slope(const opt_fixture *f, int64_t h)
+{
+    if (f->pb.alibi == 2)
+        return f->slopes[h];
+    if (f->pb.alibi == 0)
+        return 0.0;
+    /* The paper's default, rounded to float32 as the library's is. */
+    int64_t m = 1;
+    while (m * 2 <= f->pb.H)
+        m *= 2;
+    return (float)(h < m ? pow(2.0, -8.0 * (double)(h + 1) / (double)m)
+                         : pow(2.0, -8.0 * (double)(2 * (h - m) + 1) / (double)(2 * m)));
+}
+
+static void opt_fixture_make(opt_fixture *f, const opt_problem *pb)
+{
+    memset(f, 0, sizeof *f);
+    f->pb = *pb;
+    const int64_t B = pb->B, H = pb->H, Hkv = pb->Hkv, Tq = pb->Tq, Tk = pb->Tk, D = pb->D,
+                  Dv = pb->Dv;
+    f->q = uniform_array(B * H * Tq * D, -1, 1);
+    f->k = uniform_array(B * Hkv * Tk * D, -1, 1);
+    f->v = uniform_array(B * Hkv * Tk * Dv, -1, 1);
+    f->slopes = uniform_array(H, 0.01, 0.3);
+    f->sinks = uniform_array(H, -1, 3);
+    int64_t *bs = f->bshape;
+    bs[0] = bs[1] = bs[2] = 1, bs[3] = Tk;
+    if (pb->bias_kind == 2)
+        bs[1] = H;
+    if (pb->bias_kind == 3)
+        bs[0] = B, bs[2] = Tq;
+    if (pb->bias_kind == 4)
+        bs[0] = B, bs[1] = H, bs[2] = Tq;
+    const int64_t nb = bs[0] * bs[1] * bs[2] * bs[3];
+    f->bias = uniform_array(nb, -2, 2);
+    for (int64_t x = 0; x < nb; x++)
+        if (uni() < 0.1)
+            f->bias[x] = -INFINITY;
+    f->mask = malloc((size_t)(B * Tq * Tk));
+    for (int64_t x = 0; x < B * Tq * Tk; x++)
+        f->mask[x] = uni() < 0.75;
+
+    f->o_out = calloc((size_t)(B * H * Tq * Dv), sizeof(double));
+    f->o_w = calloc((size_t)(B * H * Tq * Tk), sizeof(double));
+    f->o_lse = calloc((size_t)(B * H * Tq), sizeof(double));
+    double *sc = malloc((size_t)Tk * sizeof(double));
+    int *vis = malloc((size_t)Tk * sizeof(int));
+    const double scale = 1.0 / sqrt((double)D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t hk = h / (H / Hkv);
+            const double slope = oracle_slope(f, h);
+            const double sink = pb->sinks ? f->sinks[h] : -INFINITY;
+            for (int64_t i = 0; i < Tq; i++) {
+                const int64_t ip = i + Tk - Tq, row = (b * H + h) * Tq + i;
+                double m = sink;
+                int nvis = 0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    double x = 0;
+                    for (int64_t d = 0; d < D; d++)
+                        x += (double)f->q[row * D + d] * (double)f->k[((b * Hkv + hk) * Tk + j) * D + d];
+                    x *= (double)(float)scale;
+                    if (pb->softcap > 0)
+                        x = pb->softcap * tanh(x / pb->softcap);
+                    double bias = 0;
+                    if (pb->bias_kind)
+                        bias = f->bias[((bs[0] > 1 ? b : 0) * bs[1] + (bs[1] > 1 ? h : 0)) * bs[2] * bs[3] +
+                                       (bs[2] > 1 ? i : 0) * bs[3] + j];
+                    x += bias - slope * fabs((double)(ip - j));
+                    int ok = bias != -INFINITY;
+                    if ((pb->causal == ATTN_CAUSAL_TOP_LEFT && j > i) ||
+                        (pb->causal == ATTN_CAUSAL_BOTTOM_RIGHT && j > ip))
+                        ok = 0;
+                    if (pb->has_window && ((pb->wl >= 0 && j < ip - pb->wl) ||
+                                           (pb->wr >= 0 && j > ip + pb->wr)))
+                        ok = 0;
+                    if (pb->mask && !f->mask[(b * Tq + i) * Tk + j])
+                        ok = 0;
+                    vis[j] = ok;
+                    sc[j] = x;
+                    if (ok) {
+                        nvis++;
+                        m = x > m ? x : m;
+                    }
+                }
+                if (nvis == 0) {
+                    f->empty_rows++;
+                    f->o_lse[row] = sink; /* zeros out and weights */
+                    continue;
+                }
+                double sum = pb->sinks ? exp(sink - m) : 0.0;
+                for (int64_t j = 0; j < Tk; j++)
+                    sum += vis[j] ? exp(sc[j] - m) : 0.0;
+                f->o_lse[row] = m + log(sum);
+                for (int64_t j = 0; j < Tk; j++) {
+                    const double w = vis[j] ? exp(sc[j] - m) / sum : 0.0;
+                    f->o_w[row * Tk + j] = w;
+                    for (int64_t e = 0; w != 0 && e < Dv; e++)
+                        f->o_out[row * Dv + e] += w * (double)f->v[((b * Hkv + hk) * Tk + j) * Dv + e];
+                }
+            }
+        }
+    free(sc);
+    free(vis);
+}
+
+static void opt_fixture_free(opt_fixture *f)
+{
+    free(f->q), free(f->k), free(f->v), free(f->slopes), free(f->sinks), free(f->bias);
+    free(f->mask), free(f->o_out), free(f->o_w), free(f->o_lse);
+}
+
+typedef struct opt_result {
+    double err_out, err_w, err_lse; /* err_lse relative to 1 + |lse| */
+    int status;
+} opt_result;
+
+static void worse(double *acc, double e)
+{
+    if (!(e <= *acc))
+        *acc = isnan(e) ? INFINITY : e;
+}
+
+static opt_result opt_run(const opt_fixture *f, attn_impl impl, attn_arch arch, int threads,
+                          attn_empty_rows empty_rows)
+{
+    const opt_problem *pb = &f->pb;
+    const int64_t B = pb->B, H = pb->H, Tq = pb->Tq, Tk = pb->Tk;
+    const int64_t no = B * H * Tq * pb->Dv, nw = B * H * Tq * Tk, nl = B * H * Tq;
+    opt_result r = {0, 0, 0, 0};
+    float *out = malloc((size_t)no * sizeof(float)), *lse = malloc((size_t)nl * sizeof(float));
+    float *w = pb->want_weights ? malloc((size_t)nw * sizeof(float)) : NULL;
+    for (int64_t x = 0; x < no; x++)
+        out[x] = NAN;
+    for (int64_t x = 0; x < nl; x++)
+        lse[x] = NAN;
+    for (int64_t x = 0; w && x < nw; x++)
+        w[x] = NAN;
+    attn_tensor tq, tk, tv, to, tw, tl, tm, tb, tsl, tsk;
+    const int64_t qs[4] = {B, H, Tq, pb->D}, ks[4] = {B, pb->Hkv, Tk, pb->D};
+    const int64_t vs[4] = {B, pb->Hkv, Tk, pb->Dv}, os[4] = {B, H, Tq, pb->Dv};
+    const int64_t wsh[4] = {B, H, Tq, Tk}, ls[3] = {B, H, Tq}, ms[4] = {B, 1, Tq, Tk};
+    const int64_t hs[1] = {H};
+    attn_tensor_init(NULL, &tq, ATTN_DTYPE_F32, f->q, 4, qs);
+    attn_tensor_init(NULL, &tk, ATTN_DTYPE_F32, f->k, 4, ks);
+    attn_tensor_init(NULL, &tv, ATTN_DTYPE_F32, f->v, 4, vs);
+    attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, out, 4, os);
+    attn_tensor_init(NULL, &tl, ATTN_DTYPE_F32, lse, 3, ls);
+    attn_tensor_init(NULL, &tm, ATTN_DTYPE_BOOL, f->mask, 4, ms);
+    if (pb->bias_kind == 1)
+        attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, f->bias, 1, f->bshape + 3);
+    else
+        attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, f->bias, 4, f->bshape);
+    attn_tensor_init(NULL, &tsl, ATTN_DTYPE_F32, f->slopes, 1, hs);
+    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, f->sinks, 1, hs);
+    if (w)
+        attn_tensor_init(NULL, &tw, ATTN_DTYPE_F32, w, 4, wsh);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = pb->causal;
+    p.has_window = pb->has_window;
+    p.window_left = pb->wl;
+    p.window_right = pb->wr;
+    p.softcap = pb->softcap;
+    p.alibi = pb->alibi != 0;
+    p.alibi_slopes = pb->alibi == 2 ? &tsl : NULL;
+    p.bias = pb->bias_kind ? &tb : NULL;
+    p.sinks = pb->sinks ? &tsk : NULL;
+    p.mask = pb->mask ? &tm : NULL;
+    p.lse = &tl;
+    p.empty_rows = empty_rows;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    ctx.arch = arch;
+    ctx.threads = threads;
+    r.status = attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, w ? &tw : NULL);
+    if (r.status == ATTN_OK) {
+        for (int64_t x = 0; x < no; x++)
+            worse(&r.err_out, fabs((double)out[x] - f->o_out[x]));
+        for (int64_t x = 0; w && x < nw; x++)
+            worse(&r.err_w, fabs((double)w[x] - f->o_w[x]));
+        for (int64_t x = 0; x < nl; x++) /* equal infinities (an empty row's -inf) match */
+            worse(&r.err_lse, (double)lse[x] == f->o_lse[x]
+                                  ? 0.0
+                                  : fabs((double)lse[x] - f->o_lse[x]) / (1.0 + fabs(f->o_lse[x])));
+    }
+    free(out), free(lse), free(w);
+    return r;
+}
+
+/* Problem n of the options sweep: options alone first (one per problem, every size
+ * in turn), then combinations. */
+static void opt_problem_make(int n, int n_alone, opt_problem *pb)
+{
+    static const int64_t Ts[][2] = {{1, 200}, {5, 17}, {8, 8}, {17, 5}, {64, 64},
+                                    {113, 200}, {200, 113}, {150, 150}};
+    static const int64_t Ds[][2] = {{8, 8}, {40, 40}, {64, 64}, {64, 24}, {13, 32}};
+    static const int64_t wins[] = {-1, 0, 3, 40, 100};
+    memset(pb, 0, sizeof *pb);
+    const int size = n % 8;
+    pb->Tq = Ts[size][0], pb->Tk = Ts[size][1];
+    pb->D = Ds[n % 5][0], pb->Dv = Ds[n % 5][1];
+    pb->B = 1 + n % 2;
+    pb->H = n % 3 == 0 ? 8 : 4;
+    pb->want_weights = n % 3 != 1;
+    const int opts = n < n_alone ? 1 << (n / 8 % OPT_KINDS) : (int)(uni() * 512);
+    static const int ratios[] = {2, 4, 0 /* H: MQA */};
+    pb->Hkv = opts & OPT_GQA ? (ratios[n % 3] ? pb->H / ratios[n % 3] : 1) : pb->H;
+    pb->causal = opts & OPT_CAUSAL_BR ? ATTN_CAUSAL_BOTTOM_RIGHT
+                 : opts & OPT_CAUSAL_TL ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    if (opts & OPT_WINDOW) {
+        pb->has_window = 1;
+        pb->wl = wins[(n / 3) % 5];
+        pb->wr = wins[(n / 7) % 5];
+        if (pb->wl < 0 && pb->wr < 0)
+            pb->wl = 3;
+    }
+    pb->softcap = opts & OPT_SOFTCAP ? (n % 2 ? 1.5f : 20.0f) : 0.0f;
+    pb->alibi = opts & OPT_ALIBI ? 1 + n % 2 : 0;
+    pb->bias_kind = opts & OPT_BIAS ? 1 + n % 4 : 0;
+    pb->sinks = (opts & OPT_SINKS) != 0;
+    pb->mask = (opts & OPT_MASK) != 0;
+    /* Keep the largest problems from dominating the run time. */
+    if (pb->Tq * pb->Tk >= 100 * 100)
+        pb->B = 1, pb->H = 4, pb->Hkv = pb->Hkv > 4 ? 4 : pb->Hkv;
+}
+
+static void options_sweep(const attn_arch *archs, int n_archs)
+{
+    TEST("with every option of SPEC section 6, alone and combined (GQA 1, 2, 4, H; both "
+         "causal alignments with Tq <, ==, > Tk; windows hiding whole rows; softcap; ALiBi; "
+         "broadcast biases with -inf; sinks; log-sum-exp; a mask on top), the fused kernel "
+         "stays within twice the reference's error (plus the floor) on every path and "
+         "thread count, in the zero mode and the default");
+    const int n_alone = 8 * OPT_KINDS, n_total = SWEEP_QUICK ? n_alone : n_alone + 150;
+    double worst_ratio = 0;
+    char worst[400] = "";
+    int with_empty = 0;
+    int problems = 0;
+    for (int n = 0; n < n_total; n++) {
+        /* Under a sanitizer, each option alone at four sizes (two on each path). */
+        if (SWEEP_QUICK && n % 2)
+            continue;
+        problems++;
+        opt_problem pb;
+        opt_problem_make(n, n_alone, &pb);
+        opt_fixture f;
+        opt_fixture_make(&f, &pb);
+        with_empty += f.empty_rows > 0;
+        const attn_empty_rows er = f.empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
+        const opt_result ref = opt_run(&f, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, er);
+        CHECK_INT(ref.status, ATTN_OK);
+        char what[300];
+        snprintf(what, sizeof what,
+                 "problem %d: B=%lld H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld causal=%d "
+                 "window=%s%lld,%lld softcap=%g alibi=%d bias=%d sinks=%d mask=%d weights=%d",
+                 n, (long long)pb.B, (long long)pb.H, (long long)pb.Hkv, (long long)pb.Tq,
+                 (long long)pb.Tk, (long long)pb.D, (long long)pb.Dv, pb.causal,
+                 pb.has_window ? "" : "off:", (long long)pb.wl, (long long)pb.wr,
+                 (double)pb.softcap, pb.alibi, pb.bias_kind, pb.sinks, pb.mask, pb.want_weights);
+        for (int a = 0; a < n_archs; a++)
+            for (int t = 1; t <= 2; t++) {
+                const opt_result fu = opt_run(&f, ATTN_IMPL_FUSED, archs[a], t, er);
+                CHECK_INT(fu.status, ATTN_OK);
+                const double bo = 2 * ref.err_out + FLOOR, bw = 2 * ref.err_w + FLOOR;
+                const double bl = 2 * ref.err_lse + FLOOR;
+                if (!(fu.err_out <= bo) || !(fu.err_w <= bw) || !(fu.err_lse <= bl))
+                    fprintf(stderr, "  %s arch=%s threads=%d: out err %.3g (bound %.3g), "
+                                    "weights err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n",
+                            what, attn_arch_name(archs[a]), t, fu.err_out, bo, fu.err_w, bw,
+                            fu.err_lse, bl);
+                CHECK(fu.err_out <= bo);
+                CHECK(fu.err_w <= bw);
+                CHECK(fu.err_lse <= bl);
+                if (fu.err_out / bo > worst_ratio) {
+                    worst_ratio = fu.err_out / bo;
+                    snprintf(worst, sizeof worst, "%s arch=%s", what, attn_arch_name(archs[a]));
+                }
+            }
+        /* The default mode: an empty row is an error on every path, unless a sink
+         * takes its weight. */
+        if (f.empty_rows)
+            for (int a = 0; a < n_archs; a++) {
+                const opt_result fe = opt_run(&f, ATTN_IMPL_FUSED, archs[a], 2, ATTN_EMPTY_ROWS_ERROR);
+                const opt_result re = opt_run(&f, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, ATTN_EMPTY_ROWS_ERROR);
+                CHECK_INT(fe.status, pb.sinks ? ATTN_OK : ATTN_STATUS_EMPTY_ROW);
+                CHECK_INT(fe.status, re.status);
+            }
+        opt_fixture_free(&f);
+    }
+    fprintf(stderr, "%d option problems (%d with rows that see no key); worst error / bound = "
+                    "%.3f at %s\n", problems, with_empty, worst_ratio, worst);
+    /* Enough rows that see no key to test both modes (46 in the full sweep). */
+    CHECK(with_empty >= (SWEEP_QUICK ? 1 : 20));
+}
+
 int main(void)
 {
     static const int64_t Bs[] = {1, 3}, Hs[] = {1, 2, 5};
@@ -395,5 +740,6 @@ int main(void)
                 }
     fprintf(stderr, "%d problems; worst error / bound = %.3f at %s\n", problems, worst_ratio,
             worst);
+    options_sweep(archs, n_archs);
     return check_summary("test_fused_sweep");
 }

@@ -30,7 +30,7 @@
  * the reference when attn_sdpa is called (sdpa_contract.c routes them), so the exact
  * identities between an option and its mask form hold on the fast paths only once
  * the kernel takes them too. Set to 1 with that change. */
-#define FUSED_TAKES_OPTIONS 0
+#define FUSED_TAKES_OPTIONS 1
 
 /* ---- the oracle ---------------------------------------------------------------- */
 

@@ -317,11 +317,6 @@ int attn__sdpa_plan_make(attn_ctx *ctx, const attn__sdpa_shapes *s, int use_ref,
     plan->use_ref = use_ref;
     plan->arch = arch;
     plan->threads = 1;
-    /* TEMPORARY, while the fused kernel learns section 6's options: calls that use
-     * one run on the reference. */
-    if (s->causal == ATTN_CAUSAL_BOTTOM_RIGHT || s->has_window ||
-        s->softcap > 0.0f || s->alibi || s->bias || s->sinks || s->lse)
-        plan->use_ref = use_ref = 1;
     if (!use_ref)
         return attn__sdpa_fused_plan(ctx, plan);
     /* The reference keeps one [Tq, Tk] score block. */

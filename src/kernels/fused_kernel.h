@@ -26,16 +26,19 @@
  * arXiv 2307.08691: the query tile is the outer loop and owns its output):
  *
  *     m_i = -inf, l_i = 0, O_i = 0                      fk_tile_begin
- *     for each key tile j0 .. j1-1 that is not hidden entirely:
+ *         (with a sink: m_i = sink_h, l_i = 1)
+ *     for each key tile j0 .. j1-1 within [lo(i0), hi(i1-1)) not hidden entirely:
  *         pack the value tile (or read it in place)     fk_value_tile
- *         S = (Q K^T) * scale, masked entries = -inf    fk_scores   [bc, br] in scratch
+ *         S = (Q K^T) * scale                           fk_scores   [bc, br] in scratch
+ *         S = softcap, + bias, + ALiBi                  fk_score_mod
+ *         hidden entries = -inf                         fk_scores
  *         m_new = max(m_i, max_j S_ij)                  fk_softmax_update
  *         P_ij = exp(S_ij - m_new)                        (exactly 0 where masked)
  *         l_i = l_i * exp(m_i - m_new) + sum_j P_ij
  *         O_i = O_i * exp(m_i - m_new)
  *         m_i = m_new
  *         O_i = O_i + P V                               fk_accumulate [br, Dv] in scratch
- *     out_i = O_i / l_i                                 fk_finish
+ *     out_i = O_i / l_i, lse_i = m_i + log(l_i)         fk_finish
  *     weights, only when asked for                      fk_write_weights
  *
  * The running max starts at -INFINITY, never at a large negative number, so a
@@ -66,12 +69,12 @@
  * reduction axis of the score product and needs no padding.
  *
  * Masks: each key tile is classified once per query tile (fk_tile_kind): SKIP when
- * the causal flag or the explicit mask hides every (i, j) of it - it is then never
- * loaded; FULL when nothing in it is hidden - no mask work at all; PARTIAL
- * otherwise - the mask (any numpy-broadcast boolean view, read through
- * attn__mask4's strides) and the causal flag are applied element by element after
- * the scale. Scores are scaled before masking so that any scale, even a negative
- * one, leaves masked entries at -inf.
+ * the causal alignment, the window or the explicit mask hides every (i, j) of it -
+ * it is then never loaded; FULL when nothing in it is hidden - no mask work at all;
+ * PARTIAL otherwise - the ranges, the mask (any numpy-broadcast boolean view, read
+ * through attn__mask4's strides) and a -inf bias are applied element by element
+ * after the scale and the score modifications. Hiding comes last so that any scale,
+ * even a negative one, and any score leave hidden entries at -inf.
  *
  * Non-finite values, one rule on both paths, the reference's and PyTorch's: a NaN
  * or an inf in q, k or v reaches every row whose softmax includes that key, and a
@@ -110,11 +113,47 @@
  * kept in a [Tq][Tk] scratch block (Tq <= 8), so the bandwidth goes to K and V only. Tails along D and Dv use
  * partial vector loads.
  *
- * Room to grow: the (b, h) of K and V is looked up in one place per item
- * (fk_kv_head), so fewer key/value heads than query heads (GQA/MQA) is a change
- * there; a key/value cache is a K/V view longer than the query (Tq < Tk, already
- * allowed); a causal mask aligned to the bottom right is an offset (Tk - Tq) in
- * fk_causal_limit and in the causal loop of fk_scores.
+ * WHERE EACH OPTION OF SPEC SECTION 6 ENTERS (the contract's order per score:
+ * s = scale * q.k -> softcap -> + bias + ALiBi -> hidden keys -inf -> softmax with
+ * the sink; sdpa_contract.h's attn__score_mod and attn__may_attend say it once for
+ * every kernel):
+ *
+ *   GQA/MQA      fk_kv_head: query head h reads key/value head h / (H / Hkv), in
+ *                place; nothing is repeated or copied.
+ *   causal       fk_row_range (fused_common.h): query i sees keys below hi(i) =
+ *   (both), and  i + 1 (top-left) or i + Tk - Tq + 1 (bottom-right), the window's
+ *   the window   i' + right + 1 if smaller, and from lo(i) = i' - left; both ends
+ *                grow with i. A query tile visits only the key tiles meeting
+ *                [lo(i0), hi(i1 - 1)) (fk_tile_item, from a multiple of bc, so the
+ *                order of sums depends on the shapes only): a window of w keys costs
+ *                O(Tq * w), not O(Tq * Tk). fk_tile_kind counts, row by row, the pairs
+ *                the ranges let through (SKIP at 0, FULL when all), and fk_scores
+ *                sets -inf on the prefix of rows whose range ends at or before key j
+ *                and the suffix whose range starts after it. The row path computes
+ *                scores for [lo(i), hi(i)) only.
+ *   softcap      fk_score_mod / the row path's phase 2: c * tanh(S / c) with the
+ *                vector tanh of simd.h (within 1.5 ulp, tests/test_fused_tanh.c),
+ *                right after the scale, on every tile, FULL ones included.
+ *   bias         fk_score_mod: added after the softcap, read through its strides (0
+ *                on broadcast axes), never copied. Any entry may be -inf, so a tile
+ *                under a bias is never FULL: its -inf entries are hidden keys
+ *                (fk_scores sets them to -inf after the additions, whatever the
+ *                score, even NaN, as attn__may_attend says), and its values are
+ *                packed and checked like any tile with a hidden key.
+ *   ALiBi        fk_score_mod: - slope_h * |i' - j| computed per tile from the row
+ *                and key indices (exact in float32 below 2^24), never stored as a
+ *                [Tq, Tk] array; the slope is taken once per item.
+ *   sinks        fk_tile_begin: the sink is the online softmax's first term, m =
+ *                sink, l = exp(sink - sink) = 1, with no value (O = 0); the usual
+ *                rescaling carries it. A row whose keys are all hidden keeps l = 1
+ *                and O = 0: zero output, and no empty-row error.
+ *   lse          fk_finish: m + log(l) (the sink included); an empty row gives the
+ *                sink, or -inf without one; a NaN row NaN. The row path writes the
+ *                same in its phase 2.
+ *
+ * Room to grow: the KV cache attends new queries with bottom-right causal against
+ * a K/V view longer than the query, which is this kernel unchanged; split-key
+ * decoding combines partial results by the log-sum-exp written here.
  */
 #ifndef ATTN_FUSED_KERNEL_H
 #define ATTN_FUSED_KERNEL_H
@@ -147,6 +186,16 @@ static void fk_exp_nonpos(const float *x, float *y, int64_t n)
         simd_store(y + i, simd_exp_nonpos(simd_load(x + i)));
     if (i < n)
         simd_store_n(y + i, simd_exp_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
+}
+
+/* y = tanh(x) with this build's vector tanh (for tests/test_fused_tanh.c). */
+static void fk_tanh(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + SIMD_W <= n; i += SIMD_W)
+        simd_store(y + i, simd_tanh(simd_load(x + i)));
+    if (i < n)
+        simd_store_n(y + i, simd_tanh(simd_load_n(x + i, n - i, 0.0f)), n - i);
 }
 
 #endif /* ATTN_FUSED_KERNEL_H */

@@ -84,19 +84,20 @@ FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, f
 
 /* acc[c] = sum_j p[j] * v[j][c] over the keys j < nkeys that the row may see, for
  * nv vectors of columns, the last of which holds only `last` columns (1 .. SIMD_W).
- * mrow is the row's mask (element stride ms3), or NULL when nothing below nkeys is
- * masked. A masked key is skipped, so its value never reaches the output; every
- * other weight is multiplied, zeros included, so that a NaN or inf value reaches
- * the row even where its weight underflowed to 0 (0 * NaN = NaN, as in the
- * reference). */
+ * mrow is the row's mask (element stride ms3) and brow its bias (element stride
+ * bs3), each NULL when absent. A key they hide (a false mask entry, a -inf bias) is
+ * skipped, so its value never reaches the output; every other weight is
+ * multiplied, zeros included, so that a NaN or inf value reaches the row even where
+ * its weight underflowed to 0 (0 * NaN = NaN, as in the reference). */
 FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const uint8_t *mrow, int64_t ms3,
-                         const float *v, int64_t ldv, float *acc, const int nv, int64_t last)
+                         const float *brow, int64_t bs3, const float *v, int64_t ldv,
+                         float *acc, const int nv, int64_t last)
 {
     simd_f32 a[FK_ROW_NV];
     for (int c = 0; c < nv; c++)
         a[c] = simd_zero();
     for (int64_t j = 0; j < nkeys; j++) {
-        if (mrow && !mrow[j * ms3])
+        if ((mrow && !mrow[j * ms3]) || (brow && brow[j * bs3] == -INFINITY))
             continue;
         const simd_f32 pj = simd_set1(p[j]);
         const float *vrow = v + j * ldv;
@@ -116,6 +117,12 @@ static const uint8_t *fk_row_mask(const attn__sdpa_shapes *s, int64_t b, int64_t
     return s->mask.data ? s->mask.data + attn__off4(s->mask.stride, b, h, i, 0) : NULL;
 }
 
+/* The bias row of query i of (b, h), or NULL when there is no bias. */
+static const float *fk_row_bias(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i)
+{
+    return s->bias ? s->bias + attn__off4(s->bias_s, b, h, i, 0) : NULL;
+}
+
 /* One (b, h) on the row path. */
 static void fk_row_item(void *arg, int64_t item, int worker)
 {
@@ -133,35 +140,52 @@ static void fk_row_item(void *arg, int64_t item, int worker)
     fk_kv_head(s, b, h, &kvb, &kvh);
     const float *kb = job->k + kvb * s->k_s[0] + kvh * s->k_s[1];
     const float *vb = job->v + kvb * s->v_s[0] + kvh * s->v_s[1];
-    float inv[ATTN__FUSED_ROW_MAX]; /* 1 / l per row, 0 for an empty row */
-    int64_t jn[ATTN__FUSED_ROW_MAX]; /* keys past the causal limit are never read */
+    const float slope = attn__alibi_slope(s, h), sink = attn__sink(s, h);
+    const int64_t bs3 = s->bias_s[3];
+    float inv[ATTN__FUSED_ROW_MAX];  /* 1 / l per row */
+    int empty[ATTN__FUSED_ROW_MAX];  /* 1: the row may see no key */
+    int64_t jlo[ATTN__FUSED_ROW_MAX], jhi[ATTN__FUSED_ROW_MAX]; /* fk_row_range: keys
+                                        outside it are never read */
 
-    /* Phase 1, over K: scores. */
+    /* Phase 1, over K: scores of the keys in each row's causal and window range. */
     for (int64_t i = 0; i < Tq; i++) {
         const float *qsrc = job->q + attn__off4(s->q_s, b, h, i, 0);
         float *qrow = qrows + i * ldq, *sc = scores + i * ldsc;
         for (int64_t d = 0; d < D; d++)
             qrow[d] = qsrc[d * s->q_s[3]];
-        jn[i] = s->causal ? fk_causal_limit(s, i) : Tk;
-        int64_t j = 0;
-        for (; j + 4 <= jn[i]; j += 4)
+        fk_row_range(s, i, &jlo[i], &jhi[i]);
+        int64_t j = jlo[i];
+        for (; j + 4 <= jhi[i]; j += 4)
             fk_dot4(qrow, kb + j * s->k_s[2], s->k_s[2], D, s->scale, sc + j);
-        for (; j < jn[i]; j++)
+        for (; j < jhi[i]; j++)
             sc[j] = fk_dot(qrow, kb + j * s->k_s[2], D) * s->scale;
     }
 
-    /* Phase 2: the mask, the max, the softmax numerators and 1 / their sum.
-     * Visibility comes from the mask, not the scores, so that a NaN score makes
-     * its row NaN rather than empty, and a row whose every visible score is -inf
-     * gets exp(-inf - -inf) = NaN, as in the reference. */
+    /* Phase 2: the score modifications in the contract's order (softcap, + bias,
+     * + ALiBi), the keys the mask or a -inf bias hide, the max (starting from the
+     * sink), the softmax numerators and 1 / their sum (with the sink's term).
+     * Visibility comes from the mask and the bias, not the scores, so that a NaN
+     * score makes its row NaN rather than empty, and a row whose every visible
+     * score is -inf gets exp(-inf - -inf) = NaN, as in the reference. */
     for (int64_t i = 0; i < Tq; i++) {
         float *sc = scores + i * ldsc;
         const uint8_t *mrow = fk_row_mask(s, b, h, i);
-        float m = -INFINITY;
+        const float *brow = fk_row_bias(s, b, h, i);
+        const int64_t lo = jlo[i], hi = jhi[i], ip = i + s->offset;
+        if (s->softcap > 0.0f)
+            fk_softcap(sc + lo, hi - lo, s->softcap);
+        float m = sink;
         int64_t visible = 0, j;
-        for (j = 0; j < jn[i]; j++) {
+        for (j = 0; j < lo; j++)
+            sc[j] = -INFINITY;
+        for (; j < hi; j++) {
             float x = sc[j];
-            if (!mrow || mrow[j * ms3]) {
+            if ((!mrow || mrow[j * ms3]) && (!brow || brow[j * bs3] != -INFINITY)) {
+                if (brow)
+                    x = x + brow[j * bs3];
+                if (s->alibi)
+                    x = x - slope * (float)(ip - j < 0 ? j - ip : ip - j);
+                sc[j] = x;
                 visible++;
                 if (x != x)
                     m = x;
@@ -172,40 +196,50 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         }
         for (; j < Tk; j++)
             sc[j] = -INFINITY;
-        if (visible == 0) {
-            inv[i] = 0.0f; /* marks the row empty (l is never 0 otherwise) */
+        empty[i] = visible == 0;
+        if (empty[i]) {
+            /* Zeros, and the sink's (or -inf's) log-sum-exp; an error only without
+             * a sink. */
+            inv[i] = 0.0f;
+            if (s->lse)
+                s->lse[b * s->lse_s[0] + h * s->lse_s[1] + i * s->lse_s[2]] = sink;
             continue;
         }
         /* The tail through a partial vector whose other lanes are -inf, so they
          * add exp(-inf) = 0. */
         const simd_f32 vm = simd_set1(m);
         simd_f32 vsum = simd_zero();
-        j = 0;
-        for (; j + SIMD_W <= jn[i]; j += SIMD_W) {
+        for (j = lo; j + SIMD_W <= hi; j += SIMD_W) {
             simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(sc + j), vm));
             simd_store(sc + j, p);
             vsum = simd_add(vsum, p);
         }
-        if (j < jn[i]) {
-            simd_f32 p =
-                simd_exp_nonpos(simd_sub(simd_load_n(sc + j, jn[i] - j, -INFINITY), vm));
-            simd_store_n(sc + j, p, jn[i] - j);
+        if (j < hi) {
+            simd_f32 p = simd_exp_nonpos(simd_sub(simd_load_n(sc + j, hi - j, -INFINITY), vm));
+            simd_store_n(sc + j, p, hi - j);
             vsum = simd_add(vsum, p);
         }
-        inv[i] = 1.0f / simd_hsum(vsum);
+        float sum = simd_hsum(vsum);
+        if (s->sinks)
+            sum += simd_exp_nonpos_1(sink - m);
+        inv[i] = 1.0f / sum;
+        if (s->lse)
+            s->lse[b * s->lse_s[0] + h * s->lse_s[1] + i * s->lse_s[2]] = m + logf(sum);
     }
 
-    /* Phase 3, over V: the weighted sum of the keys each row may see (the causal
-     * limit bounds the loop, the mask is read per key); the sums of up to FK_ROW_NV
-     * vectors of columns stay in registers over all the keys. */
+    /* Phase 3, over V: the weighted sum of the keys each row may see (its range
+     * bounds the loop, the mask and the bias are read per key); the sums of up to
+     * FK_ROW_NV vectors of columns stay in registers over all the keys. */
     for (int64_t i = 0; i < Tq; i++) {
         const float *sc = scores + i * ldsc;
         const uint8_t *mrow = fk_row_mask(s, b, h, i);
+        const float *brow = fk_row_bias(s, b, h, i);
+        const int64_t lo = jlo[i], n = jhi[i] - lo;
         float *orow = job->out + attn__off4(s->o_s, b, h, i, 0);
         float *wrow = job->weights ? job->weights + attn__off4(s->w_s, b, h, i, 0) : NULL;
-        if (inv[i] == 0.0f) {
+        if (empty[i]) {
             const int64_t flat = (b * s->H + h) * Tq + i;
-            if (flat < job->empty_first[worker])
+            if (!s->sinks && flat < job->empty_first[worker])
                 job->empty_first[worker] = flat;
             for (int64_t e = 0; e < Dv; e++)
                 orow[e * s->o_s[3]] = 0.0f;
@@ -214,12 +248,16 @@ static void fk_row_item(void *arg, int64_t item, int worker)
                     wrow[j * s->w_s[3]] = 0.0f;
             continue;
         }
+        const uint8_t *mr = mrow ? mrow + lo * ms3 : NULL;
+        const float *br = brow ? brow + lo * bs3 : NULL;
+        const float *vlo = vb + lo * s->v_s[2];
         int64_t e0 = 0;
         for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
-            fk_row_pv(sc, jn[i], mrow, ms3, vb + e0, s->v_s[2], acc + e0, FK_ROW_NV, SIMD_W);
+            fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, FK_ROW_NV,
+                      SIMD_W);
         for (; e0 < Dv; e0 += SIMD_W) {
             const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
-            fk_row_pv(sc, jn[i], mrow, ms3, vb + e0, s->v_s[2], acc + e0, 1, last);
+            fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, 1, last);
         }
         if (s->o_s[3] == 1) {
             const simd_f32 vinv = simd_set1(inv[i]);
@@ -232,14 +270,11 @@ static void fk_row_item(void *arg, int64_t item, int worker)
             for (int64_t e = 0; e < Dv; e++)
                 orow[e * s->o_s[3]] = acc[e] * inv[i];
         }
-        /* Keys past the causal limit get 0 * (1 / l): zero, except in a NaN row,
+        /* Keys outside the row's range get 0 * (1 / l): zero, except in a NaN row,
          * where the reference's 0 / NaN is NaN too. */
         if (wrow) {
-            int64_t j = 0;
-            for (; j < jn[i]; j++)
-                wrow[j * s->w_s[3]] = sc[j] * inv[i];
-            for (; j < Tk; j++)
-                wrow[j * s->w_s[3]] = 0.0f * inv[i];
+            for (int64_t j = 0; j < Tk; j++)
+                wrow[j * s->w_s[3]] = (j >= lo && j < jhi[i] ? sc[j] : 0.0f) * inv[i];
         }
     }
 }

@@ -25,8 +25,8 @@
 
 enum { FK_SKIP = 0, FK_FULL = 1, FK_PARTIAL = 2 };
 
-/* How many (i, j) of rows [i0, i1) x keys [j0, j1) the mask and the causal flag
- * let through; s has a mask. */
+/* How many (i, j) of rows [i0, i1) x keys [j0, j1) the mask lets through within
+ * each row's visible range (fk_row_range); s has a mask. */
 static int64_t fk_mask_allowed(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
                                int64_t i1, int64_t j0, int64_t j1)
 {
@@ -34,42 +34,59 @@ static int64_t fk_mask_allowed(const attn__sdpa_shapes *s, int64_t b, int64_t h,
     const int64_t ms3 = s->mask.stride[3];
     if (s->mask.stride[2] == 0 && j1 - j0 <= 64) {
         /* The same row for every query (a padding mask [B, 1, 1, Tk]): count it
-         * once, as prefix sums, and read each row's causal span from them. */
+         * once, as prefix sums, and read each row's visible span from them. */
         int64_t prefix[65];
         const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, 0, 0);
         prefix[0] = 0;
         for (int64_t j = j0; j < j1; j++)
             prefix[j - j0 + 1] = prefix[j - j0] + (mrow[j * ms3] != 0);
         for (int64_t i = i0; i < i1; i++) {
-            const int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
-            allowed += je > j0 ? prefix[je - j0] : 0;
+            int64_t lo, hi;
+            fk_row_range(s, i, &lo, &hi);
+            const int64_t js = lo > j0 ? lo : j0, je = fk_min(j1, hi);
+            allowed += je > js ? prefix[je - j0] - prefix[js - j0] : 0;
         }
         return allowed;
     }
     for (int64_t i = i0; i < i1; i++) {
         const uint8_t *mrow = s->mask.data + attn__off4(s->mask.stride, b, h, i, 0);
-        const int64_t je = s->causal ? fk_min(j1, fk_causal_limit(s, i)) : j1;
-        for (int64_t j = j0; j < je; j++)
+        int64_t lo, hi;
+        fk_row_range(s, i, &lo, &hi);
+        const int64_t je = fk_min(j1, hi);
+        for (int64_t j = lo > j0 ? lo : j0; j < je; j++)
             allowed += mrow[j * ms3] != 0;
     }
     return allowed;
 }
 
-/* Classifies the tile rows [i0, i1) x keys [j0, j1); nkp is the padded key count. */
+/* Classifies the tile rows [i0, i1) x keys [j0, j1); nkp is the padded key count.
+ * SKIP when the causal alignment, the window or the mask hide all of it; FULL when
+ * nothing in it can be hidden; PARTIAL otherwise. A bias makes every tile it does
+ * not skip PARTIAL, since any of its entries may be -inf (a hidden key); it is not
+ * searched for a tile it hides entirely. */
 static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i0,
                         int64_t i1, int64_t j0, int64_t j1, int64_t nkp)
 {
-    if (s->causal && j0 >= fk_causal_limit(s, i1 - 1))
-        return FK_SKIP;
-    int partial = (j1 - j0 != nkp);
-    if (s->causal && j1 > fk_causal_limit(s, i0))
-        partial = 1;
+    const int64_t all = (i1 - i0) * (j1 - j0);
+    int64_t seen = all; /* pairs the causal alignment and the window let through */
+    if (s->causal || s->has_window) {
+        seen = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t lo, hi;
+            fk_row_range(s, i, &lo, &hi);
+            const int64_t a = lo > j0 ? lo : j0, e = fk_min(hi, j1);
+            seen += e > a ? e - a : 0;
+        }
+        if (seen == 0)
+            return FK_SKIP;
+    }
+    int partial = j1 - j0 != nkp || seen != all || s->bias != NULL;
     if (!s->mask.data)
         return partial ? FK_PARTIAL : FK_FULL;
     const int64_t allowed = fk_mask_allowed(s, b, h, i0, i1, j0, j1);
     if (allowed == 0)
         return FK_SKIP;
-    if (allowed != (i1 - i0) * (j1 - j0))
+    if (allowed != all)
         partial = 1;
     return partial ? FK_PARTIAL : FK_FULL;
 }
@@ -82,6 +99,8 @@ typedef struct fk_tile {
     const attn__sdpa_shapes *s;
     int64_t b, h;
     int64_t i0, i1;            /* query rows i0 .. i1-1 */
+    float slope;               /* ALiBi's slope for head h (0 when off) */
+    float sink;                /* the sink logit of head h (-inf without sinks) */
     int64_t nr;                /* i1 - i0 rounded up to FK_QW: rows the micro-kernels see */
     int64_t br, bc, dvp;       /* the job's tile sizes and padded value width */
     const float *qb, *kb, *vb; /* (b, h)'s q and its key/value head's k and v */
@@ -169,7 +188,9 @@ static int fk_pack_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, in
 }
 
 /* Step 1: lays out the worker's scratch for item `item`, packs its query tile and
- * starts the online-softmax state (m = -inf, l = 0, O = 0). */
+ * starts the online-softmax state: m = -inf, l = 0, O = 0, or with a sink
+ * m = sink, l = exp(sink - sink) = 1 (the sink's term of the denominator, with no
+ * value, so O = 0 still). */
 static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, fk_tile *t)
 {
     const attn__sdpa_shapes *s = job->s;
@@ -205,10 +226,12 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->vb = job->v + kvb * s->v_s[0] + kvh * s->v_s[1];
     t->ob = job->out + t->b * s->o_s[0] + t->h * s->o_s[1];
 
+    t->slope = attn__alibi_slope(s, t->h);
+    t->sink = attn__sink(s, t->h);
     fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt);
     for (int64_t r = 0; r < t->nr; r++) {
-        t->m[r] = -INFINITY;
-        t->l[r] = 0.0f;
+        t->m[r] = t->sink;
+        t->l[r] = t->sink > -INFINITY ? 1.0f : 0.0f;
         for (int64_t e = 0; e < t->dvp; e++)
             t->O[r * t->dvp + e] = 0.0f;
     }
@@ -270,10 +293,54 @@ FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const 
             simd_store(ST + kk * ldst + c * SIMD_W, simd_mul(acc[kk][c], vscale));
 }
 
+/* Step 2b, when a softcap, a bias or ALiBi is on: each score of ST in the
+ * contract's order, softcap, then + bias (read through its broadcast strides), then
+ * + ALiBi's -slope * |i' - j| (computed here, per tile, never stored). Rows past Tq
+ * and keys past Tk are left as they are; they are hidden below or never written. */
+static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t ldst = t->br, nr = t->nr, i0 = t->i0, rows = t->i1 - i0;
+    const int64_t nk = fk_min(nkp, s->Tk - j0);
+    float *ST = t->ST;
+    if (s->softcap > 0.0f)
+        for (int64_t c = 0; c < nk; c++)
+            fk_softcap(ST + c * ldst, nr, s->softcap);
+    if (s->bias) {
+        const float *bb = s->bias + t->b * s->bias_s[0] + t->h * s->bias_s[1];
+        const int64_t bs2 = s->bias_s[2];
+        for (int64_t c = 0; c < nk; c++) {
+            const float *bcol = bb + i0 * bs2 + (j0 + c) * s->bias_s[3];
+            float *strow = ST + c * ldst;
+            for (int64_t r = 0; r < rows; r++)
+                strow[r] = strow[r] + bcol[r * bs2];
+        }
+    }
+    if (s->alibi) {
+        /* The distance i' - j of row r is d0 + r, exact in float32 up to 2^24. */
+        const simd_f32 vslope = simd_set1(t->slope);
+        float iota[SIMD_W];
+        for (int r = 0; r < SIMD_W; r++)
+            iota[r] = (float)r;
+        const simd_f32 viota = simd_load(iota);
+        for (int64_t c = 0; c < nk; c++) {
+            float *strow = ST + c * ldst;
+            for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
+                const simd_f32 dist =
+                    simd_abs(simd_add(simd_set1((float)(i0 + r0 + s->offset - j0 - c)), viota));
+                simd_store(strow + r0,
+                           simd_sub(simd_load(strow + r0), simd_mul(vslope, dist)));
+            }
+        }
+    }
+}
+
 /* Step 2: ST [nkp][br] = (K Q^T) * scale for the nkp keys from j0 and the tile's
- * query rows, then, for a PARTIAL tile, -inf at every masked entry (keys past Tk
- * count as masked). Scaling before masking keeps masked entries at -inf for any
- * scale, even a negative one. */
+ * query rows, modified by the softcap, the bias and ALiBi (fk_score_mod), then, for
+ * a PARTIAL tile, -inf at every hidden entry: keys past Tk, keys outside each row's
+ * causal and window range, a false mask entry, a -inf bias. Hiding comes last, so a
+ * hidden entry is -inf whatever its score was (even NaN), for any scale, as in the
+ * reference. */
 static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const attn__sdpa_shapes *s = t->s;
@@ -290,9 +357,12 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
         for (int64_t rb = 0; rb < nr; rb += FK_QW)
             fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
     }
+    if (fk_has_score_mod(s))
+        fk_score_mod(t, j0, nkp);
     if (kind != FK_PARTIAL)
         return;
     const int64_t rows = t->i1 - i0; /* real query rows */
+    const int by_position = s->causal || s->has_window;
     for (int64_t c = 0; c < nkp; c++) {
         const int64_t j = j0 + c;
         float *strow = ST + c * ldst;
@@ -301,23 +371,43 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
                 strow[r] = -INFINITY;
             continue;
         }
-        int64_t r = 0;
-        if (s->causal) /* key j is hidden from the query rows i with i + 1 <= j */
-            for (const int64_t rc = fk_min(rows, j - i0); r < rc; r++)
+        if (by_position) {
+            /* The rows whose range ends at or before j form a prefix of the tile,
+             * and those whose range starts after j a suffix (fk_row_range's ends
+             * grow with i). */
+            int64_t lo, hi, r = 0, re = rows;
+            for (; r < rows; r++) {
+                fk_row_range(s, i0 + r, &lo, &hi);
+                if (j < hi)
+                    break;
                 strow[r] = -INFINITY;
+            }
+            for (; re > r; re--) {
+                fk_row_range(s, i0 + re - 1, &lo, &hi);
+                if (j >= lo && j < hi)
+                    break;
+                strow[re - 1] = -INFINITY;
+            }
+        }
         if (s->mask.data) {
             const uint8_t *mcol =
                 s->mask.data + attn__off4(s->mask.stride, t->b, t->h, i0, j);
             const int64_t ms2 = s->mask.stride[2];
             if (ms2 == 0) { /* one value for the whole column */
                 if (!mcol[0])
-                    for (; r < rows; r++)
+                    for (int64_t r = 0; r < rows; r++)
                         strow[r] = -INFINITY;
             } else {
-                for (; r < rows; r++)
+                for (int64_t r = 0; r < rows; r++)
                     if (!mcol[r * ms2])
                         strow[r] = -INFINITY;
             }
+        }
+        if (s->bias) {
+            const float *bcol = s->bias + attn__off4(s->bias_s, t->b, t->h, i0, j);
+            for (int64_t r = 0; r < rows; r++)
+                if (bcol[r * s->bias_s[2]] == -INFINITY)
+                    strow[r] = -INFINITY;
         }
     }
 }
@@ -441,10 +531,14 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, const fk_vt
 
 /* ---- Finish ----------------------------------------------------------------------- */
 
-/* Step 5: out = O / l for the tile's rows, and the first empty row recorded for the
- * worker. l = 0 has two causes: the row may attend to no key (empty: an error, or
- * zeros), or every key it may attend to scored -inf, where the reference's softmax
- * is exp(-inf - -inf) = NaN; the mask tells them apart, as in the reference. */
+/* Step 5: out = O / l for the tile's rows, the log-sum-exp m + log(l) when asked
+ * for, and the first empty row recorded for the worker. l = 0 (never with a sink,
+ * which starts l at 1) has two causes: the row may attend to no key (empty: an
+ * error, or zeros), or every key it may attend to scored -inf, where the
+ * reference's softmax is exp(-inf - -inf) = NaN; the mask tells them apart, as in
+ * the reference. A row whose keys are all hidden has O = 0: with a sink it gives
+ * zeros and a log-sum-exp of m + log(1) = sink, as the contract says, and no error;
+ * without one, zeros (or the error) and -inf. */
 static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
 {
     const attn__sdpa_shapes *s = t->s;
@@ -455,12 +549,16 @@ static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
         inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
     for (int64_t r = 0; r < t->i1 - t->i0; r++) {
         const int64_t i = t->i0 + r;
+        float lse = t->m[r] + logf(l[r]);
         if (l[r] == 0.0f) {
+            lse = t->sink; /* -inf without sinks */
             if (fk_row_sees_a_key(s, t->b, t->h, i))
-                inv[r] = NAN;
-            else if (empty == INT64_MAX)
+                inv[r] = lse = NAN;
+            else if (empty == INT64_MAX && !s->sinks)
                 empty = (t->b * s->H + t->h) * s->Tq + i;
         }
+        if (s->lse)
+            s->lse[t->b * s->lse_s[0] + t->h * s->lse_s[1] + i * s->lse_s[2]] = lse;
         float *orow = t->ob + i * s->o_s[2];
         const float *acc = t->O + r * dvp;
         if (s->o_s[3] == 1) {
@@ -526,8 +624,13 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     const attn__sdpa_shapes *s = job->s;
     fk_tile t;
     fk_tile_begin(job, item, worker, &t);
-    const int64_t j_end = s->causal ? fk_causal_limit(s, t.i1 - 1) : s->Tk;
-    for (int64_t j0 = 0; j0 < j_end; j0 += t.bc) {
+    /* Only the key tiles that meet [lo(i0), hi(i1 - 1)), the keys the causal
+     * alignment and the window let these rows see; tiles start at multiples of bc
+     * whatever that range, so the summation order depends on the shapes only. */
+    int64_t j_begin, j_end, lo, hi;
+    fk_row_range(s, t.i0, &j_begin, &hi);
+    fk_row_range(s, t.i1 - 1, &lo, &j_end);
+    for (int64_t j0 = j_begin / t.bc * t.bc; j0 < j_end; j0 += t.bc) {
         const int64_t j1 = fk_min(j0 + t.bc, s->Tk);
         const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
         const int kind = fk_tile_kind(s, t.b, t.h, t.i0, t.i1, j0, j1, nkp);

@@ -20,7 +20,7 @@
 #include <string.h>
 
 const attn__fused_kernel attn__fused_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_exp_nonpos,
+    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_exp_nonpos, fk_tanh,
 };
 
 /* Query rows and keys per tile; see the contract in src/kernels/fused_kernel.h. */
@@ -76,10 +76,16 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     int64_t n_items;
     job_layout(kern, s, &job, &n_items);
 
-    double flops = 4.0 * (double)s->B * (double)s->H * (double)s->Tq * (double)s->Tk *
-                   (double)(s->D + s->Dv) / 2.0;
-    if (s->causal)
-        flops /= 2.0;
+    /* The work is that of the (query, key) pairs the causal alignment and the window
+     * let through: summed over the rows' ranges, which costs Tq steps, nothing next
+     * to the attention itself. */
+    double pairs = 0.0;
+    for (int64_t i = 0; i < s->Tq; i++) {
+        int64_t lo, hi;
+        fk_row_range(s, i, &lo, &hi);
+        pairs += (double)(hi - lo);
+    }
+    double flops = 4.0 * (double)s->B * (double)s->H * pairs * (double)(s->D + s->Dv) / 2.0;
     plan->threads = attn__threads_for(ctx, flops, n_items);
     plan->br = job.br;
     plan->bc = job.bc;

@@ -48,6 +48,8 @@ typedef struct attn__fused_kernel {
     void (*item)(void *job, int64_t item, int worker);
     /* y[i] = e^x[i] for x[i] <= 0 with this build's vector exp (for the tests). */
     void (*exp_nonpos)(const float *x, float *y, int64_t n);
+    /* y[i] = tanh(x[i]) with this build's vector tanh, softcap's (for the tests). */
+    void (*tanh)(const float *x, float *y, int64_t n);
 } attn__fused_kernel;
 
 extern const attn__fused_kernel attn__fused_kernel_scalar;

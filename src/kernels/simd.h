@@ -19,6 +19,10 @@
  *                             never touches memory past p + n
  *     simd_store_n(p, v, n)   the first n < SIMD_W lanes of v to p
  *     simd_exp_nonpos(x)      e^x for x <= 0 (including -inf), see below
+ *     simd_div, simd_abs      a / b, |a|
+ *     simd_copysign(a, b)     |a| with the sign of b
+ *     simd_select_lt(a, b, x, y)  x where a < b, else y (y where either is NaN)
+ *     simd_tanh(x)            tanh(x) for every x, built on simd_exp_nonpos, see below
  *
  * The choice is made by the defining file, not by the compiler's predefined macros,
  * so that an -march=native build still compiles the portable file as portable C.
@@ -29,6 +33,7 @@
 #ifndef ATTN_SIMD_H
 #define ATTN_SIMD_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -108,6 +113,20 @@ static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c)
 {
     return _mm512_fmadd_ps(a, b, c);
 }
+static inline simd_f32 simd_div(simd_f32 a, simd_f32 b) { return _mm512_div_ps(a, b); }
+static inline simd_f32 simd_abs(simd_f32 a)
+{
+    return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), a);
+}
+static inline simd_f32 simd_copysign(simd_f32 a, simd_f32 b)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    return _mm512_or_ps(_mm512_andnot_ps(sign, a), _mm512_and_ps(sign, b));
+}
+static inline simd_f32 simd_select_lt(simd_f32 a, simd_f32 b, simd_f32 x, simd_f32 y)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
 static inline float simd_hmax(simd_f32 v) { return _mm512_reduce_max_ps(v); }
 static inline float simd_hsum(simd_f32 v) { return _mm512_reduce_add_ps(v); }
 static inline simd_f32 simd_load_n(const float *p, int64_t n, float fill)
@@ -158,6 +177,20 @@ static inline simd_f32 simd_max(simd_f32 a, simd_f32 b) { return _mm256_max_ps(a
 static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c)
 {
     return _mm256_fmadd_ps(a, b, c);
+}
+static inline simd_f32 simd_div(simd_f32 a, simd_f32 b) { return _mm256_div_ps(a, b); }
+static inline simd_f32 simd_abs(simd_f32 a)
+{
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
+}
+static inline simd_f32 simd_copysign(simd_f32 a, simd_f32 b)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(sign, a), _mm256_and_ps(sign, b));
+}
+static inline simd_f32 simd_select_lt(simd_f32 a, simd_f32 b, simd_f32 x, simd_f32 y)
+{
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
 }
 static inline float simd_hmax(simd_f32 v)
 {
@@ -226,6 +259,13 @@ static inline simd_f32 simd_mul(simd_f32 a, simd_f32 b) { return a * b; }
 static inline simd_f32 simd_max(simd_f32 a, simd_f32 b) { return a > b ? a : b; }
 /* Two roundings (no fmaf): a software fmaf would be slow where FMA is missing. */
 static inline simd_f32 simd_fma(simd_f32 a, simd_f32 b, simd_f32 c) { return a * b + c; }
+static inline simd_f32 simd_div(simd_f32 a, simd_f32 b) { return a / b; }
+static inline simd_f32 simd_abs(simd_f32 a) { return fabsf(a); }
+static inline simd_f32 simd_copysign(simd_f32 a, simd_f32 b) { return copysignf(a, b); }
+static inline simd_f32 simd_select_lt(simd_f32 a, simd_f32 b, simd_f32 x, simd_f32 y)
+{
+    return a < b ? x : y;
+}
 static inline float simd_hmax(simd_f32 v) { return v; }
 static inline float simd_hsum(simd_f32 v) { return v; }
 /* With one lane, n is 0 (nothing) or 1 (the lane). */
@@ -241,5 +281,43 @@ static inline void simd_store_n(float *p, simd_f32 v, int64_t n)
 static inline simd_f32 simd_exp_nonpos(simd_f32 x) { return simd_exp_nonpos_1(x); }
 
 #endif
+
+/*
+ * tanh(x) for every x (softcap's c * tanh(s / c)), in the three instruction sets, by
+ * the same steps on a = |x|, the sign put back at the end (tanh is odd):
+ *
+ *   a < 0.55: the Taylor series of tanh, a + a z (c3 + z (c5 + ...)), z = a^2, to
+ *   degree 21 (the coefficient of a^(2n-1) is 2^2n (2^2n - 1) B_2n / (2n)!, B the
+ *   Bernoulli numbers; with z <= 0.3025 each term is at most 0.13 times the one
+ *   before, so the first dropped term is below 2^-29 relative);
+ *   otherwise (1 - e) / (1 + e) with e = e^(-2a) from simd_exp_nonpos: there e <= 0.34,
+ *   so 1 - e loses at most one bit to cancellation, and e = 0 for a > 43.7 gives
+ *   exactly 1 (and 1 at +-inf).
+ *
+ * NaN in, NaN out (the comparison sends it to the exp branch, which keeps it).
+ * tests/test_fused_tanh.c holds every path to 3 ulp against libm's double tanh.
+ */
+#define SIMD_TANH_SMALL 0.55f
+
+static inline simd_f32 simd_tanh(simd_f32 x)
+{
+    const simd_f32 a = simd_abs(x);
+    const simd_f32 z = simd_mul(a, a);
+    simd_f32 p = simd_set1((float)(18888466084.0 / 194896477400625.0));
+    p = simd_fma(p, z, simd_set1((float)(-443861162.0 / 1856156927625.0)));
+    p = simd_fma(p, z, simd_set1((float)(6404582.0 / 10854718875.0)));
+    p = simd_fma(p, z, simd_set1((float)(-929569.0 / 638512875.0)));
+    p = simd_fma(p, z, simd_set1((float)(21844.0 / 6081075.0)));
+    p = simd_fma(p, z, simd_set1((float)(-1382.0 / 155925.0)));
+    p = simd_fma(p, z, simd_set1((float)(62.0 / 2835.0)));
+    p = simd_fma(p, z, simd_set1((float)(-17.0 / 315.0)));
+    p = simd_fma(p, z, simd_set1((float)(2.0 / 15.0)));
+    p = simd_fma(p, z, simd_set1((float)(-1.0 / 3.0)));
+    const simd_f32 small = simd_fma(simd_mul(a, z), p, a);
+    const simd_f32 e = simd_exp_nonpos(simd_mul(simd_set1(-2.0f), a));
+    const simd_f32 one = simd_set1(1.0f);
+    const simd_f32 large = simd_div(simd_sub(one, e), simd_add(one, e));
+    return simd_copysign(simd_select_lt(a, simd_set1(SIMD_TANH_SMALL), small, large), x);
+}
 
 #endif /* ATTN_SIMD_H */
