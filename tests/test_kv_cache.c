@@ -221,8 +221,8 @@ static void test_decode_matches_full_pass(void)
 static void test_batch_of_lengths(void)
 {
     TEST("three sequences of different lengths (5, 17, 40) decoded together, one token "
-         "each per step, give each sequence's own full pass (the same kernel on the "
-         "same keys: bit for bit)");
+         "each per step, give bit for bit what each sequence gives decoded alone in a "
+         "cache of its own (the same kernel on the same keys)");
     enum { B = 3, H = 4, HKV = 2, D = 8, CAP = 48, STEPS = 4 };
     const int64_t L[B] = {5, 17, 40};
     float *q[B], *k[B], *v[B], *want[B];
@@ -244,19 +244,28 @@ static void test_batch_of_lengths(void)
         tu_fill(q[b], H * L[b] * D, 100 + (uint64_t)b);
         tu_fill(k[b], HKV * L[b] * D, 200 + (uint64_t)b);
         tu_fill(v[b], HKV * L[b] * D, 300 + (uint64_t)b);
-        /* The full pass through its own single-sequence cache. */
+        /* This sequence alone in a cache of its own: all but the last STEPS tokens
+         * at once, then one token per step. */
         attn_kv_cache_config one = {1, HKV, L[b], D, 0};
         attn_kv_cache *c1 = NULL;
         CHECK_INT(attn_kv_cache_create(&ctx, &one, NULL, 0, &c1), ATTN_OK);
-        attn_tensor kt = tu_tensor4(k[b], 1, HKV, L[b], D), vt = tu_tensor4(v[b], 1, HKV, L[b], D),
-                    qt = tu_tensor4(q[b], 1, H, L[b], D), ot = tu_tensor4(want[b], 1, H, L[b], D);
-        CHECK_INT(attn_kv_cache_append(&ctx, c1, 0, &kt, &vt, &rp), ATTN_OK);
-        CHECK_INT(attn_kv_cache_attend(&ctx, c1, 0, &qt, &p, &rp, &ot, NULL), ATTN_OK);
-        attn_kv_cache_free(&ctx, c1);
-        /* The batched cache: all but the last STEPS tokens, one sequence at a time. */
+        attn_tensor kt = tu_tensor4(k[b], 1, HKV, L[b], D), vt = tu_tensor4(v[b], 1, HKV, L[b], D);
+        attn_tensor qt = tu_tensor4(q[b], 1, H, L[b], D), ot = tu_tensor4(want[b], 1, H, L[b], D);
         attn_tensor kp, vp;
         attn_tensor_narrow(NULL, &kt, 2, 0, L[b] - STEPS, &kp);
         attn_tensor_narrow(NULL, &vt, 2, 0, L[b] - STEPS, &vp);
+        CHECK_INT(attn_kv_cache_append(&ctx, c1, 0, &kp, &vp, &rp), ATTN_OK);
+        for (int64_t t = L[b] - STEPS; t < L[b]; t++) {
+            attn_tensor k1, v1, q1, o1;
+            attn_tensor_narrow(NULL, &kt, 2, t, 1, &k1);
+            attn_tensor_narrow(NULL, &vt, 2, t, 1, &v1);
+            attn_tensor_narrow(NULL, &qt, 2, t, 1, &q1);
+            attn_tensor_narrow(NULL, &ot, 2, t, 1, &o1);
+            CHECK_INT(attn_kv_cache_append(&ctx, c1, 0, &k1, &v1, &rp), ATTN_OK);
+            CHECK_INT(attn_kv_cache_attend(&ctx, c1, 0, &q1, &p, &rp, &o1, NULL), ATTN_OK);
+        }
+        attn_kv_cache_free(&ctx, c1);
+        /* The batched cache: the same prefix, one sequence at a time. */
         CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kp, &vp, &rp), ATTN_OK);
     }
     static float qs[B * H * D], ks[B * HKV * D], vs[B * HKV * D], os[B * H * D];
