@@ -449,8 +449,8 @@ ATTN_API int attn_mha_workspace_size(attn_ctx *ctx, const attn_mha_weights *w, i
  * W_qkv, b_qkv, W_o and b_o copied into its panel layout (opaque; made by
  * attn_mha_pack, freed by attn_mha_packed_free). The caller's weight tensors may
  * change or go away after packing. The type is opaque so that other weight
- * layouts (separate q/k/v projections, fewer k/v heads) can be packed into it
- * later and run through the same attn_mha_forward_packed. */
+ * layouts pack into it too: attn_gqa_pack packs separate q/k/v projections with
+ * fewer k/v heads, run through the same attn_mha_forward_packed. */
 typedef struct attn_mha_packed attn_mha_packed;
 
 /* Checks w as attn_mha_weights_check does (shapes, float32) and packs it for
@@ -469,7 +469,10 @@ ATTN_API void attn_mha_packed_free(attn_ctx *ctx, attn_mha_packed *pw);
  * ctx->workspace, or keep_workspace set, a call after the first allocates
  * nothing. The call's arch (attn_arch_selected(ctx)) must be the one the weights
  * were packed for: otherwise it fails with INVALID_ARGUMENT and a message naming
- * both (pack them again under that arch). */
+ * both (pack them again under that arch). Weights from attn_gqa_pack run as
+ * grouped-query attention with the head size and key/value heads they were packed
+ * with; num_heads must then be the H they were packed for (otherwise
+ * SHAPE_MISMATCH naming both). */
 ATTN_API int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
                             const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                             attn_tensor *weights);
