@@ -449,8 +449,8 @@ ATTN_API int attn_mha_workspace_size(attn_ctx *ctx, const attn_mha_weights *w, i
  * W_qkv, b_qkv, W_o and b_o copied into its panel layout (opaque; made by
  * attn_mha_pack, freed by attn_mha_packed_free). The caller's weight tensors may
  * change or go away after packing. The type is opaque so that other weight
- * layouts (separate q/k/v projections, fewer k/v heads) can be packed into it
- * later and run through the same attn_mha_forward_packed. */
+ * layouts pack into it too: attn_gqa_pack packs separate q/k/v projections with
+ * fewer k/v heads, run through the same attn_mha_forward_packed. */
 typedef struct attn_mha_packed attn_mha_packed;
 
 /* Checks w as attn_mha_weights_check does (shapes, float32) and packs it for
@@ -469,7 +469,10 @@ ATTN_API void attn_mha_packed_free(attn_ctx *ctx, attn_mha_packed *pw);
  * ctx->workspace, or keep_workspace set, a call after the first allocates
  * nothing. The call's arch (attn_arch_selected(ctx)) must be the one the weights
  * were packed for: otherwise it fails with INVALID_ARGUMENT and a message naming
- * both (pack them again under that arch). */
+ * both (pack them again under that arch). Weights from attn_gqa_pack run as
+ * grouped-query attention with the head size and key/value heads they were packed
+ * with; num_heads must then be the H they were packed for (otherwise
+ * SHAPE_MISMATCH naming both). */
 ATTN_API int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
                             const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                             attn_tensor *weights);
@@ -481,6 +484,75 @@ ATTN_API int attn_mha_packed_workspace_size(attn_ctx *ctx, const attn_mha_packed
                                    int64_t num_heads, const attn_tensor *x,
                                    const attn_sdpa_params *p, const attn_tensor *out,
                                    const attn_tensor *weights, size_t *bytes);
+
+/* ------------------------------------------------------------------------------
+ * Grouped-query attention with separate projections (Llama-style)
+ *
+ *   x [B, T, E] -> q = x W_q^T + b_q [B, T, H*D],  k = x W_k^T + b_k [B, T, Hkv*D],
+ *                  v = x W_v^T + b_v [B, T, Hkv*D]
+ *   -> split heads: q [B, H, T, D], k and v [B, Hkv, T, D]
+ *   -> attention (query head h reads key/value head h / (H / Hkv))  [B, H, T, D]
+ *   -> merge [B, T, H*D] -> out = merged W_o^T + b_o [B, T, E]
+ *
+ * H = Hkv is multi-head attention, Hkv = 1 multi-query attention. The head size D
+ * comes from the weights (W_q has H*D rows) and need not be E / H. k and v are
+ * never repeated: the attention reads each key/value head once per group of
+ * query heads. attn_gqa_pack packs the weights into an attn_mha_packed that
+ * attn_mha_forward_packed runs like the chapter's.
+ * ---------------------------------------------------------------------------- */
+
+/* The four projections, nn.Linear's layout [out_features, in_features]. Every
+ * bias is optional: a bias tensor whose data is NULL means none (a Linear with
+ * bias=False, as in Llama). */
+typedef struct attn_gqa_weights {
+    attn_tensor w_q; /* [H*D, E] */
+    attn_tensor w_k; /* [Hkv*D, E] */
+    attn_tensor w_v; /* [Hkv*D, E] */
+    attn_tensor w_o; /* [E, H*D] */
+    attn_tensor b_q; /* [H*D] or data NULL */
+    attn_tensor b_k; /* [Hkv*D] or data NULL */
+    attn_tensor b_v; /* [Hkv*D] or data NULL */
+    attn_tensor b_o; /* [E] or data NULL */
+} attn_gqa_weights;
+
+/* Checks the weight shapes against each other and against the head counts:
+ * num_heads H >= 1 and num_kv_heads Hkv >= 1, H a multiple of Hkv, W_q's rows a
+ * multiple of H (D = rows / H), W_k and W_v [Hkv*D, E], W_o [E, H*D], the biases
+ * (when given) of their projection's rows; float32. A mismatch is
+ * SHAPE_MISMATCH with a message naming the shapes. On success *embed_dim holds E
+ * and *head_dim D (either may be NULL). */
+ATTN_API int attn_gqa_weights_check(attn_ctx *ctx, const attn_gqa_weights *w,
+                                    int64_t num_heads, int64_t num_kv_heads,
+                                    int64_t *embed_dim, int64_t *head_dim);
+
+/* Grouped-query self-attention forward.
+ *   x [B, T, E] (float32)   out [B, T, E]   weights [B, H, T, T] or NULL
+ * p as for attn_mha_forward (masks broadcast to [B, H, T, T]; p->scale defaults
+ * to 1/sqrt(D); every option of attn_sdpa_params; p->lse [B, H, T]). Scratch and
+ * aliasing as for attn_mha_forward: one block of attn_gqa_workspace_size bytes
+ * (q, k, v, the context, the attention's own and each weight packed in turn);
+ * out may be x itself and nothing else may overlap. */
+ATTN_API int attn_gqa_forward(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                              int64_t num_kv_heads, const attn_tensor *x,
+                              const attn_sdpa_params *p, attn_tensor *out,
+                              attn_tensor *weights);
+
+/* The scratch attn_gqa_forward needs for these arguments under ctx, in bytes.
+ * Checks the arguments as attn_gqa_forward does; *bytes is 0 on failure. */
+ATTN_API int attn_gqa_workspace_size(attn_ctx *ctx, const attn_gqa_weights *w,
+                                     int64_t num_heads, int64_t num_kv_heads,
+                                     const attn_tensor *x, const attn_sdpa_params *p,
+                                     const attn_tensor *out, const attn_tensor *weights,
+                                     size_t *bytes);
+
+/* Checks w as attn_gqa_weights_check does and packs it for attn_arch_selected(ctx):
+ * W_q, W_k and W_v as one projection of H*D + 2*Hkv*D outputs, and W_o. The
+ * packed weights remember D and Hkv: attn_mha_forward_packed (and its workspace
+ * size) must then be called with num_heads = H, and gives the same bits as
+ * attn_gqa_forward. On success *out must be freed with attn_mha_packed_free(); on
+ * failure *out is NULL. */
+ATTN_API int attn_gqa_pack(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                           int64_t num_kv_heads, attn_mha_packed **out);
 
 /* ------------------------------------------------------------------------------
  * RoPE: rotary position embedding
@@ -773,6 +845,21 @@ ATTN_API int attn_weights_load(attn_ctx *ctx, const char *path, const char *pref
                       int64_t num_heads, attn_mha_weights *w);
 /* Frees what attn_weights_load allocated (same ctx) and clears w. NULL-safe. */
 ATTN_API void attn_weights_free(attn_ctx *ctx, attn_mha_weights *w);
+
+/* Loads grouped-query attention weights from a .safetensors file: the separate
+ * projections under `prefix` (NULL or "" for none; e.g. "model.layers.0.self_attn."):
+ *   q_proj.weight [H*D, E], k_proj.weight [Hkv*D, E], v_proj.weight [Hkv*D, E],
+ *   o_proj.weight [E, H*D], each .bias ([H*D], [Hkv*D], [Hkv*D], [E]) optional
+ * (a missing bias stays data NULL: none). The shapes are checked as
+ * attn_gqa_weights_check does, with messages naming the file and the tensor. A
+ * file with only the fused name sets (qkv.weight, in_proj_weight) is refused with
+ * a message that says so (attn_weights_load reads those). w is filled with owned
+ * tensors: free them with attn_gqa_weights_free(). */
+ATTN_API int attn_weights_load_gqa(attn_ctx *ctx, const char *path, const char *prefix,
+                                   int64_t num_heads, int64_t num_kv_heads,
+                                   attn_gqa_weights *w);
+/* Frees what attn_weights_load_gqa allocated (same ctx) and clears w. NULL-safe. */
+ATTN_API void attn_gqa_weights_free(attn_ctx *ctx, attn_gqa_weights *w);
 
 /* ------------------------------------------------------------------------------
  * Output sets: several output files, written all or nothing

@@ -1401,6 +1401,176 @@ static void test_output_sets(void)
     remove(out);
 }
 
+/* attn_gqa_workspace_size and attn_gqa_pack as calls that check *bytes and *out. */
+static int gqa_ws_as_call(attn_ctx *ctx, const attn_gqa_weights *w, int64_t H, int64_t Hkv,
+                          const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
+                          attn_tensor *att)
+{
+    size_t bytes = 1;
+    int rc = attn_gqa_workspace_size(ctx, w, H, Hkv, x, p, out, att, &bytes);
+    if (rc != ATTN_OK && bytes != 0) {
+        check_failures_++;
+        fprintf(stderr, "attn_gqa_workspace_size failed but left *bytes = %zu\n", bytes);
+    }
+    return rc;
+}
+
+static int gqa_pack_as_call(attn_ctx *ctx, const attn_gqa_weights *w, int64_t H, int64_t Hkv)
+{
+    attn_mha_packed *pw = (attn_mha_packed *)&pw; /* must be set to NULL on failure */
+    int rc = attn_gqa_pack(ctx, w, H, Hkv, &pw);
+    if (rc != ATTN_OK && pw != NULL) {
+        check_failures_++;
+        fprintf(stderr, "attn_gqa_pack failed but left *out = %p\n", (void *)pw);
+    }
+    if (rc == ATTN_OK)
+        attn_mha_packed_free(ctx, pw);
+    return rc;
+}
+
+/* Every grouped-query call on the same arguments: forward, workspace size, pack
+ * (which ignores x and out) and the weights check. */
+static int gqa_any(attn_ctx *ctx, int which, const attn_gqa_weights *w, int64_t H,
+                   int64_t Hkv, const attn_tensor *x, attn_tensor *out, attn_tensor *att)
+{
+    int64_t e, d;
+    switch (which) {
+    case 0: return attn_gqa_forward(ctx, w, H, Hkv, x, NULL, out, att);
+    case 1: return gqa_ws_as_call(ctx, w, H, Hkv, x, NULL, out, att);
+    case 2: return gqa_pack_as_call(ctx, w, H, Hkv);
+    default: return attn_gqa_weights_check(ctx, w, H, Hkv, &e, &d);
+    }
+}
+
+static void test_gqa(void)
+{
+    TEST("attn_gqa_weights_check, attn_gqa_forward, attn_gqa_workspace_size and "
+         "attn_gqa_pack refuse NULL weights, bad weight and bias tensors, head counts "
+         "below 1, H not a multiple of Hkv, projections whose rows do not match the head "
+         "counts, bad x and out; a bias with NULL data is no bias; weights packed for "
+         "num_heads H refuse another count in attn_mha_forward_packed");
+    covers("attn_gqa_weights_check");
+    covers("attn_gqa_forward");
+    covers("attn_gqa_workspace_size");
+    covers("attn_gqa_pack");
+    /* H = 2 query heads, Hkv = 1, head_dim 3: H*D = 6 differs from E = 4. */
+    enum { E = 4, B = 2, T = 3, H = 2, HKV = 1, D = 3 };
+    static float wq[H * D * E], wk[HKV * D * E], wv[HKV * D * E], wo[E * H * D], bq[H * D],
+        bk[HKV * D], bv[HKV * D], bo[E], x_buf[B * T * E], o_buf[B * T * E],
+        a_buf[B * H * T * T];
+    attn_gqa_weights w;
+    w.w_q = make(ATTN_DTYPE_F32, wq, 2, H * D, E, 1, 1);
+    w.w_k = make(ATTN_DTYPE_F32, wk, 2, HKV * D, E, 1, 1);
+    w.w_v = make(ATTN_DTYPE_F32, wv, 2, HKV * D, E, 1, 1);
+    w.w_o = make(ATTN_DTYPE_F32, wo, 2, E, H * D, 1, 1);
+    w.b_q = make(ATTN_DTYPE_F32, bq, 1, H * D, 1, 1, 1);
+    w.b_k = make(ATTN_DTYPE_F32, bk, 1, HKV * D, 1, 1, 1);
+    w.b_v = make(ATTN_DTYPE_F32, bv, 1, HKV * D, 1, 1, 1);
+    w.b_o = make(ATTN_DTYPE_F32, bo, 1, E, 1, 1, 1);
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, B, T, E, 1);
+    attn_tensor out = make(ATTN_DTYPE_F32, o_buf, 3, B, T, E, 1);
+    attn_tensor att = make(ATTN_DTYPE_F32, a_buf, 4, B, H, T, T);
+    int64_t e = 0, d = 0;
+    EXPECT_OK(attn_gqa_weights_check(C, &w, H, HKV, &e, &d));
+    CHECK_INT(e, E);
+    CHECK_INT(d, D);
+    EXPECT_OK(attn_gqa_weights_check(C, &w, H, HKV, NULL, NULL));
+    for (int c = 0; c < 4; c++)
+        EXPECT_OK(gqa_any(C, c, &w, H, HKV, &x, &out, &att));
+    /* No biases at all is a Llama block. */
+    attn_gqa_weights nb = w;
+    nb.b_q.data = nb.b_k.data = nb.b_v.data = nb.b_o.data = NULL;
+    for (int c = 0; c < 4; c++)
+        EXPECT_OK(gqa_any(C, c, &nb, H, HKV, &x, &out, &att));
+
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_gqa_workspace_size(C, &w, H, HKV, &x, NULL, &out, &att, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_gqa_pack(C, &w, H, HKV, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_gqa_forward(C, &w, H, HKV, NULL, NULL, &out, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_gqa_forward(C, &w, H, HKV, &x, NULL, NULL, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, gqa_ws_as_call(C, &w, H, HKV, NULL, NULL, &out, NULL));
+    for (int c = 0; c < 4; c++) {
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, gqa_any(C, c, NULL, H, HKV, &x, &out, &att));
+        const int64_t bad_heads[] = {0, -1, INT64_MIN};
+        for (size_t i = 0; i < sizeof bad_heads / sizeof bad_heads[0]; i++) {
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                        gqa_any(C, c, &w, bad_heads[i], HKV, &x, &out, NULL));
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                        gqa_any(C, c, &w, H, bad_heads[i], &x, &out, NULL));
+        }
+        /* H = 3 gives D = 2 (k has 3 rows, not 2); H = 4 does not divide 6 rows;
+         * Hkv = 2 wants 6 rows of k; Hkv = 3 does not divide H = 2; INT64_MAX
+         * query heads do not divide the rows. */
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, 3, 1, &x, &out, NULL));
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, 4, 1, &x, &out, NULL));
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, 2, 2, &x, &out, NULL));
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, 2, 3, &x, &out, NULL));
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, INT64_MAX, 1, &x, &out, NULL));
+        /* Each weight tensor spoiled in every way, with the wrong dtype too. */
+        attn_tensor *ws[4] = {&w.w_q, &w.w_k, &w.w_v, &w.w_o};
+        for (int s = 0; s < 4; s++)
+            FOR_EACH_VARIANT(ws[s], ATTN_DTYPE_I32, gqa_any(C, c, &w, H, HKV, &x, &out, &att));
+        /* A bias spoiled in every way but a NULL pointer (which means no bias). */
+        attn_tensor *bs[4] = {&w.b_q, &w.b_k, &w.b_v, &w.b_o};
+        for (int s = 0; s < 4; s++) {
+            const attn_tensor saved = *bs[s];
+            for (int v = 0; v < V_COUNT; v++) {
+                if (v == V_DATA_NULL || (v == V_NUMEL_OVF && saved.ndim < 2))
+                    continue;
+                for (int k = 0; k < variant_count(v, &saved); k++) {
+                    *bs[s] = spoil(&saved, v, k, ATTN_DTYPE_I32);
+                    EXPECT_FAIL(variant_status(v, &saved),
+                                gqa_any(C, c, &w, H, HKV, &x, &out, &att));
+                }
+            }
+            *bs[s] = saved;
+        }
+        /* Shapes that do not match each other. */
+        attn_gqa_weights bw = w;
+        bw.w_v = make(ATTN_DTYPE_F32, wv, 2, HKV * D, E - 1, 1, 1);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &bw, H, HKV, &x, &out, NULL));
+        bw = w;
+        bw.w_o = make(ATTN_DTYPE_F32, wo, 2, E, H * D - 1, 1, 1);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &bw, H, HKV, &x, &out, NULL));
+        bw = w;
+        bw.w_q = make(ATTN_DTYPE_F32, wq, 3, H, D, E, 1);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &bw, H, HKV, &x, &out, NULL));
+        bw = w;
+        bw.b_k = make(ATTN_DTYPE_F32, bk, 1, HKV * D - 1, 1, 1, 1);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &bw, H, HKV, &x, &out, NULL));
+        bw = w;
+        bw.b_o = make(ATTN_DTYPE_F32, bo, 2, E, 1, 1, 1);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &bw, H, HKV, &x, &out, NULL));
+        bw = w;
+        bw.w_q.shape[0] = (int64_t)1 << 62;
+        bw.w_q.stride[0] = 0;
+        EXPECT_FAIL(ATTN_STATUS_OVERFLOW, gqa_any(C, c, &bw, H, HKV, &x, &out, NULL));
+    }
+    /* x, out and the attention weights, for the calls that take them. */
+    for (int c = 0; c < 2; c++) {
+        FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, gqa_any(C, c, &w, H, HKV, &x, &out, &att));
+        FOR_EACH_VARIANT(&out, ATTN_DTYPE_I32, gqa_any(C, c, &w, H, HKV, &x, &out, &att));
+        FOR_EACH_VARIANT(&att, ATTN_DTYPE_I32, gqa_any(C, c, &w, H, HKV, &x, &out, &att));
+        attn_tensor xe = make(ATTN_DTYPE_F32, x_buf, 3, B, E, T, 1);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, H, HKV, &xe, &out, NULL));
+        attn_tensor at = make(ATTN_DTYPE_F32, a_buf, 4, B, HKV, T, T);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, gqa_any(C, c, &w, H, HKV, &x, &out, &at));
+        /* The output may not overlap a weight. */
+        attn_tensor ow = make(ATTN_DTYPE_F32, wo, 3, 1, T, E, 1);
+        attn_tensor x1 = make(ATTN_DTYPE_F32, x_buf, 3, 1, T, E, 1);
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, gqa_any(C, c, &w, H, HKV, &x1, &ow, NULL));
+    }
+    /* Packed grouped-query weights remember their head size and key/value heads. */
+    attn_mha_packed *pw = NULL;
+    CHECK_INT(attn_gqa_pack(NULL, &w, H, HKV, &pw), ATTN_OK);
+    EXPECT_OK(attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
+    const int64_t other_heads[] = {1, 3, 6, 0, -1};
+    for (size_t i = 0; i < sizeof other_heads / sizeof other_heads[0]; i++)
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH,
+                    attn_mha_forward_packed(C, pw, other_heads[i], &x, NULL, &out, NULL));
+    attn_mha_packed_free(NULL, pw);
+}
+
 static void test_weights(void)
 {
     TEST("attn_weights_load refuses a NULL w or path, num_heads below 1, a prefix over "
@@ -1428,6 +1598,38 @@ static void test_weights(void)
     attn_weights_free(NULL, NULL);
     memset(&w, 0, sizeof w);
     attn_weights_free(NULL, &w);
+    bad_inputs += 2;
+
+    TEST("attn_weights_load_gqa refuses a NULL w or path, head counts below 1, H not a "
+         "multiple of Hkv, projections that do not match the head counts, a long prefix, "
+         "missing files and names, and a fused name set; attn_gqa_weights_free accepts "
+         "NULL and cleared weights");
+    covers("attn_weights_load_gqa");
+    covers("attn_gqa_weights_free");
+    const char *gqa = ATTN_TEST_DATA_DIR "/golden_gqa/gqa_h4_kv2_nobias_causal/weights.safetensors";
+    const char *pre = "model.layers.0.self_attn.";
+    attn_gqa_weights g;
+    EXPECT_OK((attn_weights_load_gqa(C, gqa, pre, 4, 2, &g), attn_gqa_weights_free(C, &g), ATTN_OK));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load_gqa(C, gqa, pre, 4, 2, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load_gqa(C, NULL, pre, 4, 2, &g));
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load_gqa(C, gqa, pre, heads[i], 2, &g));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load_gqa(C, gqa, pre, 4, heads[i], &g));
+    }
+    /* Hkv = 3 does not divide H = 4; H = 8 makes D = 2 and k_proj would need 4 rows
+     * (it has 8); Hkv = 4 wants 16 rows of k_proj; H = 3 does not divide 16 rows. */
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_weights_load_gqa(C, gqa, pre, 4, 3, &g));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_weights_load_gqa(C, gqa, pre, 8, 2, &g));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_weights_load_gqa(C, gqa, pre, 4, 4, &g));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_weights_load_gqa(C, gqa, pre, 3, 1, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_weights_load_gqa(C, gqa, long_prefix, 4, 2, &g));
+    EXPECT_FAIL(ATTN_STATUS_IO,
+                attn_weights_load_gqa(C, ATTN_TEST_DATA_DIR "/no/such.safetensors", pre, 4, 2, &g));
+    EXPECT_FAIL(ATTN_STATUS_FORMAT, attn_weights_load_gqa(C, gqa, "", 4, 2, &g));
+    EXPECT_FAIL(ATTN_STATUS_FORMAT, attn_weights_load_gqa(C, good, "", 3, 3, &g));
+    attn_gqa_weights_free(NULL, NULL);
+    memset(&g, 0, sizeof g);
+    attn_gqa_weights_free(NULL, &g);
     bad_inputs += 2;
 }
 
@@ -1837,6 +2039,7 @@ int main(void)
     test_sdpa();
     test_mha();
     test_mha_packed();
+    test_gqa();
     test_files();
     test_output_sets();
     test_weights();

@@ -7,6 +7,11 @@
  * attention weights match nn.MultiheadAttention's.
  * kind=sdpa cases: attn_sdpa matches plain-PyTorch attention.
  * Both kernels (the reference and the default one) are checked.
+ * kind=gqa cases (tests/data/golden_gqa/, made by tests/golden/gen_gqa.py): a
+ * Llama-style block with separate projections and Hkv key/value heads loads with
+ * attn_weights_load_gqa, and attn_gqa_forward's output, attention weights and
+ * log-sum-exp match PyTorch's; the same weights packed by attn_gqa_pack give the
+ * same bits through attn_mha_forward_packed.
  *
  * Tolerance: |attn - torch| <= ATOL + RTOL * |torch|, with ATOL = 2e-6, RTOL = 1e-5.
  * The expected values are float64 results rounded once to float32, so the difference
@@ -355,6 +360,142 @@ static void run_sdpa_options(const gcase *c, attn_impl impl, attn_arch arch, int
     attn_tensor_free(&ctx, &lse);
 }
 
+/* kind=gqa: attn_weights_load_gqa + attn_gqa_forward against the Llama-style block
+ * of gen_gqa.py, then attn_gqa_pack + attn_mha_forward_packed against that, bit for
+ * bit. impl picks the kernel, arch (when not AUTO) the instruction set. */
+static void run_gqa(const gcase *c, attn_impl impl, attn_arch arch, int threads)
+{
+    char p[1200];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    ctx.arch = arch;
+    ctx.threads = threads;
+    const int64_t H = atoll(get(c, "num_heads")), Hkv = atoll(get(c, "num_kv_heads"));
+    attn_gqa_weights w;
+    int rc = attn_weights_load_gqa(&ctx, path_of(c, "weights", p, sizeof(p)), get(c, "prefix"),
+                                   H, Hkv, &w);
+    CHECK_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "  %s: %s\n", c->name, ctx.message);
+        return;
+    }
+    /* A projection has a bias exactly when the file has one. */
+    const char *biases = strcmp(get(c, "biases"), "none") == 0 ? "" : get(c, "biases");
+    const attn_tensor *bt[4] = {&w.b_q, &w.b_k, &w.b_v, &w.b_o};
+    for (int i = 0; i < 4; i++)
+        CHECK_INT(bt[i]->data != NULL, strchr(biases, "qkvo"[i]) != NULL);
+    int64_t E = 0, D = 0;
+    CHECK_INT(attn_gqa_weights_check(&ctx, &w, H, Hkv, &E, &D), 0);
+    CHECK_INT(D, atoll(get(c, "head_dim")));
+
+    attn_array x = {0}, ids = {0};
+    attn_tensor pad = {0}, out = {0}, att = {0}, lse = {0}, out2 = {0}, att2 = {0}, lse2 = {0};
+    attn_mha_packed *pw = NULL;
+    CHECK_INT(attn_npy_load(&ctx, path_of(c, "input", p, sizeof(p)), &x), 0);
+    if (!x.buffer)
+        goto done;
+    const int single = x.tensor.ndim == 2;
+    const int64_t B = single ? 1 : x.tensor.shape[0], T = x.tensor.shape[x.tensor.ndim - 2];
+    attn_tensor x3;
+    const int64_t s3[3] = {B, T, E}, sa[4] = {B, H, T, T}, sl[3] = {B, H, T};
+    CHECK_INT(attn_tensor_init(&ctx, &x3, ATTN_DTYPE_F32, x.tensor.data, 3, s3), 0);
+    attn_sdpa_params prm;
+    attn_sdpa_params_init(&prm);
+    if (get(c, "token_ids")[0]) {
+        CHECK_INT(attn_npy_load(&ctx, path_of(c, "token_ids", p, sizeof(p)), &ids), 0);
+        attn_tensor ids2;
+        const int64_t si[2] = {B, T}, sp[4] = {B, 1, 1, T};
+        attn_tensor_init(&ctx, &ids2, ids.tensor.dtype, ids.tensor.data, 2, si);
+        CHECK_INT(attn_tensor_alloc(&ctx, &pad, ATTN_DTYPE_BOOL, 4, sp), 0);
+        CHECK_INT(attn_mask_padding(&ctx, &ids2, atoll(get(c, "pad_id")), &pad), 0);
+        prm.mask = &pad;
+    }
+    prm.causal = atoi(get(c, "causal"));
+    CHECK_INT(attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, 3, sl), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &out2, ATTN_DTYPE_F32, 3, s3), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &att2, ATTN_DTYPE_F32, 4, sa), 0);
+    CHECK_INT(attn_tensor_alloc(&ctx, &lse2, ATTN_DTYPE_F32, 3, sl), 0);
+    prm.lse = &lse;
+    rc = attn_gqa_forward(&ctx, &w, H, Hkv, &x3, &prm, &out, &att);
+    CHECK_INT(rc, 0);
+    if (rc) {
+        fprintf(stderr, "  %s: %s\n", c->name, ctx.message);
+        goto done;
+    }
+    double e1 = compare(c, "output", &out, "output");
+    double e2 = compare(c, "attention", &att, "attention");
+    double e3 = compare(c, "lse", &lse, "lse");
+    fprintf(stderr, "   %-28s %-6s %dt worst |diff| output %.2e, weights %.2e, lse %.2e\n",
+            c->name, impl == ATTN_IMPL_REF ? "ref" : attn_arch_name(attn_arch_selected(&ctx)),
+            threads, e1, e2, e3);
+
+    CHECK_INT(attn_gqa_pack(&ctx, &w, H, Hkv, &pw), 0);
+    prm.lse = &lse2;
+    CHECK_INT(attn_mha_forward_packed(&ctx, pw, H, &x3, &prm, &out2, &att2), 0);
+    const size_t no = (size_t)attn_tensor_numel(&out) * 4, na = (size_t)attn_tensor_numel(&att) * 4;
+    const size_t nl = (size_t)attn_tensor_numel(&lse) * 4;
+    if (memcmp(out.data, out2.data, no) != 0 || memcmp(att.data, att2.data, na) != 0 ||
+        memcmp(lse.data, lse2.data, nl) != 0) {
+        check_failures_++;
+        fprintf(stderr, "  %s: packed weights do not give attn_gqa_forward's bits: out[0] %.9g "
+                "vs %.9g\n", c->name, ((float *)out.data)[0], ((float *)out2.data)[0]);
+    }
+done:
+    attn_mha_packed_free(&ctx, pw);
+    attn_gqa_weights_free(&ctx, &w);
+    attn_array_free(&ctx, &x);
+    attn_array_free(&ctx, &ids);
+    attn_tensor_free(&ctx, &pad);
+    attn_tensor_free(&ctx, &out);
+    attn_tensor_free(&ctx, &att);
+    attn_tensor_free(&ctx, &lse);
+    attn_tensor_free(&ctx, &out2);
+    attn_tensor_free(&ctx, &att2);
+    attn_tensor_free(&ctx, &lse2);
+}
+
+/* The cases of tests/data/golden_gqa/ on the reference and on every instruction set
+ * the machine has, 1 and 2 threads. */
+static int gqa_cases(void)
+{
+    char p[1024];
+    snprintf(p, sizeof(p), "%s/golden_gqa/MANIFEST", ATTN_TEST_DATA_DIR);
+    FILE *f = fopen(p, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return 0;
+    TEST("a Llama-style block with Hkv = H, H/2 and 1 key/value heads (separate "
+         "projections, with and without biases, padding and causal masks, H*D != E) "
+         "agrees with PyTorch 2.x within 2e-6 + 1e-5 * |torch| on every path, and its "
+         "packed weights give the same bits");
+    const attn_arch archs[] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#') {
+            fprintf(stderr, "   %s\n", line);
+            continue;
+        }
+        if (!line[0])
+            continue;
+        gcase c;
+        CHECK_INT(read_case(&c, "golden_gqa", line), 0);
+        CHECK_STR_EQ(get(&c, "kind"), "gqa");
+        run_gqa(&c, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1);
+        for (int a = 0; a < 3; a++)
+            for (int t = 1; t <= 2; t++)
+                if (attn_arch_supported(archs[a]))
+                    run_gqa(&c, ATTN_IMPL_AUTO, archs[a], t);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
 /* The cases of tests/data/golden_options/ on the reference and on attn_sdpa with
  * every instruction set the machine has, 1 and 2 threads. */
 static int options_cases(void)
@@ -432,5 +573,6 @@ int main(void)
     CHECK(mha >= 6);
     CHECK(sdpa >= 5);
     CHECK(options_cases() >= 14);
+    CHECK(gqa_cases() >= 5);
     return check_summary("test_golden");
 }

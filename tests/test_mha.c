@@ -2,12 +2,17 @@
  * test_mha.c - the chapter's masks and multi-head self-attention: mask shapes and
  * contents, broadcasting over heads, output and weight shapes, agreement with a
  * double-precision re-computation of the whole module written here, and the errors.
+ * Grouped-query attention (attn_gqa_*): it equals the chapter's module run with
+ * each key/value head's weights repeated for its group of query heads (repeat_kv),
+ * bit for bit, on every path; packed and unpacked agree; and with packed weights
+ * and a workspace it allocates nothing.
  */
 #include "attn.h"
 #include "check.h"
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -254,6 +259,208 @@ static void test_no_memory(void)
     CHECK_STR_CONTAINS(ctx.message, "out of memory");
 }
 
+/* Separate projections for E, H, Hkv, D = E / H, filled from seed: wq [E, E],
+ * wk and wv [Hkv*D, E], wo [E, E], biases; and the chapter's fused weights that
+ * repeat each key/value head's rows for the H / Hkv query heads that read it. */
+typedef struct gqa_case {
+    int64_t E, H, Hkv, D;
+    float *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *wqkv, *bqkv;
+    attn_gqa_weights g;
+    attn_mha_weights m;
+} gqa_case;
+
+static void gqa_case_make(gqa_case *c, int64_t E, int64_t H, int64_t Hkv, uint64_t seed)
+{
+    const int64_t D = E / H, KV = Hkv * D;
+    c->E = E, c->H = H, c->Hkv = Hkv, c->D = D;
+    c->wq = malloc(sizeof(float) * E * E), c->wo = malloc(sizeof(float) * E * E);
+    c->wk = malloc(sizeof(float) * KV * E), c->wv = malloc(sizeof(float) * KV * E);
+    c->bq = malloc(sizeof(float) * E), c->bo = malloc(sizeof(float) * E);
+    c->bk = malloc(sizeof(float) * KV), c->bv = malloc(sizeof(float) * KV);
+    c->wqkv = malloc(sizeof(float) * 3 * E * E), c->bqkv = malloc(sizeof(float) * 3 * E);
+    tu_fill(c->wq, E * E, seed), tu_fill(c->wo, E * E, seed + 1);
+    tu_fill(c->wk, KV * E, seed + 2), tu_fill(c->wv, KV * E, seed + 3);
+    tu_fill(c->bq, E, seed + 4), tu_fill(c->bo, E, seed + 5);
+    tu_fill(c->bk, KV, seed + 6), tu_fill(c->bv, KV, seed + 7);
+    /* repeat_kv on the weights: query head h's k rows are key/value head
+     * h / (H / Hkv)'s. */
+    memcpy(c->wqkv, c->wq, sizeof(float) * E * E);
+    memcpy(c->bqkv, c->bq, sizeof(float) * E);
+    for (int64_t h = 0; h < H; h++) {
+        const int64_t kvh = h / (H / Hkv);
+        memcpy(c->wqkv + (E + h * D) * E, c->wk + kvh * D * E, sizeof(float) * D * E);
+        memcpy(c->wqkv + (2 * E + h * D) * E, c->wv + kvh * D * E, sizeof(float) * D * E);
+        memcpy(c->bqkv + E + h * D, c->bk + kvh * D, sizeof(float) * D);
+        memcpy(c->bqkv + 2 * E + h * D, c->bv + kvh * D, sizeof(float) * D);
+    }
+    c->m = tu_mha_weights(c->wqkv, c->bqkv, c->wo, c->bo, E);
+    const int64_t sq[2] = {E, E}, sk[2] = {KV, E}, s1[1] = {E}, s2[1] = {KV};
+    attn_tensor_init(NULL, &c->g.w_q, ATTN_DTYPE_F32, c->wq, 2, sq);
+    attn_tensor_init(NULL, &c->g.w_k, ATTN_DTYPE_F32, c->wk, 2, sk);
+    attn_tensor_init(NULL, &c->g.w_v, ATTN_DTYPE_F32, c->wv, 2, sk);
+    attn_tensor_init(NULL, &c->g.w_o, ATTN_DTYPE_F32, c->wo, 2, sq);
+    attn_tensor_init(NULL, &c->g.b_q, ATTN_DTYPE_F32, c->bq, 1, s1);
+    attn_tensor_init(NULL, &c->g.b_k, ATTN_DTYPE_F32, c->bk, 1, s2);
+    attn_tensor_init(NULL, &c->g.b_v, ATTN_DTYPE_F32, c->bv, 1, s2);
+    attn_tensor_init(NULL, &c->g.b_o, ATTN_DTYPE_F32, c->bo, 1, s1);
+}
+
+static void gqa_case_free(gqa_case *c)
+{
+    float *p[10] = {c->wq, c->wk, c->wv, c->wo, c->bq, c->bk, c->bv, c->bo, c->wqkv, c->bqkv};
+    for (int i = 0; i < 10; i++)
+        free(p[i]);
+}
+
+/* Counts the first mismatching float of two arrays, printing both values. */
+static void same_bits(const char *what, const float *got, const float *want, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+            check_failures_++;
+            fprintf(stderr, "  %s: element %lld is %.9g, expected %.9g\n", what, (long long)i,
+                    got[i], want[i]);
+            return;
+        }
+}
+
+static void test_gqa_equals_repeated(int B, int T, int E, int H, int Hkv)
+{
+    gqa_case c;
+    gqa_case_make(&c, E, H, Hkv, 1000 + (uint64_t)(E * 31 + H * 7 + Hkv));
+    float *x = malloc(sizeof(float) * B * T * E);
+    float *o1 = malloc(sizeof(float) * B * T * E), *o2 = malloc(sizeof(float) * B * T * E);
+    float *o3 = malloc(sizeof(float) * B * T * E);
+    float *w1 = malloc(sizeof(float) * B * H * T * T), *w2 = malloc(sizeof(float) * B * H * T * T);
+    float *l1 = malloc(sizeof(float) * B * H * T), *l2 = malloc(sizeof(float) * B * H * T);
+    tu_fill(x, (int64_t)B * T * E, 77);
+    /* A padding mask [B, 1, 1, T] that hides the last key of odd samples. */
+    unsigned char *pad = malloc((size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            pad[b * T + t] = !(b % 2 == 1 && t == T - 1 && T > 1);
+    attn_tensor tmask;
+    const int64_t sm[4] = {B, 1, 1, T};
+    attn_tensor_init(NULL, &tmask, ATTN_DTYPE_BOOL, pad, 4, sm);
+    attn_tensor tx = tu_tensor3(x, B, T, E), t1 = tu_tensor3(o1, B, T, E);
+    attn_tensor t2 = tu_tensor3(o2, B, T, E), t3 = tu_tensor3(o3, B, T, E);
+    attn_tensor tw1 = tu_tensor4(w1, B, H, T, T), tw2 = tu_tensor4(w2, B, H, T, T);
+    attn_tensor tl1, tl2;
+    const int64_t sl[3] = {B, H, T};
+    attn_tensor_init(NULL, &tl1, ATTN_DTYPE_F32, l1, 3, sl);
+    attn_tensor_init(NULL, &tl2, ATTN_DTYPE_F32, l2, 3, sl);
+    const attn_arch archs[] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int a = 0; a < 4; a++) {
+        if (!attn_arch_supported(archs[a]))
+            continue;
+        for (int with_weights = 0; with_weights < 2; with_weights++) {
+            attn_ctx ctx;
+            attn_ctx_init(&ctx);
+            ctx.arch = archs[a];
+            ctx.threads = 2;
+            attn_sdpa_params p;
+            attn_sdpa_params_init(&p);
+            p.mask = &tmask;
+            p.causal = ATTN_CAUSAL_TOP_LEFT;
+            p.lse = with_weights ? &tl1 : NULL;
+            attn_tensor *tw = with_weights ? &tw1 : NULL;
+            int rc = attn_mha_forward(&ctx, &c.m, H, &tx, &p, &t1, tw);
+            CHECK_INT(rc, ATTN_OK);
+            p.lse = with_weights ? &tl2 : NULL;
+            tw = with_weights ? &tw2 : NULL;
+            rc = attn_gqa_forward(&ctx, &c.g, H, Hkv, &tx, &p, &t2, tw);
+            CHECK_INT(rc, ATTN_OK);
+            if (rc != ATTN_OK)
+                fprintf(stderr, "  %s\n", ctx.message);
+            char what[160];
+            snprintf(what, sizeof what, "B=%d T=%d E=%d H=%d Hkv=%d arch %s%s output", B, T, E,
+                     H, Hkv, attn_arch_name(archs[a]), with_weights ? " with weights" : "");
+            same_bits(what, o2, o1, (int64_t)B * T * E);
+            if (with_weights) {
+                same_bits("... attention weights", w2, w1, (int64_t)B * H * T * T);
+                same_bits("... log-sum-exp", l2, l1, (int64_t)B * H * T);
+            }
+            /* The packed weights give attn_gqa_forward's bits. */
+            attn_mha_packed *pw = NULL;
+            CHECK_INT(attn_gqa_pack(&ctx, &c.g, H, Hkv, &pw), ATTN_OK);
+            p.lse = NULL;
+            CHECK_INT(attn_mha_forward_packed(&ctx, pw, H, &tx, &p, &t3, NULL), ATTN_OK);
+            if (!with_weights)
+                same_bits("... packed output", o3, o2, (int64_t)B * T * E);
+            attn_mha_packed_free(&ctx, pw);
+        }
+    }
+    free(x), free(o1), free(o2), free(o3), free(w1), free(w2), free(l1), free(l2), free(pad);
+    gqa_case_free(&c);
+}
+
+typedef struct counting {
+    long calls;
+} counting;
+
+static void *count_alloc(void *user, size_t n)
+{
+    ((counting *)user)->calls++;
+    return malloc(n);
+}
+
+static void count_free(void *user, void *p)
+{
+    (void)user;
+    free(p);
+}
+
+static void test_gqa_no_alloc(void)
+{
+    TEST("grouped-query attention with packed weights and a caller's workspace makes zero "
+         "allocations per call (and attn_gqa_forward none either), on every path");
+    enum { B = 2, T = 9, E = 16, H = 4, HKV = 2 };
+    gqa_case c;
+    gqa_case_make(&c, E, H, HKV, 5);
+    static float x[B * T * E], o[B * T * E];
+    tu_fill(x, B * T * E, 3);
+    attn_tensor tx = tu_tensor3(x, B, T, E), to = tu_tensor3(o, B, T, E);
+    const attn_arch archs[] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int a = 0; a < 4; a++) {
+        if (!attn_arch_supported(archs[a]))
+            continue;
+        counting cnt = {0};
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.arch = archs[a];
+        ctx.threads = 2;
+        ctx.allocator.alloc = count_alloc;
+        ctx.allocator.free = count_free;
+        ctx.allocator.user = &cnt;
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_TOP_LEFT;
+        attn_mha_packed *pw = NULL;
+        CHECK_INT(attn_gqa_pack(&ctx, &c.g, H, HKV, &pw), ATTN_OK);
+        size_t bytes = 0, bytes_unpacked = 0;
+        CHECK_INT(attn_mha_packed_workspace_size(&ctx, pw, H, &tx, &p, &to, NULL, &bytes), ATTN_OK);
+        CHECK_INT(attn_gqa_workspace_size(&ctx, &c.g, H, HKV, &tx, &p, &to, NULL, &bytes_unpacked),
+                  ATTN_OK);
+        CHECK(bytes <= bytes_unpacked);
+        const size_t n = bytes_unpacked > bytes ? bytes_unpacked : bytes;
+        void *ws = aligned_alloc(64, (n + 63) / 64 * 64);
+        ctx.workspace = ws;
+        ctx.workspace_size = n;
+        const long before = cnt.calls;
+        for (int i = 0; i < 3; i++) {
+            CHECK_INT(attn_mha_forward_packed(&ctx, pw, H, &tx, &p, &to, NULL), ATTN_OK);
+            CHECK_INT(attn_gqa_forward(&ctx, &c.g, H, HKV, &tx, &p, &to, NULL), ATTN_OK);
+        }
+        if (cnt.calls != before)
+            fprintf(stderr, "  arch %s: %ld allocations in 6 calls with a workspace of %zu bytes\n",
+                    attn_arch_name(archs[a]), cnt.calls - before, n);
+        CHECK_INT(cnt.calls - before, 0);
+        attn_mha_packed_free(&ctx, pw);
+        free(ws);
+    }
+    gqa_case_free(&c);
+}
+
 int main(void)
 {
     test_masks();
@@ -266,5 +473,14 @@ int main(void)
     test_mha_against_oracle(1, 33, 64, 1, 0);
     test_mha_errors();
     test_no_memory();
+    TEST("grouped-query attention (Hkv = H, H/2, H/3, 1) equals the chapter's module with "
+         "each key/value head's weights repeated for its query heads, bit for bit (output, "
+         "weights, log-sum-exp) on every path, padded + causal; packed weights give the same bits");
+    test_gqa_equals_repeated(2, 5, 12, 6, 6);
+    test_gqa_equals_repeated(2, 5, 12, 6, 3);
+    test_gqa_equals_repeated(3, 17, 12, 6, 2);
+    test_gqa_equals_repeated(1, 1, 12, 6, 1);
+    test_gqa_equals_repeated(2, 70, 64, 8, 2);
+    test_gqa_no_alloc();
     return check_summary("test_mha");
 }

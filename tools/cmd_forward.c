@@ -10,6 +10,11 @@
  * mask; all combine by AND. The options of current models that make sense for
  * self-attention (SPEC section 6: window, softcap, ALiBi, bias, sinks, log-sum-exp)
  * go to the attention inside through attn_sdpa_params.
+ *
+ * Grouped-query attention (SPEC section 7): weights with separate projections
+ * (q_proj [H*D, E], k_proj and v_proj [Hkv*D, E], o_proj [E, H*D]) run through
+ * attn_gqa_forward with --num-kv-heads Hkv (default H); the fused name sets run
+ * through attn_mha_forward as they always have, and have Hkv = H.
  */
 #include "attn.h"
 #include "cmds.h"
@@ -27,6 +32,7 @@ static const char HELP[] =
     "\n"
     "SYNOPSIS\n"
     "    attn forward --weights W.safetensors [--prefix P] --num-heads H\n"
+    "                 [--num-kv-heads Hkv]\n"
     "                 --input X.npy [--token-ids IDS.npy --pad-id N]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy]\n"
     "                 [--window LEFT,RIGHT] [--softcap C]\n"
@@ -43,6 +49,11 @@ static const char HELP[] =
     "                  (and the options below, in SPEC section 6's order)\n"
     "        Y = merge(weights v) W_o^T + b_o   [B, T, E]\n"
     "\n"
+    "    With separate projections (q_proj, k_proj, v_proj, o_proj) it is\n"
+    "    grouped-query attention, as in Llama: q has H heads and k and v have Hkv\n"
+    "    heads of the same size D (from the weights: q_proj has H*D rows, which need\n"
+    "    not be E); query head h reads key/value head h / (H / Hkv).\n"
+    "\n"
     "    X is [B, T, E] (a batch) or [T, E] (one sequence); Y has the shape of X.\n"
     "    Arrays are .npy files (float32, or float64/float16, converted).\n"
     "\n"
@@ -53,13 +64,22 @@ static const char HELP[] =
     "              (the chapter's module);\n"
     "          in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias\n"
     "              (PyTorch nn.MultiheadAttention's state_dict; biases optional);\n"
-    "          q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight [E,E]\n"
-    "              (separate projections; each .bias optional, zeros if absent).\n"
+    "          q_proj.weight [H*D,E], k_proj.weight [Hkv*D,E], v_proj.weight\n"
+    "              [Hkv*D,E], o_proj.weight [E,H*D] (separate projections, e.g. a\n"
+    "              Llama layer under --prefix 'model.layers.0.self_attn.'; each\n"
+    "              .bias optional, none if absent).\n"
     "        F32, F16, BF16 and F64 tensors are read (converted to float32).\n"
     "    --prefix P\n"
     "        A prefix for every weight name, e.g. 'layers.0.attn.' (default none).\n"
     "    --num-heads H\n"
-    "        The number of heads, a whole number >= 1; E must be divisible by H.\n"
+    "        The number of (query) heads, a whole number >= 1. For the fused name\n"
+    "        sets E must be divisible by H (D = E / H); for separate projections\n"
+    "        q_proj's rows must be (D = rows / H).\n"
+    "    --num-kv-heads Hkv\n"
+    "        The number of key/value heads (default: H). H must be a multiple of\n"
+    "        Hkv, and k_proj and v_proj must have Hkv*D rows; Hkv = 1 is multi-query\n"
+    "        attention. Anything else is an error (exit 1) that names the shapes.\n"
+    "        Fused weights (qkv.weight, in_proj_weight) have Hkv = H.\n"
     "    --input X.npy\n"
     "        The input, [B, T, E] or [T, E].\n"
     "    --token-ids IDS.npy, --pad-id N\n"
@@ -122,14 +142,36 @@ static const char HELP[] =
     "EXAMPLE\n"
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
     "        --token-ids ids.npy --pad-id 0 --causal --output y.npy --attention a.npy\n"
+    "    attn forward --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
+    "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal --output y.npy\n"
     "\n"
     "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
+
+/* Whether the file holds separate projections under prefix (*separate 1) or not;
+ * fails (with the library's message) when the file cannot be opened. */
+static int has_separate(attn_ctx *ctx, const char *path, const char *prefix, int *separate)
+{
+    attn_safetensors *st;
+    if (attn_safetensors_open(ctx, path, &st) != ATTN_OK)
+        return -1;
+    static const char *const names[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                         "o_proj.weight"};
+    char name[512];
+    *separate = 0;
+    for (int i = 0; i < 4 && !*separate; i++) {
+        /* A prefix too long for the buffer is the loader's to refuse. */
+        if (snprintf(name, sizeof name, "%s%s", prefix, names[i]) < (int)sizeof name)
+            *separate = attn_safetensors_has(st, name);
+    }
+    attn_safetensors_close(ctx, st);
+    return 0;
+}
 
 int cmd_forward(int argc, char **argv)
 {
     const char *weights = NULL, *prefix = "", *input = NULL, *ids_path = NULL;
     const char *mask_path = NULL, *output = NULL, *attention = NULL;
-    int64_t num_heads = 0, pad_id = 0;
+    int64_t num_heads = 0, num_kv_heads = 0, pad_id = 0;
     int empty_rows = 0;
     cli_sdpa_options so;
     memset(&so, 0, sizeof so);
@@ -138,6 +180,7 @@ int cmd_forward(int argc, char **argv)
         {"weights", CLI_STRING, &weights, NULL, 0, 0, 0},
         {"prefix", CLI_STRING, &prefix, NULL, 0, 0, 0},
         {"num-heads", CLI_INT, &num_heads, NULL, 1, INT64_MAX, 0},
+        {"num-kv-heads", CLI_INT, &num_kv_heads, NULL, 1, INT64_MAX, 0},
         {"input", CLI_STRING, &input, NULL, 0, 0, 0},
         {"token-ids", CLI_STRING, &ids_path, NULL, 0, 0, 0},
         {"pad-id", CLI_INT, &pad_id, NULL, INT64_MIN, INT64_MAX, 0},
@@ -166,17 +209,26 @@ int cmd_forward(int argc, char **argv)
     attn_ctx ctx;
     cli_ctx_init(&ctx);
     attn_mha_weights w;
+    attn_gqa_weights g;
     attn_array x = {0}, ids = {0}, user_mask = {0};
     attn_tensor pad = {0}, both = {0}, out = {0}, att = {0}, lse = {0};
     const attn_tensor *mask = NULL;
     int status = CLI_EXIT_ERROR;
     memset(&w, 0, sizeof(w));
+    memset(&g, 0, sizeof(g));
 
-    if (attn_weights_load(&ctx, weights, prefix, num_heads, &w) != ATTN_OK) {
+    /* Separate projections load with their grouped-query shapes; the fused sets
+     * as the chapter's weights, and only with Hkv = H (otherwise the grouped-query
+     * loader is asked, whose message says why those names cannot have Hkv < H). */
+    const int64_t H = num_heads, Hkv = num_kv_heads ? num_kv_heads : num_heads;
+    int separate = 0;
+    if (has_separate(&ctx, weights, prefix, &separate) ||
+        (separate || Hkv != H ? attn_weights_load_gqa(&ctx, weights, prefix, H, Hkv, &g)
+                              : attn_weights_load(&ctx, weights, prefix, H, &w)) != ATTN_OK) {
         cli_fail(PROG, &ctx);
         goto done;
     }
-    const int64_t E = w.w_o.shape[0], H = num_heads;
+    const int64_t E = separate ? g.w_o.shape[0] : w.w_o.shape[0];
     if (cli_load_npy(PROG, &ctx, "--input", input, &x))
         goto done;
     if (x.tensor.dtype != ATTN_DTYPE_F32 || (x.tensor.ndim != 2 && x.tensor.ndim != 3) ||
@@ -262,7 +314,10 @@ int cmd_forward(int argc, char **argv)
         goto done;
     }
     p.lse = so.lse ? &lse : NULL;
-    if (attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
+    /* A later --rope (SPEC section 7) rotates q and k between the projections and
+     * the attention, so it belongs to the library call, not here. */
+    if (separate ? attn_gqa_forward(&ctx, &g, H, Hkv, &x3, &p, &out, attention ? &att : NULL)
+                 : attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
         cli_fail_sdpa(PROG, &ctx, &so, NULL);
         goto done;
     }
@@ -301,6 +356,7 @@ int cmd_forward(int argc, char **argv)
 
 done:
     attn_weights_free(&ctx, &w);
+    attn_gqa_weights_free(&ctx, &g);
     attn_array_free(&ctx, &x);
     attn_array_free(&ctx, &ids);
     attn_array_free(&ctx, &user_mask);

@@ -27,10 +27,21 @@
  *
  * attn_mha_pack packs W_qkv and W_o once, so attn_mha_forward_packed skips the
  * packing; both run the same GEMM on the same panels and give the same bits.
+ *
+ * Grouped-query attention (attn_gqa_*) is the same call with other row counts:
+ * q takes H*D columns of each qkv row and k and v Hkv*D each, so the block's qkv
+ * is [B, T, H*D + 2*Hkv*D] and merged [B, T, H*D]. The k and v views have Hkv
+ * heads and the attention reads key/value head h / (H / Hkv) for query head h, so
+ * no repeated k or v is ever built. attn_gqa_forward packs W_q, W_k and W_v one
+ * after another into the region and runs three GEMMs into their columns;
+ * attn_gqa_pack packs the three as one weight of H*D + 2*Hkv*D rows. Each output
+ * element of the GEMM is its own sum over k in increasing order, whichever panel
+ * or call it belongs to, so the two give the same bits.
  */
 #include "linear.h"
 #include "sdpa_contract.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
@@ -115,6 +126,8 @@ struct attn_mha_packed {
     attn_allocator allocator; /* first: attn__packed_free reads it */
     int64_t E;                /* embed_dim: x's last axis and out's */
     int64_t q_rows, kv_rows;  /* rows of W_qkv that make q, and k (and v): E and E */
+    int64_t kv_heads, head_dim; /* attn_gqa_pack's Hkv and D; 0 for attn_mha_pack,
+                                   whose head count is each call's (Hkv = H) */
     attn__gemm_packed qkv;    /* W_qkv [q_rows + 2 kv_rows, E] and b_qkv */
     attn__gemm_packed o;      /* W_o [E, q_rows] and b_o */
 };
@@ -136,6 +149,7 @@ static int heads_check(attn_ctx *ctx, int64_t E, int64_t num_heads)
  * and the layout of its scratch block. */
 typedef struct mha_plan {
     int64_t B, T, E, H, D;
+    int64_t Hkv, qr, kvr, R; /* key/value heads; q's and k's columns; qkv's row */
     attn__sdpa_plan sdpa;
     attn__gemm_rows x_rows, qkv_rows, merged_rows, out_rows;
     size_t merged_off, region_off, bytes; /* offsets into the block, and its size */
@@ -149,38 +163,54 @@ typedef struct mha_plan {
  * out, the attention weights and the log-sum-exp against x, the masks and options,
  * the weight tensors (w, NULL for packed weights, which live in the library's
  * memory) and each other. */
-static int mha_aliasing(attn_ctx *ctx, const attn_tensor *x, const attn_sdpa_params *p,
-                        const attn_mha_weights *w, const attn_tensor *out,
+static int mha_aliasing(attn_ctx *ctx, const char *fn, const attn_tensor *x,
+                        const attn_sdpa_params *p, const attn_tensor *const *wt,
+                        const char *const *wn, int nw, const attn_tensor *out,
                         const attn_tensor *weights)
 {
-    const attn_tensor *ins[10] = {x, p ? p->mask : NULL, p ? p->bias : NULL,
-                                  p ? p->sinks : NULL, p ? p->alibi_slopes : NULL,
-                                  w ? &w->w_qkv : NULL, w ? &w->b_qkv : NULL,
-                                  w ? &w->w_o : NULL, w ? &w->b_o : NULL, NULL};
-    static const char *const in_names[10] = {"x", "mask", "bias", "sinks", "alibi_slopes",
-                                             "qkv weight", "qkv bias", "output weight",
-                                             "output bias", NULL};
+    const attn_tensor *ins[13] = {x, p ? p->mask : NULL, p ? p->bias : NULL,
+                                  p ? p->sinks : NULL, p ? p->alibi_slopes : NULL};
+    const char *in_names[13] = {"x", "mask", "bias", "sinks", "alibi_slopes"};
+    int n_in = 5;
+    for (int i = 0; i < nw && n_in < 13; i++)
+        if (wt[i] && wt[i]->data) {
+            ins[n_in] = wt[i];
+            in_names[n_in++] = wn[i];
+        }
     const attn_tensor *outs[3] = {out, weights, p ? p->lse : NULL};
     static const char *const out_names[3] = {"out", "weights", "lse"};
     int rc;
     /* Each output against the inputs first, then the outputs against each other,
      * so that the message names an input whenever one is involved. */
     for (int o = 0; o < 3; o++)
-        for (int i = 0; i < 9 && outs[o]; i++)
-            if (ins[i] && (rc = attn__no_overlap(ctx, "attn_mha_forward", outs[o], out_names[o], ins[i],
+        for (int i = 0; i < n_in && outs[o]; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
                                                  in_names[i], o == 0 && i == 0)))
                 return rc;
     for (int o = 0; o < 3; o++)
         for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
-            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_mha_forward", outs[o2], out_names[o2], outs[o],
+            if (outs[o2] && (rc = attn__no_overlap(ctx, fn, outs[o2], out_names[o2], outs[o],
                                                    out_names[o], 0)))
                 return rc;
     return ATTN_OK;
 }
 
-static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor *x,
-                         const attn_sdpa_params *p, const attn_tensor *out,
-                         const attn_tensor *weights, size_t pack_bytes, mha_plan *mp)
+/* The chapter's weights for mha_aliasing (NULL for packed weights). */
+static int mha_aliasing_fused(attn_ctx *ctx, const attn_tensor *x, const attn_sdpa_params *p,
+                              const attn_mha_weights *w, const attn_tensor *out,
+                              const attn_tensor *weights)
+{
+    const attn_tensor *wt[4] = {w ? &w->w_qkv : NULL, w ? &w->b_qkv : NULL,
+                                w ? &w->w_o : NULL, w ? &w->b_o : NULL};
+    static const char *const wn[4] = {"qkv weight", "qkv bias", "output weight",
+                                      "output bias"};
+    return mha_aliasing(ctx, "attn_mha_forward", x, p, wt, wn, 4, out, weights);
+}
+
+static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, int64_t Hkv, int64_t D,
+                         const attn_tensor *x, const attn_sdpa_params *p,
+                         const attn_tensor *out, const attn_tensor *weights,
+                         size_t pack_bytes, mha_plan *mp)
 {
     int rc;
     if ((rc = attn_tensor_check(ctx, x, "x")) || (rc = attn_tensor_check(ctx, out, "out")))
@@ -195,14 +225,16 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor 
     if (out->ndim != 3 || memcmp(out->shape, x->shape, 3 * sizeof x->shape[0]) != 0)
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "out has shape %s; expected %s",
                           attn__shape_str(out, so, sizeof so), attn__shape_str(x, sx, sizeof sx));
-    const int64_t B = x->shape[0], T = x->shape[1], D = E / H;
+    const int64_t B = x->shape[0], T = x->shape[1];
+    /* The weights' checks keep H*D and Hkv*D below INT64_MAX / 4, so R fits. */
+    const int64_t qr = H * D, kvr = Hkv * D, R = qr + 2 * kvr;
 
-    /* The block: qkv [B, T, 3E], merged [B, T, E], then the region. */
+    /* The block: qkv [B, T, R], merged [B, T, qr], then the region. */
     int64_t bt, n_all;
     size_t qkv_bytes, merged_bytes, region;
-    if (!attn__mul_i64(B, T, &bt) || !attn__mul_i64(bt, 4 * E, &n_all) ||
-        !attn__bytes(bt * 3 * E, sizeof(float), &qkv_bytes) ||
-        !attn__bytes(bt * E, sizeof(float), &merged_bytes) ||
+    if (!attn__mul_i64(B, T, &bt) || !attn__mul_i64(bt, R + qr, &n_all) ||
+        !attn__bytes(bt * R, sizeof(float), &qkv_bytes) ||
+        !attn__bytes(bt * qr, sizeof(float), &merged_bytes) ||
         !(qkv_bytes = attn__align64(qkv_bytes)) || !(merged_bytes = attn__align64(merged_bytes)))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "workspace for x %s does not fit in memory",
                           attn__shape_str(x, sx, sizeof sx));
@@ -211,10 +243,10 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor 
      * context will be; only their strides matter until the call runs. */
     float *base = (float *)x->data;
     attn_tensor q, k, v, context;
-    head_view(&q, base, B, T, H, D, 3 * E, 0);
-    head_view(&k, base, B, T, H, D, 3 * E, E);
-    head_view(&v, base, B, T, H, D, 3 * E, 2 * E);
-    head_view(&context, base, B, T, H, D, E, 0);
+    head_view(&q, base, B, T, H, D, R, 0);
+    head_view(&k, base, B, T, Hkv, D, R, qr);
+    head_view(&v, base, B, T, Hkv, D, R, qr + kvr);
+    head_view(&context, base, B, T, H, D, qr, 0);
     attn__sdpa_shapes s;
     if ((rc = attn__sdpa_prepare_shapes(ctx, &q, &k, &v, p, &context, weights, &s)) ||
         (rc = attn__sdpa_plan_for_ctx(ctx, &s, &mp->sdpa)))
@@ -230,49 +262,79 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, const attn_tensor 
     mp->region_off = qkv_bytes + merged_bytes;
     mp->bytes = mp->region_off + region;
     mp->B = B, mp->T = T, mp->E = E, mp->H = H, mp->D = D;
+    mp->Hkv = Hkv, mp->qr = qr, mp->kvr = kvr, mp->R = R;
 
     int64_t sh[4], st[4];
     attn__as4d(x, sh, st);
     attn__gemm_rows_from4d(sh, st, &mp->x_rows);
     attn__as4d(out, sh, st);
     attn__gemm_rows_from4d(sh, st, &mp->out_rows);
-    const attn__gemm_rows qkv_rows = {{1, B, T}, {0, T * 3 * E, 3 * E}, 1};
-    const attn__gemm_rows merged_rows = {{1, B, T}, {0, T * E, E}, 1};
+    const attn__gemm_rows qkv_rows = {{1, B, T}, {0, T * R, R}, 1};
+    const attn__gemm_rows merged_rows = {{1, B, T}, {0, T * qr, qr}, 1};
     mp->qkv_rows = qkv_rows;
     mp->merged_rows = merged_rows;
     return ATTN_OK;
 }
 
-/* Runs a planned call in `scratch` (mp->bytes, 64-byte aligned). The projections
- * come packed (qkv_w, o_w), or as tensors in w to be packed into the region for
- * arch just before each is used. Allocates nothing; fails only with EMPTY_ROW. */
-static int mha_run(attn_ctx *ctx, const mha_plan *mp, const attn__gemm_packed *qkv_w,
-                   const attn__gemm_packed *o_w, const attn_mha_weights *w, attn_arch arch,
+/* Where a call's weights come from: packed (qkv, o), or tensors to be packed into
+ * the region just before each is used, the chapter's fused ones (w) or separate
+ * projections (g). Exactly one of the three is set. */
+typedef struct mha_src {
+    const attn__gemm_packed *qkv, *o;
+    const attn_mha_weights *w;
+    const attn_gqa_weights *g;
+} mha_src;
+
+/* Packs W [n, K] (and b, NULL data for none) into the region for arch. */
+static void pack_tensor(attn_ctx *ctx, attn_arch arch, const attn_tensor *W,
+                        const attn_tensor *b, void *region, attn__gemm_packed *pw)
+{
+    attn__gemm_pack(ctx, arch, W->data, W->stride[0], W->stride[1], b->data,
+                    b->data ? b->stride[0] : 0, W->shape[0], W->shape[1], region, pw);
+}
+
+/* Runs a planned call in `scratch` (mp->bytes, 64-byte aligned) with the weights
+ * of src, packed for arch when they come as tensors. Allocates nothing; fails
+ * only with EMPTY_ROW. */
+static int mha_run(attn_ctx *ctx, const mha_plan *mp, const mha_src *src, attn_arch arch,
                    const float *x, float *out, float *weights, char *scratch)
 {
-    const int64_t E = mp->E;
     float *qkv = (float *)scratch, *merged = (float *)(scratch + mp->merged_off);
     void *region = scratch + mp->region_off;
+    const attn__gemm_packed *o_w = src->o;
     attn__gemm_packed pw;
 
-    /* qkv = x W_qkv^T + b_qkv   [B, T, 3E] */
-    if (w) {
-        attn__gemm_pack(ctx, arch, w->w_qkv.data, w->w_qkv.stride[0], w->w_qkv.stride[1],
-                        w->b_qkv.data, w->b_qkv.stride[0], 3 * E, E, region, &pw);
-        qkv_w = &pw;
+    /* q, k, v = x W^T + b   [B, T, qr + 2 kvr], q in columns [0, qr), k in
+     * [qr, qr + kvr), v after. */
+    if (src->g) {
+        const attn_tensor *W[3] = {&src->g->w_q, &src->g->w_k, &src->g->w_v};
+        const attn_tensor *b[3] = {&src->g->b_q, &src->g->b_k, &src->g->b_v};
+        const int64_t col[3] = {0, mp->qr, mp->qr + mp->kvr};
+        for (int i = 0; i < 3; i++) {
+            pack_tensor(ctx, arch, W[i], b[i], region, &pw);
+            attn__linear_run(ctx, &pw, x, &mp->x_rows, qkv + col[i], &mp->qkv_rows);
+        }
+    } else {
+        if (src->w) {
+            pack_tensor(ctx, arch, &src->w->w_qkv, &src->w->b_qkv, region, &pw);
+            attn__linear_run(ctx, &pw, x, &mp->x_rows, qkv, &mp->qkv_rows);
+        } else {
+            attn__linear_run(ctx, src->qkv, x, &mp->x_rows, qkv, &mp->qkv_rows);
+        }
     }
-    attn__linear_run(ctx, qkv_w, x, &mp->x_rows, qkv, &mp->qkv_rows);
 
-    /* q, k, v are columns 0, E, 2E of each qkv row, split into heads by the plan's
-     * strides; the context is written straight into the merged [B, T, E]. */
-    int rc = attn__sdpa_run(ctx, &mp->sdpa, qkv, qkv + E, qkv + 2 * E, merged, weights, region);
+    /* The plan's strides split q, k and v into heads; the context is written
+     * straight into the merged [B, T, qr]. */
+    int rc = attn__sdpa_run(ctx, &mp->sdpa, qkv, qkv + mp->qr, qkv + mp->qr + mp->kvr,
+                            merged, weights, region);
     if (rc != ATTN_OK)
         return rc;
 
     /* out = merged W_o^T + b_o   [B, T, E] */
-    if (w) {
-        attn__gemm_pack(ctx, arch, w->w_o.data, w->w_o.stride[0], w->w_o.stride[1],
-                        w->b_o.data, w->b_o.stride[0], E, E, region, &pw);
+    if (src->w || src->g) {
+        const attn_tensor *Wo = src->w ? &src->w->w_o : &src->g->w_o;
+        const attn_tensor *bo = src->w ? &src->w->b_o : &src->g->b_o;
+        pack_tensor(ctx, arch, Wo, bo, region, &pw);
         o_w = &pw;
     }
     attn__linear_run(ctx, o_w, merged, &mp->merged_rows, out, &mp->out_rows);
@@ -296,8 +358,126 @@ static int mha_prepare(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_hea
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "a packed qkv weight of %lld x %lld floats overflows",
                           (long long)(3 * E), (long long)E);
-    rc = mha_plan_make(ctx, E, num_heads, x, p, out, weights, pack, mp);
-    return rc != ATTN_OK ? rc : mha_aliasing(ctx, x, p, w, out, weights);
+    rc = mha_plan_make(ctx, E, num_heads, num_heads, E / num_heads, x, p, out, weights, pack,
+                       mp);
+    return rc != ATTN_OK ? rc : mha_aliasing_fused(ctx, x, p, w, out, weights);
+}
+
+/* Checks a 1-D or 2-D weight tensor's shape; `why` says where the sizes come from. */
+static int want_shape(attn_ctx *ctx, const attn_tensor *t, const char *name, int ndim,
+                      int64_t d0, int64_t d1, const char *why)
+{
+    if (t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1))
+        return ATTN_OK;
+    char got[128], want[96];
+    const int64_t sw[2] = {d0, d1};
+    attn__shape_str(t, got, sizeof got);
+    attn_shape_format(want, sizeof want, ndim, sw);
+    return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "%s has shape %s; expected %s (%s)",
+                      name, got, want, why);
+}
+
+static const char *const gqa_names[8] = {"q weight", "k weight", "v weight", "o weight",
+                                         "q bias",   "k bias",   "v bias",   "o bias"};
+
+/* The eight tensors of w in gqa_names' order. */
+static void gqa_tensors(const attn_gqa_weights *w, const attn_tensor *t[8])
+{
+    t[0] = &w->w_q, t[1] = &w->w_k, t[2] = &w->w_v, t[3] = &w->w_o;
+    t[4] = &w->b_q, t[5] = &w->b_k, t[6] = &w->b_v, t[7] = &w->b_o;
+}
+
+int attn_gqa_weights_check(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t *embed_dim, int64_t *head_dim)
+{
+    if (!w)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "weights are NULL");
+    const attn_tensor *t[8];
+    gqa_tensors(w, t);
+    int rc;
+    for (int i = 0; i < 8; i++) {
+        /* A bias without data is no bias; the weights are required. */
+        if (i >= 4 && !t[i]->data)
+            continue;
+        if ((rc = attn_tensor_check(ctx, t[i], gqa_names[i])))
+            return rc;
+        if (t[i]->dtype != ATTN_DTYPE_F32)
+            return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s is %s; attention weights must be float32",
+                              gqa_names[i], attn_dtype_name(t[i]->dtype));
+    }
+    const int64_t H = num_heads, Hkv = num_kv_heads;
+    if (H < 1 || Hkv < 1)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "num_heads is %lld and num_kv_heads %lld; both must be at least 1",
+                          (long long)H, (long long)Hkv);
+    if (H % Hkv != 0)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "num_heads %lld is not a multiple of num_kv_heads %lld",
+                          (long long)H, (long long)Hkv);
+    char sq[128];
+    attn__shape_str(&w->w_q, sq, sizeof sq);
+    if (w->w_q.ndim != 2)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "q weight has shape %s; expected [H*D, E]", sq);
+    const int64_t Q = w->w_q.shape[0], E = w->w_q.shape[1];
+    /* H*D + 2*Hkv*D and the workspace's sums below must not overflow. */
+    if (Q > INT64_MAX / 4 || E > INT64_MAX / 4)
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "q weight %s is too large", sq);
+    if (Q % H != 0)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "q weight has shape %s; its %lld rows are not num_heads %lld "
+                          "heads of one size",
+                          sq, (long long)Q, (long long)H);
+    const int64_t D = Q / H, KV = Hkv * D;
+    char why[300];
+    snprintf(why, sizeof why, "num_kv_heads %lld x head_dim %lld, E %lld; head_dim = %lld rows "
+             "of q weight %s / num_heads %lld", (long long)Hkv, (long long)D, (long long)E,
+             (long long)Q, sq, (long long)H);
+    if ((rc = want_shape(ctx, &w->w_k, "k weight", 2, KV, E, why)) ||
+        (rc = want_shape(ctx, &w->w_v, "v weight", 2, KV, E, why)))
+        return rc;
+    snprintf(why, sizeof why, "E %lld and H*D %lld from q weight %s", (long long)E,
+             (long long)Q, sq);
+    if ((rc = want_shape(ctx, &w->w_o, "o weight", 2, E, Q, why)) ||
+        (w->b_q.data && (rc = want_shape(ctx, &w->b_q, "q bias", 1, Q, 0, "q weight's rows"))) ||
+        (w->b_k.data && (rc = want_shape(ctx, &w->b_k, "k bias", 1, KV, 0, "k weight's rows"))) ||
+        (w->b_v.data && (rc = want_shape(ctx, &w->b_v, "v bias", 1, KV, 0, "v weight's rows"))) ||
+        (w->b_o.data && (rc = want_shape(ctx, &w->b_o, "o bias", 1, E, 0, "o weight's rows"))))
+        return rc;
+    if (embed_dim)
+        *embed_dim = E;
+    if (head_dim)
+        *head_dim = D;
+    return ATTN_OK;
+}
+
+/* Checks and plans attn_gqa_forward's arguments; *arch is the GEMM's. */
+static int gqa_prepare(attn_ctx *ctx, const attn_gqa_weights *w, int64_t H, int64_t Hkv,
+                       const attn_tensor *x, const attn_sdpa_params *p, const attn_tensor *out,
+                       const attn_tensor *weights, attn_arch *arch, mha_plan *mp)
+{
+    int64_t E, D;
+    int rc = attn_gqa_weights_check(ctx, w, H, Hkv, &E, &D);
+    if (rc == ATTN_OK)
+        rc = attn__arch_resolve(ctx, arch);
+    if (rc != ATTN_OK)
+        return rc;
+    /* W_q, W_k, W_v and W_o are packed into the region one after another. */
+    const size_t pq = attn__gemm_pack_bytes(*arch, H * D, E);
+    const size_t pkv = attn__gemm_pack_bytes(*arch, Hkv * D, E);
+    const size_t po = attn__gemm_pack_bytes(*arch, E, H * D);
+    if (!pq || !pkv || !po)
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "packed projections of %lld x %lld floats overflow",
+                          (long long)(H * D), (long long)E);
+    size_t pack = pq > po ? pq : po;
+    pack = pack > pkv ? pack : pkv;
+    rc = mha_plan_make(ctx, E, H, Hkv, D, x, p, out, weights, pack, mp);
+    if (rc != ATTN_OK)
+        return rc;
+    const attn_tensor *t[8];
+    gqa_tensors(w, t);
+    return mha_aliasing(ctx, "attn_gqa_forward", x, p, t, gqa_names, 8, out, weights);
 }
 
 /* Checks and plans attn_mha_forward_packed's arguments. */
@@ -307,24 +487,39 @@ static int mha_prepare_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t 
 {
     if (!pw)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "the packed weights are NULL");
-    int rc = heads_check(ctx, pw->E, num_heads);
+    int rc;
+    int64_t Hkv = num_heads, D;
+    if (pw->kv_heads == 0) {
+        rc = heads_check(ctx, pw->E, num_heads);
+        D = rc == ATTN_OK ? pw->E / num_heads : 0;
+    } else {
+        /* attn_gqa_pack fixed the head size and the key/value heads; the query head
+         * count must be the one the weights were packed with. */
+        Hkv = pw->kv_heads, D = pw->head_dim;
+        rc = ATTN_OK;
+        if (num_heads < 1 || pw->q_rows % num_heads != 0 || pw->q_rows / num_heads != D)
+            rc = attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                            "num_heads is %lld; the packed weights have %lld query rows = "
+                            "%lld heads of head_dim %lld (and %lld key/value heads)",
+                            (long long)num_heads, (long long)pw->q_rows,
+                            (long long)(pw->q_rows / D), (long long)D, (long long)Hkv);
+    }
     if (rc == ATTN_OK)
         rc = attn__packed_arch_check(ctx, pw->qkv.arch, "the attention weights");
     if (rc == ATTN_OK)
-        rc = mha_plan_make(ctx, pw->E, num_heads, x, p, out, weights, 0, mp);
-    return rc != ATTN_OK ? rc : mha_aliasing(ctx, x, p, NULL, out, weights);
+        rc = mha_plan_make(ctx, pw->E, num_heads, Hkv, D, x, p, out, weights, 0, mp);
+    return rc != ATTN_OK ? rc : mha_aliasing_fused(ctx, x, p, NULL, out, weights);
 }
 
 /* Takes the block, runs, gives the block back. */
-static int mha_call(attn_ctx *ctx, const mha_plan *mp, const attn__gemm_packed *qkv_w,
-                    const attn__gemm_packed *o_w, const attn_mha_weights *w, attn_arch arch,
+static int mha_call(attn_ctx *ctx, const mha_plan *mp, const mha_src *src, attn_arch arch,
                     const attn_tensor *x, attn_tensor *out, attn_tensor *weights)
 {
     char *scratch = attn__scratch_get(ctx, mp->bytes, "the multi-head attention workspace");
     if (!scratch)
         return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
-    int rc = mha_run(ctx, mp, qkv_w, o_w, w, arch, x->data, out->data,
-                     weights ? weights->data : NULL, scratch);
+    int rc = mha_run(ctx, mp, src, arch, x->data, out->data, weights ? weights->data : NULL,
+                     scratch);
     attn__scratch_put(ctx, scratch);
     return rc;
 }
@@ -338,7 +533,8 @@ int attn_mha_forward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads
     int rc = mha_prepare(ctx, w, num_heads, x, p, out, weights, &arch, &mp);
     if (rc != ATTN_OK)
         return rc;
-    return mha_call(ctx, &mp, NULL, NULL, w, arch, x, out, weights);
+    const mha_src src = {NULL, NULL, w, NULL};
+    return mha_call(ctx, &mp, &src, arch, x, out, weights);
 }
 
 int attn_mha_workspace_size(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
@@ -351,6 +547,35 @@ int attn_mha_workspace_size(attn_ctx *ctx, const attn_mha_weights *w, int64_t nu
     attn_arch arch;
     mha_plan mp;
     int rc = mha_prepare(ctx, w, num_heads, x, p, out, weights, &arch, &mp);
+    if (rc == ATTN_OK)
+        *bytes = mp.bytes;
+    return rc;
+}
+
+int attn_gqa_forward(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                     int64_t num_kv_heads, const attn_tensor *x, const attn_sdpa_params *p,
+                     attn_tensor *out, attn_tensor *weights)
+{
+    attn_arch arch;
+    mha_plan mp;
+    int rc = gqa_prepare(ctx, w, num_heads, num_kv_heads, x, p, out, weights, &arch, &mp);
+    if (rc != ATTN_OK)
+        return rc;
+    const mha_src src = {NULL, NULL, NULL, w};
+    return mha_call(ctx, &mp, &src, arch, x, out, weights);
+}
+
+int attn_gqa_workspace_size(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                            int64_t num_kv_heads, const attn_tensor *x,
+                            const attn_sdpa_params *p, const attn_tensor *out,
+                            const attn_tensor *weights, size_t *bytes)
+{
+    if (!bytes)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "bytes is NULL");
+    *bytes = 0;
+    attn_arch arch;
+    mha_plan mp;
+    int rc = gqa_prepare(ctx, w, num_heads, num_kv_heads, x, p, out, weights, &arch, &mp);
     if (rc == ATTN_OK)
         *bytes = mp.bytes;
     return rc;
@@ -380,10 +605,72 @@ int attn_mha_pack(attn_ctx *ctx, const attn_mha_weights *w, attn_mha_packed **ou
     if (!pw)
         return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
     pw->E = pw->q_rows = pw->kv_rows = E;
+    pw->kv_heads = pw->head_dim = 0;
     attn__gemm_pack(ctx, arch, w->w_qkv.data, w->w_qkv.stride[0], w->w_qkv.stride[1],
                     w->b_qkv.data, w->b_qkv.stride[0], 3 * E, E, mem, &pw->qkv);
     attn__gemm_pack(ctx, arch, w->w_o.data, w->w_o.stride[0], w->w_o.stride[1], w->b_o.data,
                     w->b_o.stride[0], E, E, (char *)mem + qkv_bytes, &pw->o);
+    *out = pw;
+    return ATTN_OK;
+}
+
+int attn_gqa_pack(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                  int64_t num_kv_heads, attn_mha_packed **out)
+{
+    if (!out)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    int64_t E, D;
+    attn_arch arch;
+    int rc = attn_gqa_weights_check(ctx, w, num_heads, num_kv_heads, &E, &D);
+    if (rc == ATTN_OK)
+        rc = attn__arch_resolve(ctx, &arch);
+    if (rc != ATTN_OK)
+        return rc;
+    const int64_t Q = num_heads * D, KV = num_kv_heads * D, R = Q + 2 * KV;
+    const size_t qkv_bytes = attn__gemm_pack_bytes(arch, R, E);
+    const size_t o_bytes = attn__gemm_pack_bytes(arch, E, Q);
+    int64_t n_cat;
+    size_t cat_bytes;
+    if (!qkv_bytes || !o_bytes || qkv_bytes > SIZE_MAX - o_bytes ||
+        !attn__mul_i64(R, E + 1, &n_cat) || !attn__bytes(n_cat, sizeof(float), &cat_bytes))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "packed attention weights of %lld x %lld floats overflow",
+                          (long long)R, (long long)E);
+    /* The packing reads one matrix with one row stride, so W_q, W_k and W_v are
+     * first copied, once, into one [R, E] matrix (and their biases into [R]). */
+    float *cat = attn__alloc(ctx, cat_bytes, "the concatenated q/k/v weights");
+    if (!cat)
+        return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
+    float *bias = cat + R * E;
+    const attn_tensor *Ws[3] = {&w->w_q, &w->w_k, &w->w_v};
+    const attn_tensor *bs[3] = {&w->b_q, &w->b_k, &w->b_v};
+    int64_t row = 0;
+    for (int i = 0; i < 3; i++) {
+        const attn_tensor *W = Ws[i], *b = bs[i];
+        const float *wd = W->data, *bd = b->data;
+        for (int64_t r = 0; r < W->shape[0]; r++, row++) {
+            for (int64_t c = 0; c < E; c++)
+                cat[row * E + c] = wd[r * W->stride[0] + c * W->stride[1]];
+            /* No bias is a bias of zeros: the packed panel holds zeros either way. */
+            bias[row] = bd ? bd[r * b->stride[0]] : 0.0f;
+        }
+    }
+    void *mem;
+    attn_mha_packed *pw = attn__packed_alloc(ctx, sizeof *pw, qkv_bytes + o_bytes,
+                                             "the packed attention weights", &mem);
+    if (!pw) {
+        attn__free(ctx, cat);
+        return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
+    }
+    pw->E = E;
+    pw->q_rows = Q;
+    pw->kv_rows = KV;
+    pw->kv_heads = num_kv_heads;
+    pw->head_dim = D;
+    attn__gemm_pack(ctx, arch, cat, E, 1, bias, 1, R, E, mem, &pw->qkv);
+    attn__free(ctx, cat);
+    pack_tensor(ctx, arch, &w->w_o, &w->b_o, (char *)mem + qkv_bytes, &pw->o);
     *out = pw;
     return ATTN_OK;
 }
@@ -417,5 +704,6 @@ int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t nu
     int rc = mha_prepare_packed(ctx, pw, num_heads, x, p, out, weights, &mp);
     if (rc != ATTN_OK)
         return rc;
-    return mha_call(ctx, &mp, &pw->qkv, &pw->o, NULL, pw->qkv.arch, x, out, weights);
+    const mha_src src = {&pw->qkv, &pw->o, NULL, NULL};
+    return mha_call(ctx, &mp, &src, pw->qkv.arch, x, out, weights);
 }

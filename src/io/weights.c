@@ -12,6 +12,15 @@
  * E..2E-1 make k and 2E..3E-1 make v (nn.MultiheadAttention's in_proj_weight has the
  * same order), and w_o. A bias the file does not have is zeros, which is what a
  * Linear without bias computes.
+ *
+ * attn_weights_load_gqa reads the separate set with grouped-query shapes (a
+ * Llama-style block under a prefix such as "model.layers.0.self_attn."):
+ *
+ *   q_proj.weight [H*D, E], k_proj.weight and v_proj.weight [Hkv*D, E],
+ *   o_proj.weight [E, H*D], each .bias optional
+ *
+ * and keeps the four projections apart (attn_gqa_weights); a missing bias stays
+ * absent (data NULL).
  */
 #include "io_internal.h"
 
@@ -318,6 +327,122 @@ int attn_weights_load(attn_ctx *ctx, const char *path, const char *prefix,
 done:
     if (rc)
         attn_weights_free(ctx, w);
+    attn_safetensors_close(ctx, L.st);
+    return rc;
+}
+
+void attn_gqa_weights_free(attn_ctx *ctx, attn_gqa_weights *w)
+{
+    if (!w)
+        return;
+    attn_tensor *t[8] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o,
+                         &w->b_q, &w->b_k, &w->b_v, &w->b_o};
+    for (int i = 0; i < 8; i++)
+        attn__free(ctx, t[i]->data);
+    memset(w, 0, sizeof(*w));
+}
+
+/* The separate set with grouped-query shapes into w (owned tensors). */
+static int load_gqa(wload *L, int64_t H, int64_t Hkv, attn_gqa_weights *w)
+{
+    static const char *const wn[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                      "o_proj.weight"};
+    static const char *const bn[4] = {"q_proj.bias", "k_proj.bias", "v_proj.bias",
+                                      "o_proj.bias"};
+    attn_array W[4], b[4];
+    memset(W, 0, sizeof(W));
+    memset(b, 0, sizeof(b));
+    int rc;
+    for (int i = 0; i < 4; i++)
+        if ((rc = get(L, wn[i], 1, &W[i])) || (rc = get(L, bn[i], 0, &b[i])))
+            goto done;
+    const attn_tensor *q = &W[0].tensor;
+    char got[96], expect[160];
+    if (q->ndim != 2 || q->shape[0] % H != 0) {
+        rc = attn__fail(L->ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                        "%s: tensor '%s' has shape %s; expected (H*D, E) with num_heads H = "
+                        "%lld",
+                        L->path, full(L, wn[0]), attn__shape_str(q, got, sizeof(got)),
+                        (long long)H);
+        goto done;
+    }
+    const int64_t Q = q->shape[0], E = q->shape[1], D = Q / H, KV = Hkv * D;
+    snprintf(expect, sizeof(expect), "(Hkv*D, E) for num_kv_heads %lld, head_dim %lld",
+             (long long)Hkv, (long long)D);
+    if ((rc = want_shape(L, wn[1], &W[1], 2, KV, E, expect)) ||
+        (rc = want_shape(L, wn[2], &W[2], 2, KV, E, expect)) ||
+        (rc = want_shape(L, wn[3], &W[3], 2, E, Q, "(E, H*D)")) ||
+        (b[0].buffer && (rc = want_shape(L, bn[0], &b[0], 1, Q, 0, "(H*D,)"))) ||
+        (b[1].buffer && (rc = want_shape(L, bn[1], &b[1], 1, KV, 0, "(Hkv*D,)"))) ||
+        (b[2].buffer && (rc = want_shape(L, bn[2], &b[2], 1, KV, 0, "(Hkv*D,)"))) ||
+        (b[3].buffer && (rc = want_shape(L, bn[3], &b[3], 1, E, 0, "(E,)"))))
+        goto done;
+    attn_tensor *wt[4] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o};
+    attn_tensor *bt[4] = {&w->b_q, &w->b_k, &w->b_v, &w->b_o};
+    for (int i = 0; i < 4; i++) {
+        adopt(wt[i], &W[i]);
+        if (b[i].buffer)
+            adopt(bt[i], &b[i]);
+    }
+done:
+    for (int i = 0; i < 4; i++) {
+        attn_array_free(L->ctx, &W[i]);
+        attn_array_free(L->ctx, &b[i]);
+    }
+    return rc;
+}
+
+int attn_weights_load_gqa(attn_ctx *ctx, const char *path, const char *prefix,
+                          int64_t num_heads, int64_t num_kv_heads, attn_gqa_weights *w)
+{
+    if (!w)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_weights_load_gqa: w is NULL");
+    memset(w, 0, sizeof(*w));
+    if (num_heads < 1 || num_kv_heads < 1)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "num_heads (%lld) and num_kv_heads (%lld) must be at least 1",
+                          (long long)num_heads, (long long)num_kv_heads);
+    if (num_heads % num_kv_heads != 0)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "num_heads %lld is not a multiple of num_kv_heads %lld",
+                          (long long)num_heads, (long long)num_kv_heads);
+    if (!prefix)
+        prefix = "";
+    if (strlen(prefix) > 300)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "the weight name prefix is longer than 300 bytes");
+    wload L = {ctx, path, prefix, NULL, {0}};
+    int rc = attn_safetensors_open(ctx, path, &L.st);
+    if (rc)
+        return rc;
+    if (!has(&L, "q_proj.weight") && !has(&L, "k_proj.weight") &&
+        !has(&L, "v_proj.weight") && !has(&L, "o_proj.weight")) {
+        if (has(&L, wset_key[WSET_CHAPTER]) || has(&L, wset_key[WSET_TORCH])) {
+            rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                            "%s: the weights under the prefix '%s' are %s, a fused set with "
+                            "as many key/value heads as query heads; grouped-query attention "
+                            "reads separate projections (q_proj.weight, k_proj.weight, "
+                            "v_proj.weight, o_proj.weight)",
+                            path, prefix,
+                            wset_names[has(&L, wset_key[WSET_CHAPTER]) ? WSET_CHAPTER
+                                                                       : WSET_TORCH]);
+        } else {
+            char hint[300];
+            suggest_prefix(&L, hint, sizeof(hint));
+            rc = attn__fail(ctx, ATTN_STATUS_FORMAT,
+                            "%s: no attention weights under the prefix '%s': looked for "
+                            "'%sq_proj.weight'%s",
+                            path, prefix, prefix, hint);
+        }
+        goto done;
+    }
+    if ((rc = load_gqa(&L, num_heads, num_kv_heads, w)))
+        goto done;
+    rc = attn_gqa_weights_check(ctx, w, num_heads, num_kv_heads, NULL, NULL);
+done:
+    if (rc)
+        attn_gqa_weights_free(ctx, w);
     attn_safetensors_close(ctx, L.st);
     return rc;
 }
