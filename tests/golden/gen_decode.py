@@ -4,7 +4,7 @@ non-default base) and a grouped-query decode sequence, computed by PyTorch 2.x, 
 that tests/test_rope.c and tests/test_kv_cache.c can check attn against PyTorch
 without PyTorch.
 
-    /work/venv-torch/bin/python tests/golden/gen_decode.py   # from the repository root
+    python3 tests/golden/gen_decode.py   # from the repository root
 
 RoPE follows the float32 recipe of the tutorial's chapter 21 (build_rope_cache in
 src/llm_tutor/models/modern_attention.py of fengjikui/llm-tutor): positions and

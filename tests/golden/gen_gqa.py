@@ -7,7 +7,7 @@ what PyTorch computes. tests/test_golden.c (kind=gqa) and tests/test_cli_gqa.sh
 check attn_gqa_forward and `attn forward --num-kv-heads` against them without
 Python.
 
-    /work/venv-torch/bin/python tests/golden/gen_gqa.py   # from the repository root
+    python3 tests/golden/gen_gqa.py   # from the repository root
 
 How the expected values are made (as in gen_golden.py): the weights are drawn in
 float32 (nn.Linear's own initialisation, seeded) and the input with torch.randn,

@@ -5,7 +5,7 @@ inspect_self_attention's --dump, --values, --layout separate and --mistake.
 tests/test_values.sh, test_layout.sh and test_mistakes.sh compare the C program's
 output with these files; they need no Python. Regenerate with
 
-    /work/venv-torch/bin/python tests/golden/gen_learner.py   (PyTorch 2.x, numpy)
+    python3 tests/golden/gen_learner.py   (PyTorch 2.x, numpy)
 
 Each case directory holds .npy files named as --dump names them (x, q, k, v,
 scores, scaled_scores, masked_scores, attention, context, output) and args.txt, the
