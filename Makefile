@@ -1,6 +1,7 @@
 # A thin driver for CMake. `make run` builds and runs the chapter's experiment and
 # `make run-modern` chapter 21's; `make test` builds and runs every test; `make
-# exercises` grades the exercises in exercises/ (ONLY=3 grades one). Other targets: build, install, bench, clean.
+# exercises` grades the exercises in exercises/ (ONLY=3 grades one). Other
+# targets: build, install, bench, clean.
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
