@@ -84,6 +84,21 @@ if NO_COLOR=1 "$MODERN" --show --seq-len 4 >"$tmp/out" 2>"$tmp/err" \
     echo "ok   --show prints the mask and each head's weights with its kv head"
 else echo "FAIL --show: $(head -3 "$tmp/out") $(cat "$tmp/err")"; fail=1; fi
 
+# Out of memory at every allocation in turn (ATTN_FAIL_ALLOC_AT, tools/common_cli.h):
+# each run fails with exit status 1 and one line, until N is past the last one.
+n=1; oom_bad=0
+while [ $n -le 200 ]; do
+    ATTN_FAIL_ALLOC_AT=$n "$MODERN" --values --heatmap "$tmp/oom.svg" >"$tmp/out" 2>"$tmp/err"; rc=$?
+    [ $rc -eq 0 ] && break
+    if [ $rc -ne 1 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ]; then
+        echo "FAIL out of memory at allocation $n: exit status $rc, stderr: $(head -3 "$tmp/err")"; oom_bad=1; fail=1
+    fi
+    n=$((n + 1))
+done
+if [ $oom_bad -eq 0 ] && [ $n -gt 1 ] && [ $n -le 200 ]; then
+    echo "ok   out of memory at each of the $((n - 1)) allocations fails with one line and exit status 1"
+elif [ $oom_bad -eq 0 ]; then echo "FAIL the out-of-memory sweep stopped at $n"; fail=1; fi
+
 refuse "Hkv must divide H" "--num-kv-heads 3 does not divide --num-heads 4" --num-kv-heads 3
 refuse "RoPE needs an even head size" "RoPE needs an even head size, but --embed-dim 12 / --num-heads 4 = 3" --embed-dim 12
 refuse "E not divisible by H is refused" "--embed-dim 32 is not divisible by --num-heads 5" --num-heads 5
