@@ -1,12 +1,13 @@
-# A thin driver for CMake. `make run` builds and runs the chapter's experiment;
-# `make test` builds and runs every test; `make exercises` grades the exercises in
-# exercises/ (ONLY=3 grades one). Other targets: build, install, bench, clean.
+# A thin driver for CMake. `make run` builds and runs the chapter's experiment and
+# `make run-modern` chapter 21's; `make test` builds and runs every test; `make
+# exercises` grades the exercises in exercises/ (ONLY=3 grades one). Other
+# targets: build, install, bench, clean.
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 
-.PHONY: all build run learn test exercises install bench clean
+.PHONY: all build run run-modern learn test exercises install bench clean
 
 all: build
 
@@ -18,6 +19,11 @@ build: $(BUILD)/CMakeCache.txt
 
 run: build
 	./$(BUILD)/inspect_self_attention
+
+# Chapter 21's experiment (docs/modern-attention.md): RoPE, grouped-query attention,
+# a sliding window and decoding through the KV cache, with its step-by-step trace.
+run-modern: build
+	./$(BUILD)/inspect_modern_attention --trace
 
 # A Debug build of its own (no optimisation, full debug information), so that gdb
 # steps through src/attention/sdpa_ref.c line by line; the experiment runs the
