@@ -13,8 +13,11 @@
  *
  * Grouped-query attention (SPEC section 7): weights with separate projections
  * (q_proj [H*D, E], k_proj and v_proj [Hkv*D, E], o_proj [E, H*D]) run through
- * attn_gqa_forward with --num-kv-heads Hkv (default H); the fused name sets run
- * through attn_mha_forward as they always have, and have Hkv = H.
+ * attn_gqa_pack with --num-kv-heads Hkv (default H); the fused name sets through
+ * attn_mha_pack, and have Hkv = H. Either way the weights are packed once and run
+ * through attn_mha_forward_packed_rope, which gives the same bits as the unpacked
+ * calls and rotates q and k with --rope between the projections and the attention
+ * (SPEC section 7), inside the library call.
  */
 #include "attn.h"
 #include "cmds.h"
@@ -37,6 +40,7 @@ static const char HELP[] =
     "                 [--causal | --causal-bottom-right] [--mask M.npy]\n"
     "                 [--window LEFT,RIGHT] [--softcap C]\n"
     "                 [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
+    "                 [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
     "                 [--empty-rows error|zero]\n"
     "                 --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
@@ -45,6 +49,7 @@ static const char HELP[] =
     "\n"
     "        qkv = X W_qkv^T + b_qkv            [B, T, 3E], split into q, k, v\n"
     "        q, k, v -> [B, H, T, D]            D = E / H\n"
+    "        q, k rotated by position           (with --rope only)\n"
     "        weights = softmax(q k^T / sqrt(D)) with masked keys at -inf\n"
     "                  (and the options below, in SPEC section 6's order)\n"
     "        Y = merge(weights v) W_o^T + b_o   [B, T, E]\n"
@@ -113,6 +118,8 @@ static const char HELP[] =
     "    --mask M.npy\n"
     "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
     "        to [B, H, T, T] by numpy's rule.\n"
+    CLI_HELP_ROPE("        Here q and k are rotated after the projections, inside the library\n"
+                  "        call, both at positions N .. N+T-1 (N = --rope-offset).\n")
     "    --empty-rows error|zero\n"
     "        A query whose keys are all masked is an error (default), or gets zero\n"
     "        output and zero weights ('zero').\n"
@@ -131,7 +138,9 @@ static const char HELP[] =
     "    next to it, and all are renamed into place only when all are written.\n"
     "\n"
     "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
-    "    --alibi-slopes, a window side below -1, a softcap that is not > 0. Slopes\n"
+    "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
+    "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
+    "    --rope-offset without --rope. Slopes\n"
     "    or sinks that are not [H] and a bias that does not broadcast are errors\n"
     "    (exit 1) that name the shapes.\n"
     "\n"
@@ -143,7 +152,8 @@ static const char HELP[] =
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
     "        --token-ids ids.npy --pad-id 0 --causal --output y.npy --attention a.npy\n"
     "    attn forward --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
-    "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal --output y.npy\n"
+    "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal \\\n"
+    "        --rope half --rope-base 500000.0 --output y.npy\n"
     "\n"
     "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
 
@@ -174,7 +184,9 @@ int cmd_forward(int argc, char **argv)
     int64_t num_heads = 0, num_kv_heads = 0, pad_id = 0;
     int empty_rows = 0;
     cli_sdpa_options so;
+    cli_rope_options ro;
     memset(&so, 0, sizeof so);
+    memset(&ro, 0, sizeof ro);
     static const char *const empty_choices[] = {"error", "zero", NULL};
     cli_opt opts[] = {
         {"weights", CLI_STRING, &weights, NULL, 0, 0, 0},
@@ -185,6 +197,7 @@ int cmd_forward(int argc, char **argv)
         {"token-ids", CLI_STRING, &ids_path, NULL, 0, 0, 0},
         {"pad-id", CLI_INT, &pad_id, NULL, INT64_MIN, INT64_MAX, 0},
         CLI_SDPA_OPTIONS(&so),
+        CLI_ROPE_OPTIONS(&ro),
         {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
         {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
         {"output", CLI_STRING, &output, NULL, 0, 0, 0},
@@ -201,15 +214,19 @@ int cmd_forward(int argc, char **argv)
         return cli_usage_error(PROG, "--token-ids and --pad-id go together");
     static const char *const out_names[3] = {"output", "attention", "lse"};
     const char *out_paths[3] = {output, attention, so.lse};
+    attn_rope_params rope;
+    int use_rope;
     if ((rc = cli_distinct_outputs(PROG, 3, out_names, out_paths)) != CLI_PARSED ||
         (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
-            CLI_PARSED)
+            CLI_PARSED ||
+        (rc = cli_rope_options_get(PROG, opts, nopts, &ro, &rope, &use_rope)) != CLI_PARSED)
         return rc;
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
     attn_mha_weights w;
     attn_gqa_weights g;
+    attn_mha_packed *packed = NULL;
     attn_array x = {0}, ids = {0}, user_mask = {0};
     attn_tensor pad = {0}, both = {0}, out = {0}, att = {0}, lse = {0};
     const attn_tensor *mask = NULL;
@@ -224,7 +241,9 @@ int cmd_forward(int argc, char **argv)
     int separate = 0;
     if (has_separate(&ctx, weights, prefix, &separate) ||
         (separate || Hkv != H ? attn_weights_load_gqa(&ctx, weights, prefix, H, Hkv, &g)
-                              : attn_weights_load(&ctx, weights, prefix, H, &w)) != ATTN_OK) {
+                              : attn_weights_load(&ctx, weights, prefix, H, &w)) != ATTN_OK ||
+        (separate ? attn_gqa_pack(&ctx, &g, H, Hkv, &packed)
+                  : attn_mha_pack(&ctx, &w, &packed)) != ATTN_OK) {
         cli_fail(PROG, &ctx);
         goto done;
     }
@@ -314,10 +333,8 @@ int cmd_forward(int argc, char **argv)
         goto done;
     }
     p.lse = so.lse ? &lse : NULL;
-    /* A later --rope (SPEC section 7) rotates q and k between the projections and
-     * the attention, so it belongs to the library call, not here. */
-    if (separate ? attn_gqa_forward(&ctx, &g, H, Hkv, &x3, &p, &out, attention ? &att : NULL)
-                 : attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
+    if (attn_mha_forward_packed_rope(&ctx, packed, H, &x3, &p, use_rope ? &rope : NULL, &out,
+                                     attention ? &att : NULL)) {
         cli_fail_sdpa(PROG, &ctx, &so, NULL);
         goto done;
     }
@@ -357,6 +374,7 @@ int cmd_forward(int argc, char **argv)
 done:
     attn_weights_free(&ctx, &w);
     attn_gqa_weights_free(&ctx, &g);
+    attn_mha_packed_free(&ctx, packed);
     attn_array_free(&ctx, &x);
     attn_array_free(&ctx, &ids);
     attn_array_free(&ctx, &user_mask);
