@@ -477,6 +477,25 @@ ATTN_API int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, i
                             const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                             attn_tensor *weights);
 
+struct attn_rope_params; /* defined in the RoPE section below */
+
+/* attn_mha_forward_packed with RoPE (see "RoPE" below for attn_rope_params) on q
+ * and k between the projections and the attention, as in Llama's attention block:
+ *   q [B, H, T, D] and k [B, Hkv, T, D] are rotated in place in the scratch, row t
+ *   at position rope->offset + t (keys at offset .. offset + T - 1, the queries
+ *   at the same positions: Tq == Tk); v is not rotated.
+ * rope NULL is attn_mha_forward_packed itself (the same bits). rope is checked as
+ * attn_rope_apply checks it (pairing, base > 0 and finite, offset >= 0 and
+ * offset + T without overflow, D even: an odd D is SHAPE_MISMATCH naming it).
+ * Everything else (arguments, checks, aliasing, results) is as for
+ * attn_mha_forward_packed, and so is the scratch: the rotation needs none of its
+ * own, so attn_mha_packed_workspace_size gives the bytes. */
+ATTN_API int attn_mha_forward_packed_rope(attn_ctx *ctx, const attn_mha_packed *pw,
+                                          int64_t num_heads, const attn_tensor *x,
+                                          const attn_sdpa_params *p,
+                                          const struct attn_rope_params *rope,
+                                          attn_tensor *out, attn_tensor *weights);
+
 /* The scratch attn_mha_forward_packed needs for these arguments under ctx, in
  * bytes. Checks the arguments as attn_mha_forward_packed does; *bytes is 0 on
  * failure. */

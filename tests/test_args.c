@@ -1185,7 +1185,58 @@ static void test_mha_packed(void)
                     attn_mha_forward_packed(C, pw, H, &x, NULL, &out, &att));
     EXPECT_FAIL_CTX(ATTN_STATUS_INVALID_ARGUMENT, C->arch = other,
                     mha_packed_ws_as_call(C, pw, H, &x, NULL, &out, &att));
+
+    /* With RoPE: NULL rope is the plain call; what the plain call refuses is
+     * refused, and so is every bad RoPE parameter. D = E / H = 2 is even; one head
+     * makes D = 4, three heads do not divide E, so an odd D needs its own weights. */
+    covers("attn_mha_forward_packed_rope");
+    attn_rope_params rp;
+    attn_rope_params_init(&rp);
+    EXPECT_OK(attn_mha_forward_packed_rope(C, pw, H, &x, NULL, NULL, &out, &att));
+    EXPECT_OK(attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &rp, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, NULL, H, &x, NULL, &rp, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, pw, H, NULL, NULL, &rp, &out, &att));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &rp, NULL, &att));
+    MHA_CALL_CHECKS(attn_mha_forward_packed_rope(C, pw, Hh, &x, NULL, &rp, &out, NULL),
+                    attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &rp, &out, &att));
+    attn_rope_params bad_r = rp;
+    bad_r.base = 0.0f;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &bad_r, &out, &att));
+    bad_r.base = INFINITY;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &bad_r, &out, &att));
+    bad_r = rp;
+    bad_r.pairing = (attn_rope_pairing)7;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &bad_r, &out, &att));
+    bad_r = rp;
+    bad_r.offset = -1;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &bad_r, &out, &att));
+    bad_r.offset = INT64_MAX - 1; /* + T = 3 positions overflows */
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW,
+                attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &bad_r, &out, &att));
     attn_mha_packed_free(NULL, pw);
+    {
+        /* E = 3, one head: D = 3 is odd, which RoPE cannot pair. */
+        static float w3[9 * 3], b3[9], o3[9], c3[3], x3b[2 * 3], y3b[2 * 3];
+        attn_mha_weights w_odd;
+        w_odd.w_qkv = make(ATTN_DTYPE_F32, w3, 2, 9, 3, 1, 1);
+        w_odd.b_qkv = make(ATTN_DTYPE_F32, b3, 1, 9, 1, 1, 1);
+        w_odd.w_o = make(ATTN_DTYPE_F32, o3, 2, 3, 3, 1, 1);
+        w_odd.b_o = make(ATTN_DTYPE_F32, c3, 1, 3, 1, 1, 1);
+        attn_tensor x3 = make(ATTN_DTYPE_F32, x3b, 3, 1, 2, 3, 1);
+        attn_tensor y3 = make(ATTN_DTYPE_F32, y3b, 3, 1, 2, 3, 1);
+        attn_mha_packed *p3 = NULL;
+        CHECK_INT(attn_mha_pack(NULL, &w_odd, &p3), ATTN_OK);
+        EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH,
+                    attn_mha_forward_packed_rope(C, p3, 1, &x3, NULL, &rp, &y3, NULL));
+        attn_mha_packed_free(NULL, p3);
+    }
 }
 
 static void test_files(void)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Out of memory through the programs: with ATTN_FAIL_ALLOC_AT=N the Nth allocation of
-# `attn forward`, `attn sdpa` and `inspect_self_attention --dump` fails, for N = 1, 2,
+# `attn forward`, `attn decode`, `attn sdpa` and `inspect_self_attention --dump` fails, for N = 1, 2,
 # 3, ... until the run succeeds. Every failing run must exit 1 with one line on
 # stderr that says "out of memory", and leave no output and no temporary file; the
 # run that succeeds must write what an unconstrained run writes, byte for byte.
@@ -45,6 +45,13 @@ d="$gold/sdpa_cross_mask"
 sweep "attn sdpa (cross-attention with a mask, with --attention)" "o.npy a.npy" \
     "$ATTN" sdpa --query "$d/q.npy" --key "$d/k.npy" --value "$d/v.npy" --mask "$d/mask.npy" \
     --output "$tmp/out/o.npy" --attention "$tmp/out/a.npy"
+d="$ATTN_TEST_DATA_DIR/golden_gqa_rope/rope_mqa_interleaved_offset37_pad"
+sweep "attn decode (MQA, RoPE, padding, a prefill and steps, with --attention and --lse)" \
+    "y.npy a.npy l.npy" \
+    "$ATTN" decode --weights "$d/weights.safetensors" --prefix model.layers.0.self_attn. \
+    --num-heads 4 --num-kv-heads 1 --input "$d/x.npy" --token-ids "$d/ids.npy" --pad-id 0 \
+    --rope half --prefill 2 --output "$tmp/out/y.npy" --attention "$tmp/out/a.npy" \
+    --lse "$tmp/out/l.npy"
 sweep "inspect_self_attention --dump" "x.npy output.npy attention.npy weights.safetensors" \
     "$INSPECT" --dump "$tmp/out"
 exit $fail

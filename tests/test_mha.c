@@ -6,6 +6,9 @@
  * each key/value head's weights repeated for its group of query heads (repeat_kv),
  * bit for bit, on every path; packed and unpacked agree; and with packed weights
  * and a workspace it allocates nothing.
+ * RoPE inside the block (attn_mha_forward_packed_rope): PyTorch 2.15's Llama-style
+ * blocks with RoPE (tests/data/golden_gqa_rope/, both pairings, non-default bases,
+ * offsets, fused and separate weights) on every path, 1 and 2 threads.
  */
 #include "attn.h"
 #include "check.h"
@@ -461,6 +464,212 @@ static void test_gqa_no_alloc(void)
     gqa_case_free(&c);
 }
 
+/* One golden case of tests/data/golden_gqa_rope/: its case.txt keys. */
+typedef struct rope_case {
+    char dir[512], layout[32], prefix[128], rope[32], ids[64];
+    long long H, Hkv, offset;
+    double base;
+} rope_case;
+
+static int rope_case_read(const char *name, rope_case *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s/golden_gqa_rope/%s", ATTN_TEST_DATA_DIR, name);
+    char path[600], line[256];
+    snprintf(path, sizeof path, "%s/case.txt", c->dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (line[0] == '#' || !eq)
+            continue;
+        *eq = '\0';
+        const char *k = line, *v = eq + 1;
+        if (!strcmp(k, "layout"))
+            snprintf(c->layout, sizeof c->layout, "%s", v);
+        else if (!strcmp(k, "prefix"))
+            snprintf(c->prefix, sizeof c->prefix, "%s", v);
+        else if (!strcmp(k, "rope"))
+            snprintf(c->rope, sizeof c->rope, "%s", v);
+        else if (!strcmp(k, "token_ids"))
+            snprintf(c->ids, sizeof c->ids, "%s", v);
+        else if (!strcmp(k, "num_heads"))
+            c->H = atoll(v);
+        else if (!strcmp(k, "num_kv_heads"))
+            c->Hkv = atoll(v);
+        else if (!strcmp(k, "rope_offset"))
+            c->offset = atoll(v);
+        else if (!strcmp(k, "rope_base"))
+            c->base = atof(v);
+    }
+    fclose(f);
+    return c->H > 0 && c->Hkv > 0 && c->base > 0 && c->rope[0] ? 0 : -1;
+}
+
+static attn_array rope_load(const rope_case *c, const char *file)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", c->dir, file);
+    attn_array a;
+    memset(&a, 0, sizeof a);
+    if (attn_npy_load(NULL, path, &a) != ATTN_OK) {
+        check_failures_++;
+        fprintf(stderr, "  cannot load %s\n", path);
+    }
+    return a;
+}
+
+/* got against PyTorch's want under the golden tolerance of tests/test_golden.c,
+ * 2e-6 + 1e-5 * |want| (float32 projections and softmax against a float64 block);
+ * returns the worst error / bound. */
+static double rope_close(const char *what, const float *got, const float *want, int64_t n)
+{
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (got[i] == want[i])
+            continue;
+        const double err = fabs((double)got[i] - want[i]), bound = 2e-6 + 1e-5 * fabs(want[i]);
+        if (err / bound > worst)
+            worst = err / bound;
+        if (!(err <= bound)) {
+            check_failures_++;
+            fprintf(stderr, "  %s: element %lld is %.9g, PyTorch %.9g (error %.3g, bound %.3g)\n",
+                    what, (long long)i, got[i], want[i], err, bound);
+            return worst;
+        }
+    }
+    check_count_++;
+    return worst;
+}
+
+static void test_rope_golden(void)
+{
+    TEST("attention blocks with RoPE (attn_mha_forward_packed_rope) reproduce PyTorch 2.15's "
+         "Llama-style blocks (both pairings, bases 500000 and 2500, offsets 0, 5 and 37, "
+         "fused and separate weights, GQA and MQA, causal, padded) on every path, 1 and 2 "
+         "threads: output, attention weights and log-sum-exp within 2e-6 + 1e-5 * |torch|; "
+         "without RoPE the output is far from PyTorch's (the check can fail)");
+    char path[600], name[128];
+    snprintf(path, sizeof path, "%s/golden_gqa_rope/MANIFEST", ATTN_TEST_DATA_DIR);
+    FILE *mf = fopen(path, "r");
+    CHECK(mf != NULL);
+    if (!mf)
+        return;
+    int ncases = 0;
+    double worst = 0;
+    while (fgets(name, sizeof name, mf)) {
+        name[strcspn(name, "\n")] = '\0';
+        if (name[0] == '#' || !name[0])
+            continue;
+        rope_case c;
+        CHECK_INT(rope_case_read(name, &c), 0);
+        attn_array x = rope_load(&c, "x.npy"), want = rope_load(&c, "out.npy");
+        attn_array want_w = rope_load(&c, "attn.npy"), want_l = rope_load(&c, "lse.npy");
+        attn_array ids;
+        memset(&ids, 0, sizeof ids);
+        if (c.ids[0])
+            ids = rope_load(&c, c.ids);
+        const int fused = !strcmp(c.layout, "fused");
+        attn_mha_weights w;
+        attn_gqa_weights g;
+        memset(&w, 0, sizeof w);
+        memset(&g, 0, sizeof g);
+        snprintf(path, sizeof path, "%s/weights.safetensors", c.dir);
+        CHECK_INT(fused ? attn_weights_load(NULL, path, c.prefix, c.H, &w)
+                        : attn_weights_load_gqa(NULL, path, c.prefix, c.H, c.Hkv, &g),
+                  ATTN_OK);
+        const int64_t B = x.tensor.shape[0], T = x.tensor.shape[1], E = x.tensor.shape[2];
+        const int64_t H = c.H, sa[4] = {B, H, T, T}, sl[3] = {B, H, T}, sp[4] = {B, 1, 1, T};
+        attn_tensor out, att, lse, pad;
+        memset(&pad, 0, sizeof pad);
+        CHECK_INT(attn_tensor_alloc(NULL, &out, ATTN_DTYPE_F32, 3, x.tensor.shape), ATTN_OK);
+        CHECK_INT(attn_tensor_alloc(NULL, &att, ATTN_DTYPE_F32, 4, sa), ATTN_OK);
+        CHECK_INT(attn_tensor_alloc(NULL, &lse, ATTN_DTYPE_F32, 3, sl), ATTN_OK);
+        if (c.ids[0]) {
+            CHECK_INT(attn_tensor_alloc(NULL, &pad, ATTN_DTYPE_BOOL, 4, sp), ATTN_OK);
+            CHECK_INT(attn_mask_padding(NULL, &ids.tensor, 0, &pad), ATTN_OK);
+        }
+        attn_rope_params rp;
+        attn_rope_params_init(&rp);
+        rp.pairing = !strcmp(c.rope, "half") ? ATTN_ROPE_HALF : ATTN_ROPE_INTERLEAVED;
+        rp.base = (float)c.base;
+        rp.offset = c.offset;
+        const attn_arch archs[] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2,
+                                   ATTN_ARCH_AVX512};
+        for (int a = 0; a < 4; a++) {
+            if (!attn_arch_supported(archs[a]))
+                continue;
+            for (int threads = 1; threads <= 2; threads++) {
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.arch = archs[a];
+                ctx.threads = threads;
+                attn_mha_packed *pw = NULL;
+                CHECK_INT(fused ? attn_mha_pack(&ctx, &w, &pw)
+                                : attn_gqa_pack(&ctx, &g, c.H, c.Hkv, &pw),
+                          ATTN_OK);
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_TOP_LEFT;
+                p.mask = c.ids[0] ? &pad : NULL;
+                p.lse = &lse;
+                const int rc = attn_mha_forward_packed_rope(&ctx, pw, H, &x.tensor, &p, &rp,
+                                                            &out, &att);
+                CHECK_INT(rc, ATTN_OK);
+                if (rc != ATTN_OK)
+                    fprintf(stderr, "  %s: %s\n", name, ctx.message);
+                char what[256];
+                snprintf(what, sizeof what, "%s, arch %s, %d threads, output", name,
+                         attn_arch_name(archs[a]), threads);
+                double r = rope_close(what, out.data, want.tensor.data, B * T * E);
+                worst = r > worst ? r : worst;
+                r = rope_close("... attention weights", att.data, want_w.tensor.data,
+                               B * H * T * T);
+                worst = r > worst ? r : worst;
+                r = rope_close("... log-sum-exp", lse.data, want_l.tensor.data, B * H * T);
+                worst = r > worst ? r : worst;
+                if (a == 0 && threads == 1) {
+                    /* Without RoPE the same block is far from PyTorch's. */
+                    p.lse = NULL;
+                    CHECK_INT(attn_mha_forward_packed_rope(&ctx, pw, H, &x.tensor, &p, NULL,
+                                                           &out, NULL),
+                              ATTN_OK);
+                    double far = 0;
+                    const float *o = out.data, *wv = want.tensor.data;
+                    for (int64_t i = 0; i < B * T * E; i++) {
+                        const double e = fabs((double)o[i] - wv[i]) / (2e-6 + 1e-5 * fabs(wv[i]));
+                        far = e > far ? e : far;
+                    }
+                    if (!(far > 10.0))
+                        fprintf(stderr, "  %s: without RoPE the worst error / bound is only %.3g\n",
+                                name, far);
+                    CHECK(far > 10.0);
+                }
+                attn_mha_packed_free(&ctx, pw);
+            }
+        }
+        attn_tensor_free(NULL, &out);
+        attn_tensor_free(NULL, &att);
+        attn_tensor_free(NULL, &lse);
+        attn_tensor_free(NULL, &pad);
+        attn_weights_free(NULL, &w);
+        attn_gqa_weights_free(NULL, &g);
+        attn_array_free(NULL, &x);
+        attn_array_free(NULL, &want);
+        attn_array_free(NULL, &want_w);
+        attn_array_free(NULL, &want_l);
+        attn_array_free(NULL, &ids);
+        ncases++;
+    }
+    fclose(mf);
+    if (ncases < 4)
+        fprintf(stderr, "  only %d RoPE golden cases\n", ncases);
+    CHECK(ncases >= 4);
+    fprintf(stderr, "   %d cases; worst error / bound %.3f\n", ncases, worst);
+}
+
 int main(void)
 {
     test_masks();
@@ -482,5 +691,6 @@ int main(void)
     test_gqa_equals_repeated(1, 1, 12, 6, 1);
     test_gqa_equals_repeated(2, 70, 64, 8, 2);
     test_gqa_no_alloc();
+    test_rope_golden();
     return check_summary("test_mha");
 }

@@ -2,6 +2,7 @@
  * attn.c - the `attn` program: one binary, several subcommands.
  *
  *   attn forward ...   multi-head self-attention with weights from a file
+ *   attn decode ...    the same, token by token through a KV cache
  *   attn sdpa ...      scaled dot-product attention on .npy arrays
  *   attn bench ...     the benchmark
  *
@@ -19,6 +20,8 @@
 static const cmd_entry commands[] = {
     {"forward", "multi-head self-attention with weights from a .safetensors file",
      cmd_forward},
+    {"decode", "attn forward --causal token by token through a KV cache (--prefill N)",
+     cmd_decode},
     {"sdpa", "scaled dot-product attention on .npy arrays", cmd_sdpa},
     {"bench", "time attention (SPEC shapes S1-S8 or custom) against the machine's peak",
      cmd_bench},
@@ -60,7 +63,7 @@ int main(int argc, char **argv)
     if (argc < 2) {
         /* A usage error is one line on stderr, like every other; the manual is
          * for --help. */
-        fprintf(stderr, "attn: missing COMMAND: forward, sdpa or bench (run 'attn --help')\n");
+        fprintf(stderr, "attn: missing COMMAND: forward, decode, sdpa or bench (run 'attn --help')\n");
         return CLI_EXIT_USAGE;
     }
     const char *cmd = argv[1];

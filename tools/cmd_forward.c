@@ -13,10 +13,14 @@
  *
  * Grouped-query attention (SPEC section 7): weights with separate projections
  * (q_proj [H*D, E], k_proj and v_proj [Hkv*D, E], o_proj [E, H*D]) run through
- * attn_gqa_forward with --num-kv-heads Hkv (default H); the fused name sets run
- * through attn_mha_forward as they always have, and have Hkv = H.
+ * attn_gqa_pack with --num-kv-heads Hkv (default H); the fused name sets through
+ * attn_mha_pack, and have Hkv = H. Either way the weights are packed once and run
+ * through attn_mha_forward_packed_rope, which gives the same bits as the unpacked
+ * calls and rotates q and k with --rope between the projections and the attention
+ * (SPEC section 7), inside the library call.
  */
 #include "attn.h"
+#include "cmd_forward.h"
 #include "cmds.h"
 #include "common_cli.h"
 
@@ -37,6 +41,7 @@ static const char HELP[] =
     "                 [--causal | --causal-bottom-right] [--mask M.npy]\n"
     "                 [--window LEFT,RIGHT] [--softcap C]\n"
     "                 [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
+    "                 [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
     "                 [--empty-rows error|zero]\n"
     "                 --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
@@ -45,6 +50,7 @@ static const char HELP[] =
     "\n"
     "        qkv = X W_qkv^T + b_qkv            [B, T, 3E], split into q, k, v\n"
     "        q, k, v -> [B, H, T, D]            D = E / H\n"
+    "        q, k rotated by position           (with --rope only)\n"
     "        weights = softmax(q k^T / sqrt(D)) with masked keys at -inf\n"
     "                  (and the options below, in SPEC section 6's order)\n"
     "        Y = merge(weights v) W_o^T + b_o   [B, T, E]\n"
@@ -113,6 +119,8 @@ static const char HELP[] =
     "    --mask M.npy\n"
     "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
     "        to [B, H, T, T] by numpy's rule.\n"
+    CLI_HELP_ROPE("        Here q and k are rotated after the projections, inside the library\n"
+                  "        call, both at positions N .. N+T-1 (N = --rope-offset).\n")
     "    --empty-rows error|zero\n"
     "        A query whose keys are all masked is an error (default), or gets zero\n"
     "        output and zero weights ('zero').\n"
@@ -131,7 +139,9 @@ static const char HELP[] =
     "    next to it, and all are renamed into place only when all are written.\n"
     "\n"
     "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
-    "    --alibi-slopes, a window side below -1, a softcap that is not > 0. Slopes\n"
+    "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
+    "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
+    "    --rope-offset without --rope. Slopes\n"
     "    or sinks that are not [H] and a bias that does not broadcast are errors\n"
     "    (exit 1) that name the shapes.\n"
     "\n"
@@ -143,7 +153,8 @@ static const char HELP[] =
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
     "        --token-ids ids.npy --pad-id 0 --causal --output y.npy --attention a.npy\n"
     "    attn forward --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
-    "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal --output y.npy\n"
+    "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal \\\n"
+    "        --rope half --rope-base 500000.0 --output y.npy\n"
     "\n"
     "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
 
@@ -167,204 +178,220 @@ static int has_separate(attn_ctx *ctx, const char *path, const char *prefix, int
     return 0;
 }
 
-int cmd_forward(int argc, char **argv)
+const char *const fwd_empty_choices[] = {"error", "zero", NULL};
+
+int fwd_check(const char *prog, const cli_opt *opts, int nopts, fwd_args *a,
+              attn_rope_params *rope, int *use_rope)
 {
-    const char *weights = NULL, *prefix = "", *input = NULL, *ids_path = NULL;
-    const char *mask_path = NULL, *output = NULL, *attention = NULL;
-    int64_t num_heads = 0, num_kv_heads = 0, pad_id = 0;
-    int empty_rows = 0;
-    cli_sdpa_options so;
-    memset(&so, 0, sizeof so);
-    static const char *const empty_choices[] = {"error", "zero", NULL};
-    cli_opt opts[] = {
-        {"weights", CLI_STRING, &weights, NULL, 0, 0, 0},
-        {"prefix", CLI_STRING, &prefix, NULL, 0, 0, 0},
-        {"num-heads", CLI_INT, &num_heads, NULL, 1, INT64_MAX, 0},
-        {"num-kv-heads", CLI_INT, &num_kv_heads, NULL, 1, INT64_MAX, 0},
-        {"input", CLI_STRING, &input, NULL, 0, 0, 0},
-        {"token-ids", CLI_STRING, &ids_path, NULL, 0, 0, 0},
-        {"pad-id", CLI_INT, &pad_id, NULL, INT64_MIN, INT64_MAX, 0},
-        CLI_SDPA_OPTIONS(&so),
-        {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
-        {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
-        {"output", CLI_STRING, &output, NULL, 0, 0, 0},
-        {"attention", CLI_STRING, &attention, NULL, 0, 0, 0},
-    };
-    const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
-    int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
-    if (rc != CLI_PARSED)
-        return rc;
     static const char *const required[] = {"weights", "num-heads", "input", "output", NULL};
-    if ((rc = cli_require(PROG, opts, nopts, required)) != CLI_PARSED)
+    int rc;
+    if ((rc = cli_require(prog, opts, nopts, required)) != CLI_PARSED)
         return rc;
     if (cli_seen(opts, nopts, "token-ids") != cli_seen(opts, nopts, "pad-id"))
-        return cli_usage_error(PROG, "--token-ids and --pad-id go together");
+        return cli_usage_error(prog, "--token-ids and --pad-id go together");
     static const char *const out_names[3] = {"output", "attention", "lse"};
-    const char *out_paths[3] = {output, attention, so.lse};
-    if ((rc = cli_distinct_outputs(PROG, 3, out_names, out_paths)) != CLI_PARSED ||
-        (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
+    const char *out_paths[3] = {a->output, a->attention, a->so.lse};
+    if ((rc = cli_distinct_outputs(prog, 3, out_names, out_paths)) != CLI_PARSED ||
+        (rc = cli_sdpa_options_check(prog, &a->so, cli_seen(opts, nopts, "softcap"))) !=
             CLI_PARSED)
         return rc;
+    return cli_rope_options_get(prog, opts, nopts, &a->ro, rope, use_rope);
+}
 
-    attn_ctx ctx;
-    cli_ctx_init(&ctx);
-    attn_mha_weights w;
-    attn_gqa_weights g;
-    attn_array x = {0}, ids = {0}, user_mask = {0};
-    attn_tensor pad = {0}, both = {0}, out = {0}, att = {0}, lse = {0};
-    const attn_tensor *mask = NULL;
-    int status = CLI_EXIT_ERROR;
-    memset(&w, 0, sizeof(w));
-    memset(&g, 0, sizeof(g));
-
+int fwd_load(const char *prog, attn_ctx *ctx, fwd_args *a, fwd_data *d)
+{
     /* Separate projections load with their grouped-query shapes; the fused sets
      * as the chapter's weights, and only with Hkv = H (otherwise the grouped-query
      * loader is asked, whose message says why those names cannot have Hkv < H). */
-    const int64_t H = num_heads, Hkv = num_kv_heads ? num_kv_heads : num_heads;
-    int separate = 0;
-    if (has_separate(&ctx, weights, prefix, &separate) ||
-        (separate || Hkv != H ? attn_weights_load_gqa(&ctx, weights, prefix, H, Hkv, &g)
-                              : attn_weights_load(&ctx, weights, prefix, H, &w)) != ATTN_OK) {
-        cli_fail(PROG, &ctx);
-        goto done;
-    }
-    const int64_t E = separate ? g.w_o.shape[0] : w.w_o.shape[0];
-    if (cli_load_npy(PROG, &ctx, "--input", input, &x))
-        goto done;
-    if (x.tensor.dtype != ATTN_DTYPE_F32 || (x.tensor.ndim != 2 && x.tensor.ndim != 3) ||
-        x.tensor.shape[x.tensor.ndim - 1] != E) {
+    const int64_t H = a->num_heads, Hkv = a->num_kv_heads ? a->num_kv_heads : a->num_heads;
+    const char *prefix = a->prefix ? a->prefix : "";
+    if (has_separate(ctx, a->weights, prefix, &d->separate) ||
+        (d->separate || Hkv != H
+             ? attn_weights_load_gqa(ctx, a->weights, prefix, H, Hkv, &d->g)
+             : attn_weights_load(ctx, a->weights, prefix, H, &d->w)) != ATTN_OK)
+        return cli_fail(prog, ctx);
+    /* A fused name set asked for Hkv < H fails in the loader above, so Hkv = H
+     * whenever d->separate is 0. */
+    d->separate = d->separate || Hkv != H;
+    const int64_t E = d->separate ? d->g.w_o.shape[0] : d->w.w_o.shape[0];
+    d->H = H, d->Hkv = Hkv, d->E = E;
+    d->D = d->separate ? d->g.w_q.shape[0] / H : E / H;
+    if (cli_load_npy(prog, ctx, "--input", a->input, &d->x))
+        return CLI_EXIT_ERROR;
+    const attn_tensor *xt = &d->x.tensor;
+    if (xt->dtype != ATTN_DTYPE_F32 || (xt->ndim != 2 && xt->ndim != 3) ||
+        xt->shape[xt->ndim - 1] != E) {
         char s[96];
-        cli_error(PROG,
+        cli_error(prog,
                   "--input %s: expected a float array [B, T, %lld] or [T, %lld] (E from the "
                   "weights), got %s %s",
-                  input, (long long)E, (long long)E, attn_dtype_name(x.tensor.dtype),
-                  cli_shape(&x.tensor, s, sizeof(s)));
-        goto done;
+                  a->input, (long long)E, (long long)E, attn_dtype_name(xt->dtype),
+                  cli_shape(xt, s, sizeof(s)));
+        return CLI_EXIT_ERROR;
     }
-    const int single = x.tensor.ndim == 2;
-    const int64_t B = single ? 1 : x.tensor.shape[0];
-    const int64_t T = x.tensor.shape[x.tensor.ndim - 2];
-    attn_tensor x3;
+    d->single = xt->ndim == 2;
+    const int64_t B = d->single ? 1 : xt->shape[0], T = xt->shape[xt->ndim - 2];
+    d->B = B, d->T = T;
     const int64_t s3[3] = {B, T, E};
-    attn_tensor_init(&ctx, &x3, ATTN_DTYPE_F32, x.tensor.data, 3, s3);
+    attn_tensor_init(ctx, &d->x3, ATTN_DTYPE_F32, xt->data, 3, s3);
 
-    if (ids_path) {
-        if (cli_load_npy(PROG, &ctx, "--token-ids", ids_path, &ids))
-            goto done;
-        attn_tensor ids2 = ids.tensor;
-        int ok = ids.tensor.dtype == ATTN_DTYPE_I64 || ids.tensor.dtype == ATTN_DTYPE_I32;
-        if (ok && ids.tensor.ndim == 1 && single) {
-            const int64_t s2[2] = {1, ids.tensor.shape[0]};
-            attn_tensor_init(&ctx, &ids2, ids.tensor.dtype, ids.tensor.data, 2, s2);
+    const attn_tensor *mask = NULL;
+    if (a->ids_path) {
+        if (cli_load_npy(prog, ctx, "--token-ids", a->ids_path, &d->ids))
+            return CLI_EXIT_ERROR;
+        attn_tensor ids2 = d->ids.tensor;
+        int ok = ids2.dtype == ATTN_DTYPE_I64 || ids2.dtype == ATTN_DTYPE_I32;
+        if (ok && ids2.ndim == 1 && d->single) {
+            const int64_t s2[2] = {1, ids2.shape[0]};
+            attn_tensor_init(ctx, &ids2, d->ids.tensor.dtype, d->ids.tensor.data, 2, s2);
         }
         if (!ok || ids2.ndim != 2 || ids2.shape[0] != B || ids2.shape[1] != T) {
             char s[96];
-            cli_error(PROG, "--token-ids %s: expected int32 or int64 ids [%lld, %lld], got %s %s",
-                      ids_path, (long long)B, (long long)T,
-                      ids.file_dtype ? ids.file_dtype : attn_dtype_name(ids.tensor.dtype),
-                      cli_shape(&ids.tensor, s, sizeof(s)));
-            goto done;
+            cli_error(prog, "--token-ids %s: expected int32 or int64 ids [%lld, %lld], got %s %s",
+                      a->ids_path, (long long)B, (long long)T,
+                      d->ids.file_dtype ? d->ids.file_dtype : attn_dtype_name(d->ids.tensor.dtype),
+                      cli_shape(&d->ids.tensor, s, sizeof(s)));
+            return CLI_EXIT_ERROR;
         }
         const int64_t sp[4] = {B, 1, 1, T};
-        if (attn_tensor_alloc(&ctx, &pad, ATTN_DTYPE_BOOL, 4, sp) ||
-            attn_mask_padding(&ctx, &ids2, pad_id, &pad)) {
-            cli_fail(PROG, &ctx);
-            goto done;
-        }
-        mask = &pad;
+        if (attn_tensor_alloc(ctx, &d->pad, ATTN_DTYPE_BOOL, 4, sp) ||
+            attn_mask_padding(ctx, &ids2, a->pad_id, &d->pad))
+            return cli_fail(prog, ctx);
+        mask = &d->pad;
     }
-    if (mask_path) {
-        if (cli_load_mask(PROG, &ctx, mask_path, &user_mask))
-            goto done;
-        if (attn_mask_check(&ctx, &user_mask.tensor, B, H, T, T)) {
-            cli_error(PROG, "--mask %s: %s", mask_path, ctx.message);
-            goto done;
+    if (a->mask_path) {
+        if (cli_load_mask(prog, ctx, a->mask_path, &d->user_mask))
+            return CLI_EXIT_ERROR;
+        if (attn_mask_check(ctx, &d->user_mask.tensor, B, H, T, T)) {
+            cli_error(prog, "--mask %s: %s", a->mask_path, ctx->message);
+            return CLI_EXIT_ERROR;
         }
         if (mask) {
             int nd;
             int64_t sb[ATTN_MAX_DIMS];
-            if (attn_broadcast_shape(&ctx, pad.ndim, pad.shape, user_mask.tensor.ndim,
-                                     user_mask.tensor.shape, &nd, sb) ||
-                attn_tensor_alloc(&ctx, &both, ATTN_DTYPE_BOOL, nd, sb) ||
-                attn_mask_and(&ctx, &pad, &user_mask.tensor, &both)) {
-                cli_fail(PROG, &ctx);
-                goto done;
-            }
-            mask = &both;
+            if (attn_broadcast_shape(ctx, d->pad.ndim, d->pad.shape, d->user_mask.tensor.ndim,
+                                     d->user_mask.tensor.shape, &nd, sb) ||
+                attn_tensor_alloc(ctx, &d->both, ATTN_DTYPE_BOOL, nd, sb) ||
+                attn_mask_and(ctx, &d->pad, &d->user_mask.tensor, &d->both))
+                return cli_fail(prog, ctx);
+            mask = &d->both;
         } else {
-            mask = &user_mask.tensor;
+            mask = &d->user_mask.tensor;
         }
     }
 
-    attn_sdpa_params p;
-    attn_sdpa_params_init(&p);
-    if (cli_sdpa_options_load(PROG, &ctx, &so, &p))
-        goto done;
+    attn_sdpa_params_init(&d->p);
+    if (cli_sdpa_options_load(prog, ctx, &a->so, &d->p))
+        return CLI_EXIT_ERROR;
     /* Self-attention has Tq == Tk, where bottom-right and top-left causal are the
      * same mask; top-left is the one every kernel has always run. */
-    if (p.causal == ATTN_CAUSAL_BOTTOM_RIGHT)
-        p.causal = ATTN_CAUSAL_TOP_LEFT;
-    p.mask = mask;
-    p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
-    const int64_t sa[4] = {B, H, T, T}, sl[3] = {B, H, T};
-    if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3) ||
-        (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa)) ||
-        (so.lse && attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, 3, sl))) {
-        cli_fail(PROG, &ctx);
-        goto done;
-    }
-    p.lse = so.lse ? &lse : NULL;
-    /* A later --rope (SPEC section 7) rotates q and k between the projections and
-     * the attention, so it belongs to the library call, not here. */
-    if (separate ? attn_gqa_forward(&ctx, &g, H, Hkv, &x3, &p, &out, attention ? &att : NULL)
-                 : attn_mha_forward(&ctx, &w, H, &x3, &p, &out, attention ? &att : NULL)) {
-        cli_fail_sdpa(PROG, &ctx, &so, NULL);
-        goto done;
-    }
+    if (d->p.causal == ATTN_CAUSAL_BOTTOM_RIGHT)
+        d->p.causal = ATTN_CAUSAL_TOP_LEFT;
+    d->p.mask = mask;
+    d->p.empty_rows = a->empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
+    return 0;
+}
 
+void fwd_free(attn_ctx *ctx, fwd_args *a, fwd_data *d)
+{
+    attn_weights_free(ctx, &d->w);
+    attn_gqa_weights_free(ctx, &d->g);
+    attn_array_free(ctx, &d->x);
+    attn_array_free(ctx, &d->ids);
+    attn_array_free(ctx, &d->user_mask);
+    attn_tensor_free(ctx, &d->pad);
+    attn_tensor_free(ctx, &d->both);
+    cli_sdpa_options_free(ctx, &a->so);
+}
+
+int fwd_save(const char *prog, attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
+             const attn_tensor *out, const attn_tensor *att, const attn_tensor *lse)
+{
     /* One sequence in, one sequence out: drop the batch axis of size 1 again. The
      * outputs asked for go out as one output set: all are written or none. */
+    const int64_t T = d->T, H = d->H;
     attn_tensor results[3];
     const char *paths[3];
     int n_out = 0;
-    paths[n_out] = output;
-    results[n_out] = out;
-    if (single) {
-        const int64_t s2[2] = {T, E};
-        attn_tensor_reshape(&ctx, &out, 2, s2, &results[n_out]);
+    paths[n_out] = a->output;
+    results[n_out] = *out;
+    if (d->single) {
+        const int64_t s2[2] = {T, d->E};
+        attn_tensor_reshape(ctx, out, 2, s2, &results[n_out]);
     }
     n_out++;
-    if (attention) {
+    if (a->attention) {
         const int64_t sw[3] = {H, T, T};
-        paths[n_out] = attention;
-        results[n_out] = att;
-        if (single)
-            attn_tensor_reshape(&ctx, &att, 3, sw, &results[n_out]);
+        paths[n_out] = a->attention;
+        results[n_out] = *att;
+        if (d->single)
+            attn_tensor_reshape(ctx, att, 3, sw, &results[n_out]);
         n_out++;
     }
-    if (so.lse) {
+    if (a->so.lse) {
         const int64_t sl2[2] = {H, T};
-        paths[n_out] = so.lse;
-        results[n_out] = lse;
-        if (single)
-            attn_tensor_reshape(&ctx, &lse, 2, sl2, &results[n_out]);
+        paths[n_out] = a->so.lse;
+        results[n_out] = *lse;
+        if (d->single)
+            attn_tensor_reshape(ctx, lse, 2, sl2, &results[n_out]);
         n_out++;
     }
-    if (cli_save_npys(PROG, &ctx, n_out, paths, results))
+    return cli_save_npys(prog, ctx, n_out, paths, results);
+}
+
+int cmd_forward(int argc, char **argv)
+{
+    fwd_args a;
+    memset(&a, 0, sizeof a);
+    cli_opt opts[] = {FWD_OPTIONS(&a)};
+    const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
+    int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
+    if (rc != CLI_PARSED)
+        return rc;
+    attn_rope_params rope;
+    int use_rope;
+    if ((rc = fwd_check(PROG, opts, nopts, &a, &rope, &use_rope)) != CLI_PARSED)
+        return rc;
+
+    attn_ctx ctx;
+    cli_ctx_init(&ctx);
+    fwd_data d;
+    memset(&d, 0, sizeof d);
+    attn_mha_packed *packed = NULL;
+    attn_tensor out = {0}, att = {0}, lse = {0};
+    int status = CLI_EXIT_ERROR;
+    if (fwd_load(PROG, &ctx, &a, &d))
+        goto done;
+    /* Packed once, both name sets run through the one call that takes RoPE; packed
+     * weights give the same bits as attn_mha_forward and attn_gqa_forward. */
+    if ((d.separate ? attn_gqa_pack(&ctx, &d.g, d.H, d.Hkv, &packed)
+                    : attn_mha_pack(&ctx, &d.w, &packed)) != ATTN_OK) {
+        cli_fail(PROG, &ctx);
+        goto done;
+    }
+    const int64_t s3[3] = {d.B, d.T, d.E}, sa[4] = {d.B, d.H, d.T, d.T},
+                  sl[3] = {d.B, d.H, d.T};
+    if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3) ||
+        (a.attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, 4, sa)) ||
+        (a.so.lse && attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, 3, sl))) {
+        cli_fail(PROG, &ctx);
+        goto done;
+    }
+    d.p.lse = a.so.lse ? &lse : NULL;
+    if (attn_mha_forward_packed_rope(&ctx, packed, d.H, &d.x3, &d.p, use_rope ? &rope : NULL,
+                                     &out, a.attention ? &att : NULL)) {
+        cli_fail_sdpa(PROG, &ctx, &a.so, NULL);
+        goto done;
+    }
+    if (fwd_save(PROG, &ctx, &a, &d, &out, &att, &lse))
         goto done;
     status = CLI_EXIT_OK;
 
 done:
-    attn_weights_free(&ctx, &w);
-    attn_gqa_weights_free(&ctx, &g);
-    attn_array_free(&ctx, &x);
-    attn_array_free(&ctx, &ids);
-    attn_array_free(&ctx, &user_mask);
-    attn_tensor_free(&ctx, &pad);
-    attn_tensor_free(&ctx, &both);
+    attn_mha_packed_free(&ctx, packed);
     attn_tensor_free(&ctx, &out);
     attn_tensor_free(&ctx, &att);
     attn_tensor_free(&ctx, &lse);
-    cli_sdpa_options_free(&ctx, &so);
+    fwd_free(&ctx, &a, &d);
     return status;
 }

@@ -7,7 +7,9 @@
  *
  * The options of current models (SPEC section 6) are read by common_cli's
  * CLI_SDPA_OPTIONS and checked by the library; grouped-query attention needs no
- * flag, as k and v's head count says it.
+ * flag, as k and v's head count says it. --rope (SPEC section 7) rotates the q and
+ * k inputs with attn_rope_apply before the call: keys at positions N .. N+Tk-1,
+ * the queries at the last Tq of those (the bottom-right alignment).
  */
 #include "attn.h"
 #include "cmds.h"
@@ -29,11 +31,13 @@ static const char HELP[] =
     "              [--causal | --causal-bottom-right] [--window LEFT,RIGHT]\n"
     "              [--softcap C] [--alibi | --alibi-slopes S.npy] [--bias B.npy]\n"
     "              [--sinks S.npy] [--scale S] [--empty-rows error|zero]\n"
+    "              [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
     "              --output O.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
     "DESCRIPTION\n"
     "    Computes attention for every batch b and head h:\n"
     "\n"
+    "        Q, K    = RoPE(Q), RoPE(K)         with --rope\n"
     "        scores  = Q K^T * scale            [B, H, Tq, Tk]   scale = 1/sqrt(D)\n"
     "        scores  = C tanh(scores / C)       with --softcap C\n"
     "        scores += bias + ALiBi             with --bias, --alibi\n"
@@ -93,6 +97,10 @@ static const char HELP[] =
     "    --empty-rows error|zero\n"
     "        A query whose keys are all masked is an error (default), or gets zero\n"
     "        output and zero weights ('zero').\n"
+    CLI_HELP_ROPE("        Here the Q and K inputs are rotated: the keys at positions N ..\n"
+                  "        N+Tk-1 (N = --rope-offset), the queries at the last Tq of those,\n"
+                  "        N+Tk-Tq .. N+Tk-1 (bottom-right, as at the end of a KV cache);\n"
+                  "        Tq > N+Tk would put a query before position 0: an error.\n")
     "    --output O.npy\n"
     "        Where to write the output, float32 [.., Tq, Dv].\n"
     "    --attention A.npy\n"
@@ -111,7 +119,9 @@ static const char HELP[] =
     "    place only when all are written.\n"
     "\n"
     "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
-    "    --alibi-slopes, a window side below -1, a softcap that is not > 0. Shapes\n"
+    "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
+    "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
+    "    --rope-offset without --rope. Shapes\n"
     "    that do not fit (H not a multiple of Hkv, slopes or sinks not [H], a bias\n"
     "    that does not broadcast) are errors (exit 1) that name the shapes.\n"
     "\n"
@@ -143,7 +153,9 @@ int cmd_sdpa(int argc, char **argv)
     float scale = 0;
     int empty_rows = 0;
     cli_sdpa_options so;
+    cli_rope_options ro;
     memset(&so, 0, sizeof so);
+    memset(&ro, 0, sizeof ro);
     static const char *const empty_choices[] = {"error", "zero", NULL};
     cli_opt opts[] = {
         {"query", CLI_STRING, &qp, NULL, 0, 0, 0},
@@ -151,6 +163,7 @@ int cmd_sdpa(int argc, char **argv)
         {"value", CLI_STRING, &vp, NULL, 0, 0, 0},
         {"mask", CLI_STRING, &mask_path, NULL, 0, 0, 0},
         CLI_SDPA_OPTIONS(&so),
+        CLI_ROPE_OPTIONS(&ro),
         {"scale", CLI_FLOAT, &scale, NULL, 0, 0, 0},
         {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
         {"output", CLI_STRING, &output, NULL, 0, 0, 0},
@@ -165,9 +178,12 @@ int cmd_sdpa(int argc, char **argv)
         return rc;
     static const char *const out_names[3] = {"output", "attention", "lse"};
     const char *out_paths[3] = {output, attention, so.lse};
+    attn_rope_params rope;
+    int use_rope;
     if ((rc = cli_distinct_outputs(PROG, 3, out_names, out_paths)) != CLI_PARSED ||
         (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
-            CLI_PARSED)
+            CLI_PARSED ||
+        (rc = cli_rope_options_get(PROG, opts, nopts, &ro, &rope, &use_rope)) != CLI_PARSED)
         return rc;
 
     attn_ctx ctx;
@@ -191,6 +207,33 @@ int cmd_sdpa(int argc, char **argv)
     }
     if (mask_path && cli_load_mask(PROG, &ctx, mask_path, &m))
         goto done;
+    if (use_rope) {
+        /* The loaded arrays are this program's own, so they are rotated in place. */
+        const int64_t Tq = q.tensor.shape[nd - 2], Tk = k.tensor.shape[nd - 2];
+        if (Tq > Tk && Tq - Tk > rope.offset) {
+            char a[96], b[96];
+            cli_error(PROG,
+                      "--rope: query %s has %lld rows and key %s %lld, so with --rope-offset "
+                      "%lld the first query would sit at position %lld; the queries are "
+                      "the last Tq of the key positions",
+                      cli_shape(&q.tensor, a, sizeof(a)), (long long)Tq,
+                      cli_shape(&k.tensor, b, sizeof(b)), (long long)Tk,
+                      (long long)rope.offset, (long long)(rope.offset + Tk - Tq));
+            goto done;
+        }
+        /* The keys first: their check keeps N + Tk within 64 bits, so the
+         * queries' offset below cannot overflow. */
+        attn_rope_params rq = rope;
+        int bad = attn_rope_apply(&ctx, &rope, &k.tensor, &k.tensor);
+        if (!bad) {
+            rq.offset = rope.offset + (Tk - Tq);
+            bad = attn_rope_apply(&ctx, &rq, &q.tensor, &q.tensor);
+        }
+        if (bad) {
+            cli_error(PROG, "--rope: %s", ctx.message);
+            goto done;
+        }
+    }
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     if (cli_sdpa_options_load(PROG, &ctx, &so, &p))

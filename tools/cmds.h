@@ -17,6 +17,7 @@ typedef struct cmd_entry {
 } cmd_entry;
 
 int cmd_forward(int argc, char **argv); /* tools/cmd_forward.c */
+int cmd_decode(int argc, char **argv);  /* tools/cmd_decode.c */
 int cmd_sdpa(int argc, char **argv);    /* tools/cmd_sdpa.c */
 int cmd_bench(int argc, char **argv);   /* tools/cmd_bench.c and tools/bench_*.c */
 

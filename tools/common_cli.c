@@ -510,3 +510,27 @@ int cli_distinct_outputs(const char *prog, int n, const char *const *names,
                                        names[j]);
     return CLI_PARSED;
 }
+
+const char *const cli_rope_choices[] = {"interleaved", "half", NULL};
+
+int cli_rope_options_get(const char *prog, const cli_opt *opts, int nopts,
+                         const cli_rope_options *o, attn_rope_params *rp, int *use)
+{
+    attn_rope_params_init(rp);
+    *use = cli_seen(opts, nopts, "rope");
+    const int base_seen = cli_seen(opts, nopts, "rope-base");
+    const int offset_seen = cli_seen(opts, nopts, "rope-offset");
+    if (!*use && (base_seen || offset_seen))
+        return cli_usage_error(prog, "--%s needs --rope interleaved|half",
+                               base_seen ? "rope-base" : "rope-offset");
+    if (base_seen && !(o->base > 0.0f))
+        return cli_usage_error(prog, "--rope-base must be a number > 0 (got %g)",
+                               (double)o->base);
+    if (!*use)
+        return CLI_PARSED;
+    rp->pairing = o->pairing ? ATTN_ROPE_HALF : ATTN_ROPE_INTERLEAVED;
+    if (base_seen)
+        rp->base = o->base;
+    rp->offset = o->offset;
+    return CLI_PARSED;
+}

@@ -186,6 +186,46 @@ void cli_sdpa_options_free(attn_ctx *ctx, cli_sdpa_options *o);
 int cli_fail_sdpa(const char *prog, const attn_ctx *ctx, const cli_sdpa_options *o,
                   const char *mask_path);
 
+/* ---- RoPE (SPEC section 7), shared by `attn forward`, `attn sdpa` and
+ * `attn decode` ---- */
+
+/* What --rope, --rope-base and --rope-offset gave. Zero it before parsing. */
+typedef struct cli_rope_options {
+    int pairing;    /* --rope: an index into cli_rope_choices */
+    float base;     /* --rope-base B (> 0) */
+    int64_t offset; /* --rope-offset N (>= 0) */
+} cli_rope_options;
+
+extern const char *const cli_rope_choices[]; /* "interleaved", "half", NULL */
+
+/* The cli_opt entries of those options, for a command's option table. */
+#define CLI_ROPE_OPTIONS(o)                                                              \
+    {"rope", CLI_CHOICE, &(o)->pairing, cli_rope_choices, 0, 0, 0},                       \
+    {"rope-base", CLI_FLOAT, &(o)->base, NULL, 0, 0, 0},                                  \
+    {"rope-offset", CLI_INT, &(o)->offset, NULL, 0, INT64_MAX, 0}
+
+/* The OPTIONS paragraphs of those options, for a command's --help; `where` says
+ * which rows are rotated (one indented line or more, ending in a newline). */
+#define CLI_HELP_ROPE(where)                                                             \
+    "    --rope interleaved|half\n"                                                      \
+    "        Rotary position embedding (RoPE) on q and k: pair k of a row at\n"           \
+    "        position p turns by p / B^(2k/D). 'interleaved' pairs features 2k and\n"    \
+    "        2k+1 (GPT-J, the tutorial's chapter 21); 'half' pairs k and k + D/2\n"      \
+    "        (Llama, GPT-NeoX). D must be even (an odd D is an error, exit 1).\n"        \
+    where                                                                                  \
+    "    --rope-base B\n"                                                                 \
+    "        The base, any number > 0 (default 10000; Llama 3 uses 500000.0).\n"         \
+    "    --rope-offset N\n"                                                               \
+    "        The position of the first key, a whole number >= 0 (default 0).\n"         \
+    "        --rope-base and --rope-offset need --rope.\n"
+
+/* The usage rules of those options, after cli_parse: --rope-base and --rope-offset
+ * need --rope, and the base must be > 0. On CLI_PARSED, *use says whether --rope
+ * was given and rp holds the parameters (the library's defaults where not given).
+ * Returns CLI_PARSED or CLI_EXIT_USAGE (one line naming the value). */
+int cli_rope_options_get(const char *prog, const cli_opt *opts, int nopts,
+                         const cli_rope_options *o, attn_rope_params *rp, int *use);
+
 /* Usage error unless the named output paths (NULL = not wanted) are all different:
  * "--output and --lse name the same file". n <= 8. */
 int cli_distinct_outputs(const char *prog, int n, const char *const *names,

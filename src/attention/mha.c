@@ -37,8 +37,15 @@
  * attn_gqa_pack packs the three as one weight of H*D + 2*Hkv*D rows. Each output
  * element of the GEMM is its own sum over k in increasing order, whichever panel
  * or call it belongs to, so the two give the same bits.
+ *
+ * RoPE (attn_mha_forward_packed_rope) rotates q and k in place in the qkv block,
+ * between the projection and the attention, as Llama's attention block does: row t
+ * of every sequence sits at position rope->offset + t for queries and keys alike
+ * (Tq == Tk, so the bottom-right and top-left alignments agree). It needs no
+ * scratch of its own, so the workspace is the same as without it.
  */
 #include "linear.h"
+#include "rope.h"
 #include "sdpa_contract.h"
 
 #include <stdio.h>
@@ -153,6 +160,8 @@ typedef struct mha_plan {
     attn__sdpa_plan sdpa;
     attn__gemm_rows x_rows, qkv_rows, merged_rows, out_rows;
     size_t merged_off, region_off, bytes; /* offsets into the block, and its size */
+    int use_rope;                         /* whether rope below applies */
+    attn_rope_params rope;
 } mha_plan;
 
 /* Checks x, out, weights and p for embed_dim E and num_heads H (already checked)
@@ -269,6 +278,7 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, int64_t Hkv, int64
     attn__gemm_rows_from4d(sh, st, &mp->x_rows);
     attn__as4d(out, sh, st);
     attn__gemm_rows_from4d(sh, st, &mp->out_rows);
+    mp->use_rope = 0;
     const attn__gemm_rows qkv_rows = {{1, B, T}, {0, T * R, R}, 1};
     const attn__gemm_rows merged_rows = {{1, B, T}, {0, T * qr, qr}, 1};
     mp->qkv_rows = qkv_rows;
@@ -320,6 +330,20 @@ static int mha_run(attn_ctx *ctx, const mha_plan *mp, const mha_src *src, attn_a
             attn__linear_run(ctx, &pw, x, &mp->x_rows, qkv, &mp->qkv_rows);
         } else {
             attn__linear_run(ctx, src->qkv, x, &mp->x_rows, qkv, &mp->qkv_rows);
+        }
+    }
+
+    /* RoPE on q [B, H, T, D] and k [B, Hkv, T, D] where they lie in the qkv
+     * block (head stride D, row stride R), in place: every position's angles are
+     * the same for queries and keys because Tq == Tk. */
+    if (mp->use_rope) {
+        const int64_t st[3] = {mp->D, mp->R, 1};
+        for (int64_t b = 0; b < mp->B; b++) {
+            float *row0 = qkv + b * mp->T * mp->R;
+            attn__rope_run(&mp->rope, mp->H, mp->T, mp->D, row0, st, row0, st,
+                           mp->rope.offset);
+            attn__rope_run(&mp->rope, mp->Hkv, mp->T, mp->D, row0 + mp->qr, st, row0 + mp->qr,
+                           st, mp->rope.offset);
         }
     }
 
@@ -700,10 +724,29 @@ int attn_mha_forward_packed(attn_ctx *ctx, const attn_mha_packed *pw, int64_t nu
                             const attn_tensor *x, const attn_sdpa_params *p, attn_tensor *out,
                             attn_tensor *weights)
 {
+    return attn_mha_forward_packed_rope(ctx, pw, num_heads, x, p, NULL, out, weights);
+}
+
+int attn_mha_forward_packed_rope(attn_ctx *ctx, const attn_mha_packed *pw, int64_t num_heads,
+                                 const attn_tensor *x, const attn_sdpa_params *p,
+                                 const attn_rope_params *rope, attn_tensor *out,
+                                 attn_tensor *weights)
+{
     mha_plan mp;
     int rc = mha_prepare_packed(ctx, pw, num_heads, x, p, out, weights, &mp);
     if (rc != ATTN_OK)
         return rc;
+    if (rope) {
+        /* The check is the one attn_rope_apply makes, so the messages agree. */
+        if ((rc = attn__rope_check(ctx, rope, mp.D, 1)))
+            return rc;
+        if (rope->offset > INT64_MAX - mp.T)
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                              "RoPE offset %lld plus %lld positions overflows",
+                              (long long)rope->offset, (long long)mp.T);
+        mp.use_rope = 1;
+        mp.rope = *rope;
+    }
     const mha_src src = {&pw->qkv, &pw->o, NULL, NULL};
     return mha_call(ctx, &mp, &src, pw->qkv.arch, x, out, weights);
 }
