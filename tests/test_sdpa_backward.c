@@ -356,13 +356,13 @@ static problem problems[NPROB] = {
      .scale = 0.9f},
 };
 
-typedef struct path {
+typedef struct run_path {
     char name[32];
     attn_arch arch;
     int threads;
-} path;
+} run_path;
 
-static int paths_of(path *paths)
+static int paths_of(run_path *paths)
 {
     const attn_arch archs[] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2,
                                ATTN_ARCH_AVX512};
@@ -390,7 +390,7 @@ static void test_finite_differences(void)
     TEST("every gradient (dq, dk, dv, dbias, dsinks) matches float64 central finite "
          "differences of the loss sum(dO * O), on every option alone and all together, "
          "with the forward on every path and 1 and 2 threads");
-    path paths[8];
+    run_path paths[8];
     const int np = paths_of(paths);
     for (int c = 0; c < NPROB; c++) {
         problem *P = &problems[c];
@@ -415,7 +415,7 @@ static void test_paths_agree(void)
 {
     TEST("given the same out and lse, the backward gives the same bits on every "
          "instruction set and thread count");
-    path paths[8];
+    run_path paths[8];
     const int np = paths_of(paths);
     for (int c = 0; c < NPROB; c++) {
         problem *P = &problems[c];
@@ -571,6 +571,207 @@ static void test_refusals(void)
     unmake(&P);
 }
 
+/* ---- golden gradients from PyTorch -------------------------------------------- */
+
+#ifndef ATTN_TEST_DATA_DIR
+#define ATTN_TEST_DATA_DIR "tests/data"
+#endif
+
+/* One case.txt: key=value lines (tests/golden/gen_grads.py). */
+typedef struct golden_case {
+    char keys[32][160];
+    char vals[32][160];
+    int n;
+} golden_case;
+
+static const char *gval(const golden_case *c, const char *key)
+{
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->keys[i], key) == 0)
+            return c->vals[i];
+    return "";
+}
+
+static int golden_read(const char *dir, golden_case *c)
+{
+    char path[512], line[160];
+    if (snprintf(path, sizeof path, "%s/case.txt", dir) >= (int)sizeof path)
+        return -1;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    c->n = 0;
+    while (fgets(line, sizeof line, f) && c->n < 32) {
+        char *eq = strchr(line, '=');
+        if (line[0] == '#' || !eq)
+            continue;
+        *eq = '\0';
+        eq[strcspn(eq + 1, "\r\n") + 1] = '\0';
+        memcpy(c->keys[c->n], line, strlen(line) + 1);
+        memcpy(c->vals[c->n], eq + 1, strlen(eq + 1) + 1);
+        c->n++;
+    }
+    fclose(f);
+    return 0;
+}
+
+/* Loads DIR/NAME into a (an empty NAME loads nothing and returns 0). */
+static int golden_load(attn_ctx *ctx, const char *dir, const char *name, attn_array *a)
+{
+    memset(a, 0, sizeof *a);
+    if (!name[0])
+        return 0;
+    char path[512];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return -1;
+    int rc = attn_npy_load(ctx, path, a);
+    if (rc)
+        fprintf(stderr, "   cannot load %s: %s\n", path, ctx->message);
+    return rc;
+}
+
+/* Every value of got [n] against PyTorch's want, within the bound above. */
+static void check_golden(const char *cname, const char *what, const float *got,
+                         const attn_array *want)
+{
+    const int64_t n = attn_tensor_numel(&want->tensor);
+    const float *w = want->tensor.data;
+    int64_t bad = 0;
+    for (int64_t e = 0; e < n; e++) {
+        const double diff = fabs((double)got[e] - (double)w[e]);
+        if (!(diff <= ATOL + RTOL * fabs((double)w[e]))) {
+            if (bad++ < 3)
+                fprintf(stderr, "   %s %s[%lld]: attn %.9g, PyTorch %.9g\n", cname, what,
+                        (long long)e, (double)got[e], (double)w[e]);
+        }
+    }
+    CHECK_INT(bad, 0);
+}
+
+static void test_golden(void)
+{
+    TEST("on every case of tests/data/golden_grads (PyTorch 2.15 autograd through "
+         "scaled_dot_product_attention, or the contract written out in torch for the "
+         "softcap, sinks and empty rows), attn's forward then backward give PyTorch's "
+         "output, dq, dk, dv, dbias and dsinks within 1e-6 + 1e-5 |torch|");
+    char manifest[512], name[128];
+    snprintf(manifest, sizeof manifest, "%s/golden_grads/MANIFEST", ATTN_TEST_DATA_DIR);
+    FILE *mf = fopen(manifest, "r");
+    CHECK(mf != NULL);
+    if (!mf)
+        return;
+    int ncases = 0;
+    while (fgets(name, sizeof name, mf)) {
+        name[strcspn(name, "\r\n")] = '\0';
+        if (name[0] == '#' || !name[0])
+            continue;
+        char dir[512];
+        if (snprintf(dir, sizeof dir, "%s/golden_grads/%s", ATTN_TEST_DATA_DIR, name) >=
+            (int)sizeof dir)
+            continue;
+        golden_case c;
+        CHECK_INT(golden_read(dir, &c), 0);
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        attn_array q, k, v, m, bias, sinks, dout, out_w, dq_w, dk_w, dv_w, db_w, ds_w;
+        int rc = golden_load(&ctx, dir, gval(&c, "query"), &q) |
+                 golden_load(&ctx, dir, gval(&c, "key"), &k) |
+                 golden_load(&ctx, dir, gval(&c, "value"), &v) |
+                 golden_load(&ctx, dir, gval(&c, "mask"), &m) |
+                 golden_load(&ctx, dir, gval(&c, "bias"), &bias) |
+                 golden_load(&ctx, dir, gval(&c, "sinks"), &sinks) |
+                 golden_load(&ctx, dir, gval(&c, "grad_output"), &dout) |
+                 golden_load(&ctx, dir, gval(&c, "output"), &out_w) |
+                 golden_load(&ctx, dir, gval(&c, "grad_query"), &dq_w) |
+                 golden_load(&ctx, dir, gval(&c, "grad_key"), &dk_w) |
+                 golden_load(&ctx, dir, gval(&c, "grad_value"), &dv_w) |
+                 golden_load(&ctx, dir, gval(&c, "grad_bias"), &db_w) |
+                 golden_load(&ctx, dir, gval(&c, "grad_sinks"), &ds_w);
+        CHECK_INT(rc, 0);
+        if (rc == 0) {
+            attn_sdpa_params p;
+            attn_sdpa_params_init(&p);
+            p.causal = atoi(gval(&c, "causal"));
+            if (gval(&c, "scale")[0]) {
+                p.has_scale = 1;
+                p.scale = strtof(gval(&c, "scale"), NULL);
+            }
+            if (gval(&c, "window")[0]) {
+                long long l = 0, r = 0;
+                sscanf(gval(&c, "window"), "%lld,%lld", &l, &r);
+                p.has_window = 1;
+                p.window_left = l;
+                p.window_right = r;
+            }
+            if (gval(&c, "softcap")[0])
+                p.softcap = strtof(gval(&c, "softcap"), NULL);
+            p.alibi = strcmp(gval(&c, "alibi"), "1") == 0;
+            p.mask = m.buffer ? &m.tensor : NULL;
+            p.bias = bias.buffer ? &bias.tensor : NULL;
+            p.sinks = sinks.buffer ? &sinks.tensor : NULL;
+            p.empty_rows = strcmp(gval(&c, "empty_rows"), "zero") == 0 ? ATTN_EMPTY_ROWS_ZERO
+                                                                      : ATTN_EMPTY_ROWS_ERROR;
+            const attn_tensor *qt = &q.tensor;
+            const int64_t B = qt->shape[0], H = qt->shape[1], Tq = qt->shape[2];
+            const int64_t Dv = v.tensor.shape[3];
+            const int64_t n_out = B * H * Tq * Dv;
+            float *buf_out = calloc((size_t)n_out, sizeof(float));
+            float *buf_lse = calloc((size_t)(B * H * Tq), sizeof(float));
+            float *buf_dq = calloc((size_t)attn_tensor_numel(qt), sizeof(float));
+            float *buf_dk = calloc((size_t)attn_tensor_numel(&k.tensor), sizeof(float));
+            float *buf_dv = calloc((size_t)attn_tensor_numel(&v.tensor), sizeof(float));
+            float *buf_db = bias.buffer ? calloc((size_t)attn_tensor_numel(&bias.tensor), 4)
+                                        : NULL;
+            float *buf_ds = sinks.buffer ? calloc((size_t)H, sizeof(float)) : NULL;
+            attn_tensor out = tu_tensor4(buf_out, B, H, Tq, Dv);
+            attn_tensor lse = tu_tensor3(buf_lse, B, H, Tq);
+            attn_tensor dq, dk, dv, db, ds;
+            attn_tensor_init(NULL, &dq, ATTN_DTYPE_F32, buf_dq, 4, qt->shape);
+            attn_tensor_init(NULL, &dk, ATTN_DTYPE_F32, buf_dk, 4, k.tensor.shape);
+            attn_tensor_init(NULL, &dv, ATTN_DTYPE_F32, buf_dv, 4, v.tensor.shape);
+            attn_sdpa_grads g = {&dq, &dk, &dv, NULL, NULL};
+            if (buf_db) {
+                attn_tensor_init(NULL, &db, ATTN_DTYPE_F32, buf_db, bias.tensor.ndim,
+                                 bias.tensor.shape);
+                g.dbias = &db;
+            }
+            if (buf_ds) {
+                attn_tensor_init(NULL, &ds, ATTN_DTYPE_F32, buf_ds, 1, sinks.tensor.shape);
+                g.dsinks = &ds;
+            }
+            p.lse = &lse;
+            CHECK_INT(attn_sdpa(&ctx, qt, &k.tensor, &v.tensor, &p, &out, NULL), ATTN_OK);
+            p.lse = NULL;
+            CHECK_INT(attn_sdpa_backward(&ctx, qt, &k.tensor, &v.tensor, &p, &out, &lse,
+                                         &dout.tensor, &g),
+                      ATTN_OK);
+            check_golden(name, "out", buf_out, &out_w);
+            check_golden(name, "dq", buf_dq, &dq_w);
+            check_golden(name, "dk", buf_dk, &dk_w);
+            check_golden(name, "dv", buf_dv, &dv_w);
+            if (buf_db)
+                check_golden(name, "dbias", buf_db, &db_w);
+            if (buf_ds)
+                check_golden(name, "dsinks", buf_ds, &ds_w);
+            free(buf_out);
+            free(buf_lse);
+            free(buf_dq);
+            free(buf_dk);
+            free(buf_dv);
+            free(buf_db);
+            free(buf_ds);
+        }
+        attn_array *all[] = {&q, &k, &v, &m, &bias, &sinks, &dout, &out_w, &dq_w, &dk_w,
+                             &dv_w, &db_w, &ds_w};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            attn_array_free(&ctx, all[i]);
+        attn_ctx_release(&ctx);
+        ncases++;
+    }
+    fclose(mf);
+    CHECK(ncases >= 12);
+}
+
 int main(void)
 {
     test_finite_differences();
@@ -580,5 +781,6 @@ int main(void)
     test_hidden_keys_exact_zero();
     test_nan_in_dout();
     test_refusals();
+    test_golden();
     return check_summary("test_sdpa_backward");
 }
