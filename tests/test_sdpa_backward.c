@@ -571,6 +571,78 @@ static void test_refusals(void)
     unmake(&P);
 }
 
+static long alloc_calls;
+
+static void *counting_alloc(void *user, size_t n)
+{
+    (void)user;
+    alloc_calls++;
+    return malloc(n);
+}
+
+static void counting_free(void *user, void *p)
+{
+    (void)user;
+    free(p);
+}
+
+static void test_workspace(void)
+{
+    TEST("with a workspace of attn_sdpa_backward_workspace_size bytes the backward "
+         "allocates nothing and gives the same bits as without one; without it, the "
+         "scratch (larger than the stack's 4096 bytes here) is one allocation");
+    problem P = {.name = "workspace", .B = 1, .H = 2, .Hkv = 1, .Tq = 24, .Tk = 30, .D = 4,
+                 .Dv = 4, .causal = ATTN_CAUSAL_BOTTOM_RIGHT};
+    make(&P, 123);
+    result plain;
+    run_both(&P, NULL, &plain, NULL);
+    CHECK_INT(plain.rc_bwd, ATTN_OK);
+
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.allocator.alloc = counting_alloc;
+    ctx.allocator.free = counting_free;
+    attn_tensor q = tu_tensor4(P.q, P.B, P.H, P.Tq, P.D);
+    attn_tensor k = tu_tensor4(P.k, P.B, P.Hkv, P.Tk, P.D);
+    attn_tensor v = tu_tensor4(P.v, P.B, P.Hkv, P.Tk, P.Dv);
+    attn_tensor out = tu_tensor4(plain.out, P.B, P.H, P.Tq, P.Dv);
+    attn_tensor lse = tu_tensor3(plain.lse, P.B, P.H, P.Tq);
+    attn_tensor dout = tu_tensor4(P.dout, P.B, P.H, P.Tq, P.Dv);
+    float *dq_d = calloc((size_t)P.nq, sizeof(float));
+    float *dk_d = calloc((size_t)P.nk, sizeof(float));
+    float *dv_d = calloc((size_t)P.nv, sizeof(float));
+    attn_tensor dq = tu_tensor4(dq_d, P.B, P.H, P.Tq, P.D);
+    attn_tensor dk = tu_tensor4(dk_d, P.B, P.Hkv, P.Tk, P.D);
+    attn_tensor dv = tu_tensor4(dv_d, P.B, P.Hkv, P.Tk, P.Dv);
+    attn_sdpa_grads g = {&dq, &dk, &dv, NULL, NULL};
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = P.causal;
+    size_t bytes = 0;
+    CHECK_INT(attn_sdpa_backward_workspace_size(&ctx, &q, &k, &v, &p, &out, &lse, &dout, &g,
+                                                &bytes),
+              ATTN_OK);
+    CHECK(bytes > 4096);
+    alloc_calls = 0;
+    CHECK_INT(attn_sdpa_backward(&ctx, &q, &k, &v, &p, &out, &lse, &dout, &g), ATTN_OK);
+    CHECK_INT(alloc_calls, 1);
+    void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    ctx.workspace = ws;
+    ctx.workspace_size = bytes;
+    memset(dq_d, 0, sizeof(float) * (size_t)P.nq);
+    alloc_calls = 0;
+    CHECK_INT(attn_sdpa_backward(&ctx, &q, &k, &v, &p, &out, &lse, &dout, &g), ATTN_OK);
+    CHECK_INT(alloc_calls, 0);
+    CHECK(same_bits(dq_d, plain.dq, P.nq) && same_bits(dk_d, plain.dk, P.nk) &&
+          same_bits(dv_d, plain.dv, P.nv));
+    free(ws);
+    free(dq_d);
+    free(dk_d);
+    free(dv_d);
+    result_free(&plain);
+    unmake(&P);
+}
+
 /* ---- golden gradients from PyTorch -------------------------------------------- */
 
 #ifndef ATTN_TEST_DATA_DIR
@@ -782,5 +854,6 @@ int main(void)
     test_nan_in_dout();
     test_refusals();
     test_golden();
+    test_workspace();
     return check_summary("test_sdpa_backward");
 }
