@@ -84,6 +84,26 @@ if cmp -s "$WORK/a.lse.npy" "$WORK/b.lse.npy" && cmp -s "$WORK/a.out.npy" "$WORK
 else bad "the output or lse changed when the backward ran too"; fi
 [ "$(npy_shape "$WORK/a.ds.npy")" = "(4,)" ] && ok || bad "dsinks shape $(npy_shape "$WORK/a.ds.npy")"
 
+say "3-D inputs [H, T, D] give 3-D gradients with the 4-D case's values"
+# npy_drop_lead IN OUT: a copy of IN, a version-1 .npy whose first axis has size 1,
+# without that axis (as in test_cli_options.sh).
+npy_drop_lead() {
+    local hl hdr
+    hl=$(od -An -j8 -N2 -tu2 "$1" | tr -d ' ')
+    hdr=$(head -c $((10 + hl)) "$1" | tail -c +11)
+    case "$hdr" in *"'shape': (1, "*) ;; *) bad "npy_drop_lead: $1 does not start with an axis of 1"; return ;; esac
+    hdr=${hdr/"'shape': (1, "/"'shape': ("}
+    { head -c 10 "$1"; printf '%s   \n' "$hdr"; tail -c +$((11 + hl)) "$1"; } >"$2"
+}
+dir="$GOLD/alibi"
+for f in q k v do dq dk dv; do npy_drop_lead "$dir/$f.npy" "$WORK/t3.$f.npy"; done
+run 0 "$ATTN" sdpa --query "$WORK/t3.q.npy" --key "$WORK/t3.k.npy" --value "$WORK/t3.v.npy" \
+    --alibi --causal-bottom-right --output "$WORK/t3.out.npy" --grad-output "$WORK/t3.do.npy" \
+    --grad-query "$WORK/t3.gq.npy" --grad-key "$WORK/t3.gk.npy" --grad-value "$WORK/t3.gv.npy"
+npy_close "$WORK/t3.gq.npy" "$WORK/t3.dq.npy" $ATOL $RTOL
+npy_close "$WORK/t3.gk.npy" "$WORK/t3.dk.npy" $ATOL $RTOL
+npy_close "$WORK/t3.gv.npy" "$WORK/t3.dv.npy" $ATOL $RTOL
+
 say "bad combinations of the --grad-* flags are usage errors (exit 2) naming the flags"
 dir="$GOLD/plain"
 case_args "$dir"

@@ -8,6 +8,11 @@
  * runs the unchecked kernel (attn__sdpa_run). Callers inside the library that have
  * already checked their tensors (multi-head attention) call the last two steps
  * directly. Internal; names start with attn__.
+ *
+ * The backward (SPEC section 8) has the same shape: attn__sdpa_backward_prepare
+ * checks once (the forward's q, k, v and options through attn__sdpa_prepare_shapes,
+ * then out, lse, dout and the gradients), attn__sdpa_backward_plan_make plans once,
+ * and the unchecked kernel runs on the caller's scratch (sdpa_backward.c).
  */
 #ifndef ATTN_SDPA_CONTRACT_H
 #define ATTN_SDPA_CONTRACT_H
