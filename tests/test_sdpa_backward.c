@@ -520,8 +520,8 @@ static void test_nan_in_dout(void)
 static void test_refusals(void)
 {
     TEST("the backward refuses p->lse (the forward's output), gradients that overlap an "
-         "input or each other, dbias without a bias, and shapes that do not fit, naming "
-         "the tensors");
+         "input or each other, dbias without a bias, shapes that do not fit (naming the "
+         "tensors), and a row that sees no key unless empty_rows is zero");
     problem P = {.name = "args", .B = 1, .H = 2, .Hkv = 1, .Tq = 3, .Tk = 4, .D = 2, .Dv = 2};
     make(&P, 5);
     float out_d[12], lse_d[6], dq_d[12], dk_d[8], dv_d[8];
@@ -561,6 +561,16 @@ static void test_refusals(void)
     CHECK_INT(attn_sdpa_backward(&ctx, &q, &k, &v, &p, &out, &lse, &dout, &shape),
               ATTN_STATUS_SHAPE_MISMATCH);
     CHECK_STR_CONTAINS(ctx.message, "grads->dk has shape (1, 2, 2, 2); expected (1, 1, 4, 2)");
+    /* A row that sees no key is an error in the backward as in the forward. */
+    unsigned char none[4] = {0, 0, 0, 0};
+    const int64_t msh[4] = {1, 1, 1, 4};
+    attn_tensor mask;
+    attn_tensor_init(NULL, &mask, ATTN_DTYPE_BOOL, none, 4, msh);
+    attn_sdpa_params pm = p;
+    pm.mask = &mask;
+    CHECK_INT(attn_sdpa_backward(&ctx, &q, &k, &v, &pm, &out, &lse, &dout, &g),
+              ATTN_STATUS_EMPTY_ROW);
+    CHECK_STR_CONTAINS(ctx.message, "empty_rows = zero");
     size_t bytes = 0;
     CHECK_INT(attn_sdpa_backward_workspace_size(&ctx, &q, &k, &v, &p, &out, &lse, &dout, &g,
                                                 &bytes),
