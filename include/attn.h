@@ -403,6 +403,81 @@ ATTN_API int attn_sdpa_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tenso
                   attn_tensor *weights);
 
 /* ------------------------------------------------------------------------------
+ * Gradients of scaled dot-product attention (SPEC section 8)
+ *
+ * The backward pass of attn_sdpa with every option above: given the forward's
+ * inputs, its output O and log-sum-exp L, and the gradient dO of a loss with
+ * respect to O, the gradients of that loss with respect to q, k and v (and the
+ * bias and the sinks when asked). Per (b, h), with S the final scores and P the
+ * weights, recomputed from q, k and L (never stored by the forward):
+ *
+ *   P     = exp(S - L)                      [Tq, Tk]   (0 for a hidden key)
+ *   dV   += P^T dO                          [Tk, Dv]
+ *   dP    = dO V^T                          [Tq, Tk]
+ *   Delta = rowsum(dO * O)                  [Tq]       (= rowsum(P * dP))
+ *   dS    = P * (dP - Delta)                [Tq, Tk]
+ *   dbias += dS;  dsink_h = -sum_i P_sink,i Delta_i    (P_sink,i = exp(sink_h - L_i))
+ *   softcap: dS *= 1 - tanh^2(x / c), x = scale q.k before the cap
+ *   dQ    = scale dS K,  dK += scale dS^T Q            [Tq, D], [Tk, D]
+ *
+ * ALiBi slopes are constants (no gradient). The meaning is PyTorch autograd's
+ * through the forward: a hidden key gets exactly zero gradient from the rows that
+ * cannot see it (its value is never read, so even a NaN in it stays out); a row
+ * that sees no key (empty_rows = zero, or sinks) gives and gets zero gradient;
+ * with GQA, dk and dv sum over the H / Hkv query heads that share a key/value
+ * head; dbias has the bias's own shape, summed over the axes it was broadcast
+ * along. A NaN in dO reaches exactly the gradients that depend on its row. Every
+ * sum runs in a fixed order: the answer does not depend on ctx->threads or the
+ * instruction set. docs/gradients.md derives the formulas and states the
+ * tolerance a faster backward must meet.
+ * ---------------------------------------------------------------------------- */
+
+/* Where the backward writes. dq, dk and dv are required; dbias and dsinks are
+ * NULL when not wanted (and may be given only with p->bias, p->sinks).
+ *   dq [B, H, Tq, D], dk [B, Hkv, Tk, D], dv [B, Hkv, Tk, Dv]  (q's, k's, v's shape)
+ *   dbias: the shape of p->bias exactly; dsinks [H]  (float32, any strides) */
+typedef struct attn_sdpa_grads {
+    attn_tensor *dq, *dk, *dv;
+    attn_tensor *dbias;
+    attn_tensor *dsinks;
+} attn_sdpa_grads;
+
+/* The backward of attn_sdpa. q, k, v and p are the forward's (p->lse must be
+ * NULL: the forward's log-sum-exp is `lse`); out [B, H, Tq, Dv] is the forward's
+ * output, lse [B, H, Tq] its log-sum-exp (p->lse of the forward call), dout
+ * [B, H, Tq, Dv] the loss's gradient with respect to out. Every element of
+ * grads' tensors is written (overwritten, not accumulated). Tensors with fewer
+ * than 4 dims are read with leading sizes of 1, as in attn_sdpa.
+ * For now this runs the reference (attn_sdpa_backward_ref) whatever ctx->impl
+ * says; a fused backward (FlashAttention-2's tiling) will take its place and give
+ * the same results within the bound docs/gradients.md states, and the same bits for
+ * any thread count. No gradient may share memory with an argument or with
+ * another gradient (INVALID_ARGUMENT naming both). A query row that sees no key
+ * is EMPTY_ROW unless p->empty_rows is zero or p has sinks, as in the forward. */
+ATTN_API int attn_sdpa_backward(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                                const attn_tensor *v, const attn_sdpa_params *p,
+                                const attn_tensor *out, const attn_tensor *lse,
+                                const attn_tensor *dout, const attn_sdpa_grads *grads);
+
+/* The reference backward in plain loops, the formulas above step by step
+ * (src/attention/sdpa_ref_backward.c). Same contract as attn_sdpa_backward. It
+ * keeps two [Tq, Tk] blocks (P and dS) and one [Tq] (Delta) as scratch. */
+ATTN_API int attn_sdpa_backward_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                                    const attn_tensor *v, const attn_sdpa_params *p,
+                                    const attn_tensor *out, const attn_tensor *lse,
+                                    const attn_tensor *dout, const attn_sdpa_grads *grads);
+
+/* The scratch attn_sdpa_backward needs for these arguments under ctx, in bytes
+ * (hand in at least that much as ctx->workspace and it allocates nothing). Checks
+ * the arguments as attn_sdpa_backward does; *bytes is 0 on failure. */
+ATTN_API int attn_sdpa_backward_workspace_size(attn_ctx *ctx, const attn_tensor *q,
+                                               const attn_tensor *k, const attn_tensor *v,
+                                               const attn_sdpa_params *p,
+                                               const attn_tensor *out, const attn_tensor *lse,
+                                               const attn_tensor *dout,
+                                               const attn_sdpa_grads *grads, size_t *bytes);
+
+/* ------------------------------------------------------------------------------
  * Multi-head self-attention (the chapter's module)
  *
  *   x [B, T, E] -> qkv = x W_qkv^T + b_qkv [B, T, 3E] -> q, k, v [B, T, E] each

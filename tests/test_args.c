@@ -926,6 +926,141 @@ static void test_sdpa(void)
                 attn_sdpa_workspace_size(C, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
 }
 
+typedef int (*sdpa_bwd_fn)(attn_ctx *, const attn_tensor *, const attn_tensor *,
+                           const attn_tensor *, const attn_sdpa_params *, const attn_tensor *,
+                           const attn_tensor *, const attn_tensor *, const attn_sdpa_grads *);
+
+/* attn_sdpa_backward_workspace_size as a backward call, so that it meets the same
+ * bad arguments; *bytes must be 0 whenever it fails. */
+static int sdpa_backward_workspace_as_call(attn_ctx *ctx, const attn_tensor *q,
+                                           const attn_tensor *k, const attn_tensor *v,
+                                           const attn_sdpa_params *p, const attn_tensor *out,
+                                           const attn_tensor *lse, const attn_tensor *dout,
+                                           const attn_sdpa_grads *g)
+{
+    size_t bytes = 1;
+    int rc = attn_sdpa_backward_workspace_size(ctx, q, k, v, p, out, lse, dout, g, &bytes);
+    CHECK(rc == ATTN_OK || bytes == 0);
+    return rc;
+}
+
+static void sdpa_backward_contract(const char *name, sdpa_bwd_fn f)
+{
+    enum { B = 2, H = 4, Hkv = 2, Tq = 3, Tk = 4, D = 4, Dv = 3 };
+    static float q_buf[B * H * Tq * D], k_buf[B * Hkv * Tk * D], v_buf[B * Hkv * Tk * Dv];
+    static float o_buf[B * H * Tq * Dv], l_buf[B * H * Tq], do_buf[B * H * Tq * Dv];
+    static float dq_buf[B * H * Tq * D], dk_buf[B * Hkv * Tk * D], dv_buf[B * Hkv * Tk * Dv];
+    static float b_buf[H * Tk], db_buf[H * Tk], s_buf[H], ds_buf[H];
+    attn_tensor q = make(ATTN_DTYPE_F32, q_buf, 4, B, H, Tq, D);
+    attn_tensor k = make(ATTN_DTYPE_F32, k_buf, 4, B, Hkv, Tk, D);
+    attn_tensor v = make(ATTN_DTYPE_F32, v_buf, 4, B, Hkv, Tk, Dv);
+    attn_tensor out = make(ATTN_DTYPE_F32, o_buf, 4, B, H, Tq, Dv);
+    attn_tensor lse = make(ATTN_DTYPE_F32, l_buf, 3, B, H, Tq, 1);
+    attn_tensor dout = make(ATTN_DTYPE_F32, do_buf, 4, B, H, Tq, Dv);
+    attn_tensor dq = make(ATTN_DTYPE_F32, dq_buf, 4, B, H, Tq, D);
+    attn_tensor dk = make(ATTN_DTYPE_F32, dk_buf, 4, B, Hkv, Tk, D);
+    attn_tensor dv = make(ATTN_DTYPE_F32, dv_buf, 4, B, Hkv, Tk, Dv);
+    attn_tensor bias = make(ATTN_DTYPE_F32, b_buf, 4, 1, H, 1, Tk);
+    attn_tensor dbias = make(ATTN_DTYPE_F32, db_buf, 4, 1, H, 1, Tk);
+    attn_tensor sinks = make(ATTN_DTYPE_F32, s_buf, 1, H, 1, 1, 1);
+    attn_tensor dsinks = make(ATTN_DTYPE_F32, ds_buf, 1, H, 1, 1, 1);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.bias = &bias;
+    p.sinks = &sinks;
+    attn_sdpa_grads g = {&dq, &dk, &dv, &dbias, &dsinks};
+
+    fprintf(stderr, "   %s\n", name);
+    EXPECT_OK(f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    attn_sdpa_grads g3 = {&dq, &dk, &dv, NULL, NULL};
+    EXPECT_OK(f(C, &q, &k, &v, NULL, &out, &lse, &dout, &g3));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, NULL, &k, &v, &p, &out, &lse, &dout, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, NULL, &v, &p, &out, &lse, &dout, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, NULL, &p, &out, &lse, &dout, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, NULL, &lse, &dout, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, NULL, &dout, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &lse, NULL, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &lse, &dout, NULL));
+    attn_sdpa_grads no_dk = {&dq, NULL, &dv, NULL, NULL};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &lse, &dout, &no_dk));
+    FOR_EACH_VARIANT(&q, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&out, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&lse, ATTN_DTYPE_I64, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&dout, ATTN_DTYPE_BOOL, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&dq, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&dk, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&dv, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&dbias, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+    FOR_EACH_VARIANT(&dsinks, ATTN_DTYPE_I32, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g));
+
+    /* Shapes that do not fit: each gradient has its input's shape, dbias the bias's
+     * own (not the broadcast one), lse [B, H, Tq], dout out's. */
+    attn_tensor lse_t = make(ATTN_DTYPE_F32, l_buf, 3, B, H, Tq - 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse_t, &dout, &g));
+    attn_tensor lse_4 = make(ATTN_DTYPE_F32, l_buf, 4, 1, B, H, Tq);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse_4, &dout, &g));
+    attn_tensor do_d = make(ATTN_DTYPE_F32, do_buf, 4, B, H, Tq, Dv - 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse, &do_d, &g));
+    attn_tensor dk_h = make(ATTN_DTYPE_F32, dq_buf, 4, B, H, Tk, D);
+    attn_sdpa_grads g_dk = {&dq, &dk_h, &dv, NULL, NULL};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g_dk));
+    attn_tensor dq_d = make(ATTN_DTYPE_F32, dq_buf, 4, B, H, Tq, D - 1);
+    attn_sdpa_grads g_dq = {&dq_d, &dk, &dv, NULL, NULL};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g_dq));
+    attn_tensor dv_t = make(ATTN_DTYPE_F32, dv_buf, 4, B, Hkv, Tk - 1, Dv);
+    attn_sdpa_grads g_dv = {&dq, &dk, &dv_t, NULL, NULL};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g_dv));
+    attn_tensor db_full = make(ATTN_DTYPE_F32, db_buf, 4, 1, 1, 1, Tk);
+    attn_sdpa_grads g_db = {&dq, &dk, &dv, &db_full, NULL};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g_db));
+    attn_tensor ds_h = make(ATTN_DTYPE_F32, ds_buf, 1, H - 1, 1, 1, 1);
+    attn_sdpa_grads g_ds = {&dq, &dk, &dv, NULL, &ds_h};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &q, &k, &v, &p, &out, &lse, &dout, &g_ds));
+
+    /* The forward's lse output is refused; dbias and dsinks need their inputs. */
+    attn_sdpa_params bad = p;
+    bad.lse = &lse;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &lse, &dout, &g3));
+    bad = p;
+    bad.bias = NULL;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &lse, &dout, &g));
+    bad = p;
+    bad.sinks = NULL;
+    attn_sdpa_grads g_s = {&dq, &dk, &dv, NULL, &dsinks};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &lse, &dout, &g_s));
+    bad = p;
+    bad.causal = 7;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &bad, &out, &lse, &dout, &g));
+
+    /* Gradients that share memory with an input or with each other. */
+    attn_tensor dq_on_q = make(ATTN_DTYPE_F32, q_buf, 4, B, H, Tq, D);
+    attn_sdpa_grads a1 = {&dq_on_q, &dk, &dv, NULL, NULL};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &lse, &dout, &a1));
+    attn_tensor dv_on_dk = make(ATTN_DTYPE_F32, dk_buf, 4, B, Hkv, Tk, Dv);
+    attn_sdpa_grads a2 = {&dq, &dk, &dv_on_dk, NULL, NULL};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &lse, &dout, &a2));
+    attn_tensor ds_on_bias = make(ATTN_DTYPE_F32, b_buf, 1, H, 1, 1, 1);
+    attn_sdpa_grads a3 = {&dq, &dk, &dv, NULL, &ds_on_bias};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &q, &k, &v, &p, &out, &lse, &dout, &a3));
+}
+
+static void test_sdpa_backward(void)
+{
+    TEST("attn_sdpa_backward, attn_sdpa_backward_ref and "
+         "attn_sdpa_backward_workspace_size refuse the same bad tensors, shapes, "
+         "parameters (the forward's lse among them) and overlapping gradients with the "
+         "same statuses");
+    covers("attn_sdpa_backward");
+    covers("attn_sdpa_backward_ref");
+    covers("attn_sdpa_backward_workspace_size");
+    sdpa_backward_contract("attn_sdpa_backward", attn_sdpa_backward);
+    sdpa_backward_contract("attn_sdpa_backward_ref", attn_sdpa_backward_ref);
+    sdpa_backward_contract("attn_sdpa_backward_workspace_size", sdpa_backward_workspace_as_call);
+    attn_tensor t = make(ATTN_DTYPE_F32, (float[1]){0}, 1, 1, 1, 1, 1);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_sdpa_backward_workspace_size(C, &t, &t, &t, NULL, &t, &t, &t, NULL, NULL));
+}
+
 static void test_mha(void)
 {
     TEST("attn_mha_weights_check and attn_mha_forward refuse NULL weights, bad weight "
@@ -2088,6 +2223,7 @@ int main(void)
     test_linear();
     test_linear_packed();
     test_sdpa();
+    test_sdpa_backward();
     test_mha();
     test_mha_packed();
     test_gqa();

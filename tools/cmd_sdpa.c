@@ -5,6 +5,11 @@
  *   without B and H) -> out [.., H, Tq, Dv]; optional weights [.., H, Tq, Tk] and
  *   log-sum-exp [.., H, Tq]
  *
+ * With --grad-output dO (SPEC section 8) the backward runs after the forward, on
+ * the forward's output and log-sum-exp, and writes dq, dk, dv (and dbias, dsinks)
+ * in the shapes of q, k, v, the bias and the sinks; every file the run writes is
+ * one output set, written whole or not at all.
+ *
  * The options of current models (SPEC section 6) are read by common_cli's
  * CLI_SDPA_OPTIONS and checked by the library; grouped-query attention needs no
  * flag, as k and v's head count says it. --rope (SPEC section 7) rotates the q and
@@ -33,6 +38,8 @@ static const char HELP[] =
     "              [--sinks S.npy] [--scale S] [--empty-rows error|zero]\n"
     "              [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
     "              --output O.npy [--attention A.npy] [--lse L.npy]\n"
+    "              [--grad-output DO.npy --grad-query DQ.npy --grad-key DK.npy\n"
+    "               --grad-value DV.npy [--grad-bias DB.npy] [--grad-sinks DS.npy]]\n"
     "\n"
     "DESCRIPTION\n"
     "    Computes attention for every batch b and head h:\n"
@@ -110,18 +117,43 @@ static const char HELP[] =
     "        [B, H, Tq] ([H, Tq] for 3-D inputs): log(sum_j exp(s_ij) [+ exp(sink)]);\n"
     "        -inf for a row that sees no key (with --empty-rows zero), the sink's\n"
     "        logit with --sinks.\n"
+    "    --grad-output DO.npy\n"
+    "        Also run the backward pass: DO is the gradient of a loss with respect to\n"
+    "        the output, float [.., Tq, Dv] like O. The forward runs first and its\n"
+    "        output and log-sum-exp feed the backward, which recomputes the weights:\n"
+    "\n"
+    "            P  = exp(S - lse)         dV = P^T DO       dP = DO V^T\n"
+    "            dS = P * (dP - rowsum(DO * O))\n"
+    "            dQ = scale dS K           dK = scale dS^T Q\n"
+    "\n"
+    "        with the softcap's derivative, the bias's and the sink's gradients\n"
+    "        where they enter (docs/gradients.md). Needs --grad-query, --grad-key\n"
+    "        and --grad-value.\n"
+    "    --grad-query DQ.npy, --grad-key DK.npy, --grad-value DV.npy\n"
+    "        Where to write the gradients of the loss with respect to Q, K and V,\n"
+    "        float32, in Q's, K's and V's shapes. With grouped-query attention dK and\n"
+    "        dV sum over the query heads that share a key/value head. A hidden key\n"
+    "        gets exactly zero gradient from the rows that cannot see it.\n"
+    "    --grad-bias DB.npy\n"
+    "        With --bias: the bias's gradient, float32 in the bias file's own shape\n"
+    "        (summed over the axes it was broadcast along).\n"
+    "    --grad-sinks DS.npy\n"
+    "        With --sinks: the sinks' gradient, float32 [H].\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
     "    Options take their value as the next argument or after '=' (--scale=0.5).\n"
-    "    Output files (--output, --attention, --lse) are written whole or not at\n"
-    "    all: each goes to a temporary file next to it, and all are renamed into\n"
-    "    place only when all are written.\n"
+    "    Output files (--output, --attention, --lse and the --grad-* outputs) are\n"
+    "    written whole or not at all: each goes to a temporary file next to it, and\n"
+    "    all are renamed into place only when all are written.\n"
     "\n"
     "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
     "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
     "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
-    "    --rope-offset without --rope. Shapes\n"
+    "    --rope-offset without --rope, --grad-output without all of --grad-query,\n"
+    "    --grad-key and --grad-value (or one of those without it), --grad-bias\n"
+    "    without --bias, --grad-sinks without --sinks, --grad-* with --rope (the\n"
+    "    gradients would be those of the rotated q and k). Shapes\n"
     "    that do not fit (H not a multiple of Hkv, slopes or sinks not [H], a bias\n"
     "    that does not broadcast) are errors (exit 1) that name the shapes.\n"
     "\n"
@@ -133,7 +165,9 @@ static const char HELP[] =
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal \\\n"
     "        --output o.npy --attention a.npy\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal-bottom-right \\\n"
-    "        --window 4095,0 --softcap 50 --sinks sinks.npy --output o.npy --lse l.npy\n";
+    "        --window 4095,0 --softcap 50 --sinks sinks.npy --output o.npy --lse l.npy\n"
+    "    attn sdpa --query q.npy --key k.npy --value v.npy --causal --output o.npy \\\n"
+    "        --grad-output do.npy --grad-query dq.npy --grad-key dk.npy --grad-value dv.npy\n";
 
 /* Checks that a loaded q/k/v is a float array of 2 to 4 dimensions. */
 static int check_qkv(const char *opt, const char *path, const attn_array *a)
@@ -146,10 +180,42 @@ static int check_qkv(const char *opt, const char *path, const attn_array *a)
     return CLI_EXIT_ERROR;
 }
 
+/* The usage rules of the --grad-* flags: --grad-output and the three gradients of
+ * q, k and v come together; --grad-bias and --grad-sinks need what they are the
+ * gradient of. */
+static int check_grad_flags(const char *const g[6], const cli_sdpa_options *so)
+{
+    static const char *const names[4] = {"--grad-query", "--grad-key", "--grad-value", NULL};
+    for (int i = 0; i < 3; i++)
+        if (g[0] && !g[i + 1])
+            return cli_usage_error(PROG, "--grad-output needs --grad-query, --grad-key and "
+                                         "--grad-value (%s is missing)",
+                                   names[i]);
+    for (int i = 1; i < 6; i++)
+        if (g[i] && !g[0])
+            return cli_usage_error(PROG, "%s needs --grad-output (the output's gradient)",
+                                   i < 4 ? names[i - 1] : i == 4 ? "--grad-bias" : "--grad-sinks");
+    if (g[4] && !so->bias)
+        return cli_usage_error(PROG, "--grad-bias needs --bias (there is no bias to "
+                                     "differentiate)");
+    if (g[5] && !so->sinks)
+        return cli_usage_error(PROG, "--grad-sinks needs --sinks (there are no sinks to "
+                                     "differentiate)");
+    return CLI_PARSED;
+}
+
+/* A float32 tensor in the shape of t (allocated; free with attn_tensor_free). */
+static int alloc_like(attn_ctx *ctx, attn_tensor *out, const attn_tensor *t)
+{
+    return attn_tensor_alloc(ctx, out, ATTN_DTYPE_F32, t->ndim, t->shape);
+}
+
 int cmd_sdpa(int argc, char **argv)
 {
     const char *qp = NULL, *kp = NULL, *vp = NULL, *mask_path = NULL, *output = NULL,
                *attention = NULL;
+    /* --grad-output, --grad-query, --grad-key, --grad-value, --grad-bias, --grad-sinks */
+    const char *g[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
     float scale = 0;
     int empty_rows = 0;
     cli_sdpa_options so;
@@ -168,6 +234,12 @@ int cmd_sdpa(int argc, char **argv)
         {"empty-rows", CLI_CHOICE, &empty_rows, empty_choices, 0, 0, 0},
         {"output", CLI_STRING, &output, NULL, 0, 0, 0},
         {"attention", CLI_STRING, &attention, NULL, 0, 0, 0},
+        {"grad-output", CLI_STRING, &g[0], NULL, 0, 0, 0},
+        {"grad-query", CLI_STRING, &g[1], NULL, 0, 0, 0},
+        {"grad-key", CLI_STRING, &g[2], NULL, 0, 0, 0},
+        {"grad-value", CLI_STRING, &g[3], NULL, 0, 0, 0},
+        {"grad-bias", CLI_STRING, &g[4], NULL, 0, 0, 0},
+        {"grad-sinks", CLI_STRING, &g[5], NULL, 0, 0, 0},
     };
     const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
@@ -176,20 +248,27 @@ int cmd_sdpa(int argc, char **argv)
     static const char *const required[] = {"query", "key", "value", "output", NULL};
     if ((rc = cli_require(PROG, opts, nopts, required)) != CLI_PARSED)
         return rc;
-    static const char *const out_names[3] = {"output", "attention", "lse"};
-    const char *out_paths[3] = {output, attention, so.lse};
+    static const char *const out_names[8] = {"output",     "attention", "lse",
+                                             "grad-query", "grad-key",  "grad-value",
+                                             "grad-bias",  "grad-sinks"};
+    const char *out_paths[8] = {output, attention, so.lse, g[1], g[2], g[3], g[4], g[5]};
     attn_rope_params rope;
     int use_rope;
-    if ((rc = cli_distinct_outputs(PROG, 3, out_names, out_paths)) != CLI_PARSED ||
+    if ((rc = cli_distinct_outputs(PROG, 8, out_names, out_paths)) != CLI_PARSED ||
         (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
             CLI_PARSED ||
+        (rc = check_grad_flags(g, &so)) != CLI_PARSED ||
         (rc = cli_rope_options_get(PROG, opts, nopts, &ro, &rope, &use_rope)) != CLI_PARSED)
         return rc;
+    if (use_rope && g[0])
+        return cli_usage_error(PROG, "--grad-output with --rope: the gradients would be "
+                                     "those of the rotated q and k, not of the inputs");
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
-    attn_array q = {0}, k = {0}, v = {0}, m = {0};
+    attn_array q = {0}, k = {0}, v = {0}, m = {0}, dout = {0};
     attn_tensor out = {0}, att = {0}, lse = {0};
+    attn_tensor dq = {0}, dk = {0}, dv = {0}, dbias = {0}, dsinks = {0};
     int status = CLI_EXIT_ERROR;
 
     if (cli_load_npy(PROG, &ctx, "--query", qp, &q) || check_qkv("query", qp, &q) ||
@@ -234,6 +313,8 @@ int cmd_sdpa(int argc, char **argv)
             goto done;
         }
     }
+    if (g[0] && cli_load_npy(PROG, &ctx, "--grad-output", g[0], &dout))
+        goto done;
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     if (cli_sdpa_options_load(PROG, &ctx, &so, &p))
@@ -248,12 +329,18 @@ int cmd_sdpa(int argc, char **argv)
     s_att[nd - 1] = k.tensor.shape[nd - 2];
     if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, nd, s_out) ||
         (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, nd, s_att)) ||
-        (so.lse && attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, nd - 1, q.tensor.shape))) {
+        ((so.lse || g[0]) &&
+         attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, nd - 1, q.tensor.shape)) ||
+        (g[0] && (alloc_like(&ctx, &dq, &q.tensor) || alloc_like(&ctx, &dk, &k.tensor) ||
+                  alloc_like(&ctx, &dv, &v.tensor))) ||
+        (g[4] && alloc_like(&ctx, &dbias, p.bias)) ||
+        (g[5] && alloc_like(&ctx, &dsinks, p.sinks))) {
         cli_fail(PROG, &ctx);
         goto done;
     }
     p.mask = mask_path ? &m.tensor : NULL;
-    p.lse = so.lse ? &lse : NULL;
+    /* The backward needs the forward's log-sum-exp even when --lse is not given. */
+    p.lse = (so.lse || g[0]) ? &lse : NULL;
     p.has_scale = cli_seen(opts, nopts, "scale");
     p.scale = scale;
     p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
@@ -261,9 +348,22 @@ int cmd_sdpa(int argc, char **argv)
         cli_fail_sdpa(PROG, &ctx, &so, mask_path);
         goto done;
     }
+    if (g[0]) {
+        attn_sdpa_grads grads = {&dq, &dk, &dv, g[4] ? &dbias : NULL, g[5] ? &dsinks : NULL};
+        p.lse = NULL; /* the forward's output; the backward takes it as `lse` */
+        if (attn_sdpa_backward(&ctx, &q.tensor, &k.tensor, &v.tensor, &p, &out, &lse,
+                               &dout.tensor, &grads)) {
+            /* The library calls the output's gradient dout; the user knows its flag. */
+            if (strncmp(ctx.message, "dout ", 5) == 0)
+                cli_error(PROG, "--grad-output %s: %s", g[0], ctx.message);
+            else
+                cli_fail_sdpa(PROG, &ctx, &so, mask_path);
+            goto done;
+        }
+    }
     /* The outputs asked for, as one output set: all are written or none. */
-    const char *paths[3];
-    attn_tensor results[3];
+    const char *paths[8];
+    attn_tensor results[8];
     int n_out = 0;
     paths[n_out] = output;
     results[n_out++] = out;
@@ -275,6 +375,12 @@ int cmd_sdpa(int argc, char **argv)
         paths[n_out] = so.lse;
         results[n_out++] = lse;
     }
+    const attn_tensor *grad_t[5] = {&dq, &dk, &dv, &dbias, &dsinks};
+    for (int i = 0; i < 5; i++)
+        if (g[i + 1]) {
+            paths[n_out] = g[i + 1];
+            results[n_out++] = *grad_t[i];
+        }
     if (cli_save_npys(PROG, &ctx, n_out, paths, results))
         goto done;
     status = CLI_EXIT_OK;
@@ -287,6 +393,12 @@ done:
     attn_tensor_free(&ctx, &out);
     attn_tensor_free(&ctx, &att);
     attn_tensor_free(&ctx, &lse);
+    attn_array_free(&ctx, &dout);
+    attn_tensor_free(&ctx, &dq);
+    attn_tensor_free(&ctx, &dk);
+    attn_tensor_free(&ctx, &dv);
+    attn_tensor_free(&ctx, &dbias);
+    attn_tensor_free(&ctx, &dsinks);
     cli_sdpa_options_free(&ctx, &so);
     return status;
 }

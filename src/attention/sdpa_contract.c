@@ -350,3 +350,156 @@ int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
         return attn__sdpa_ref_run(ctx, &plan->s, q, k, v, out, weights, (float *)scratch);
     return attn__sdpa_fused_run(ctx, plan, q, k, v, out, weights, scratch);
 }
+
+/* ---- the backward ------------------------------------------------------------- */
+
+/* A float32 tensor whose shape, read as 4-D with leading sizes of 1, is `want`,
+ * with at most max_ndim dimensions; its 4-D strides go to `stride`. */
+static int check_shape4(attn_ctx *ctx, const attn_tensor *t, const char *name,
+                        const int64_t want[4], int max_ndim, int64_t stride[4])
+{
+    int rc = check_f32(ctx, t, name);
+    if (rc)
+        return rc;
+    int64_t sh[4];
+    attn__as4d(t, sh, stride);
+    if (t->ndim > max_ndim || memcmp(sh, want, sizeof sh) != 0) {
+        char a[128], b[128];
+        attn_shape_format(b, sizeof b, max_ndim, want + (4 - max_ndim));
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "%s has shape %s; expected %s",
+                          name, attn__shape_str(t, a, sizeof a), b);
+    }
+    return ATTN_OK;
+}
+
+/* dbias: the bias's own shape, exactly (the gradient is summed over the axes the
+ * bias was broadcast along, so it has the shape the caller's bias has). */
+static int check_dbias(attn_ctx *ctx, const attn_tensor *dbias, const attn_tensor *bias,
+                       attn__sdpa_bwd_shapes *bs)
+{
+    int rc = check_f32(ctx, dbias, "grads->dbias");
+    if (rc)
+        return rc;
+    if (!bias)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "grads->dbias is given but p->bias is NULL: there is no bias to "
+                          "differentiate");
+    int same = dbias->ndim == bias->ndim;
+    for (int i = 0; same && i < bias->ndim; i++)
+        same = dbias->shape[i] == bias->shape[i];
+    if (!same) {
+        char a[128], b[128];
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "grads->dbias has shape %s; expected the bias's shape %s",
+                          attn__shape_str(dbias, a, sizeof a), attn__shape_str(bias, b, sizeof b));
+    }
+    int64_t sh[4];
+    attn__as4d(dbias, sh, bs->dbias_s);
+    for (int i = 0; i < 4; i++)
+        if (bs->s.bias_s[i] == 0)
+            bs->dbias_s[i] = 0; /* a broadcast axis: every index lands on element 0 */
+    bs->dbias = dbias->data;
+    return ATTN_OK;
+}
+
+/* No gradient may share memory with an argument or with another gradient. */
+static int check_backward_aliasing(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                                   const attn_tensor *v, const attn_sdpa_params *p,
+                                   const attn_tensor *out, const attn_tensor *lse,
+                                   const attn_tensor *dout, const attn_sdpa_grads *g)
+{
+    const attn_tensor *ins[10] = {q, k, v, out, lse, dout, p->mask, p->bias, p->sinks,
+                                  p->alibi_slopes};
+    const char *in_names[10] = {"q", "k", "v", "out", "lse", "dout", "mask", "bias", "sinks",
+                                "alibi_slopes"};
+    const attn_tensor *outs[5] = {g->dq, g->dk, g->dv, g->dbias, g->dsinks};
+    const char *out_names[5] = {"dq", "dk", "dv", "dbias", "dsinks"};
+    int rc;
+    for (int o = 0; o < 5; o++)
+        for (int i = 0; i < 10 && outs[o]; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, "attn_sdpa_backward", outs[o], out_names[o],
+                                                 ins[i], in_names[i], 0)))
+                return rc;
+    for (int o = 0; o < 5; o++)
+        for (int o2 = o + 1; o2 < 5 && outs[o]; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_sdpa_backward", outs[o2],
+                                                   out_names[o2], outs[o], out_names[o], 0)))
+                return rc;
+    return ATTN_OK;
+}
+
+int attn__sdpa_backward_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                                const attn_tensor *v, const attn_sdpa_params *p,
+                                const attn_tensor *out, const attn_tensor *lse,
+                                const attn_tensor *dout, const attn_sdpa_grads *grads,
+                                attn__sdpa_bwd_shapes *bs)
+{
+    attn_sdpa_params defaults;
+    if (!p) {
+        attn_sdpa_params_init(&defaults);
+        p = &defaults;
+    }
+    memset(bs, 0, sizeof *bs);
+    if (p->lse)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "p->lse must be NULL in the backward: it is the forward's output; "
+                          "pass the forward's log-sum-exp as the lse argument");
+    if (!grads)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "grads is NULL");
+    if (!grads->dq || !grads->dk || !grads->dv)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "grads->%s is NULL; dq, dk and dv are always computed",
+                          !grads->dq ? "dq" : !grads->dk ? "dk" : "dv");
+    int rc = attn__sdpa_prepare_shapes(ctx, q, k, v, p, out, NULL, &bs->s);
+    if (rc != ATTN_OK)
+        return rc;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t want_lse[4] = {1, s->B, s->H, s->Tq};
+    const int64_t want_do[4] = {s->B, s->H, s->Tq, s->Dv};
+    const int64_t want_dq[4] = {s->B, s->H, s->Tq, s->D};
+    const int64_t want_dk[4] = {s->B, s->Hkv, s->Tk, s->D};
+    const int64_t want_dv[4] = {s->B, s->Hkv, s->Tk, s->Dv};
+    int64_t lse_s4[4];
+    if (!lse)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "lse is NULL; the backward needs the forward's log-sum-exp");
+    if (!dout)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "dout is NULL");
+    if ((rc = check_shape4(ctx, lse, "lse", want_lse, 3, lse_s4)) ||
+        (rc = check_shape4(ctx, dout, "dout", want_do, 4, bs->do_s)) ||
+        (rc = check_shape4(ctx, grads->dq, "grads->dq", want_dq, 4, bs->dq_s)) ||
+        (rc = check_shape4(ctx, grads->dk, "grads->dk", want_dk, 4, bs->dk_s)) ||
+        (rc = check_shape4(ctx, grads->dv, "grads->dv", want_dv, 4, bs->dv_s)))
+        return rc;
+    memcpy(bs->lse_s, lse_s4 + 1, sizeof bs->lse_s);
+    if (grads->dbias && (rc = check_dbias(ctx, grads->dbias, p->bias, bs)))
+        return rc;
+    if (grads->dsinks) {
+        if (!p->sinks)
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "grads->dsinks is given but p->sinks is NULL: there are no "
+                              "sinks to differentiate");
+        if ((rc = check_per_head(ctx, grads->dsinks, "grads->dsinks", s->H, &bs->dsinks_s)))
+            return rc;
+        bs->dsinks = grads->dsinks->data;
+    }
+    return check_backward_aliasing(ctx, q, k, v, p, out, lse, dout, grads);
+}
+
+int attn__sdpa_backward_plan_make(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
+                                  attn__sdpa_bwd_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->bs = *bs;
+    plan->use_ref = 1;
+    plan->threads = 1;
+    /* The reference keeps the weights P and their gradient dS, [Tq, Tk] each, and
+     * Delta [Tq]. */
+    int64_t n;
+    if (!attn__mul_i64(bs->s.Tq, bs->s.Tk, &n) || n > (INT64_MAX - bs->s.Tq) / 2 ||
+        !attn__bytes(2 * n + bs->s.Tq, sizeof(float), &plan->scratch_bytes))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "two [%lld, %lld] blocks for the backward do not fit in memory",
+                          (long long)bs->s.Tq, (long long)bs->s.Tk);
+    return ATTN_OK;
+}

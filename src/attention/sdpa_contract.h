@@ -8,6 +8,11 @@
  * runs the unchecked kernel (attn__sdpa_run). Callers inside the library that have
  * already checked their tensors (multi-head attention) call the last two steps
  * directly. Internal; names start with attn__.
+ *
+ * The backward (SPEC section 8) has the same shape: attn__sdpa_backward_prepare
+ * checks once (the forward's q, k, v and options through attn__sdpa_prepare_shapes,
+ * then out, lse, dout and the gradients), attn__sdpa_backward_plan_make plans once,
+ * and the unchecked kernel runs on the caller's scratch (sdpa_backward.c).
  */
 #ifndef ATTN_SDPA_CONTRACT_H
 #define ATTN_SDPA_CONTRACT_H
@@ -159,5 +164,58 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan);
 int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
                          const float *k, const float *v, float *out, float *weights,
                          void *scratch);
+
+/* ---- the backward (SPEC section 8) -------------------------------------------- */
+
+/* Sizes, strides and options of one checked attn_sdpa_backward call: the forward's
+ * (s, whose lse is NULL: the backward reads the forward's log-sum-exp through
+ * lse_s instead) and the strides of the backward's own tensors. */
+typedef struct attn__sdpa_bwd_shapes {
+    attn__sdpa_shapes s;     /* q, k, v, out (o_s) and every section 6 option */
+    int64_t lse_s[3];        /* the forward's log-sum-exp [B, H, Tq] */
+    int64_t do_s[4];         /* dout [B, H, Tq, Dv] */
+    int64_t dq_s[4];         /* dq [B, H, Tq, D] */
+    int64_t dk_s[4];         /* dk [B, Hkv, Tk, D] */
+    int64_t dv_s[4];         /* dv [B, Hkv, Tk, Dv] */
+    float *dbias;            /* NULL = not wanted; else the bias's own shape, read as
+                                [B, H, Tq, Tk] through dbias_s (stride 0 on the axes
+                                the bias is broadcast along, so += sums over them) */
+    int64_t dbias_s[4];
+    float *dsinks;           /* NULL = not wanted; else [H] at stride dsinks_s */
+    int64_t dsinks_s;
+} attn__sdpa_bwd_shapes;
+
+/* Checks attn_sdpa_backward's arguments: q, k, v and p as attn__sdpa_prepare_shapes
+ * checks them for the forward (p->lse must be NULL: the forward's log-sum-exp is
+ * the lse argument), out [B, H, Tq, Dv], lse [B, H, Tq], dout like out, and the
+ * gradients' shapes; no gradient may share memory with an argument or another
+ * gradient. Fills bs. */
+int attn__sdpa_backward_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                                const attn_tensor *v, const attn_sdpa_params *p,
+                                const attn_tensor *out, const attn_tensor *lse,
+                                const attn_tensor *dout, const attn_sdpa_grads *grads,
+                                attn__sdpa_bwd_shapes *bs);
+
+/* Which kernel runs a checked backward, with how many threads and how much
+ * scratch. Depends on the shapes and ctx only, like attn__sdpa_plan. */
+typedef struct attn__sdpa_bwd_plan {
+    attn__sdpa_bwd_shapes bs;
+    int use_ref;          /* 1: the reference (src/attention/sdpa_ref_backward.c) */
+    int threads;
+    size_t scratch_bytes; /* what attn__sdpa_backward_run needs in `scratch` */
+} attn__sdpa_bwd_plan;
+
+/* Plans bs for the reference. Fails only on overflow. */
+int attn__sdpa_backward_plan_make(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
+                                  attn__sdpa_bwd_plan *plan);
+
+/* The reference backward behind attn__sdpa_backward_run, on checked data (each
+ * pointer is its tensor's first element, read through bs's strides); `scratch`
+ * holds 2 Tq Tk + Tq floats. Writes every element of dq, dk, dv (and dbias, dsinks
+ * when wanted). Allocates nothing; fails only with EMPTY_ROW. */
+int attn__sdpa_ref_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
+                                const float *q, const float *k, const float *v,
+                                const float *out, const float *lse, const float *dout,
+                                float *dq, float *dk, float *dv, float *scratch);
 
 #endif /* ATTN_SDPA_CONTRACT_H */
