@@ -42,6 +42,8 @@ typedef struct attn__sdpa_shapes {
     float *lse;           /* NULL = not wanted; else [B, H, Tq] through lse_s */
     int64_t lse_s[3];
     attn_empty_rows empty_rows;
+    int weights;          /* 1: the caller asked for the weights (the fused kernel's
+                             split-key path cannot write them, so it is not planned) */
 } attn__sdpa_shapes;
 
 /* Checks q/k/v/out/weights (weights may be NULL) and p (NULL: the defaults) against

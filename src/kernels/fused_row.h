@@ -82,7 +82,7 @@ FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, f
     out[3] = simd_hsum(simd_add(a3, b3)) * scale;
 }
 
-/* acc[c] = sum_j p[j] * v[j][c] over the keys j < nkeys that the row may see, for
+/* acc[c] = sum_j p[j] * v[j][c] (added to acc's contents when add is 1) over the keys j < nkeys that the row may see, for
  * nv vectors of columns, the last of which holds only `last` columns (1 .. SIMD_W).
  * mrow is the row's mask (element stride ms3) and brow its bias (element stride
  * bs3), each NULL when absent. A key they hide (a false mask entry, a -inf bias) is
@@ -91,11 +91,11 @@ FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, f
  * its weight underflowed to 0 (0 * NaN = NaN, as in the reference). */
 FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const uint8_t *mrow, int64_t ms3,
                          const float *brow, int64_t bs3, const float *v, int64_t ldv,
-                         float *acc, const int nv, int64_t last)
+                         float *acc, const int nv, int64_t last, const int add)
 {
     simd_f32 a[FK_ROW_NV];
     for (int c = 0; c < nv; c++)
-        a[c] = simd_zero();
+        a[c] = add ? simd_load(acc + c * SIMD_W) : simd_zero();
     for (int64_t j = 0; j < nkeys; j++) {
         if ((mrow && !mrow[j * ms3]) || (brow && brow[j * bs3] == -INFINITY))
             continue;
@@ -254,10 +254,10 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         int64_t e0 = 0;
         for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
             fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, FK_ROW_NV,
-                      SIMD_W);
+                      SIMD_W, 0);
         for (; e0 < Dv; e0 += SIMD_W) {
             const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
-            fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, 1, last);
+            fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, 1, last, 0);
         }
         if (s->o_s[3] == 1) {
             const simd_f32 vinv = simd_set1(inv[i]);

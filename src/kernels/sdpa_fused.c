@@ -20,7 +20,7 @@
 #include <string.h>
 
 const attn__fused_kernel attn__fused_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_exp_nonpos, fk_tanh,
+    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_split_merge, fk_exp_nonpos, fk_tanh,
 };
 
 /* Query rows and keys per tile; see the contract in src/kernels/fused_kernel.h. */
@@ -60,12 +60,43 @@ static void job_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *
     job->row_path = s->Tq <= ATTN__FUSED_ROW_MAX && s->k_s[3] == 1 && s->v_s[3] == 1;
     if (job->row_path) {
         *n_items = s->B * s->H;
+        /* Split-key decoding (fused_split.h) when the (batch, key/value head) pairs
+         * are too few for the cores of a large machine and the keys are many: as
+         * many chunks as bring the items up to ATTN__SPLIT_ITEMS, none shorter than
+         * ATTN__SPLIT_MIN_CHUNK keys, each a multiple of 16 keys. Shapes only: the
+         * thread count never enters, so neither do the chunk bounds. The weights
+         * need every score of a row at once, so a call that asks for them is not
+         * split. */
+        const int64_t pairs = s->B * s->Hkv;
+        if (!s->weights && pairs < ATTN__SPLIT_ITEMS && s->Tk >= ATTN__SPLIT_MIN_TK) {
+            int64_t nc = (s->Tk + ATTN__SPLIT_MIN_CHUNK - 1) / ATTN__SPLIT_MIN_CHUNK;
+            const int64_t want = (ATTN__SPLIT_ITEMS + pairs - 1) / pairs;
+            if (nc > want)
+                nc = want;
+            if (nc >= 2) {
+                job->chunk = round_up((s->Tk + nc - 1) / nc, 16);
+                job->n_chunks = (s->Tk + job->chunk - 1) / job->chunk;
+                job->pst = 16 + round_up(job->dvp, 16);
+                *n_items = pairs * job->n_chunks;
+            }
+        }
     } else {
         job->br = s->Tq < ATTN_FUSED_BR ? round_up(s->Tq, kern->mr) : ATTN_FUSED_BR;
         job->bc = s->Tk < ATTN_FUSED_BC ? round_up(s->Tk, kern->nk) : ATTN_FUSED_BC;
         job->n_qt = (s->Tq + job->br - 1) / job->br;
         *n_items = s->B * s->H * job->n_qt;
     }
+}
+
+/* Floats of the split-key partials (B * H * Tq * n_chunks of pst each; 0 when the
+ * keys are not split); 0 on overflow. */
+static int part_floats(const attn__sdpa_shapes *s, const attn__fused_job *job, int64_t *n)
+{
+    *n = 0;
+    if (!job->n_chunks)
+        return 1;
+    return attn__mul_i64(s->B, s->H, n) && attn__mul_i64(*n, s->Tq, n) &&
+           attn__mul_i64(*n, job->n_chunks, n) && attn__mul_i64(*n, job->pst, n);
 }
 
 int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
@@ -93,11 +124,12 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
 
     /* Scratch: per-worker empty-row records (padded to 64 bytes), then per-worker
      * scratch of ws_floats each (a multiple of 16 floats, so every worker's slice
-     * starts on a 64-byte boundary). */
-    int64_t total;
+     * starts on a 64-byte boundary), then the split-key partials. */
+    int64_t total, parts = 0;
     size_t bytes;
     if (!attn__mul_i64(plan->ws_floats, plan->threads, &total) ||
-        !attn__bytes(total + 16 * (int64_t)plan->threads, sizeof(float), &bytes))
+        !part_floats(s, &job, &parts) || total > INT64_MAX - parts - 16 * (int64_t)plan->threads ||
+        !attn__bytes(total + parts + 16 * (int64_t)plan->threads, sizeof(float), &bytes))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "fused attention scratch of %lld floats x %d threads overflows",
                           (long long)plan->ws_floats, plan->threads);
@@ -126,7 +158,13 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float
     for (int t = 0; t < threads; t++)
         job.empty_first[t] = INT64_MAX;
 
+    job.part = job.ws + plan->ws_floats * (int64_t)threads;
     attn__parallel_for(threads, n_items, kern->item, &job);
+    if (job.n_chunks) {
+        /* The merge reads what every chunk wrote, so it starts after the last. */
+        const int64_t rows = s->B * s->H;
+        attn__parallel_for(rows < threads ? (int)rows : threads, rows, kern->merge, &job);
+    }
 
     int64_t empty = INT64_MAX;
     for (int t = 0; t < threads; t++)

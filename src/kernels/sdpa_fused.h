@@ -19,6 +19,16 @@
  * src/kernels/fused_kernel.h): a decoding step, the chapter's toy size. */
 #define ATTN__FUSED_ROW_MAX 8
 
+/* Split-key decoding (src/kernels/fused_split.h): the row path splits the keys
+ * into chunks when there are fewer than ATTN__SPLIT_ITEMS (batch, key/value head)
+ * pairs and at least ATTN__SPLIT_MIN_TK keys, into at most ATTN__SPLIT_ITEMS /
+ * (B * Hkv) chunks of at least ATTN__SPLIT_MIN_CHUNK keys. These numbers are the
+ * only inputs besides the shapes: never the thread count, so the bits of the
+ * result are the same for any number of threads. */
+#define ATTN__SPLIT_ITEMS 64
+#define ATTN__SPLIT_MIN_TK 512
+#define ATTN__SPLIT_MIN_CHUNK 256
+
 /* One call's plan and data, filled by src/kernels/sdpa_fused.c and read by every worker. */
 typedef struct attn__fused_job {
     const attn__sdpa_shapes *s;
@@ -30,6 +40,12 @@ typedef struct attn__fused_job {
     int64_t n_qt;           /* query tiles per (b, h) */
     int64_t dvp;            /* Dv rounded up to the vector width */
     int row_path;           /* 1: one (b, h) per item, row by row, K and V in place */
+    int64_t n_chunks;       /* split-key path (row path only): key chunks per
+                               (b, key/value head), or 0 when the keys are not split */
+    int64_t chunk;          /* keys per chunk (a multiple of 16); the last may be short */
+    int64_t pst;            /* floats per partial result: 16 of header (m, l, seen)
+                               and then dvp of unnormalised output */
+    float *part;            /* partials [B, H, Tq, n_chunks][pst] */
     int64_t ws_floats;      /* floats of scratch per worker */
     float *ws;              /* workers * ws_floats */
     int64_t *empty_first;   /* per worker: smallest flat row index b*H*Tq + h*Tq + i
@@ -46,6 +62,8 @@ typedef struct attn__fused_kernel {
     int64_t (*ws_floats)(const attn__fused_job *job);
     /* Processes one work item: (b, h, query tile), or (b, h) on the row path. */
     void (*item)(void *job, int64_t item, int worker);
+    /* Merges the split-key partials of one (b, h) into out and lse. */
+    void (*merge)(void *job, int64_t item, int worker);
     /* y[i] = e^x[i] for x[i] <= 0 with this build's vector exp (for the tests). */
     void (*exp_nonpos)(const float *x, float *y, int64_t n);
     /* y[i] = tanh(x[i]) with this build's vector tanh, softcap's (for the tests). */
