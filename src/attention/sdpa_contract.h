@@ -132,6 +132,7 @@ typedef struct attn__sdpa_plan {
     attn_arch arch;       /* the fused kernel's instruction set (not REF, not AUTO) */
     int threads;          /* workers the fused kernel uses */
     int64_t br, bc;       /* the fused kernel's tile sizes (0 on its row path) */
+    int64_t n_chunks;     /* key chunks of its split-key decoding (0: not split) */
     int64_t ws_floats;    /* the fused kernel's scratch floats per worker */
     size_t scratch_bytes; /* what attn__sdpa_run needs in `scratch` */
 } attn__sdpa_plan;

@@ -120,6 +120,7 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     plan->threads = attn__threads_for(ctx, flops, n_items);
     plan->br = job.br;
     plan->bc = job.bc;
+    plan->n_chunks = job.n_chunks;
     plan->ws_floats = kern->ws_floats(&job);
 
     /* Scratch: per-worker empty-row records (padded to 64 bytes), then per-worker
