@@ -177,3 +177,158 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float
     }
     return ATTN_OK;
 }
+
+/* ---- Several planned calls as one parallel job (the KV cache's batched attend) ----
+ *
+ * Each sequence of a batched decoding step has its own key length, so it is its own
+ * planned call; running them one after another wakes the threads once per sequence
+ * and leaves a core idle at the end of each. Here their work items are numbered one
+ * after another (sequence 0's items, then sequence 1's, ...) and handed to one
+ * attn__parallel_for, then their split-key merges likewise. Every item still writes
+ * only what it wrote in its own call, into the same places, so the bits are those
+ * of the calls made one by one, for any thread count. */
+
+/* The sizes the batch's scratch depends on, over every plan added. */
+void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *plan)
+{
+    attn__fused_job job;
+    int64_t n_items, parts = 0;
+    job_layout(kernel_of(plan->arch), &plan->s, &job, &n_items);
+    if (!part_floats(&plan->s, &job, &parts) || parts > INT64_MAX / 2 - acc->parts)
+        acc->overflow = 1;
+    else
+        acc->parts += round_up(parts, 16);
+    if (plan->threads > acc->threads)
+        acc->threads = plan->threads;
+    if (plan->ws_floats > acc->ws_floats)
+        acc->ws_floats = plan->ws_floats;
+    acc->n++;
+}
+
+/* Bytes of each region of the batch's scratch, in order; 0 on overflow. */
+static size_t batch_regions(const attn__fused_batch_size *acc, size_t r[5])
+{
+    const size_t n = (size_t)acc->n, t = (size_t)acc->threads;
+    r[0] = attn__align64(n * sizeof(attn__fused_job));
+    r[1] = attn__align64(2 * (n + 1) * sizeof(int64_t)); /* item and merge starts */
+    r[2] = attn__align64(n * t * sizeof(int64_t));        /* empty-row records */
+    int64_t ws;
+    size_t b1, b2;
+    if (acc->overflow || !attn__mul_i64(acc->ws_floats, acc->threads, &ws) ||
+        !attn__bytes(ws, sizeof(float), &b1) || !attn__bytes(acc->parts, sizeof(float), &b2))
+        return 0;
+    r[3] = b1;
+    r[4] = b2;
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) {
+        if (r[i] > SIZE_MAX - total - 64)
+            return 0;
+        total += r[i];
+    }
+    return total;
+}
+
+int attn__fused_batch_bytes(attn_ctx *ctx, const attn__fused_batch_size *acc, size_t *bytes)
+{
+    size_t r[5];
+    if (acc->n > INT64_MAX / 1024 || !(*bytes = batch_regions(acc, r)))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "batched attention scratch for %lld calls overflows",
+                          (long long)acc->n);
+    return ATTN_OK;
+}
+
+typedef struct fused_batch {
+    const attn__fused_kernel *kern;
+    attn__fused_job *jobs;
+    const int64_t *start; /* [n + 1]: the first global item of each call */
+    int64_t n;
+} fused_batch;
+
+/* The call that global item `item` belongs to: the last j with start[j] <= item. */
+static int64_t batch_find(const int64_t *start, int64_t n, int64_t item)
+{
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (start[mid] <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static void batch_item(void *arg, int64_t item, int worker)
+{
+    const fused_batch *fb = (const fused_batch *)arg;
+    const int64_t j = batch_find(fb->start, fb->n, item);
+    fb->kern->item(&fb->jobs[j], item - fb->start[j], worker);
+}
+
+static void batch_merge(void *arg, int64_t item, int worker)
+{
+    const fused_batch *fb = (const fused_batch *)arg;
+    const int64_t j = batch_find(fb->start, fb->n, item);
+    fb->kern->merge(&fb->jobs[j], item - fb->start[j], worker);
+}
+
+int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int64_t n,
+                               const attn__fused_io *io, void *scratch)
+{
+    attn__fused_batch_size acc = {0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n; j++)
+        attn__fused_batch_add(&acc, &plans[j]);
+    size_t r[5];
+    if (n < 1 || !batch_regions(&acc, r))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "batched attention scratch overflows");
+    unsigned char *base = (unsigned char *)scratch;
+    attn__fused_job *jobs = (attn__fused_job *)base;
+    int64_t *start = (int64_t *)(base + r[0]), *mstart = start + n + 1;
+    int64_t *empty = (int64_t *)(base + r[0] + r[1]);
+    float *ws = (float *)(base + r[0] + r[1] + r[2]);
+    float *part = (float *)(base + r[0] + r[1] + r[2] + r[3]);
+    const int threads = acc.threads;
+    const attn__fused_kernel *kern = kernel_of(plans[0].arch);
+    start[0] = mstart[0] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const attn__sdpa_shapes *s = &plans[j].s;
+        attn__fused_job *job = &jobs[j];
+        int64_t n_items, parts = 0;
+        job_layout(kern, s, job, &n_items);
+        part_floats(s, job, &parts);
+        job->q = io[j].q;
+        job->k = io[j].k;
+        job->v = io[j].v;
+        job->out = io[j].out;
+        job->weights = NULL;
+        job->ws_floats = acc.ws_floats;
+        job->ws = ws;
+        job->part = part;
+        part += round_up(parts, 16);
+        job->empty_first = empty + j * threads;
+        for (int t = 0; t < threads; t++)
+            job->empty_first[t] = INT64_MAX;
+        start[j + 1] = start[j] + n_items;
+        mstart[j + 1] = mstart[j] + (job->n_chunks ? s->B * s->H : 0);
+    }
+    fused_batch fb = {kern, jobs, start, n};
+    attn__parallel_for(threads, start[n], batch_item, &fb);
+    if (mstart[n] > 0) {
+        /* The merges read what every chunk wrote, so they start after the last. */
+        fb.start = mstart;
+        attn__parallel_for(threads, mstart[n], batch_merge, &fb);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const attn__sdpa_shapes *s = &plans[j].s;
+        int64_t e = INT64_MAX;
+        for (int t = 0; t < threads; t++)
+            if (jobs[j].empty_first[t] < e)
+                e = jobs[j].empty_first[t];
+        if (e != INT64_MAX && s->empty_rows == ATTN_EMPTY_ROWS_ERROR) {
+            const int64_t bh = e / s->Tq;
+            return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, e % s->Tq);
+        }
+    }
+    return ATTN_OK;
+}

@@ -80,4 +80,28 @@ extern const attn__fused_kernel attn__fused_kernel_avx512;
  * this library was built without it (AVX2/AVX-512 off x86-64). */
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
 
+/* Several planned fused calls run as one parallel job (sdpa_fused.c): the KV
+ * cache's batched attend, one call per sequence. attn__fused_batch_add takes every
+ * plan in turn into a zeroed attn__fused_batch_size, attn__fused_batch_bytes says
+ * the scratch, and attn__sdpa_fused_run_batch runs plans[0 .. n-1] (fused plans of
+ * one arch, no weights) on io[j]'s data with that scratch, 64-byte aligned. It
+ * allocates nothing; the bits are those of the calls run one by one. */
+typedef struct attn__fused_batch_size {
+    int64_t n;         /* plans added */
+    int threads;       /* the most any plan uses */
+    int64_t ws_floats; /* the most any plan needs per worker */
+    int64_t parts;     /* split-key partials of all, each rounded up to 16 floats */
+    int overflow;
+} attn__fused_batch_size;
+
+typedef struct attn__fused_io {
+    const float *q, *k, *v;
+    float *out;
+} attn__fused_io;
+
+void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *plan);
+int attn__fused_batch_bytes(attn_ctx *ctx, const attn__fused_batch_size *acc, size_t *bytes);
+int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int64_t n,
+                               const attn__fused_io *io, void *scratch);
+
 #endif /* ATTN_SDPA_FUSED_H */
