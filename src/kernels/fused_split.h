@@ -54,6 +54,76 @@
  * group's rows reuse from L1. */
 #define FK_SPLIT_KB 64
 
+/* Vectors of value columns the two-row weighted sum keeps in registers: two rows of
+ * them plus a value vector must fit the register file (32 vectors with AVX-512, 16
+ * with AVX2). */
+#define FK_SPLIT_NV2 (SIMD_W >= 16 ? 8 : 4)
+
+/* Four dot products of q0 and four of q1 with the same consecutive rows of k (row
+ * stride ldk), times the scale, into o0[0..3] and o1[0..3]: each key row is loaded
+ * once for both query rows, which halves the loads per multiply-add of fk_dot4
+ * (two query heads of a GQA group share their key/value head). */
+FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64_t ldk,
+                         int64_t n, float scale, float *o0, float *o1)
+{
+    simd_f32 a0 = simd_zero(), a1 = simd_zero(), a2 = simd_zero(), a3 = simd_zero();
+    simd_f32 b0 = simd_zero(), b1 = simd_zero(), b2 = simd_zero(), b3 = simd_zero();
+    int64_t d = 0;
+    for (; d + SIMD_W <= n; d += SIMD_W) {
+        const simd_f32 x = simd_load(q0 + d), y = simd_load(q1 + d);
+        const simd_f32 k0 = simd_load(k + d), k1 = simd_load(k + ldk + d);
+        const simd_f32 k2 = simd_load(k + 2 * ldk + d), k3 = simd_load(k + 3 * ldk + d);
+        a0 = simd_fma(x, k0, a0), b0 = simd_fma(y, k0, b0);
+        a1 = simd_fma(x, k1, a1), b1 = simd_fma(y, k1, b1);
+        a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
+        a3 = simd_fma(x, k3, a3), b3 = simd_fma(y, k3, b3);
+    }
+    if (d < n) {
+        const int64_t r = n - d;
+        const simd_f32 x = simd_load_n(q0 + d, r, 0.0f), y = simd_load_n(q1 + d, r, 0.0f);
+        const simd_f32 k0 = simd_load_n(k + d, r, 0.0f), k1 = simd_load_n(k + ldk + d, r, 0.0f);
+        const simd_f32 k2 = simd_load_n(k + 2 * ldk + d, r, 0.0f);
+        const simd_f32 k3 = simd_load_n(k + 3 * ldk + d, r, 0.0f);
+        a0 = simd_fma(x, k0, a0), b0 = simd_fma(y, k0, b0);
+        a1 = simd_fma(x, k1, a1), b1 = simd_fma(y, k1, b1);
+        a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
+        a3 = simd_fma(x, k3, a3), b3 = simd_fma(y, k3, b3);
+    }
+    o0[0] = simd_hsum(a0) * scale, o0[1] = simd_hsum(a1) * scale;
+    o0[2] = simd_hsum(a2) * scale, o0[3] = simd_hsum(a3) * scale;
+    o1[0] = simd_hsum(b0) * scale, o1[1] = simd_hsum(b1) * scale;
+    o1[2] = simd_hsum(b2) * scale, o1[3] = simd_hsum(b3) * scale;
+}
+
+/* acc0[c] += sum_j p0[j] v[j][c] and acc1[c] += sum_j p1[j] v[j][c] over nkeys keys,
+ * for nv vectors of columns (the last holding `last` columns): fk_row_pv for two
+ * rows that see the same keys (no mask, no bias), each value vector loaded once for
+ * both. Each row's sums run in fk_row_pv's order, so its bits are the same. */
+FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const float *v,
+                          int64_t ldv, float *acc0, float *acc1, const int nv, int64_t last)
+{
+    simd_f32 a[FK_SPLIT_NV2], b[FK_SPLIT_NV2];
+    for (int c = 0; c < nv; c++)
+        a[c] = simd_load(acc0 + c * SIMD_W), b[c] = simd_load(acc1 + c * SIMD_W);
+    for (int64_t j = 0; j < nkeys; j++) {
+        const simd_f32 x = simd_set1(p0[j]), y = simd_set1(p1[j]);
+        const float *vrow = v + j * ldv;
+        for (int c = 0; c < nv - 1; c++) {
+            const simd_f32 vv = simd_load(vrow + c * SIMD_W);
+            a[c] = simd_fma(x, vv, a[c]);
+            b[c] = simd_fma(y, vv, b[c]);
+        }
+        const float *vlast = vrow + (nv - 1) * SIMD_W;
+        const simd_f32 vv = last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f);
+        a[nv - 1] = simd_fma(x, vv, a[nv - 1]);
+        b[nv - 1] = simd_fma(y, vv, b[nv - 1]);
+    }
+    for (int c = 0; c < nv; c++) {
+        simd_store(acc0 + c * SIMD_W, a[c]);
+        simd_store(acc1 + c * SIMD_W, b[c]);
+    }
+}
+
 /* Scratch floats one worker needs on the split path: the group's query rows
  * [R][align(D)] and their scores over one chunk [R][align(chunk)], R = group * Tq,
  * and a row of dvp for the merge. The scores are sized for at least
@@ -117,16 +187,28 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     /* Phase 1, over K, a block of keys at a time for every row. */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
-        for (int64_t r = 0; r < R; r++) {
+        /* Rows r and r + Tq (the same query of two heads of the group) see the
+         * same keys: they go in pairs through fk_dot4x2. */
+        for (int64_t i = 0; i < Tq; i++) {
             int64_t lo, hi;
-            fk_split_range(s, r % Tq, j0, j1, &lo, &hi);
-            const float *qrow = qrows + r * ldq;
-            float *sc = scores + r * ldsc - c0;
-            int64_t j = lo;
-            for (; j + 4 <= hi; j += 4)
-                fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
-            for (; j < hi; j++)
-                sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
+            fk_split_range(s, i, j0, j1, &lo, &hi);
+            for (int64_t g = 0; g < s->group; g += 2) {
+                const int64_t r = g * Tq + i;
+                const int pair = g + 1 < s->group;
+                const float *qrow = qrows + r * ldq, *qrow1 = qrow + Tq * ldq;
+                float *sc = scores + r * ldsc - c0, *sc1 = sc + Tq * ldsc;
+                int64_t j = lo;
+                if (pair)
+                    for (; j + 4 <= hi; j += 4)
+                        fk_dot4x2(qrow, qrow1, kb + j * ldk, ldk, D, s->scale, sc + j, sc1 + j);
+                for (; j + 4 <= hi; j += 4)
+                    fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
+                for (; j < hi; j++) {
+                    sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
+                    if (pair)
+                        sc1[j] = fk_dot(qrow1, kb + j * ldk, D) * s->scale;
+                }
+            }
         }
     }
 
@@ -184,6 +266,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
         memset(part + 16, 0, (size_t)job->dvp * sizeof(float));
     }
 
+    const int pair_pv = !s->mask.data && !s->bias;
     /* Phase 3, over V, a block of keys at a time for every row that saw a key:
      * O_c += p_j v_j in key order (the block boundaries do not change the order of
      * any sum). */
@@ -196,6 +279,26 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             fk_split_range(s, i, j0, j1, &lo, &hi);
             if (part[2] == 0.0f || lo >= hi)
                 continue;
+            /* Without a mask or a bias, the same query of the next head of the
+             * group sees exactly these keys: both rows take one pass over V. Its
+             * turn (r + Tq) is then skipped below. */
+            if (pair_pv && (r / Tq) % 2 == 1)
+                continue;
+            if (pair_pv && r / Tq + 1 < s->group) {
+                float *part1 = fk_split_part(job, b, h + 1, i, c);
+                const float *p0 = scores + r * ldsc - c0 + lo, *p1 = p0 + Tq * ldsc;
+                const float *vlo = vb + lo * ldv;
+                int64_t e0 = 0;
+                for (; e0 + FK_SPLIT_NV2 * SIMD_W <= Dv; e0 += FK_SPLIT_NV2 * SIMD_W)
+                    fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
+                               FK_SPLIT_NV2, SIMD_W);
+                for (; e0 < Dv; e0 += SIMD_W) {
+                    const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
+                    fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
+                               1, last);
+                }
+                continue;
+            }
             const uint8_t *mrow = fk_row_mask(s, b, h, i);
             const float *brow = fk_row_bias(s, b, h, i);
             const uint8_t *mr = mrow ? mrow + lo * ms3 : NULL;
