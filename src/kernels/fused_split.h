@@ -57,7 +57,11 @@
 /* Vectors of value columns the two-row weighted sum keeps in registers: two rows of
  * them plus a value vector must fit the register file (32 vectors with AVX-512, 16
  * with AVX2). */
-#define FK_SPLIT_NV2 (SIMD_W >= 16 ? 8 : 4)
+#if SIMD_W >= 16
+#define FK_SPLIT_NV2 8
+#else
+#define FK_SPLIT_NV2 4
+#endif
 
 /* Four dot products of q0 and four of q1 with the same consecutive rows of k (row
  * stride ldk), times the scale, into o0[0..3] and o1[0..3]: each key row is loaded
@@ -292,10 +296,30 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 for (; e0 + FK_SPLIT_NV2 * SIMD_W <= Dv; e0 += FK_SPLIT_NV2 * SIMD_W)
                     fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
                                FK_SPLIT_NV2, SIMD_W);
-                for (; e0 < Dv; e0 += SIMD_W) {
-                    const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
-                    fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
-                               1, last);
+                if (e0 < Dv) {
+                    /* The rest in one pass, a constant count for the registers. */
+                    const int64_t cols = Dv - e0;
+                    const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
+                    const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
+                    float *a0 = part + 16 + e0, *a1 = part1 + 16 + e0;
+                    switch (nv) {
+#define FK_PV2_CASE(N)                                                                      \
+    case N:                                                                                 \
+        fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, a0, a1, N, last);                         \
+        break;
+                        FK_PV2_CASE(1)
+                        FK_PV2_CASE(2)
+                        FK_PV2_CASE(3)
+#if FK_SPLIT_NV2 > 4
+                        FK_PV2_CASE(4)
+                        FK_PV2_CASE(5)
+                        FK_PV2_CASE(6)
+                        FK_PV2_CASE(7)
+#endif
+#undef FK_PV2_CASE
+                    default:
+                        break; /* fewer than FK_SPLIT_NV2 vectors remain */
+                    }
                 }
                 continue;
             }
@@ -310,10 +334,8 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
                 fk_row_pv(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, FK_ROW_NV,
                           SIMD_W, 1);
-            for (; e0 < Dv; e0 += SIMD_W) {
-                const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
-                fk_row_pv(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, 1, last, 1);
-            }
+            if (e0 < Dv)
+                fk_row_pv_rest(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, Dv - e0, 1);
         }
     }
 }
