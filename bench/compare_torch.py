@@ -5,6 +5,8 @@ shapes, in the same run, and the ratios.
     python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
                                    [--shapes S1,S2,...] [--skip-plain-above 2e9]
                                    [--shapes-only]
+    python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128]
+                                   [--repeat 3] [--attn build/attn] [--threads 2]
 
 What it runs, each figure the median of --runs timed calls after two warm-up calls
 (the same method as `attn bench`), with --threads threads for everybody:
@@ -32,6 +34,17 @@ a softcap of 50 on causal S2, which torch SDPA has no switch for, so its column 
 the softcap written out in torch (c * tanh(s / c), then the causal mask and
 softmax) and the plain column the same; G1 grouped-query S2 (Hkv = 3).
 --shapes-only skips the multi-head, GEMM and bandwidth lines.
+
+--decode compares the decoding loop instead: `attn bench --decode` (a KV cache
+prefilled with --prefill tokens per sequence, then --steps steps that append one
+token's k and v and attend one query row per sequence, median step) against the
+same loop in torch on S5's, S7's and S9's head shapes (DECODE below): a
+preallocated cache [B, Hkv, prefill + steps, D] for K and for V, each step copying
+the new k and v into position L and calling SDPA on the views [:, :, :L + 1] (no
+mask: a single query row at the end of its sequence sees every key; enable_gqa
+for S7), also timed per step, median. Both sides time the append and the
+attention, and both read the same bytes of K and V. --repeat rounds (default 3)
+alternate attn and torch; each side's best median step is reported.
 
 Ratios are "times faster than the peer": peer_ms / attn_ms. Shapes are measured
 interleaved (attn, then the peers, shape by shape), so drift on a shared machine
@@ -196,6 +209,73 @@ class Case:
         return torch.softmax(s, dim=-1) @ self.vr
 
 
+# name: (B, H, Hkv, D) of the decoding loop (attn bench --decode runs the same).
+DECODE = {"S5": (1, 32, 32, 128), "S7": (1, 32, 8, 128), "S9": (4, 16, 16, 64)}
+
+
+def torch_decode_ms(B, H, Hkv, D, prefill, steps):
+    """The median step of torch's decoding loop on a preallocated cache."""
+    g = torch.Generator().manual_seed(0)
+    cap = prefill + steps
+    kc = torch.empty(B, Hkv, cap, D)
+    vc = torch.empty(B, Hkv, cap, D)
+    kc[:, :, :prefill] = torch.rand(B, Hkv, prefill, D, generator=g) * 2 - 1
+    vc[:, :, :prefill] = torch.rand(B, Hkv, prefill, D, generator=g) * 2 - 1
+    q = torch.rand(B, H, 1, D, generator=g) * 2 - 1
+    kn = torch.rand(steps, B, Hkv, 1, D, generator=g) * 2 - 1
+    vn = torch.rand(steps, B, Hkv, 1, D, generator=g) * 2 - 1
+    kw = {"enable_gqa": True} if H != Hkv else {}
+    times = []
+    with torch.inference_mode():
+        for _ in range(2):  # warm-up on the prefilled cache, as attn's loop does once
+            F.scaled_dot_product_attention(q, kc[:, :, :prefill], vc[:, :, :prefill], **kw)
+        for s in range(steps):
+            L = prefill + s
+            t0 = time.perf_counter()
+            kc[:, :, L:L + 1] = kn[s]
+            vc[:, :, L:L + 1] = vn[s]
+            F.scaled_dot_product_attention(q, kc[:, :, :L + 1], vc[:, :, :L + 1], **kw)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    n = len(times)
+    mid = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    return mid * 1e3
+
+
+def decode_main(a):
+    common = ["--threads", str(a.threads), "--prefill", str(a.prefill), "--steps",
+              str(a.steps)]
+    # --repeat rounds, attn then torch in each, so that drift on a shared machine hits
+    # both alike; each side's best median step is reported.
+    best = {}
+    tbest = {}
+    allocs = {}
+    for _ in range(a.repeat):
+        mine = {r["shape"]: r for r in attn_json(a.attn, ["--decode"] + common)
+                if r.get("kind") == "decode"}
+        for name, (B, H, Hkv, D) in DECODE.items():
+            best[name] = min(best.get(name, float("inf")), mine[name]["median_ms"])
+            allocs[name] = max(allocs.get(name, 0.0), mine[name]["allocs_per_step"])
+            if HAVE_SDPA:
+                tms = torch_decode_ms(B, H, Hkv, D, a.prefill, a.steps)
+                tbest[name] = min(tbest.get(name, float("inf")), tms)
+    print(f"# torch {torch.__version__}, {a.threads} threads; decode loop: prefill "
+          f"{a.prefill}, {a.steps} steps, median step (append + attend), best of "
+          f"{a.repeat} rounds")
+    print(f"{'shape':6} {'B':>2} {'H':>3} {'Hkv':>3} {'D':>4} {'attn ms':>9} {'torch ms':>9} "
+          f"{'vs SDPA':>8} {'attn allocs/step':>17}")
+    for name, (B, H, Hkv, D) in DECODE.items():
+        ms = best[name]
+        tms = tbest.get(name, float("nan"))
+        print(f"{name:6} {B:2d} {H:3d} {Hkv:3d} {D:4d} {ms:9.4f} {tms:9.4f} {tms / ms:7.2f}x "
+              f"{allocs[name]:17.3f}")
+        if a.json:
+            print(json.dumps({"decode": name, "attn_ms": ms, "torch_sdpa_ms": tms,
+                              "vs_sdpa": tms / ms,
+                              "attn_allocs_per_step": allocs[name]}))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--attn", default=os.path.join("build", "attn"))
@@ -207,8 +287,16 @@ def main():
     ap.add_argument("--json", action="store_true", help="print one JSON object per line")
     ap.add_argument("--shapes-only", action="store_true",
                     help="skip the multi-head, GEMM and bandwidth comparisons")
+    ap.add_argument("--decode", action="store_true",
+                    help="compare the decoding loop through a KV cache instead")
+    ap.add_argument("--prefill", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="--decode: rounds of attn then torch; the best of each is kept")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.decode:
+        return decode_main(a)
     common = ["--threads", str(a.threads), "--runs", str(a.runs)]
 
     setup = attn_json(a.attn, ["--peak"] + common)[0]

@@ -773,8 +773,10 @@ ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64
  * are rotated at their positions first (into scratch; q is not changed).
  *   out [Bn, H, Tq, Dv]; weights [Bn, H, Tq, capacity] or NULL (positions past a
  *   sequence's length get weight 0).
- * Each sequence runs as one attention call (the kernel ctx->impl selects). Its
- * scratch, attn_kv_cache_workspace_size bytes, is taken once as attn_ctx says.
+ * Each sequence runs as one attention call (the kernel ctx->impl selects); with
+ * several sequences and no weights, the fused kernel runs all their work as one
+ * parallel job (docs/decoding.md, split-key decoding). Its scratch,
+ * attn_kv_cache_workspace_size bytes, is taken once as attn_ctx says.
  * Aliasing: outputs must not overlap q, the cache or each other (refused). */
 ATTN_API int attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, int64_t first,
                                   const attn_tensor *q, const attn_sdpa_params *p,

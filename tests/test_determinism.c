@@ -9,6 +9,7 @@
  */
 #include "attn.h"
 #include "check.h"
+#include "sdpa_contract.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -71,6 +72,50 @@ static void run_sdpa_options(attn_arch arch, int threads, float *out)
     CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
 }
 
+/* Split-key decoding (src/kernels/fused_split.h): SB sequences of SQ query rows
+ * with SH query heads over SHKV key/value heads against SK keys, every option of
+ * SPEC section 6 on top, out [SB, SH, SQ, D] and the log-sum-exp [SB, SH, SQ] after
+ * it in `out`. *chunks gets the plan's chunk count. */
+enum { SB = 2, SH = 8, SHKV = 2, SQ = 2, SK = 3001 };
+static float sq_[SB * SH * SQ * D], sk_[SB * SHKV * SK * D], sv_[SB * SHKV * SK * D];
+static float sbias[SK], sslopes[SH], ssinks[SH];
+
+static void run_split(attn_arch arch, int threads, int all_options, float *out, int64_t *chunks)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_tensor tq = tu_tensor4(sq_, SB, SH, SQ, D), tk = tu_tensor4(sk_, SB, SHKV, SK, D),
+                tv = tu_tensor4(sv_, SB, SHKV, SK, D), to = tu_tensor4(out, SB, SH, SQ, D),
+                tl = tu_tensor3(out + SB * SH * SQ * D, SB, SH, SQ), tb, tsl, tsk;
+    const int64_t bs[1] = {SK}, hs[1] = {SH};
+    attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, sbias, 1, bs);
+    attn_tensor_init(NULL, &tsl, ATTN_DTYPE_F32, sslopes, 1, hs);
+    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, ssinks, 1, hs);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.lse = &tl;
+    if (all_options) {
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        p.has_window = 1;
+        p.window_left = 2000;
+        p.window_right = -1;
+        p.softcap = 3.0f;
+        p.alibi = 1;
+        p.alibi_slopes = &tsl;
+        p.bias = &tb;
+        p.sinks = &tsk;
+    }
+    attn__sdpa_shapes s;
+    attn__sdpa_plan plan;
+    *chunks = -1;
+    if (attn__sdpa_prepare(&ctx, &tq, &tk, &tv, &p, &to, NULL, &s) == ATTN_OK &&
+        attn__sdpa_plan_for_ctx(&ctx, &s, &plan) == ATTN_OK)
+        *chunks = plan.n_chunks;
+    CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
+}
+
 static void run_mha(attn_arch arch, int threads, float *out)
 {
     attn_ctx ctx;
@@ -119,6 +164,13 @@ int main(void)
         wqkv[i] /= sqrtf((float)E);
     for (int i = 0; i < E * E; i++)
         wo[i] /= sqrtf((float)E);
+    tu_fill(sq_, SB * SH * SQ * D, 12);
+    tu_fill(sk_, SB * SHKV * SK * D, 13);
+    tu_fill(sv_, SB * SHKV * SK * D, 14);
+    tu_fill(sbias, SK, 15);
+    sbias[7] = sbias[1500] = sbias[SK - 2] = -INFINITY;
+    for (int h = 0; h < SH; h++)
+        sslopes[h] = 0.001f * (float)(h + 1), ssinks[h] = 0.3f * (float)h - 1.0f;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             pad[b * T + t] = !(b == 1 && t >= T - 40); /* sample 1 ends in 40 pads */
@@ -161,6 +213,33 @@ int main(void)
                 CHECK(memcmp(p1, p2, n_opt * 4) == 0);
             }
             free(p1), free(p2);
+        }
+        /* The reference does not split; the fused paths do. */
+        if (archs[a] != ATTN_ARCH_REF) {
+            TEST("split-key decoding (2 sequences, 8 query heads over 2 key/value heads, 2 "
+                 "query rows, 3001 keys), plain and with every option, is split into chunks "
+                 "and gives the same output and log-sum-exp bits for 1, 2, 3, 4 and 7 threads");
+            const size_t n_split = SB * SH * SQ * D + SB * SH * SQ;
+            float *s1 = malloc(n_split * 4), *s2 = malloc(n_split * 4);
+            for (int all = 0; all <= 1; all++) {
+                int64_t c1 = 0, c2 = 0;
+                run_split(archs[a], 1, all, s1, &c1);
+                if (c1 < 2)
+                    fprintf(stderr, "   options %d: %lld chunks, expected at least 2\n", all,
+                            (long long)c1);
+                CHECK(c1 >= 2);
+                static const int counts[] = {2, 3, 4, 7};
+                for (int c = 0; c < 4; c++) {
+                    memset(s2, 0, n_split * 4);
+                    run_split(archs[a], counts[c], all, s2, &c2);
+                    CHECK_INT(c2, c1);
+                    if (memcmp(s1, s2, n_split * 4) != 0)
+                        fprintf(stderr, "   options %d, %d threads: max |difference| %.3g\n",
+                                all, counts[c], max_diff(s1, s2, n_split));
+                    CHECK(memcmp(s1, s2, n_split * 4) == 0);
+                }
+            }
+            free(s1), free(s2);
         }
         attn_out[a] = o1;
         mha_out[a] = m1;

@@ -103,6 +103,23 @@ if "$ATTN" bench --shape S7 --runs 1 --threads 1 --json >"$tmp/s7" 2>"$tmp/err" 
     ok "S7 is SPEC's GQA decode step (H 32, Hkv 8, Tk 8192, bottom-right causal)"
 else bad "S7: $(cat "$tmp/s7" "$tmp/err")"; fi
 
+# S9 runs through the KV cache: one batched step over sequences of 1024 .. 4096
+# positions, the longest as Tk and the lengths on the line.
+if "$ATTN" bench --shape S9 --runs 1 --threads 1 --json >"$tmp/s9" 2>"$tmp/err" &&
+    grep -q '"kind":"sdpa","impl":"kv:[a-z0-9]*","B":4,"H":16,"Tq":1,"Tk":4096,"D":64,"mask":"causal_bottom_right",.*"shape":"S9",.*"lengths":\[1024,2048,3072,4096\],"kv_gbs":[0-9.]*[1-9]' "$tmp/s9"; then
+    every_line_has_spec_fields "S9 --json" "$tmp/s9"
+    ok "S9 is SPEC's batched decode step (B 4, H 16, one length per sequence), through the KV cache"
+else bad "S9: $(cat "$tmp/s9" "$tmp/err")"; fi
+# The decode loop: one line per head shape (S5, S7, S9), a positive median step, and
+# the allocations its steps made, which must be none.
+if "$ATTN" bench --decode --prefill 40 --steps 5 --threads 2 --json >"$tmp/dec" 2>"$tmp/err"; then
+    every_line_has_spec_fields "--decode --json" "$tmp/dec"
+    if [ "$(grep -c '"kind":"decode",.*"Tq":1,"Tk":45,.*"median_ms":[0-9.]*[1-9].*"prefill":40,"steps":5,.*"allocs":0,"allocs_per_step":0.000' "$tmp/dec")" -eq 3 ] &&
+        grep -q '"shape":"S7","kv_heads":8' "$tmp/dec" && grep -q '"B":4,"H":16,.*"shape":"S9"' "$tmp/dec"; then
+        ok "--decode: S5, S7 and S9's head shapes, a median step each, zero allocations per step"
+    else bad "--decode lines: $(cat "$tmp/dec")"; fi
+else bad "--decode run: $(cat "$tmp/err")"; fi
+
 refuse() { # name, args...
     local name=$1; shift
     "$ATTN" bench "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
@@ -110,7 +127,7 @@ refuse() { # name, args...
         ok "$name: $(cat "$tmp/err")"
     else bad "$name: exit $rc, stderr '$(cat "$tmp/err")'"; fi
 }
-refuse "unknown shape" --shape S9
+refuse "unknown shape" --shape S10
 refuse "unknown impl" --impl fastest
 refuse "--causal with --causal-bottom-right" --query-len 4 --head-dim 2 --causal --causal-bottom-right
 refuse "--kv-heads that does not divide --heads" --heads 6 --kv-heads 4 --query-len 4 --head-dim 2
@@ -125,6 +142,10 @@ refuse "a non-number" --threads two
 refuse "an unknown option" --frobnicate
 refuse "more threads than 64 bits hold" --threads 99999999999999999999
 refuse "two benchmarks at once" --peak --mha
+refuse "--decode with --bandwidth" --decode --bandwidth
+refuse "--decode with a shape" --decode --shape S5
+refuse "--prefill without --decode" --prefill 16
+refuse "--steps without --decode" --shape S1 --steps 4
 refuse "a SPEC shape and a custom shape at once" --shape S1 --query-len 4 --head-dim 2
 refuse "a custom shape without --head-dim" --query-len 4
 refuse "--padding without a custom shape" --padding

@@ -29,6 +29,7 @@
  */
 #include "attn.h"
 #include "check.h"
+#include "sdpa_contract.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -476,8 +477,10 @@ static void worse(double *acc, double e)
         *acc = isnan(e) ? INFINITY : e;
 }
 
-static opt_result opt_run(const opt_fixture *f, attn_impl impl, attn_arch arch, int threads,
-                          attn_empty_rows empty_rows)
+/* Runs f's problem; when n_chunks is given, also says how many key chunks the
+ * plan of that call splits the keys into (0: not split). */
+static opt_result opt_run_chunks(const opt_fixture *f, attn_impl impl, attn_arch arch,
+                                 int threads, attn_empty_rows empty_rows, int64_t *n_chunks)
 {
     const opt_problem *pb = &f->pb;
     const int64_t B = pb->B, H = pb->H, Tq = pb->Tq, Tk = pb->Tk;
@@ -529,6 +532,14 @@ static opt_result opt_run(const opt_fixture *f, attn_impl impl, attn_arch arch, 
     ctx.impl = impl;
     ctx.arch = arch;
     ctx.threads = threads;
+    if (n_chunks) {
+        attn__sdpa_shapes s;
+        attn__sdpa_plan plan;
+        *n_chunks = -1;
+        if (attn__sdpa_prepare(&ctx, &tq, &tk, &tv, &p, &to, w ? &tw : NULL, &s) == ATTN_OK &&
+            attn__sdpa_plan_for_ctx(&ctx, &s, &plan) == ATTN_OK)
+            *n_chunks = plan.n_chunks;
+    }
     r.status = attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, w ? &tw : NULL);
     if (r.status == ATTN_OK) {
         for (int64_t x = 0; x < no; x++)
@@ -542,6 +553,12 @@ static opt_result opt_run(const opt_fixture *f, attn_impl impl, attn_arch arch, 
     }
     free(out), free(lse), free(w);
     return r;
+}
+
+static opt_result opt_run(const opt_fixture *f, attn_impl impl, attn_arch arch, int threads,
+                          attn_empty_rows empty_rows)
+{
+    return opt_run_chunks(f, impl, arch, threads, empty_rows, NULL);
 }
 
 /* Problem n of the options sweep: options alone first (one per problem, every size
@@ -650,6 +667,122 @@ static void options_sweep(const attn_arch *archs, int n_archs)
     CHECK(with_empty >= (SWEEP_QUICK ? 1 : 20));
 }
 
+/* ---- Split-key decoding ---------------------------------------------------------
+ *
+ * A third sweep, over decoding shapes: Tq = 1, 3 and 8 query rows (the row path)
+ * against Tk = 1, 3, 17, 113, 4097 and 8193 keys, with few (batch, key/value head)
+ * pairs, so that the long key axes take the split-key path (the test checks that
+ * the plan splits them) and the short ones the unsplit row path. Each option of
+ * SPEC section 6 alone, then all of them at once, with GQA, on every path and 1
+ * and 2 threads, against the float64 oracle with the same bound as above; one
+ * problem per key length asks for the weights, which the split path leaves to the
+ * unsplit one. Under a sanitizer the longest key axis is left out, and so are
+ * some of the short ones. */
+static void split_sweep(const attn_arch *archs, int n_archs)
+{
+    TEST("split-key decoding (Tq 1, 3, 8 against Tk 1, 3, 17, 113, 4097, 8193) with each "
+         "option of SPEC section 6 alone and all at once, GQA included, stays within twice "
+         "the reference's error (plus the floor) on every path and 1 and 2 threads, and the "
+         "long key axes are split");
+    static const int64_t Tks[] = {1, 3, 17, 113, 4097, 8193};
+    static const int64_t Tqs[] = {1, 3, 8};
+    static const int64_t Ds[][2] = {{64, 64}, {13, 24}, {128, 128}, {40, 17}};
+    const int n_tk = SWEEP_QUICK ? 5 : 6, n_opts = OPT_KINDS + 2;
+    int problems = 0, split = 0, with_empty = 0;
+    double worst_ratio = 0;
+    char worst[400] = "";
+    for (int it = 0; it < n_tk; it++)
+        for (int o = 0; o < n_opts; o++) {
+            const int n = it * n_opts + o;
+            /* Under a sanitizer: every option at 4097 keys (split), every other one
+             * at 1 and 17 keys, none at 3 and 113. */
+            if (SWEEP_QUICK && (it == 1 || it == 3 || (it < 4 && o % 2)))
+                continue;
+            opt_problem pb;
+            memset(&pb, 0, sizeof pb);
+            pb.Tk = Tks[it];
+            pb.Tq = Tqs[n % 3];
+            pb.D = Ds[n % 4][0], pb.Dv = Ds[n % 4][1];
+            pb.B = 1 + n % 2;
+            pb.H = 8;
+            /* Option kind o alone; o = OPT_KINDS: all at once; the last: none, with
+             * the weights asked for. */
+            const int opts = o < OPT_KINDS ? 1 << o : o == OPT_KINDS ? 511 : 0;
+            pb.want_weights = o == OPT_KINDS + 1;
+            pb.Hkv = opts & OPT_GQA ? (n % 2 ? 2 : 1) : (n % 2 ? 8 : 4);
+            if (!(opts & OPT_GQA) && pb.Hkv != pb.H)
+                pb.Hkv = pb.H;
+            pb.causal = opts & OPT_CAUSAL_BR ? ATTN_CAUSAL_BOTTOM_RIGHT
+                        : opts & OPT_CAUSAL_TL ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+            if (opts & OPT_WINDOW) {
+                /* A left window of 100 keys: with bottom-right causal only the last
+                 * chunk is seen, so most chunks have nothing to add. */
+                pb.has_window = 1, pb.wl = 100, pb.wr = n % 2 ? 0 : -1;
+            }
+            pb.softcap = opts & OPT_SOFTCAP ? (n % 2 ? 1.5f : 20.0f) : 0.0f;
+            pb.alibi = opts & OPT_ALIBI ? 1 + n % 2 : 0;
+            pb.bias_kind = opts & OPT_BIAS ? 1 + n % 4 : 0;
+            pb.sinks = (opts & OPT_SINKS) != 0;
+            pb.mask = (opts & OPT_MASK) != 0;
+            opt_fixture f;
+            opt_fixture_make(&f, &pb);
+            problems++;
+            with_empty += f.empty_rows > 0;
+            const attn_empty_rows er = f.empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
+            const opt_result ref = opt_run(&f, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, er);
+            CHECK_INT(ref.status, ATTN_OK);
+            for (int a = 0; a < n_archs; a++)
+                for (int t = 1; t <= 2; t++) {
+                    int64_t chunks = -1;
+                    const opt_result fu = opt_run_chunks(&f, ATTN_IMPL_FUSED, archs[a], t, er,
+                                                         &chunks);
+                    CHECK_INT(fu.status, ATTN_OK);
+                    /* The long key axes are split unless the weights are asked for. */
+                    if (pb.Tk > 4000 && !pb.want_weights) {
+                        if (chunks < 2)
+                            fprintf(stderr, "  problem %d (Tk=%lld): %lld chunks\n", n,
+                                    (long long)pb.Tk, (long long)chunks);
+                        CHECK(chunks >= 2);
+                    }
+                    split += chunks >= 2;
+                    const double bo = 2 * ref.err_out + FLOOR, bw = 2 * ref.err_w + FLOOR;
+                    const double bl = 2 * ref.err_lse + FLOOR;
+                    char what[300];
+                    snprintf(what, sizeof what,
+                             "split problem %d: B=%lld H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld "
+                             "Dv=%lld opts=%d chunks=%lld arch=%s threads=%d",
+                             n, (long long)pb.B, (long long)pb.H, (long long)pb.Hkv,
+                             (long long)pb.Tq, (long long)pb.Tk, (long long)pb.D,
+                             (long long)pb.Dv, opts, (long long)chunks,
+                             attn_arch_name(archs[a]), t);
+                    if (!(fu.err_out <= bo) || !(fu.err_w <= bw) || !(fu.err_lse <= bl))
+                        fprintf(stderr, "  %s: out err %.3g (bound %.3g), weights err %.3g "
+                                        "(bound %.3g), lse err %.3g (bound %.3g)\n",
+                                what, fu.err_out, bo, fu.err_w, bw, fu.err_lse, bl);
+                    CHECK(fu.err_out <= bo);
+                    CHECK(fu.err_w <= bw);
+                    CHECK(fu.err_lse <= bl);
+                    if (fu.err_out / bo > worst_ratio) {
+                        worst_ratio = fu.err_out / bo;
+                        snprintf(worst, sizeof worst, "%s", what);
+                    }
+                }
+            /* The default mode: an empty row is an error on the split path too,
+             * unless a sink takes its weight. */
+            if (f.empty_rows)
+                for (int a = 0; a < n_archs; a++) {
+                    const opt_result fe =
+                        opt_run(&f, ATTN_IMPL_FUSED, archs[a], 2, ATTN_EMPTY_ROWS_ERROR);
+                    CHECK_INT(fe.status, pb.sinks ? ATTN_OK : ATTN_STATUS_EMPTY_ROW);
+                }
+            opt_fixture_free(&f);
+        }
+    fprintf(stderr, "%d decoding problems (%d runs split, %d with rows that see no key); "
+                    "worst error / bound = %.3f at %s\n",
+            problems, split, with_empty, worst_ratio, worst);
+    CHECK(split > 0);
+}
+
 int main(void)
 {
     static const int64_t Bs[] = {1, 3}, Hs[] = {1, 2, 5};
@@ -741,5 +874,6 @@ int main(void)
     fprintf(stderr, "%d problems; worst error / bound = %.3f at %s\n", problems, worst_ratio,
             worst);
     options_sweep(archs, n_archs);
+    split_sweep(archs, n_archs);
     return check_summary("test_fused_sweep");
 }

@@ -13,8 +13,9 @@
  * only, to keep the test short). Also: a batch of sequences of different lengths
  * decoded together, PyTorch 2.15's GQA decode sequence (golden_decode), a full
  * cache that appends nothing, truncate (roll back) and re-append, views of what is
- * stored, section 6's options through attend, and zero allocations per decoding
- * step with a counting allocator.
+ * stored, section 6's options through attend, zero allocations per decoding
+ * step with a counting allocator, and batched decoding on the split-key path
+ * (src/kernels/fused_split.h) equal to each sequence alone for any thread count.
  */
 #include "attn.h"
 #include "check.h"
@@ -661,10 +662,158 @@ static void test_no_alloc_per_step(void)
     free(mem);
 }
 
+/* An allocator that counts its calls (test_batch_split's workspace check). */
+static long split_allocs;
+static void *split_alloc(void *user, size_t n)
+{
+    (void)user;
+    split_allocs++;
+    return malloc(n);
+}
+static void split_free(void *user, void *p)
+{
+    (void)user;
+    free(p);
+}
+
+/* One batched step of test_batch_split: q [B, H, 1, D] against the cache, the
+ * options on, into out [B, H, 1, D] and lse [B, H, 1]. */
+static int split_step(attn_ctx *ctx, attn_kv_cache *c, float *q, float *out, float *lse,
+                      float *sinks, int64_t B, int64_t H, int64_t D)
+{
+    attn_tensor qt = tu_tensor4(q, B, H, 1, D), ot = tu_tensor4(out, B, H, 1, D),
+                lt = tu_tensor3(lse, B, H, 1), st;
+    const int64_t hs[1] = {H};
+    attn_tensor_init(NULL, &st, ATTN_DTYPE_F32, sinks, 1, hs);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.has_window = 1;
+    p.window_left = 700;
+    p.window_right = -1;
+    p.softcap = 20.0f;
+    p.alibi = 1;
+    p.sinks = &st;
+    p.lse = &lt;
+    return attn_kv_cache_attend(ctx, c, 0, &qt, &p, NULL, &ot, NULL);
+}
+
+static void test_batch_split(void)
+{
+    TEST("batched decoding on the split-key path (sequences of 300, 1000 and 2500 "
+         "positions, H 8 over Hkv 2, a window, softcap, ALiBi, sinks and lse): every "
+         "sequence's output and lse equal attn_sdpa on that sequence alone bit for bit, "
+         "on every fused path, with 1, 2, 3 and 7 threads; and a loop whose workspace was "
+         "sized before the lengths crossed into the split path allocates nothing");
+    enum { B = 3, H = 8, HKV = 2, D = 32, CAP = 2600 };
+    const int64_t L[B] = {300, 1000, 2500};
+    static float k[B][HKV * CAP * D], v[B][HKV * CAP * D];
+    static float q[B * H * D], out[B * H * D], lse[B * H], sinks[H];
+    static float want[B * H * D], want_l[B * H];
+    tu_fill(q, B * H * D, 70);
+    tu_fill(sinks, H, 71);
+    for (int a = 1; a < 4; a++) {
+        if (!attn_arch_supported(archs[a]))
+            continue;
+        attn_kv_cache_config cfg = {B, HKV, CAP, D, 0};
+        attn_kv_cache *c = NULL;
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.arch = archs[a];
+        ctx.keep_workspace = 1;
+        CHECK_INT(attn_kv_cache_create(&ctx, &cfg, NULL, 0, &c), ATTN_OK);
+        for (int b = 0; b < B; b++) {
+            tu_fill(k[b], HKV * L[b] * D, 80 + (uint64_t)b);
+            tu_fill(v[b], HKV * L[b] * D, 90 + (uint64_t)b);
+            attn_tensor kt = tu_tensor4(k[b], 1, HKV, L[b], D),
+                        vt = tu_tensor4(v[b], 1, HKV, L[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kt, &vt, NULL), ATTN_OK);
+        }
+        /* Each sequence alone: attn_sdpa on its own keys, bottom-right causal. */
+        for (int b = 0; b < B; b++) {
+            attn_ctx one;
+            attn_ctx_init(&one);
+            one.arch = archs[a];
+            one.threads = 1;
+            attn_tensor qt = tu_tensor4(q + b * H * D, 1, H, 1, D),
+                        kt = tu_tensor4(k[b], 1, HKV, L[b], D),
+                        vt = tu_tensor4(v[b], 1, HKV, L[b], D),
+                        ot = tu_tensor4(want + b * H * D, 1, H, 1, D),
+                        lt = tu_tensor3(want_l + b * H, 1, H, 1), st;
+            const int64_t hs[1] = {H};
+            attn_tensor_init(NULL, &st, ATTN_DTYPE_F32, sinks, 1, hs);
+            attn_sdpa_params p;
+            attn_sdpa_params_init(&p);
+            p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            p.has_window = 1;
+            p.window_left = 700;
+            p.window_right = -1;
+            p.softcap = 20.0f;
+            p.alibi = 1;
+            p.sinks = &st;
+            p.lse = &lt;
+            CHECK_INT(attn_sdpa(&one, &qt, &kt, &vt, &p, &ot, NULL), ATTN_OK);
+        }
+        static const int counts[] = {1, 2, 3, 7};
+        for (int ci = 0; ci < 4; ci++) {
+            ctx.threads = counts[ci];
+            memset(out, 0, sizeof out);
+            memset(lse, 0, sizeof lse);
+            CHECK_INT(split_step(&ctx, c, q, out, lse, sinks, B, H, D), ATTN_OK);
+            const int same = memcmp(out, want, sizeof out) == 0 && memcmp(lse, want_l, sizeof lse) == 0;
+            if (!same) {
+                double d = 0;
+                for (int x = 0; x < B * H * D; x++)
+                    d = fmax(d, fabs((double)out[x] - (double)want[x]));
+                fprintf(stderr, "  %s, %d threads: max |batched - alone| %.3g\n",
+                        attn_arch_name(archs[a]), counts[ci], d);
+            }
+            CHECK(same);
+        }
+        attn_kv_cache_free(&ctx, c);
+        attn_ctx_release(&ctx);
+
+        /* One sequence of 500 positions (unsplit), its workspace sized then, and 30
+         * steps that take it past 512 keys (split): no allocation. */
+        attn_kv_cache_config cfg1 = {1, HKV, 1100, D, 0};
+        attn_ctx_init(&ctx);
+        ctx.arch = archs[a];
+        ctx.threads = 2;
+        CHECK_INT(attn_kv_cache_create(&ctx, &cfg1, NULL, 0, &c), ATTN_OK);
+        attn_tensor kt = tu_tensor4(k[2], 1, HKV, 500, D), vt = tu_tensor4(v[2], 1, HKV, 500, D);
+        CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kt, &vt, NULL), ATTN_OK);
+        attn_tensor qt = tu_tensor4(q, 1, H, 1, D), ot = tu_tensor4(out, 1, H, 1, D);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        size_t bytes = 0;
+        CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qt, &p, NULL, &ot, NULL, &bytes),
+                  ATTN_OK);
+        void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+        ctx.workspace = ws;
+        ctx.workspace_size = bytes;
+        ctx.allocator.alloc = split_alloc;
+        ctx.allocator.free = split_free;
+        split_allocs = 0;
+        for (int s = 0; s < 30; s++) {
+            /* The next token's k and v for both heads: any values will do. */
+            attn_tensor k1b = tu_tensor4(k[1] + (size_t)(HKV * s) * D, 1, HKV, 1, D),
+                        v1b = tu_tensor4(v[1] + (size_t)(HKV * s) * D, 1, HKV, 1, D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k1b, &v1b, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, NULL), ATTN_OK);
+        }
+        if (split_allocs)
+            fprintf(stderr, "  %s: %ld allocations in 30 steps from 500 to 530 keys\n",
+                    attn_arch_name(archs[a]), split_allocs);
+        CHECK_INT(split_allocs, 0);
+        attn_kv_cache_free(&ctx, c);
+        free(ws);
+    }
+}
+
 int main(void)
 {
     test_decode_matches_full_pass();
     test_batch_of_lengths();
+    test_batch_split();
     test_golden_decode();
     test_full_truncate_view();
     test_options();

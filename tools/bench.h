@@ -9,6 +9,8 @@
  *   tools/bench_sdpa.c     scaled dot-product attention on S1-S8 or a custom shape
  *   tools/bench_mha.c      multi-head attention end to end, projections included
  *   tools/bench_gemm.c     the projection GEMM alone (y = x W^T)
+ *   tools/bench_decode.c   decoding through the KV cache: S9's batched step, and a
+ *                          decode loop (--decode) with its allocations counted
  *
  * Method: inputs are filled once (uniform in [-1, 1)), each measurement does two
  * warm-up calls and then at least `runs` timed samples; a sample of a very short
@@ -88,7 +90,7 @@ void bench_print_header(const bench_opts *o);
  * FMA peak) is null: B..D when B <= 0, mask when NULL, median_ms and gflops when
  * negative. */
 typedef struct bench_fields {
-    const char *kind;  /* sdpa, kv_stream, mha, gemm, peak, bandwidth */
+    const char *kind;  /* sdpa, kv_stream, decode, mha, gemm, peak, bandwidth */
     const char *impl;
     int64_t B, H, Tq, Tk, D;
     const char *mask;
@@ -106,5 +108,7 @@ void bench_json_end(void);
 int bench_sdpa(const bench_shape *s, const bench_opts *o);                        /* bench_sdpa.c */
 int bench_mha(int64_t T, int64_t E, int64_t H, int causal, const bench_opts *o); /* bench_mha.c */
 int bench_gemm(int64_t n, const bench_opts *o);                                   /* bench_gemm.c */
+int bench_kv_s9(const bench_opts *o);                                             /* bench_decode.c */
+int bench_decode(int64_t prefill, int64_t steps, const bench_opts *o);            /* bench_decode.c */
 
 #endif /* TOOLS_BENCH_H */

@@ -39,6 +39,7 @@ static const char HELP[] =
     "    attn bench --gemm [--size N] [--threads N] [--impl default|ref|all] [--runs N]\n"
     "               [--json]\n"
     "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N] [--json]\n"
+    "    attn bench --decode [--prefill N] [--steps N] [--threads N] [--json]\n"
     "\n"
     "DESCRIPTION\n"
     "    Times scaled dot-product attention and reports, for each measurement, the\n"
@@ -62,11 +63,17 @@ static const char HELP[] =
     "                                              step against a cache (judged by\n"
     "                                              K/V bytes per second, --bandwidth)\n"
     "      S8  B=1 H=32 Hkv=8 Tq=Tk=2048 D=128 causal: GQA prefill\n"
-    "    Without --shape or a custom shape, all eight run in turn.\n"
+    "      S9  B=4 H=16 Tq=1 Tk=1024,2048,3072,4096 D=64: one batched decode step,\n"
+    "                                              one cache length per sequence, run\n"
+    "                                              through the KV cache (impl kv:ISA;\n"
+    "                                              Tk is the longest; judged by K/V\n"
+    "                                              bytes per second, --bandwidth)\n"
+    "    Without --shape or a custom shape, all nine run in turn.\n"
     "\n"
     "OPTIONS\n"
     "    --shape NAME\n"
-    "        S1 .. S8, or all (the default).\n"
+    "        S1 .. S9, or all (the default). S9 runs the library's default path\n"
+    "        only, whatever --impl says.\n"
     "    --batch B, --heads H, --query-len Tq, --key-len Tk, --head-dim D\n"
     "        A custom shape instead of --shape: --query-len and --head-dim are\n"
     "        needed, Tk defaults to Tq, H and B to 1; each 1..1048576.\n"
@@ -109,24 +116,37 @@ static const char HELP[] =
     "        The projection GEMM alone, y = x W^T, N x N x N (--size N, default 1024,\n"
     "        1..1048576).\n"
     "    --bandwidth\n"
-    "        The read bandwidth of streaming S5's K and V (GB/s), then S5's and S7's\n"
-    "        attention times as the rate at which they read their K and V, and that\n"
-    "        rate as a fraction of the bandwidth.\n"
+    "        The read bandwidth of streaming S5's K and V (GB/s), then S5's, S7's\n"
+    "        and S9's attention times as the rate at which they read their K and V,\n"
+    "        and that rate as a fraction of the bandwidth.\n"
+    "    --decode\n"
+    "        A decoding loop through the KV cache on S5's, S7's and S9's head\n"
+    "        shapes (B, H, Hkv, D): --prefill N tokens (default 4096) appended for\n"
+    "        every sequence, then --steps N steps (default 128) of one token each\n"
+    "        (append its k and v, attend its query). Prints the median step, the\n"
+    "        K/V bytes a middle step reads per second, and the allocations the\n"
+    "        steps made under a counting allocator with the context's workspace set\n"
+    "        to attn_kv_cache_workspace_size bytes (0 is the target).\n"
+    "    --prefill N, --steps N\n"
+    "        The decoding loop's sizes, 1..1048576 each (only with --decode).\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
-    "    --peak, --mha, --gemm and --bandwidth exclude each other and a shape.\n"
+    "    --peak, --mha, --gemm, --bandwidth and --decode exclude each other and a\n"
+    "    shape.\n"
     "    Options take their value as the next argument or after '=' (--threads=2).\n"
     "\n"
     "JSON OUTPUT\n"
     "    Every line is one object with SPEC section 4's fields first: kind (sdpa,\n"
-    "    kv_stream, mha, gemm, peak, bandwidth), impl, B, H, Tq, Tk, D, mask,\n"
+    "    kv_stream, decode, mha, gemm, peak, bandwidth), impl, B, H, Tq, Tk, D, mask,\n"
     "    threads, median_ms, gflops; then the run's setup: default_arch and reason\n"
     "    (the path attn_sdpa picks and why), peak_gflops_1t and peak_gflops; then the\n"
     "    kind's own fields (shape, runs, min_ms, peak_frac, peak_rss_mib, kv_heads,\n"
     "    window ([LEFT, RIGHT] or null), softcap (or null) for sdpa; E and arch\n"
     "    for mha; M, N, K for gemm; kv_gbs, stream_gbs, fraction for kv_stream; gbs\n"
-    "    and bytes for bandwidth). A field that means nothing for a kind is null:\n"
+    "    and bytes for bandwidth; shape, kv_heads, prefill, steps, min_ms, kv_gbs,\n"
+    "    allocs and allocs_per_step for decode, whose Tk is the cache's capacity;\n"
+    "    lengths and kv_gbs on S9's sdpa line). A field that means nothing for a kind is null:\n"
     "    the attention shape and mask of gemm, peak and bandwidth, the time of peak,\n"
     "    the GFLOP/s of bandwidth.\n"
     "\n"
@@ -161,7 +181,7 @@ static void json_escape(const char *s, char *buf, size_t size)
 int cmd_bench(int argc, char **argv)
 {
     static const char *const shape_names[] = {"S1", "S2", "S3", "S4", "S5",
-                                              "S6", "S7", "S8", "all", NULL};
+                                              "S6", "S7", "S8", "S9", "all", NULL};
     static const char *const impl_names[] = {"default", "ref",    "fused", "scalar",
                                              "avx2",    "avx512", "all",   NULL};
     bench_opts o;
@@ -169,7 +189,9 @@ int cmd_bench(int argc, char **argv)
     int64_t threads = 0, runs = 10, B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
     int64_t T = 1024, E = 768, NH = 12, gemm_n = 1024;
     int64_t kv_heads = 0;
-    int shape_ix = BENCH_N_SPEC_SHAPES, impl_ix = 0; /* "all" */
+    int shape_ix = BENCH_N_SPEC_SHAPES + 1, impl_ix = 0; /* "all" */
+    int64_t prefill = 4096, steps = 128;
+    int want_decode = 0;
     int causal = 0, causal_br = 0, padding = 0;
     int want_peak = 0, want_mha = 0, want_gemm = 0, want_bw = 0;
     const char *window = NULL;
@@ -199,6 +221,9 @@ int cmd_bench(int argc, char **argv)
         {"gemm", CLI_FLAG, &want_gemm, NULL, 0, 0, 0},
         {"size", CLI_INT, &gemm_n, NULL, 1, BENCH_MAX_SIZE, 0},
         {"bandwidth", CLI_FLAG, &want_bw, NULL, 0, 0, 0},
+        {"decode", CLI_FLAG, &want_decode, NULL, 0, 0, 0},
+        {"prefill", CLI_INT, &prefill, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"steps", CLI_INT, &steps, NULL, 1, BENCH_MAX_SIZE, 0},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
@@ -210,13 +235,16 @@ int cmd_bench(int argc, char **argv)
                           cli_seen(opts, nopts, "query-len") ||
                           cli_seen(opts, nopts, "key-len") || cli_seen(opts, nopts, "head-dim") ||
                           cli_seen(opts, nopts, "kv-heads");
-    if (want_peak + want_mha + want_gemm + want_bw > 1)
-        return cli_usage_error(PROG, "--peak, --mha, --gemm and --bandwidth exclude each other");
-    if ((want_peak || want_mha || want_gemm || want_bw) &&
+    if (want_peak + want_mha + want_gemm + want_bw + want_decode > 1)
+        return cli_usage_error(PROG, "--peak, --mha, --gemm, --bandwidth and --decode exclude "
+                               "each other");
+    if ((want_peak || want_mha || want_gemm || want_bw || want_decode) &&
         (is_custom || cli_seen(opts, nopts, "shape")))
         return cli_usage_error(PROG, "--%s takes no shape (--shape or custom sizes)",
                                want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
-                                                                      : "bandwidth");
+                                                    : want_bw ? "bandwidth" : "decode");
+    if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps")))
+        return cli_usage_error(PROG, "--prefill and --steps apply to --decode");
     if (is_custom && cli_seen(opts, nopts, "shape"))
         return cli_usage_error(PROG, "--shape and a custom shape exclude each other");
     if (is_custom && (!Tq || !D))
@@ -274,10 +302,12 @@ int cmd_bench(int argc, char **argv)
     if (want_bw) {
         /* S5 and S7 are the decode steps: their K and V against the bandwidth. */
         if (bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
-            bench_sdpa(&bench_spec_shapes[6], &o))
+            bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o))
             return CLI_EXIT_ERROR;
         return CLI_EXIT_OK;
     }
+    if (want_decode)
+        return bench_decode(prefill, steps, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (is_custom) {
         const bench_shape custom = {"custom",
                                     B,
@@ -297,8 +327,11 @@ int cmd_bench(int argc, char **argv)
         return bench_sdpa(&custom, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
     int status = 0;
+    const int all = shape_ix == BENCH_N_SPEC_SHAPES + 1;
     for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
-        if (shape_ix == BENCH_N_SPEC_SHAPES || shape_ix == x)
+        if (all || shape_ix == x)
             status |= bench_sdpa(&bench_spec_shapes[x], &o);
+    if (all || shape_ix == BENCH_N_SPEC_SHAPES) /* S9, through the KV cache */
+        status |= bench_kv_s9(&o);
     return status ? CLI_EXIT_ERROR : CLI_EXIT_OK;
 }

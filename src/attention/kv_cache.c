@@ -14,7 +14,9 @@
  * positions 0 .. len[b] - 1 are stored; the rest is room.
  *
  * Attention against the cache is one attention call per sequence, because each
- * sequence has its own key length: the queries are the last Tq positions of their
+ * sequence has its own key length (with several sequences and no weights, the
+ * calls are planned one by one and their work runs as one parallel job, so that
+ * a batched decoding step keeps every core busy to its end): the queries are the last Tq positions of their
  * sequence, so the causal alignment is the bottom-right one, and with Tk = len[b]
  * every option of the contract (window, ALiBi) counts positions from the
  * sequence's start. Each call goes through the contract (attn__sdpa_prepare), is
@@ -26,6 +28,7 @@
  */
 #include "rope.h"
 #include "sdpa_contract.h"
+#include "sdpa_fused.h"
 
 #include <stdalign.h>
 #include <string.h>
@@ -388,7 +391,10 @@ static attn_tensor first_keys(const attn_tensor *t, int64_t n)
 typedef struct kv_attend {
     int64_t Bn, H, Tq;
     size_t q_bytes;   /* rotated queries of one sequence, in scratch (0 without RoPE) */
-    size_t scratch;   /* q_bytes + the largest attention scratch */
+    int batched;      /* 1: the sequences' calls run as one parallel job (below) */
+    size_t head;      /* batched: the plans and data pointers before the queries */
+    size_t scratch;   /* one by one: q_bytes + the largest attention scratch;
+                         batched: head + Bn * q_bytes + the batch's scratch */
 } kv_attend;
 
 /* Checks what the attention contract cannot see (the range, the cache's shapes,
@@ -505,6 +511,9 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
                           attn__shape_str(q, s1, sizeof s1));
     }
     size_t most = 0;
+    /* The batch's scratch, for the current lengths and for a full cache. */
+    attn__fused_batch_size now = {0, 0, 0, 0, 0}, full = {0, 0, 0, 0, 0};
+    a->batched = !weights && a->Bn > 1;
     for (int64_t i = -1; i < a->Bn; i++) {
         /* i = -1 plans a full cache, so the scratch serves every later step too. */
         const int64_t Tk = i < 0 ? c->cap : c->len[first + i];
@@ -515,6 +524,13 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
             return rc;
         if (plan.scratch_bytes > most)
             most = plan.scratch_bytes;
+        if (plan.use_ref)
+            a->batched = 0;
+        if (i >= 0)
+            attn__fused_batch_add(&now, &plan);
+        else
+            for (int64_t j = 0; j < a->Bn; j++)
+                attn__fused_batch_add(&full, &plan);
     }
     a->q_bytes = 0;
     if (rope) {
@@ -526,6 +542,24 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     if (most > SIZE_MAX - a->q_bytes)
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: scratch overflows", fn);
     a->scratch = a->q_bytes + most;
+    if (a->batched) {
+        /* One plan and one set of data pointers per sequence, then each sequence's
+         * rotated queries, then the batch's scratch (the larger of now and full). */
+        size_t b_now, b_full, qall;
+        if ((rc = attn__fused_batch_bytes(ctx, &now, &b_now)) ||
+            (rc = attn__fused_batch_bytes(ctx, &full, &b_full)))
+            return rc;
+        const size_t n = (size_t)a->Bn;
+        if (n > SIZE_MAX / 4096 || (a->q_bytes && n > SIZE_MAX / a->q_bytes))
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: scratch overflows", fn);
+        a->head = attn__align64(n * sizeof(attn__sdpa_plan)) +
+                  attn__align64(n * sizeof(attn__fused_io));
+        qall = n * a->q_bytes;
+        const size_t need = b_now > b_full ? b_now : b_full;
+        if (need > SIZE_MAX - a->head - qall)
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: scratch overflows", fn);
+        a->scratch = a->head + qall + need;
+    }
     return ATTN_OK;
 }
 
@@ -549,19 +583,20 @@ int attn_kv_cache_workspace_size(attn_ctx *ctx, const attn_kv_cache *cache, int6
     return rc;
 }
 
-/* One sequence's attention: sequence b = first + i, its queries (rotated into
- * `qrot` when rope is given), in `scratch`. */
-static int attend_one(attn_ctx *ctx, const attn_kv_cache *c, int64_t first, int64_t i,
-                      const kv_attend *a, const attn_tensor *q, const attn_sdpa_params *p,
-                      const attn_rope_params *rope, attn_tensor *out, attn_tensor *weights,
-                      float *qrot, void *scratch)
+/* Checks and plans one sequence's attention: sequence b = first + i, its queries
+ * (rotated into `qrot` when rope is given); *io gets its data and *wi its weights
+ * view (when weights is given). */
+static int attend_setup(attn_ctx *ctx, const attn_kv_cache *c, int64_t first, int64_t i,
+                        const kv_attend *a, const attn_tensor *q, const attn_sdpa_params *p,
+                        const attn_rope_params *rope, attn_tensor *out, attn_tensor *weights,
+                        float *qrot, attn__sdpa_plan *plan, attn__fused_io *io, attn_tensor *wi)
 {
     const int64_t b = first + i, len = c->len[b];
     attn_sdpa_params pb = *p;
     pb.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     attn_tensor qi = batch_row(q, 4, a->Bn, i), oi = batch_row(out, 4, a->Bn, i);
     attn_tensor ki = seq_tensor(c, 0, b, 0, len), vi = seq_tensor(c, 1, b, 0, len);
-    attn_tensor mi, bi, li, wi;
+    attn_tensor mi, bi, li;
     if (p->mask) {
         mi = first_keys(p->mask, len);
         mi = batch_row(&mi, 4, a->Bn, i);
@@ -577,8 +612,8 @@ static int attend_one(attn_ctx *ctx, const attn_kv_cache *c, int64_t first, int6
         pb.lse = &li;
     }
     if (weights) {
-        wi = first_keys(weights, len);
-        wi = batch_row(&wi, 4, a->Bn, i);
+        *wi = first_keys(weights, len);
+        *wi = batch_row(wi, 4, a->Bn, i);
     }
     if (rope) {
         /* The queries sit at the last Tq positions of the sequence. */
@@ -590,13 +625,30 @@ static int attend_one(attn_ctx *ctx, const attn_kv_cache *c, int64_t first, int6
         attn_tensor_init(NULL, &qi, ATTN_DTYPE_F32, qrot, 4, shape);
     }
     attn__sdpa_shapes s;
+    int rc = attn__sdpa_prepare(ctx, &qi, &ki, &vi, &pb, &oi, weights ? wi : NULL, &s);
+    if (rc == ATTN_OK)
+        rc = attn__sdpa_plan_for_ctx(ctx, &s, plan);
+    io->q = qi.data;
+    io->k = ki.data;
+    io->v = vi.data;
+    io->out = oi.data;
+    return rc;
+}
+
+/* One sequence's attention, run on its own in `scratch`. */
+static int attend_one(attn_ctx *ctx, const attn_kv_cache *c, int64_t first, int64_t i,
+                      const kv_attend *a, const attn_tensor *q, const attn_sdpa_params *p,
+                      const attn_rope_params *rope, attn_tensor *out, attn_tensor *weights,
+                      float *qrot, void *scratch)
+{
+    const int64_t len = c->len[first + i];
     attn__sdpa_plan plan;
-    int rc = attn__sdpa_prepare(ctx, &qi, &ki, &vi, &pb, &oi, weights ? &wi : NULL, &s);
+    attn__fused_io io;
+    attn_tensor wi;
+    int rc = attend_setup(ctx, c, first, i, a, q, p, rope, out, weights, qrot, &plan, &io, &wi);
     if (rc == ATTN_OK)
-        rc = attn__sdpa_plan_for_ctx(ctx, &s, &plan);
-    if (rc == ATTN_OK)
-        rc = attn__sdpa_run(ctx, &plan, qi.data, ki.data, vi.data, oi.data,
-                            weights ? wi.data : NULL, scratch);
+        rc = attn__sdpa_run(ctx, &plan, io.q, io.k, io.v, io.out, weights ? wi.data : NULL,
+                            scratch);
     if (rc == ATTN_OK && weights && len < c->cap) {
         /* Positions the sequence does not hold get weight 0. */
         float *w = (float *)wi.data;
@@ -628,9 +680,24 @@ int attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, int64_t firs
     if (a.scratch > sizeof small &&
         !(scratch = attn__scratch_get(ctx, a.scratch, "KV cache attention scratch")))
         return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
-    for (int64_t i = 0; i < a.Bn && rc == ATTN_OK; i++)
-        rc = attend_one(ctx, cache, first, i, &a, q, p, rope, out, weights, (float *)scratch,
-                        scratch + a.q_bytes);
+    if (a.batched) {
+        /* Every sequence planned, then all their work items as one parallel job
+         * (src/kernels/sdpa_fused.c, attn__sdpa_fused_run_batch). */
+        attn__sdpa_plan *plans = (attn__sdpa_plan *)scratch;
+        attn__fused_io *io =
+            (attn__fused_io *)(scratch + attn__align64((size_t)a.Bn * sizeof(attn__sdpa_plan)));
+        unsigned char *qrot = scratch + a.head;
+        for (int64_t i = 0; i < a.Bn && rc == ATTN_OK; i++)
+            rc = attend_setup(ctx, cache, first, i, &a, q, p, rope, out, NULL,
+                              (float *)(qrot + (size_t)i * a.q_bytes), &plans[i], &io[i], NULL);
+        if (rc == ATTN_OK)
+            rc = attn__sdpa_fused_run_batch(ctx, plans, a.Bn, io,
+                                            qrot + (size_t)a.Bn * a.q_bytes);
+    } else {
+        for (int64_t i = 0; i < a.Bn && rc == ATTN_OK; i++)
+            rc = attend_one(ctx, cache, first, i, &a, q, p, rope, out, weights,
+                            (float *)scratch, scratch + a.q_bytes);
+    }
     if (scratch != small)
         attn__scratch_put(ctx, scratch);
     return rc;

@@ -252,6 +252,7 @@ int attn__sdpa_prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_te
                           attn__shape_str(out, d, sizeof d), e);
     }
     if (weights) {
+        s->weights = 1;
         attn__as4d(weights, ws, s->w_s);
         const int64_t want_w[4] = {s->B, s->H, s->Tq, s->Tk};
         if (memcmp(ws, want_w, sizeof ws) != 0) {

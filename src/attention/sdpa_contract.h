@@ -47,6 +47,8 @@ typedef struct attn__sdpa_shapes {
     float *lse;           /* NULL = not wanted; else [B, H, Tq] through lse_s */
     int64_t lse_s[3];
     attn_empty_rows empty_rows;
+    int weights;          /* 1: the caller asked for the weights (the fused kernel's
+                             split-key path cannot write them, so it is not planned) */
 } attn__sdpa_shapes;
 
 /* Checks q/k/v/out/weights (weights may be NULL) and p (NULL: the defaults) against
@@ -135,6 +137,7 @@ typedef struct attn__sdpa_plan {
     attn_arch arch;       /* the fused kernel's instruction set (not REF, not AUTO) */
     int threads;          /* workers the fused kernel uses */
     int64_t br, bc;       /* the fused kernel's tile sizes (0 on its row path) */
+    int64_t n_chunks;     /* key chunks of its split-key decoding (0: not split) */
     int64_t ws_floats;    /* the fused kernel's scratch floats per worker */
     size_t scratch_bytes; /* what attn__sdpa_run needs in `scratch` */
 } attn__sdpa_plan;

@@ -151,28 +151,43 @@
  *                sink, or -inf without one; a NaN row NaN. The row path writes the
  *                same in its phase 2.
  *
- * Room to grow: the KV cache attends new queries with bottom-right causal against
- * a K/V view longer than the query, which is this kernel unchanged; split-key
- * decoding combines partial results by the log-sum-exp written here.
+ * Split-key decoding (fused_split.h): on the row path, when there are fewer than
+ * ATTN__SPLIT_ITEMS (batch, key/value head) pairs and enough keys, and the weights
+ * are not asked for, the keys are cut into chunks whose number and bounds depend
+ * on the shapes only (sdpa_fused.c, job_layout). An item is then one (b, key/value
+ * head, chunk) and serves all the group's query rows, so K and V are read once per
+ * key/value head; it leaves each row's partial (m, l, O) in the plan's scratch, and
+ * a second pass merges the partials by their log-sum-exp in chunk order, adding the
+ * sink's term once. Every option above applies per key inside the chunk exactly as
+ * on the row path; the same bits come out for any thread count.
+ *
+ * The KV cache attends new queries with bottom-right causal against a K/V view
+ * longer than the query, which is this kernel unchanged.
  */
 #ifndef ATTN_FUSED_KERNEL_H
 #define ATTN_FUSED_KERNEL_H
 
 #include "fused_common.h"
 #include "fused_row.h"
+#include "fused_split.h"
 #include "fused_tile.h"
 
 /* Scratch floats one worker needs for a job planned with these sizes. */
 static int64_t fk_ws_floats(const attn__fused_job *job)
 {
-    return job->row_path ? fk_row_ws_floats(job) : fk_tile_ws_floats(job);
+    if (job->row_path)
+        return job->n_chunks ? fk_split_ws_floats(job) : fk_row_ws_floats(job);
+    return fk_tile_ws_floats(job);
 }
 
-/* One work item: (b, h, query tile) on the tile path, (b, h) on the row path. */
+/* One work item: (b, h, query tile) on the tile path, (b, h) on the row path,
+ * (b, key/value head, key chunk) on its split-key form. */
 static void fk_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_job *job = (const attn__fused_job *)arg;
-    if (job->row_path)
+    if (job->row_path && job->n_chunks)
+        fk_split_item(arg, item, worker);
+    else if (job->row_path)
         fk_row_item(arg, item, worker);
     else
         fk_tile_item(arg, item, worker);

@@ -82,7 +82,7 @@ FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, f
     out[3] = simd_hsum(simd_add(a3, b3)) * scale;
 }
 
-/* acc[c] = sum_j p[j] * v[j][c] over the keys j < nkeys that the row may see, for
+/* acc[c] = sum_j p[j] * v[j][c] (added to acc's contents when add is 1) over the keys j < nkeys that the row may see, for
  * nv vectors of columns, the last of which holds only `last` columns (1 .. SIMD_W).
  * mrow is the row's mask (element stride ms3) and brow its bias (element stride
  * bs3), each NULL when absent. A key they hide (a false mask entry, a -inf bias) is
@@ -91,11 +91,11 @@ FK_INLINE void fk_dot4(const float *q, const float *k, int64_t ldk, int64_t n, f
  * its weight underflowed to 0 (0 * NaN = NaN, as in the reference). */
 FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const uint8_t *mrow, int64_t ms3,
                          const float *brow, int64_t bs3, const float *v, int64_t ldv,
-                         float *acc, const int nv, int64_t last)
+                         float *acc, const int nv, int64_t last, const int add)
 {
     simd_f32 a[FK_ROW_NV];
     for (int c = 0; c < nv; c++)
-        a[c] = simd_zero();
+        a[c] = add ? simd_load(acc + c * SIMD_W) : simd_zero();
     for (int64_t j = 0; j < nkeys; j++) {
         if ((mrow && !mrow[j * ms3]) || (brow && brow[j * bs3] == -INFINITY))
             continue;
@@ -109,6 +109,35 @@ FK_INLINE void fk_row_pv(const float *p, int64_t nkeys, const uint8_t *mrow, int
     }
     for (int c = 0; c < nv; c++)
         simd_store(acc + c * SIMD_W, a[c]);
+}
+
+/* fk_row_pv over the last `cols` columns (fewer than FK_ROW_NV vectors of them), all
+ * in one pass over the keys: one accumulator per vector of columns, each a chain of
+ * its own, instead of one pass per vector (which would read the weights again and
+ * leave a single chain of multiply-adds waiting on each other). The switch gives
+ * the compiler a constant count, so the accumulators stay in registers. */
+FK_INLINE void fk_row_pv_rest(const float *p, int64_t nkeys, const uint8_t *mrow, int64_t ms3,
+                              const float *brow, int64_t bs3, const float *v, int64_t ldv,
+                              float *acc, int64_t cols, const int add)
+{
+    const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
+    const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
+    switch (nv) {
+#define FK_PV_CASE(N)                                                                       \
+    case N:                                                                                 \
+        fk_row_pv(p, nkeys, mrow, ms3, brow, bs3, v, ldv, acc, N, last, add);              \
+        break;
+        FK_PV_CASE(1)
+        FK_PV_CASE(2)
+        FK_PV_CASE(3)
+        FK_PV_CASE(4)
+        FK_PV_CASE(5)
+        FK_PV_CASE(6)
+        FK_PV_CASE(7)
+#undef FK_PV_CASE
+    default:
+        break; /* cols is below FK_ROW_NV vectors */
+    }
 }
 
 /* The mask row of query i of (b, h), or NULL when there is no mask. */
@@ -254,11 +283,10 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         int64_t e0 = 0;
         for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
             fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, FK_ROW_NV,
-                      SIMD_W);
-        for (; e0 < Dv; e0 += SIMD_W) {
-            const int64_t last = Dv - e0 < SIMD_W ? Dv - e0 : SIMD_W;
-            fk_row_pv(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, 1, last);
-        }
+                      SIMD_W, 0);
+        if (e0 < Dv)
+            fk_row_pv_rest(sc + lo, n, mr, ms3, br, bs3, vlo + e0, s->v_s[2], acc + e0, Dv - e0,
+                           0);
         if (s->o_s[3] == 1) {
             const simd_f32 vinv = simd_set1(inv[i]);
             int64_t e = 0;

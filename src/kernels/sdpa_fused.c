@@ -20,7 +20,7 @@
 #include <string.h>
 
 const attn__fused_kernel attn__fused_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_exp_nonpos, fk_tanh,
+    ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_split_merge, fk_exp_nonpos, fk_tanh,
 };
 
 /* Query rows and keys per tile; see the contract in src/kernels/fused_kernel.h. */
@@ -60,12 +60,43 @@ static void job_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *
     job->row_path = s->Tq <= ATTN__FUSED_ROW_MAX && s->k_s[3] == 1 && s->v_s[3] == 1;
     if (job->row_path) {
         *n_items = s->B * s->H;
+        /* Split-key decoding (fused_split.h) when the (batch, key/value head) pairs
+         * are too few for the cores of a large machine and the keys are many: as
+         * many chunks as bring the items up to ATTN__SPLIT_ITEMS, none shorter than
+         * ATTN__SPLIT_MIN_CHUNK keys, each a multiple of 16 keys. Shapes only: the
+         * thread count never enters, so neither do the chunk bounds. The weights
+         * need every score of a row at once, so a call that asks for them is not
+         * split. */
+        const int64_t pairs = s->B * s->Hkv;
+        if (!s->weights && pairs < ATTN__SPLIT_ITEMS && s->Tk >= ATTN__SPLIT_MIN_TK) {
+            int64_t nc = (s->Tk + ATTN__SPLIT_MIN_CHUNK - 1) / ATTN__SPLIT_MIN_CHUNK;
+            const int64_t want = (ATTN__SPLIT_ITEMS + pairs - 1) / pairs;
+            if (nc > want)
+                nc = want;
+            if (nc >= 2) {
+                job->chunk = round_up((s->Tk + nc - 1) / nc, 16);
+                job->n_chunks = (s->Tk + job->chunk - 1) / job->chunk;
+                job->pst = 16 + round_up(job->dvp, 16);
+                *n_items = pairs * job->n_chunks;
+            }
+        }
     } else {
         job->br = s->Tq < ATTN_FUSED_BR ? round_up(s->Tq, kern->mr) : ATTN_FUSED_BR;
         job->bc = s->Tk < ATTN_FUSED_BC ? round_up(s->Tk, kern->nk) : ATTN_FUSED_BC;
         job->n_qt = (s->Tq + job->br - 1) / job->br;
         *n_items = s->B * s->H * job->n_qt;
     }
+}
+
+/* Floats of the split-key partials (B * H * Tq * n_chunks of pst each; 0 when the
+ * keys are not split); 0 on overflow. */
+static int part_floats(const attn__sdpa_shapes *s, const attn__fused_job *job, int64_t *n)
+{
+    *n = 0;
+    if (!job->n_chunks)
+        return 1;
+    return attn__mul_i64(s->B, s->H, n) && attn__mul_i64(*n, s->Tq, n) &&
+           attn__mul_i64(*n, job->n_chunks, n) && attn__mul_i64(*n, job->pst, n);
 }
 
 int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
@@ -89,15 +120,17 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     plan->threads = attn__threads_for(ctx, flops, n_items);
     plan->br = job.br;
     plan->bc = job.bc;
+    plan->n_chunks = job.n_chunks;
     plan->ws_floats = kern->ws_floats(&job);
 
     /* Scratch: per-worker empty-row records (padded to 64 bytes), then per-worker
      * scratch of ws_floats each (a multiple of 16 floats, so every worker's slice
-     * starts on a 64-byte boundary). */
-    int64_t total;
+     * starts on a 64-byte boundary), then the split-key partials. */
+    int64_t total, parts = 0;
     size_t bytes;
     if (!attn__mul_i64(plan->ws_floats, plan->threads, &total) ||
-        !attn__bytes(total + 16 * (int64_t)plan->threads, sizeof(float), &bytes))
+        !part_floats(s, &job, &parts) || total > INT64_MAX - parts - 16 * (int64_t)plan->threads ||
+        !attn__bytes(total + parts + 16 * (int64_t)plan->threads, sizeof(float), &bytes))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "fused attention scratch of %lld floats x %d threads overflows",
                           (long long)plan->ws_floats, plan->threads);
@@ -126,7 +159,13 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float
     for (int t = 0; t < threads; t++)
         job.empty_first[t] = INT64_MAX;
 
+    job.part = job.ws + plan->ws_floats * (int64_t)threads;
     attn__parallel_for(threads, n_items, kern->item, &job);
+    if (job.n_chunks) {
+        /* The merge reads what every chunk wrote, so it starts after the last. */
+        const int64_t rows = s->B * s->H;
+        attn__parallel_for(rows < threads ? (int)rows : threads, rows, kern->merge, &job);
+    }
 
     int64_t empty = INT64_MAX;
     for (int t = 0; t < threads; t++)
@@ -135,6 +174,161 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float
     if (empty != INT64_MAX && s->empty_rows == ATTN_EMPTY_ROWS_ERROR) {
         const int64_t bh = empty / s->Tq;
         return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, empty % s->Tq);
+    }
+    return ATTN_OK;
+}
+
+/* ---- Several planned calls as one parallel job (the KV cache's batched attend) ----
+ *
+ * Each sequence of a batched decoding step has its own key length, so it is its own
+ * planned call; running them one after another wakes the threads once per sequence
+ * and leaves a core idle at the end of each. Here their work items are numbered one
+ * after another (sequence 0's items, then sequence 1's, ...) and handed to one
+ * attn__parallel_for, then their split-key merges likewise. Every item still writes
+ * only what it wrote in its own call, into the same places, so the bits are those
+ * of the calls made one by one, for any thread count. */
+
+/* The sizes the batch's scratch depends on, over every plan added. */
+void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *plan)
+{
+    attn__fused_job job;
+    int64_t n_items, parts = 0;
+    job_layout(kernel_of(plan->arch), &plan->s, &job, &n_items);
+    if (!part_floats(&plan->s, &job, &parts) || parts > INT64_MAX / 2 - acc->parts)
+        acc->overflow = 1;
+    else
+        acc->parts += round_up(parts, 16);
+    if (plan->threads > acc->threads)
+        acc->threads = plan->threads;
+    if (plan->ws_floats > acc->ws_floats)
+        acc->ws_floats = plan->ws_floats;
+    acc->n++;
+}
+
+/* Bytes of each region of the batch's scratch, in order; 0 on overflow. */
+static size_t batch_regions(const attn__fused_batch_size *acc, size_t r[5])
+{
+    const size_t n = (size_t)acc->n, t = (size_t)acc->threads;
+    r[0] = attn__align64(n * sizeof(attn__fused_job));
+    r[1] = attn__align64(2 * (n + 1) * sizeof(int64_t)); /* item and merge starts */
+    r[2] = attn__align64(n * t * sizeof(int64_t));        /* empty-row records */
+    int64_t ws;
+    size_t b1, b2;
+    if (acc->overflow || !attn__mul_i64(acc->ws_floats, acc->threads, &ws) ||
+        !attn__bytes(ws, sizeof(float), &b1) || !attn__bytes(acc->parts, sizeof(float), &b2))
+        return 0;
+    r[3] = b1;
+    r[4] = b2;
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) {
+        if (r[i] > SIZE_MAX - total - 64)
+            return 0;
+        total += r[i];
+    }
+    return total;
+}
+
+int attn__fused_batch_bytes(attn_ctx *ctx, const attn__fused_batch_size *acc, size_t *bytes)
+{
+    size_t r[5];
+    if (acc->n > INT64_MAX / 1024 || !(*bytes = batch_regions(acc, r)))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                          "batched attention scratch for %lld calls overflows",
+                          (long long)acc->n);
+    return ATTN_OK;
+}
+
+typedef struct fused_batch {
+    const attn__fused_kernel *kern;
+    attn__fused_job *jobs;
+    const int64_t *start; /* [n + 1]: the first global item of each call */
+    int64_t n;
+} fused_batch;
+
+/* The call that global item `item` belongs to: the last j with start[j] <= item. */
+static int64_t batch_find(const int64_t *start, int64_t n, int64_t item)
+{
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (start[mid] <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static void batch_item(void *arg, int64_t item, int worker)
+{
+    const fused_batch *fb = (const fused_batch *)arg;
+    const int64_t j = batch_find(fb->start, fb->n, item);
+    fb->kern->item(&fb->jobs[j], item - fb->start[j], worker);
+}
+
+static void batch_merge(void *arg, int64_t item, int worker)
+{
+    const fused_batch *fb = (const fused_batch *)arg;
+    const int64_t j = batch_find(fb->start, fb->n, item);
+    fb->kern->merge(&fb->jobs[j], item - fb->start[j], worker);
+}
+
+int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int64_t n,
+                               const attn__fused_io *io, void *scratch)
+{
+    attn__fused_batch_size acc = {0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n; j++)
+        attn__fused_batch_add(&acc, &plans[j]);
+    size_t r[5];
+    if (n < 1 || !batch_regions(&acc, r))
+        return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "batched attention scratch overflows");
+    unsigned char *base = (unsigned char *)scratch;
+    attn__fused_job *jobs = (attn__fused_job *)base;
+    int64_t *start = (int64_t *)(base + r[0]), *mstart = start + n + 1;
+    int64_t *empty = (int64_t *)(base + r[0] + r[1]);
+    float *ws = (float *)(base + r[0] + r[1] + r[2]);
+    float *part = (float *)(base + r[0] + r[1] + r[2] + r[3]);
+    const int threads = acc.threads;
+    const attn__fused_kernel *kern = kernel_of(plans[0].arch);
+    start[0] = mstart[0] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const attn__sdpa_shapes *s = &plans[j].s;
+        attn__fused_job *job = &jobs[j];
+        int64_t n_items, parts = 0;
+        job_layout(kern, s, job, &n_items);
+        part_floats(s, job, &parts);
+        job->q = io[j].q;
+        job->k = io[j].k;
+        job->v = io[j].v;
+        job->out = io[j].out;
+        job->weights = NULL;
+        job->ws_floats = acc.ws_floats;
+        job->ws = ws;
+        job->part = part;
+        part += round_up(parts, 16);
+        job->empty_first = empty + j * threads;
+        for (int t = 0; t < threads; t++)
+            job->empty_first[t] = INT64_MAX;
+        start[j + 1] = start[j] + n_items;
+        mstart[j + 1] = mstart[j] + (job->n_chunks ? s->B * s->H : 0);
+    }
+    fused_batch fb = {kern, jobs, start, n};
+    attn__parallel_for(threads, start[n], batch_item, &fb);
+    if (mstart[n] > 0) {
+        /* The merges read what every chunk wrote, so they start after the last. */
+        fb.start = mstart;
+        attn__parallel_for(threads, mstart[n], batch_merge, &fb);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const attn__sdpa_shapes *s = &plans[j].s;
+        int64_t e = INT64_MAX;
+        for (int t = 0; t < threads; t++)
+            if (jobs[j].empty_first[t] < e)
+                e = jobs[j].empty_first[t];
+        if (e != INT64_MAX && s->empty_rows == ATTN_EMPTY_ROWS_ERROR) {
+            const int64_t bh = e / s->Tq;
+            return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, e % s->Tq);
+        }
     }
     return ATTN_OK;
 }

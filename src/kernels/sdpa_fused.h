@@ -19,6 +19,16 @@
  * src/kernels/fused_kernel.h): a decoding step, the chapter's toy size. */
 #define ATTN__FUSED_ROW_MAX 8
 
+/* Split-key decoding (src/kernels/fused_split.h): the row path splits the keys
+ * into chunks when there are fewer than ATTN__SPLIT_ITEMS (batch, key/value head)
+ * pairs and at least ATTN__SPLIT_MIN_TK keys, into at most ATTN__SPLIT_ITEMS /
+ * (B * Hkv) chunks of at least ATTN__SPLIT_MIN_CHUNK keys. These numbers are the
+ * only inputs besides the shapes: never the thread count, so the bits of the
+ * result are the same for any number of threads. */
+#define ATTN__SPLIT_ITEMS 64
+#define ATTN__SPLIT_MIN_TK 512
+#define ATTN__SPLIT_MIN_CHUNK 256
+
 /* One call's plan and data, filled by src/kernels/sdpa_fused.c and read by every worker. */
 typedef struct attn__fused_job {
     const attn__sdpa_shapes *s;
@@ -30,6 +40,12 @@ typedef struct attn__fused_job {
     int64_t n_qt;           /* query tiles per (b, h) */
     int64_t dvp;            /* Dv rounded up to the vector width */
     int row_path;           /* 1: one (b, h) per item, row by row, K and V in place */
+    int64_t n_chunks;       /* split-key path (row path only): key chunks per
+                               (b, key/value head), or 0 when the keys are not split */
+    int64_t chunk;          /* keys per chunk (a multiple of 16); the last may be short */
+    int64_t pst;            /* floats per partial result: 16 of header (m, l, seen)
+                               and then dvp of unnormalised output */
+    float *part;            /* partials [B, H, Tq, n_chunks][pst] */
     int64_t ws_floats;      /* floats of scratch per worker */
     float *ws;              /* workers * ws_floats */
     int64_t *empty_first;   /* per worker: smallest flat row index b*H*Tq + h*Tq + i
@@ -46,6 +62,8 @@ typedef struct attn__fused_kernel {
     int64_t (*ws_floats)(const attn__fused_job *job);
     /* Processes one work item: (b, h, query tile), or (b, h) on the row path. */
     void (*item)(void *job, int64_t item, int worker);
+    /* Merges the split-key partials of one (b, h) into out and lse. */
+    void (*merge)(void *job, int64_t item, int worker);
     /* y[i] = e^x[i] for x[i] <= 0 with this build's vector exp (for the tests). */
     void (*exp_nonpos)(const float *x, float *y, int64_t n);
     /* y[i] = tanh(x[i]) with this build's vector tanh, softcap's (for the tests). */
@@ -61,5 +79,29 @@ extern const attn__fused_kernel attn__fused_kernel_avx512;
 /* The build of the kernel for arch (REF gives the portable one), or NULL when
  * this library was built without it (AVX2/AVX-512 off x86-64). */
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
+
+/* Several planned fused calls run as one parallel job (sdpa_fused.c): the KV
+ * cache's batched attend, one call per sequence. attn__fused_batch_add takes every
+ * plan in turn into a zeroed attn__fused_batch_size, attn__fused_batch_bytes says
+ * the scratch, and attn__sdpa_fused_run_batch runs plans[0 .. n-1] (fused plans of
+ * one arch, no weights) on io[j]'s data with that scratch, 64-byte aligned. It
+ * allocates nothing; the bits are those of the calls run one by one. */
+typedef struct attn__fused_batch_size {
+    int64_t n;         /* plans added */
+    int threads;       /* the most any plan uses */
+    int64_t ws_floats; /* the most any plan needs per worker */
+    int64_t parts;     /* split-key partials of all, each rounded up to 16 floats */
+    int overflow;
+} attn__fused_batch_size;
+
+typedef struct attn__fused_io {
+    const float *q, *k, *v;
+    float *out;
+} attn__fused_io;
+
+void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *plan);
+int attn__fused_batch_bytes(attn_ctx *ctx, const attn__fused_batch_size *acc, size_t *bytes);
+int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int64_t n,
+                               const attn__fused_io *io, void *scratch);
 
 #endif /* ATTN_SDPA_FUSED_H */

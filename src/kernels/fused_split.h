@@ -1,0 +1,403 @@
+/*
+ * fused_split.h - the row path's split-key form (flash-decoding), for a handful of
+ * query rows against many keys when there are too few (batch, key/value head)
+ * pairs to keep every core busy: one decoding step of one sequence (S5), a GQA
+ * step with 8 key/value heads (S7), each sequence of a batched decode (S9).
+ *
+ * The keys of each (b, key/value head) are cut into job->n_chunks chunks of
+ * job->chunk keys (the planner in sdpa_fused.c picks both from the shapes alone,
+ * never from the thread count). One work item is one (b, key/value head, chunk),
+ * and it serves every query row that reads that key/value head - the group's
+ * H / Hkv query heads times Tq rows - so K and V are read from memory once per
+ * group, not once per query head (a quarter of the bytes for S7's 32 / 8 heads).
+ * Within the chunk it works key block by key block (FK_SPLIT_KB keys, which stay
+ * in L1 while every row uses them), and it leaves, per query row and chunk, a
+ * partial result in the plan's scratch:
+ *
+ *     seen   1 when the row may see at least one key of the chunk
+ *     m      the largest visible score of the chunk (may be -inf, or NaN)
+ *     l      sum over the chunk's visible keys of exp(s_j - m')
+ *     O      sum over them of exp(s_j - m') v_j  (not normalised)
+ *
+ * with m' = m, or 0 when m = -inf (every visible score -inf), so that the weights
+ * are exactly 0 but still multiply their values: a NaN or inf value reaches the row
+ * as on the other paths (0 * NaN = NaN).
+ *
+ * The merge (fk_split_merge, one item per (b, h), run after every chunk is done)
+ * combines the partials of each row by their log-sum-exp in chunk order 0, 1, ...:
+ *
+ *     M = max(sink, m_c over seen chunks)        (NaN if any m_c is NaN)
+ *     l = exp(sink - M) + sum_c exp(m_c - M) l_c  (the sink's term once, here)
+ *     O = sum_c exp(m_c - M) O_c
+ *     out = O / l, lse = M + log(l)
+ *
+ * which is the online softmax of fused_kernel.h's contract taken one chunk at a
+ * time. Each partial depends on its chunk alone and the merge's order is fixed, so
+ * the result has the same bits for any thread count. A row with no seen chunk is
+ * empty (zeros, lse = the sink or -inf, the EMPTY_ROW error without a sink); a row
+ * whose every visible score is -inf and that has no sink gets M = -inf and
+ * exp(-inf - -inf) = NaN, as in the reference. The weights are not written here:
+ * a call that asks for them is planned on the unsplit row path.
+ *
+ * Included by src/kernels/fused_kernel.h once per instruction set, after
+ * fused_row.h, whose dot products and weighted sum it reuses.
+ */
+#ifndef ATTN_FUSED_SPLIT_H
+#define ATTN_FUSED_SPLIT_H
+
+#include "fused_common.h"
+#include "fused_row.h"
+
+#include <string.h>
+
+/* Keys per block inside a chunk: 64 keys of D = 128 are 32 KiB of K, which the
+ * group's rows reuse from L1. */
+#define FK_SPLIT_KB 64
+
+/* Vectors of value columns the two-row weighted sum keeps in registers: two rows of
+ * them plus a value vector must fit the register file (32 vectors with AVX-512, 16
+ * with AVX2). */
+#if SIMD_W >= 16
+#define FK_SPLIT_NV2 8
+#else
+#define FK_SPLIT_NV2 4
+#endif
+
+/* Four dot products of q0 and four of q1 with the same consecutive rows of k (row
+ * stride ldk), times the scale, into o0[0..3] and o1[0..3]: each key row is loaded
+ * once for both query rows, which halves the loads per multiply-add of fk_dot4
+ * (two query heads of a GQA group share their key/value head). */
+FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64_t ldk,
+                         int64_t n, float scale, float *o0, float *o1)
+{
+    simd_f32 a0 = simd_zero(), a1 = simd_zero(), a2 = simd_zero(), a3 = simd_zero();
+    simd_f32 b0 = simd_zero(), b1 = simd_zero(), b2 = simd_zero(), b3 = simd_zero();
+    int64_t d = 0;
+    for (; d + SIMD_W <= n; d += SIMD_W) {
+        const simd_f32 x = simd_load(q0 + d), y = simd_load(q1 + d);
+        const simd_f32 k0 = simd_load(k + d), k1 = simd_load(k + ldk + d);
+        const simd_f32 k2 = simd_load(k + 2 * ldk + d), k3 = simd_load(k + 3 * ldk + d);
+        a0 = simd_fma(x, k0, a0), b0 = simd_fma(y, k0, b0);
+        a1 = simd_fma(x, k1, a1), b1 = simd_fma(y, k1, b1);
+        a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
+        a3 = simd_fma(x, k3, a3), b3 = simd_fma(y, k3, b3);
+    }
+    if (d < n) {
+        const int64_t r = n - d;
+        const simd_f32 x = simd_load_n(q0 + d, r, 0.0f), y = simd_load_n(q1 + d, r, 0.0f);
+        const simd_f32 k0 = simd_load_n(k + d, r, 0.0f), k1 = simd_load_n(k + ldk + d, r, 0.0f);
+        const simd_f32 k2 = simd_load_n(k + 2 * ldk + d, r, 0.0f);
+        const simd_f32 k3 = simd_load_n(k + 3 * ldk + d, r, 0.0f);
+        a0 = simd_fma(x, k0, a0), b0 = simd_fma(y, k0, b0);
+        a1 = simd_fma(x, k1, a1), b1 = simd_fma(y, k1, b1);
+        a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
+        a3 = simd_fma(x, k3, a3), b3 = simd_fma(y, k3, b3);
+    }
+    o0[0] = simd_hsum(a0) * scale, o0[1] = simd_hsum(a1) * scale;
+    o0[2] = simd_hsum(a2) * scale, o0[3] = simd_hsum(a3) * scale;
+    o1[0] = simd_hsum(b0) * scale, o1[1] = simd_hsum(b1) * scale;
+    o1[2] = simd_hsum(b2) * scale, o1[3] = simd_hsum(b3) * scale;
+}
+
+/* acc0[c] += sum_j p0[j] v[j][c] and acc1[c] += sum_j p1[j] v[j][c] over nkeys keys,
+ * for nv vectors of columns (the last holding `last` columns): fk_row_pv for two
+ * rows that see the same keys (no mask, no bias), each value vector loaded once for
+ * both. Each row's sums run in fk_row_pv's order, so its bits are the same. */
+FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const float *v,
+                          int64_t ldv, float *acc0, float *acc1, const int nv, int64_t last)
+{
+    simd_f32 a[FK_SPLIT_NV2], b[FK_SPLIT_NV2];
+    for (int c = 0; c < nv; c++)
+        a[c] = simd_load(acc0 + c * SIMD_W), b[c] = simd_load(acc1 + c * SIMD_W);
+    for (int64_t j = 0; j < nkeys; j++) {
+        const simd_f32 x = simd_set1(p0[j]), y = simd_set1(p1[j]);
+        const float *vrow = v + j * ldv;
+        for (int c = 0; c < nv - 1; c++) {
+            const simd_f32 vv = simd_load(vrow + c * SIMD_W);
+            a[c] = simd_fma(x, vv, a[c]);
+            b[c] = simd_fma(y, vv, b[c]);
+        }
+        const float *vlast = vrow + (nv - 1) * SIMD_W;
+        const simd_f32 vv = last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f);
+        a[nv - 1] = simd_fma(x, vv, a[nv - 1]);
+        b[nv - 1] = simd_fma(y, vv, b[nv - 1]);
+    }
+    for (int c = 0; c < nv; c++) {
+        simd_store(acc0 + c * SIMD_W, a[c]);
+        simd_store(acc1 + c * SIMD_W, b[c]);
+    }
+}
+
+/* Scratch floats one worker needs on the split path: the group's query rows
+ * [R][align(D)] and their scores over one chunk [R][align(chunk)], R = group * Tq,
+ * and a row of dvp for the merge. The scores are sized for at least
+ * ATTN__SPLIT_MIN_TK keys, so that the scratch planned for a longer key axis
+ * always covers the unsplit row path's for a shorter one (the KV cache plans for
+ * its capacity and relies on that). */
+static int64_t fk_split_ws_floats(const attn__fused_job *job)
+{
+    const attn__sdpa_shapes *s = job->s;
+    const int64_t R = s->group * s->Tq;
+    const int64_t keys = job->chunk > ATTN__SPLIT_MIN_TK ? job->chunk : ATTN__SPLIT_MIN_TK;
+    return R * (fk_align(s->D) + fk_align(keys)) + fk_align(job->dvp);
+}
+
+/* The keys [*lo, *hi) of [j0, j1) that query i may see by position (fk_row_range
+ * clipped to the block); *lo >= *hi when none. */
+static void fk_split_range(const attn__sdpa_shapes *s, int64_t i, int64_t j0, int64_t j1,
+                           int64_t *lo, int64_t *hi)
+{
+    fk_row_range(s, i, lo, hi);
+    if (*lo < j0)
+        *lo = j0;
+    if (*hi > j1)
+        *hi = j1;
+}
+
+/* The partial result of query i of (b, h) for chunk c. */
+static float *fk_split_part(const attn__fused_job *job, int64_t b, int64_t h, int64_t i,
+                            int64_t c)
+{
+    const attn__sdpa_shapes *s = job->s;
+    return job->part + (((b * s->H + h) * s->Tq + i) * job->n_chunks + c) * job->pst;
+}
+
+/* One (b, key/value head, chunk) on the split path: the partials of every query
+ * row of the group for the chunk's keys. */
+static void fk_split_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    const attn__sdpa_shapes *s = job->s;
+    const int64_t nc = job->n_chunks, c = item % nc, kvh = (item / nc) % s->Hkv,
+                  b = item / (nc * s->Hkv);
+    const int64_t D = s->D, Dv = s->Dv, Tq = s->Tq, R = s->group * Tq;
+    const int64_t c0 = c * job->chunk, c1 = fk_min(c0 + job->chunk, s->Tk);
+    const int64_t ldq = fk_align(D), ldsc = fk_align(job->chunk), ms3 = s->mask.stride[3];
+    const int64_t bs3 = s->bias_s[3], ldk = s->k_s[2], ldv = s->v_s[2];
+    float *ws = job->ws + (int64_t)worker * job->ws_floats;
+    float *qrows = ws;               /* [R][ldq] */
+    float *scores = qrows + R * ldq; /* [R][ldsc], key j of the chunk at j - c0 */
+    const float *kb = job->k + b * s->k_s[0] + kvh * s->k_s[1];
+    const float *vb = job->v + b * s->v_s[0] + kvh * s->v_s[1];
+
+    /* Row r is query i = r % Tq of query head h = kvh * group + r / Tq. */
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t h = kvh * s->group + r / Tq, i = r % Tq;
+        const float *qsrc = job->q + attn__off4(s->q_s, b, h, i, 0);
+        for (int64_t d = 0; d < D; d++)
+            qrows[r * ldq + d] = qsrc[d * s->q_s[3]];
+    }
+
+    /* Phase 1, over K, a block of keys at a time for every row. */
+    for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
+        const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
+        /* Rows r and r + Tq (the same query of two heads of the group) see the
+         * same keys: they go in pairs through fk_dot4x2. */
+        for (int64_t i = 0; i < Tq; i++) {
+            int64_t lo, hi;
+            fk_split_range(s, i, j0, j1, &lo, &hi);
+            for (int64_t g = 0; g < s->group; g += 2) {
+                const int64_t r = g * Tq + i;
+                const int pair = g + 1 < s->group;
+                const float *qrow = qrows + r * ldq, *qrow1 = qrow + Tq * ldq;
+                float *sc = scores + r * ldsc - c0, *sc1 = sc + Tq * ldsc;
+                int64_t j = lo;
+                if (pair)
+                    for (; j + 4 <= hi; j += 4)
+                        fk_dot4x2(qrow, qrow1, kb + j * ldk, ldk, D, s->scale, sc + j, sc1 + j);
+                for (; j + 4 <= hi; j += 4)
+                    fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
+                for (; j < hi; j++) {
+                    sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
+                    if (pair)
+                        sc1[j] = fk_dot(qrow1, kb + j * ldk, D) * s->scale;
+                }
+            }
+        }
+    }
+
+    /* Phase 2, per row: the score modifications in the contract's order, the keys
+     * the mask or a -inf bias hide, the chunk's max and its softmax numerators
+     * (fused_row.h's phase 2 without the sink, which the merge adds once). */
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t h = kvh * s->group + r / Tq, i = r % Tq, ip = i + s->offset;
+        float *part = fk_split_part(job, b, h, i, c);
+        int64_t lo, hi;
+        fk_split_range(s, i, c0, c1, &lo, &hi);
+        float *sc = scores + r * ldsc - c0;
+        const uint8_t *mrow = fk_row_mask(s, b, h, i);
+        const float *brow = fk_row_bias(s, b, h, i);
+        const float slope = attn__alibi_slope(s, h);
+        if (s->softcap > 0.0f && lo < hi)
+            fk_softcap(sc + lo, hi - lo, s->softcap);
+        float m = -INFINITY;
+        int64_t visible = 0;
+        for (int64_t j = lo; j < hi; j++) {
+            float x = sc[j];
+            if ((!mrow || mrow[j * ms3]) && (!brow || brow[j * bs3] != -INFINITY)) {
+                if (brow)
+                    x = x + brow[j * bs3];
+                if (s->alibi)
+                    x = x - slope * (float)(ip - j < 0 ? j - ip : ip - j);
+                sc[j] = x;
+                visible++;
+                if (x != x)
+                    m = x;
+            } else {
+                x = sc[j] = -INFINITY;
+            }
+            m = x > m ? x : m;
+        }
+        part[2] = visible ? 1.0f : 0.0f;
+        if (!visible)
+            continue;
+        const float ref = m == -INFINITY ? 0.0f : m;
+        const simd_f32 vm = simd_set1(ref);
+        simd_f32 vsum = simd_zero();
+        int64_t j = lo;
+        for (; j + SIMD_W <= hi; j += SIMD_W) {
+            simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(sc + j), vm));
+            simd_store(sc + j, p);
+            vsum = simd_add(vsum, p);
+        }
+        if (j < hi) {
+            simd_f32 p = simd_exp_nonpos(simd_sub(simd_load_n(sc + j, hi - j, -INFINITY), vm));
+            simd_store_n(sc + j, p, hi - j);
+            vsum = simd_add(vsum, p);
+        }
+        part[0] = m;
+        part[1] = simd_hsum(vsum);
+        memset(part + 16, 0, (size_t)job->dvp * sizeof(float));
+    }
+
+    const int pair_pv = !s->mask.data && !s->bias;
+    /* Phase 3, over V, a block of keys at a time for every row that saw a key:
+     * O_c += p_j v_j in key order (the block boundaries do not change the order of
+     * any sum). */
+    for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
+        const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t h = kvh * s->group + r / Tq, i = r % Tq;
+            float *part = fk_split_part(job, b, h, i, c);
+            int64_t lo, hi;
+            fk_split_range(s, i, j0, j1, &lo, &hi);
+            if (part[2] == 0.0f || lo >= hi)
+                continue;
+            /* Without a mask or a bias, the same query of the next head of the
+             * group sees exactly these keys: both rows take one pass over V. Its
+             * turn (r + Tq) is then skipped below. */
+            if (pair_pv && (r / Tq) % 2 == 1)
+                continue;
+            if (pair_pv && r / Tq + 1 < s->group) {
+                float *part1 = fk_split_part(job, b, h + 1, i, c);
+                const float *p0 = scores + r * ldsc - c0 + lo, *p1 = p0 + Tq * ldsc;
+                const float *vlo = vb + lo * ldv;
+                int64_t e0 = 0;
+                for (; e0 + FK_SPLIT_NV2 * SIMD_W <= Dv; e0 += FK_SPLIT_NV2 * SIMD_W)
+                    fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
+                               FK_SPLIT_NV2, SIMD_W);
+                if (e0 < Dv) {
+                    /* The rest in one pass, a constant count for the registers. */
+                    const int64_t cols = Dv - e0;
+                    const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
+                    const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
+                    float *a0 = part + 16 + e0, *a1 = part1 + 16 + e0;
+                    switch (nv) {
+#define FK_PV2_CASE(N)                                                                      \
+    case N:                                                                                 \
+        fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, a0, a1, N, last);                         \
+        break;
+                        FK_PV2_CASE(1)
+                        FK_PV2_CASE(2)
+                        FK_PV2_CASE(3)
+#if FK_SPLIT_NV2 > 4
+                        FK_PV2_CASE(4)
+                        FK_PV2_CASE(5)
+                        FK_PV2_CASE(6)
+                        FK_PV2_CASE(7)
+#endif
+#undef FK_PV2_CASE
+                    default:
+                        break; /* fewer than FK_SPLIT_NV2 vectors remain */
+                    }
+                }
+                continue;
+            }
+            const uint8_t *mrow = fk_row_mask(s, b, h, i);
+            const float *brow = fk_row_bias(s, b, h, i);
+            const uint8_t *mr = mrow ? mrow + lo * ms3 : NULL;
+            const float *br = brow ? brow + lo * bs3 : NULL;
+            const float *p = scores + r * ldsc - c0 + lo;
+            const float *vlo = vb + lo * ldv;
+            float *acc = part + 16;
+            int64_t e0 = 0;
+            for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
+                fk_row_pv(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, FK_ROW_NV,
+                          SIMD_W, 1);
+            if (e0 < Dv)
+                fk_row_pv_rest(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, Dv - e0, 1);
+        }
+    }
+}
+
+/* One (b, h): merges each query row's partials in chunk order into out and lse. */
+static void fk_split_merge(void *arg, int64_t item, int worker)
+{
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    const attn__sdpa_shapes *s = job->s;
+    const int64_t b = item / s->H, h = item % s->H, Dv = s->Dv, dvp = job->dvp;
+    const float sink = attn__sink(s, h);
+    float *acc = job->ws + (int64_t)worker * job->ws_floats; /* [dvp] */
+    for (int64_t i = 0; i < s->Tq; i++) {
+        float *orow = job->out + attn__off4(s->o_s, b, h, i, 0);
+        float M = sink;
+        int seen = 0;
+        for (int64_t c = 0; c < job->n_chunks; c++) {
+            const float *part = fk_split_part(job, b, h, i, c);
+            if (part[2] == 0.0f)
+                continue;
+            seen = 1;
+            if (part[0] != part[0] || part[0] > M)
+                M = M != M ? M : part[0];
+        }
+        if (!seen) {
+            const int64_t flat = (b * s->H + h) * s->Tq + i;
+            if (!s->sinks && flat < job->empty_first[worker])
+                job->empty_first[worker] = flat;
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = 0.0f;
+            if (s->lse)
+                s->lse[b * s->lse_s[0] + h * s->lse_s[1] + i * s->lse_s[2]] = sink;
+            continue;
+        }
+        float l = s->sinks ? simd_exp_nonpos_1(sink - M) : 0.0f;
+        for (int64_t e = 0; e < dvp; e += SIMD_W)
+            simd_store(acc + e, simd_zero());
+        for (int64_t c = 0; c < job->n_chunks; c++) {
+            const float *part = fk_split_part(job, b, h, i, c);
+            if (part[2] == 0.0f)
+                continue;
+            const float w = simd_exp_nonpos_1(part[0] - M);
+            l += w * part[1];
+            const simd_f32 vw = simd_set1(w);
+            for (int64_t e = 0; e < dvp; e += SIMD_W)
+                simd_store(acc + e, simd_fma(vw, simd_load(part + 16 + e), simd_load(acc + e)));
+        }
+        const float inv = 1.0f / l;
+        if (s->o_s[3] == 1) {
+            const simd_f32 vinv = simd_set1(inv);
+            int64_t e = 0;
+            for (; e + SIMD_W <= Dv; e += SIMD_W)
+                simd_store(orow + e, simd_mul(simd_load(acc + e), vinv));
+            if (e < Dv)
+                simd_store_n(orow + e, simd_mul(simd_load(acc + e), vinv), Dv - e);
+        } else {
+            for (int64_t e = 0; e < Dv; e++)
+                orow[e * s->o_s[3]] = acc[e] * inv;
+        }
+        if (s->lse)
+            s->lse[b * s->lse_s[0] + h * s->lse_s[1] + i * s->lse_s[2]] = M + logf(l);
+    }
+}
+
+#endif /* ATTN_FUSED_SPLIT_H */

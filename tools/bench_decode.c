@@ -1,0 +1,285 @@
+/*
+ * bench_decode.c - `attn bench`'s decoding benchmarks, both through the KV cache
+ * (include/attn.h, attn_kv_cache_*):
+ *
+ *   S9        one batched decode step, B = 4 sequences of 1024, 2048, 3072 and
+ *             4096 cached positions, H = Hkv = 16, D = 64, one query row each
+ *             (SPEC section 5): attn_kv_cache_attend on all four at once. Its
+ *             figure is the rate at which it reads the K and V the sequences hold,
+ *             against the streaming bandwidth when --bandwidth measured it.
+ *   --decode  a decoding loop on S5's, S7's and S9's head shapes: --prefill
+ *             tokens (default 4096) appended to a cache for every sequence, then
+ *             --steps steps (default 128), each appending one token's k and v and
+ *             attending one query row per sequence. The figure is the median
+ *             step (after one untimed attend on the prefilled cache, the warm-up
+ *             every benchmark here does); the loop runs with the context's workspace set to
+ *             attn_kv_cache_workspace_size bytes and a counting allocator, and
+ *             prints how many allocations the steps made (the target is zero).
+ */
+#include "bench.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A head shape of a decoding benchmark. */
+typedef struct decode_shape {
+    const char *name;
+    int64_t B, H, Hkv, D;
+} decode_shape;
+
+static const decode_shape decode_shapes[] = {
+    {"S5", 1, 32, 32, 128},
+    {"S7", 1, 32, 8, 128},
+    {"S9", 4, 16, 16, 64},
+};
+
+/* The allocator the decode loop runs under: malloc and free, counted. */
+typedef struct counting {
+    long long allocs;
+} counting;
+
+static void *count_alloc(void *user, size_t size)
+{
+    ((counting *)user)->allocs++;
+    return malloc(size);
+}
+
+static void count_free(void *user, void *ptr)
+{
+    (void)user;
+    free(ptr);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* A cache of B sequences, capacity cap, filled to len[b] positions with uniform
+ * keys and values (appended one sequence at a time, in blocks of 512 tokens). */
+static int cache_make(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t D, int64_t cap,
+                      const int64_t *len, attn_kv_cache **out)
+{
+    attn_kv_cache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.batch = B;
+    cfg.kv_heads = Hkv;
+    cfg.capacity = cap;
+    cfg.head_dim = D;
+    cfg.value_dim = D;
+    int rc = attn_kv_cache_create(ctx, &cfg, NULL, 0, out);
+    if (rc)
+        return rc;
+    const int64_t blk = 512;
+    float *k = malloc((size_t)(Hkv * blk * D) * sizeof(float));
+    float *v = malloc((size_t)(Hkv * blk * D) * sizeof(float));
+    if (!k || !v) {
+        free(k), free(v);
+        return ATTN_STATUS_NO_MEMORY;
+    }
+    for (int64_t b = 0; b < B && rc == ATTN_OK; b++)
+        for (int64_t t = 0; t < len[b] && rc == ATTN_OK; t += blk) {
+            const int64_t n = len[b] - t < blk ? len[b] - t : blk;
+            bench_fill_uniform(k, Hkv * n * D, 100 + (uint64_t)(b * 7919 + t));
+            bench_fill_uniform(v, Hkv * n * D, 200 + (uint64_t)(b * 7919 + t));
+            const int64_t sh[4] = {1, Hkv, n, D};
+            attn_tensor tk, tv;
+            attn_tensor_init(NULL, &tk, ATTN_DTYPE_F32, k, 4, sh);
+            attn_tensor_init(NULL, &tv, ATTN_DTYPE_F32, v, 4, sh);
+            rc = attn_kv_cache_append(ctx, *out, b, &tk, &tv, NULL);
+        }
+    free(k), free(v);
+    return rc;
+}
+
+typedef struct s9_arg {
+    attn_ctx ctx;
+    attn_kv_cache *cache;
+    attn_tensor q, out;
+    attn_sdpa_params p;
+} s9_arg;
+
+static int s9_call(void *arg)
+{
+    s9_arg *a = arg;
+    return attn_kv_cache_attend(&a->ctx, a->cache, 0, &a->q, &a->p, NULL, &a->out, NULL);
+}
+
+int bench_kv_s9(const bench_opts *o)
+{
+    enum { B = 4, H = 16, D = 64 };
+    static const int64_t len[B] = {1024, 2048, 3072, 4096};
+    s9_arg a;
+    memset(&a, 0, sizeof a);
+    attn_ctx_init(&a.ctx);
+    a.ctx.threads = o->threads;
+    a.ctx.keep_workspace = 1;
+    const int64_t qs[4] = {B, H, 1, D};
+    float *q = malloc(B * H * D * sizeof(float)), *out = malloc(B * H * D * sizeof(float));
+    int rc = q && out ? cache_make(&a.ctx, B, H, D, 4096, len, &a.cache) : ATTN_STATUS_NO_MEMORY;
+    if (rc) {
+        fprintf(stderr, "attn bench: S9's cache: %s\n", a.ctx.message);
+        free(q), free(out);
+        attn_kv_cache_free(&a.ctx, a.cache);
+        return 1;
+    }
+    bench_fill_uniform(q, B * H * D, 1);
+    attn_tensor_init(NULL, &a.q, ATTN_DTYPE_F32, q, 4, qs);
+    attn_tensor_init(NULL, &a.out, ATTN_DTYPE_F32, out, 4, qs);
+    attn_sdpa_params_init(&a.p);
+    a.p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    char impl[32];
+    snprintf(impl, sizeof impl, "kv:%s", attn_arch_name(attn_arch_selected(&a.ctx)));
+    const bench_timing t = bench_time_call(s9_call, &a, o->runs);
+    int status = 0;
+    if (t.status) {
+        fprintf(stderr, "attn bench: S9 failed: %s\n", a.ctx.message);
+        status = 1;
+    } else {
+        int64_t keys = 0;
+        for (int b = 0; b < B; b++)
+            keys += len[b];
+        const double flops = 4.0 * H * D * (double)keys;
+        const double gf = flops / t.median_s / 1e9;
+        const double kv_gbs = 2.0 * (double)(keys * H * D) * 4 / t.median_s / 1e9;
+        const int threads = attn_threads_resolve(&a.ctx);
+        const bench_fields f = {"sdpa", impl, B, H, 1, 4096, D, "causal_bottom_right",
+                                threads, t.median_s * 1e3, gf};
+        if (o->stream_gbs > 0 && o->json) {
+            bench_fields kv = f;
+            kv.kind = "kv_stream";
+            bench_json_begin(o, &kv);
+            printf(",\"shape\":\"S9\",\"kv_gbs\":%.3f,\"stream_gbs\":%.3f,\"fraction\":%.4f",
+                   kv_gbs, o->stream_gbs, kv_gbs / o->stream_gbs);
+            bench_json_end();
+        } else if (o->stream_gbs > 0) {
+            printf("# %s on S9 reads K and V at %.1f GB/s: %.0f%% of the streaming bandwidth\n",
+                   impl, kv_gbs, 100 * kv_gbs / o->stream_gbs);
+        }
+        if (o->json) {
+            bench_json_begin(o, &f);
+            printf(",\"shape\":\"S9\",\"runs\":%d,\"min_ms\":%.6f,\"peak_frac\":%.4f,"
+                   "\"peak_rss_mib\":%.1f,\"kv_heads\":%d,\"lengths\":[1024,2048,3072,4096],"
+                   "\"kv_gbs\":%.3f",
+                   t.runs, t.min_s * 1e3, o->peakn > 0 ? gf / o->peakn : 0.0,
+                   bench_peak_rss_mib(), H, kv_gbs);
+            bench_json_end();
+        } else {
+            printf("%-6s %-14s %5d %4d %6d %6d %5d %-8s %3d %10.4f %9.2f %5.1f%% %8.1f "
+                   "lengths=1024,2048,3072,4096 kv_gbs=%.1f\n",
+                   "S9", impl, B, H, 1, 4096, D, "causal_bottom_right", threads,
+                   t.median_s * 1e3, gf, o->peakn > 0 ? 100 * gf / o->peakn : 0.0,
+                   bench_peak_rss_mib(), kv_gbs);
+        }
+        fflush(stdout);
+    }
+    attn_kv_cache_free(&a.ctx, a.cache);
+    attn_ctx_release(&a.ctx);
+    free(q), free(out);
+    return status;
+}
+
+/* The decode loop on one head shape; prints one line. */
+static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
+                      const bench_opts *o)
+{
+    const int64_t B = s->B, H = s->H, Hkv = s->Hkv, D = s->D, cap = prefill + steps;
+    counting count = {0};
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = o->threads;
+    int64_t len[4];
+    for (int64_t b = 0; b < B; b++)
+        len[b] = prefill;
+    attn_kv_cache *cache = NULL;
+    const int64_t qs[4] = {B, H, 1, D}, ks[4] = {B, Hkv, 1, D};
+    float *q = malloc((size_t)(B * H * D) * sizeof(float));
+    float *out = malloc((size_t)(B * H * D) * sizeof(float));
+    float *k = malloc((size_t)(steps * B * Hkv * D) * sizeof(float));
+    float *v = malloc((size_t)(steps * B * Hkv * D) * sizeof(float));
+    double *dt = malloc((size_t)steps * sizeof(double));
+    void *ws = NULL;
+    int rc = q && out && k && v && dt ? cache_make(&ctx, B, Hkv, D, cap, len, &cache)
+                                      : ATTN_STATUS_NO_MEMORY;
+    attn_tensor tq, to;
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    if (rc == ATTN_OK) {
+        bench_fill_uniform(q, B * H * D, 1);
+        bench_fill_uniform(k, steps * B * Hkv * D, 2);
+        bench_fill_uniform(v, steps * B * Hkv * D, 3);
+        attn_tensor_init(NULL, &tq, ATTN_DTYPE_F32, q, 4, qs);
+        attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, out, 4, qs);
+        /* The workspace, planned for the full cache, serves every step. */
+        size_t bytes = 0;
+        rc = attn_kv_cache_workspace_size(&ctx, cache, 0, &tq, &p, NULL, &to, NULL, &bytes);
+        if (rc == ATTN_OK && bytes && !(ws = aligned_alloc(64, (bytes + 63) / 64 * 64)))
+            rc = ATTN_STATUS_NO_MEMORY;
+        ctx.workspace = ws;
+        ctx.workspace_size = bytes;
+    }
+    /* One untimed step's attention on the prefilled cache (it changes nothing):
+     * the workspace's pages and the thread pool are then warm, as in a running
+     * decoder. */
+    if (rc == ATTN_OK)
+        rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+    ctx.allocator.alloc = count_alloc;
+    ctx.allocator.free = count_free;
+    ctx.allocator.user = &count;
+    for (int64_t st = 0; st < steps && rc == ATTN_OK; st++) {
+        attn_tensor tk, tv;
+        attn_tensor_init(NULL, &tk, ATTN_DTYPE_F32, k + st * B * Hkv * D, 4, ks);
+        attn_tensor_init(NULL, &tv, ATTN_DTYPE_F32, v + st * B * Hkv * D, 4, ks);
+        const double t0 = bench_now_s();
+        rc = attn_kv_cache_append(&ctx, cache, 0, &tk, &tv, NULL);
+        if (rc == ATTN_OK)
+            rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+        dt[st] = bench_now_s() - t0;
+    }
+    int status = 0;
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attn bench: decode %s failed: %s\n", s->name, ctx.message);
+        status = 1;
+    } else {
+        qsort(dt, (size_t)steps, sizeof *dt, cmp_double);
+        const double med = steps % 2 ? dt[steps / 2] : (dt[steps / 2 - 1] + dt[steps / 2]) / 2;
+        /* The K and V of a middle step: prefill + steps / 2 positions per sequence. */
+        const double kv_bytes = 2.0 * (double)(B * Hkv * D) * (double)(prefill + steps / 2) * 4;
+        const double gf = 4.0 * (double)(B * H * D) * (double)(prefill + steps / 2) / med / 1e9;
+        const int threads = attn_threads_resolve(&ctx);
+        const double per_step = (double)count.allocs / (double)steps;
+        if (o->json) {
+            const bench_fields f = {"decode", "kv:default", B, H, 1, prefill + steps, D,
+                                    "causal_bottom_right", threads, med * 1e3, gf};
+            bench_json_begin(o, &f);
+            printf(",\"shape\":\"%s\",\"kv_heads\":%lld,\"prefill\":%lld,\"steps\":%lld,"
+                   "\"min_ms\":%.6f,\"kv_gbs\":%.3f,\"allocs\":%lld,\"allocs_per_step\":%.3f",
+                   s->name, (long long)Hkv, (long long)prefill, (long long)steps,
+                   dt[0] * 1e3, kv_bytes / med / 1e9, count.allocs, per_step);
+            bench_json_end();
+        } else {
+            printf("decode %-3s B=%lld H=%lld Hkv=%lld D=%lld prefill %lld, %lld steps, %d "
+                   "threads: median step %.4f ms (min %.4f), K/V read at %.1f GB/s, %lld "
+                   "allocations in the steps (%.3f per step)\n",
+                   s->name, (long long)B, (long long)H, (long long)Hkv, (long long)D,
+                   (long long)prefill, (long long)steps, threads, med * 1e3, dt[0] * 1e3,
+                   kv_bytes / med / 1e9, count.allocs, per_step);
+        }
+        fflush(stdout);
+    }
+    attn_kv_cache_free(&ctx, cache);
+    free(ws), free(q), free(out), free(k), free(v), free(dt);
+    return status;
+}
+
+int bench_decode(int64_t prefill, int64_t steps, const bench_opts *o)
+{
+    int status = 0;
+    for (size_t x = 0; x < sizeof decode_shapes / sizeof decode_shapes[0]; x++)
+        status |= decode_one(&decode_shapes[x], prefill, steps, o);
+    return status;
+}
