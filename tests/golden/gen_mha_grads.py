@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Generates tests/data/golden_mha_grads/: the gradients of the chapter's multi-head
+self-attention module (a fused qkv Linear, heads, masked softmax, an output
+Linear) computed by PyTorch 2.x autograd, so that tests/test_mha_backward.c (and
+the command-line tests) can check attn_mha_backward against PyTorch without
+PyTorch.
+
+    python3 tests/golden/gen_mha_grads.py        # from the repository root
+
+Needs torch, numpy and safetensors. The torch version is written into MANIFEST and
+every case.txt.
+
+How the expected values are made: x, the weights and the output's gradient dY are
+drawn in float32 and stored exactly; the module runs in float64 from those values,
+the loss is sum(dY * out), and autograd's gradients with respect to x and the four
+parameters are rounded once to float32. The generator also differentiates
+torch.nn.MultiheadAttention with the same weights and asserts that both agree to
+1e-12, so the module below is the one PyTorch ships.
+
+Each case is a folder with case.txt (num_heads, causal, mask: key=value lines),
+the inputs x.npy, dy.npy, mask.npy (bool, "may attend", or absent), the weights
+as .npy files and as weights.safetensors under the chapter's names (qkv.weight,
+qkv.bias, output.weight, output.bias), the output out.npy, and the gradients
+dx.npy, dw_qkv.npy, db_qkv.npy, dw_o.npy and db_o.npy.
+"""
+import math
+import os
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "golden_mha_grads")
+DT = torch.float64
+
+
+def f32(a):
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+
+
+class SelfAttention(torch.nn.Module):
+    """The chapter's module: one Linear makes q, k and v, the heads attend with a
+    boolean mask ("may attend"), and a second Linear mixes the heads."""
+
+    def __init__(self, E, H):
+        super().__init__()
+        self.H = H
+        self.qkv = torch.nn.Linear(E, 3 * E, dtype=DT)
+        self.output = torch.nn.Linear(E, E, dtype=DT)
+
+    def forward(self, x, allowed):
+        B, T, E = x.shape
+        D = E // self.H
+        q, k, v = self.qkv(x).split(E, dim=-1)
+        q, k, v = (t.view(B, T, self.H, D).transpose(1, 2) for t in (q, k, v))
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        s = s.masked_fill(~allowed, float("-inf"))
+        ctx = torch.softmax(s, dim=-1) @ v
+        return self.output(ctx.transpose(1, 2).reshape(B, T, E))
+
+
+def case(name, rng, B, T, E, H, causal=False, mask=None):
+    bound = 1.0 / np.sqrt(E)
+    w_qkv = f32(rng.uniform(-bound, bound, (3 * E, E)))
+    b_qkv = f32(rng.uniform(-bound, bound, (3 * E,)))
+    w_o = f32(rng.uniform(-bound, bound, (E, E)))
+    b_o = f32(rng.uniform(-bound, bound, (E,)))
+    x = f32(rng.standard_normal((B, T, E)))
+    dy = f32(rng.standard_normal((B, T, E)))
+
+    allowed = np.ones((B, 1, T, T), dtype=bool)
+    files = {}
+    if mask is not None:
+        allowed = allowed & mask
+        files["mask.npy"] = mask
+    if causal:
+        allowed = allowed & np.tril(np.ones((T, T), dtype=bool))
+    assert allowed.any(-1).all(), "a case must not have an empty row"
+
+    m = SelfAttention(E, H)
+    with torch.no_grad():
+        m.qkv.weight.copy_(torch.from_numpy(w_qkv))
+        m.qkv.bias.copy_(torch.from_numpy(b_qkv))
+        m.output.weight.copy_(torch.from_numpy(w_o))
+        m.output.bias.copy_(torch.from_numpy(b_o))
+    xt = torch.from_numpy(x).to(DT).requires_grad_(True)
+    out = m(xt, torch.from_numpy(allowed))
+    (out * torch.from_numpy(dy).to(DT)).sum().backward()
+
+    # The same gradients through torch.nn.MultiheadAttention.
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(m.qkv.weight)
+        ref.in_proj_bias.copy_(m.qkv.bias)
+        ref.out_proj.weight.copy_(m.output.weight)
+        ref.out_proj.bias.copy_(m.output.bias)
+    xr = torch.from_numpy(x).to(DT).requires_grad_(True)
+    am = torch.from_numpy(~np.broadcast_to(allowed, (B, H, T, T)).reshape(B * H, T, T))
+    out_r, _ = ref(xr, xr, xr, attn_mask=am, need_weights=False)
+    (out_r * torch.from_numpy(dy).to(DT)).sum().backward()
+    for a, b in ((out, out_r), (xt.grad, xr.grad), (m.qkv.weight.grad, ref.in_proj_weight.grad),
+                 (m.qkv.bias.grad, ref.in_proj_bias.grad),
+                 (m.output.weight.grad, ref.out_proj.weight.grad),
+                 (m.output.bias.grad, ref.out_proj.bias.grad)):
+        assert torch.allclose(a, b, atol=1e-12, rtol=0), name
+
+    files.update({
+        "x.npy": x, "dy.npy": dy, "w_qkv.npy": w_qkv, "b_qkv.npy": b_qkv, "w_o.npy": w_o,
+        "b_o.npy": b_o, "out.npy": f32(out.detach().numpy()), "dx.npy": f32(xt.grad.numpy()),
+        "dw_qkv.npy": f32(m.qkv.weight.grad.numpy()), "db_qkv.npy": f32(m.qkv.bias.grad.numpy()),
+        "dw_o.npy": f32(m.output.weight.grad.numpy()),
+        "db_o.npy": f32(m.output.bias.grad.numpy()),
+    })
+    d = os.path.join(ROOT, name)
+    os.makedirs(d, exist_ok=True)
+    for fname, arr in files.items():
+        np.save(os.path.join(d, fname), arr)
+    with open(os.path.join(d, "case.txt"), "w") as f:
+        f.write("# made by tests/golden/gen_mha_grads.py with torch %s\n" % torch.__version__)
+        f.write("num_heads=%d\ncausal=%d\nmask=%s\n" % (H, int(causal),
+                                                        "mask.npy" if mask is not None else ""))
+    st = {"qkv.weight": torch.from_numpy(w_qkv), "qkv.bias": torch.from_numpy(b_qkv),
+          "output.weight": torch.from_numpy(w_o), "output.bias": torch.from_numpy(b_o)}
+    save_file(st, os.path.join(d, "weights.safetensors"))
+    os.chmod(os.path.join(d, "weights.safetensors"), 0o644)
+    return name
+
+
+def main():
+    shutil.rmtree(ROOT, ignore_errors=True)
+    os.makedirs(ROOT)
+    rng = np.random.default_rng(14)
+    pad = np.ones((2, 1, 1, 6), dtype=bool)
+    pad[1, 0, 0, 4:] = False  # the second sequence's last two tokens are padding
+    names = [
+        case("plain", rng, 2, 5, 8, 2),
+        case("causal", rng, 1, 6, 12, 3, causal=True),
+        case("padding_causal", rng, 2, 6, 8, 4, causal=True, mask=pad),
+        case("one_head", rng, 3, 4, 6, 1),
+    ]
+    with open(os.path.join(ROOT, "MANIFEST"), "w") as f:
+        f.write("# made by tests/golden/gen_mha_grads.py with torch %s\n" % torch.__version__)
+        for n in names:
+            f.write(n + "\n")
+
+
+if __name__ == "__main__":
+    main()
