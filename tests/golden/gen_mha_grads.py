@@ -21,7 +21,9 @@ Each case is a folder with case.txt (num_heads, causal, mask: key=value lines),
 the inputs x.npy, dy.npy, mask.npy (bool, "may attend", or absent), the weights
 as .npy files and as weights.safetensors under the chapter's names (qkv.weight,
 qkv.bias, output.weight, output.bias), the output out.npy, and the gradients
-dx.npy, dw_qkv.npy, db_qkv.npy, dw_o.npy and db_o.npy.
+dx.npy, dw_qkv.npy, db_qkv.npy, dw_o.npy and db_o.npy; weights_torch_prefixed
+.safetensors holds the same weights under PyTorch's names with the prefix
+'layer.0.' and without the output bias (which changes no gradient).
 """
 import math
 import os
@@ -124,6 +126,14 @@ def case(name, rng, B, T, E, H, causal=False, mask=None):
           "output.weight": torch.from_numpy(w_o), "output.bias": torch.from_numpy(b_o)}
     save_file(st, os.path.join(d, "weights.safetensors"))
     os.chmod(os.path.join(d, "weights.safetensors"), 0o644)
+    # The same weights under PyTorch's names with a prefix and without the output
+    # bias: b_o only shifts the output, so every gradient stays the same, and the
+    # gradients' file must name exactly the three tensors this file has.
+    st = {"layer.0.in_proj_weight": torch.from_numpy(w_qkv),
+          "layer.0.in_proj_bias": torch.from_numpy(b_qkv),
+          "layer.0.out_proj.weight": torch.from_numpy(w_o)}
+    save_file(st, os.path.join(d, "weights_torch_prefixed.safetensors"))
+    os.chmod(os.path.join(d, "weights_torch_prefixed.safetensors"), 0o644)
     return name
 
 
