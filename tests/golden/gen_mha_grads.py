@@ -24,15 +24,21 @@ qkv.bias, output.weight, output.bias), the output out.npy, and the gradients
 dx.npy, dw_qkv.npy, db_qkv.npy, dw_o.npy and db_o.npy; weights_torch_prefixed
 .safetensors holds the same weights under PyTorch's names with the prefix
 'layer.0.' and without the output bias (which changes no gradient).
+
+experiment_s<seed>_<B>_<T>_<E>_<H>.txt: inspect_self_attention --grad's numbers
+(the loss, then each tensor's name, shape, norm and first four values) for the
+chapter's experiment with those options, in float64 from the same float32 draws.
 """
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "golden_mha_grads")
 DT = torch.float64
 
@@ -137,6 +143,48 @@ def case(name, rng, B, T, E, H, causal=False, mask=None):
     return name
 
 
+def experiment_grads(seed, B, T, E, H):
+    """inspect_self_attention --grad's lines for these sizes: the chapter's experiment
+    as tests/golden/gen_learner.py runs it (torch.manual_seed, x = randn, the fused
+    qkv and output Linear layers, the demo padding AND causal mask), in float64 from
+    the float32 draws, with loss = output.mean(); each tensor's norm and first four
+    values as the program prints them."""
+    from gen_learner import demo_ids
+    torch.manual_seed(seed)
+    x = torch.randn(B, T, E)
+    qkv_l = torch.nn.Linear(E, 3 * E)
+    out_l = torch.nn.Linear(E, E)
+    D = E // H
+    x = x.to(DT).requires_grad_(True)
+    qkv_l, out_l = qkv_l.to(DT), out_l.to(DT)
+    qkv = qkv_l(x)
+    qkv.retain_grad()
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(E, dim=-1))
+    for t in (q, k, v):
+        t.retain_grad()
+    ids = demo_ids(B, T)
+    mask = (ids != 0)[:, None, None, :] & torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    s = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~mask, float("-inf"))
+    merged = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, E)
+    merged.retain_grad()
+    out = out_l(merged)
+    out.retain_grad()
+    loss = out.mean()
+    loss.backward()
+    rows = [("output", out.grad), ("W_o", out_l.weight.grad), ("b_o", out_l.bias.grad),
+            ("context", merged.grad), ("v", v.grad), ("k", k.grad), ("q", q.grad),
+            ("qkv", qkv.grad), ("W_qkv", qkv_l.weight.grad), ("b_qkv", qkv_l.bias.grad),
+            ("x", x.grad)]
+    lines = ["loss %.9e" % loss.item()]
+    for name, g in rows:
+        g = g.contiguous().reshape(-1)
+        lines.append("%s %s %.9e %s" % (name, "x".join(str(d) for d in
+                                                       dict(rows)[name].shape),
+                                        g.norm().item(),
+                                        " ".join("%.9e" % g[i].item() for i in range(min(4, g.numel())))))
+    return "\n".join(lines) + "\n"
+
+
 def main():
     shutil.rmtree(ROOT, ignore_errors=True)
     os.makedirs(ROOT)
@@ -149,6 +197,11 @@ def main():
         case("padding_causal", rng, 2, 6, 8, 4, causal=True, mask=pad),
         case("one_head", rng, 3, 4, 6, 1),
     ]
+    # inspect_self_attention --grad's numbers: name, shape, norm, first values.
+    for seed, B, T, E, H in ((42, 2, 5, 16, 4), (7, 3, 7, 12, 3)):
+        with open(os.path.join(ROOT, "experiment_s%d_%d_%d_%d_%d.txt" % (seed, B, T, E, H)),
+                  "w") as f:
+            f.write(experiment_grads(seed, B, T, E, H))
     with open(os.path.join(ROOT, "MANIFEST"), "w") as f:
         f.write("# made by tests/golden/gen_mha_grads.py with torch %s\n" % torch.__version__)
         for n in names:
