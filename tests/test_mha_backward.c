@@ -584,11 +584,94 @@ static void test_checks(void)
     unmake(&P);
 }
 
+static void test_strided(void)
+{
+    TEST("attn_mha_backward reads x and dout and writes every gradient through any "
+         "strides: x and dout with padded rows, dx with padded rows, dW_qkv and dW_o "
+         "as transposed views, the biases at stride 2, give the same bits as "
+         "contiguous tensors");
+    problem P = {.name = "strided", .B = 2, .T = 3, .E = 8, .H = 2, .causal = 1};
+    make(&P, 21);
+    const int64_t B = P.B, T = P.T, E = P.E, RS = E + 3; /* a padded row */
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    grads plain;
+    grads_alloc(&P, &plain);
+    CHECK_INT(run_backward(&ctx, &P, &plain), ATTN_OK);
+
+    float *xs = calloc((size_t)(B * T * RS), sizeof(float));
+    float *dys = calloc((size_t)(B * T * RS), sizeof(float));
+    float *dxs = calloc((size_t)(B * T * RS), sizeof(float));
+    float *dwqkv = calloc((size_t)(3 * E * E), sizeof(float));
+    float *dwo = calloc((size_t)(E * E), sizeof(float));
+    float *dbqkv = calloc((size_t)(6 * E), sizeof(float));
+    float *dbo = calloc((size_t)(2 * E), sizeof(float));
+    for (int64_t r = 0; r < B * T; r++)
+        for (int64_t e = 0; e < E; e++) {
+            xs[r * RS + e] = P.x[r * E + e];
+            dys[r * RS + e] = P.dy[r * E + e];
+        }
+    attn_tensor x = tu_tensor3(xs, B, T, E), dy = tu_tensor3(dys, B, T, E);
+    attn_tensor dx = tu_tensor3(dxs, B, T, E);
+    attn_tensor *rowed[3] = {&x, &dy, &dx};
+    for (int i = 0; i < 3; i++) {
+        rowed[i]->stride[0] = T * RS;
+        rowed[i]->stride[1] = RS;
+    }
+    /* dW_qkv [3E, E] stored as its transpose [E, 3E]; dW_o [E, E] likewise. */
+    attn_tensor tq, to, tbq, tbo;
+    const int64_t sq[2] = {3 * E, E}, so[2] = {E, E}, sbq[1] = {3 * E}, sbo[1] = {E};
+    attn_tensor_init(NULL, &tq, ATTN_DTYPE_F32, dwqkv, 2, sq);
+    tq.stride[0] = 1;
+    tq.stride[1] = 3 * E;
+    attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, dwo, 2, so);
+    to.stride[0] = 1;
+    to.stride[1] = E;
+    attn_tensor_init(NULL, &tbq, ATTN_DTYPE_F32, dbqkv, 1, sbq);
+    tbq.stride[0] = 2;
+    attn_tensor_init(NULL, &tbo, ATTN_DTYPE_F32, dbo, 1, sbo);
+    tbo.stride[0] = 2;
+    attn_mha_weights w = tu_mha_weights(P.wqkv, P.bqkv, P.wo, P.bo, E);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_TOP_LEFT;
+    const attn_mha_grads mg = {&dx, &tq, &tbq, &to, &tbo};
+    const int rc = attn_mha_backward(&ctx, &w, P.H, &x, &p, &dy, &mg);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   %s\n", ctx.message);
+    CHECK_INT(rc, ATTN_OK);
+    int64_t diff = 0;
+    for (int64_t r = 0; r < B * T; r++)
+        for (int64_t e = 0; e < E; e++)
+            diff += memcmp(&dxs[r * RS + e], &plain.dx[r * E + e], sizeof(float)) != 0;
+    for (int64_t n = 0; n < 3 * E; n++) {
+        for (int64_t k = 0; k < E; k++)
+            diff += memcmp(&dwqkv[k * 3 * E + n], &plain.dwqkv[n * E + k], sizeof(float)) != 0;
+        diff += memcmp(&dbqkv[2 * n], &plain.dbqkv[n], sizeof(float)) != 0;
+    }
+    for (int64_t n = 0; n < E; n++) {
+        for (int64_t k = 0; k < E; k++)
+            diff += memcmp(&dwo[k * E + n], &plain.dwo[n * E + k], sizeof(float)) != 0;
+        diff += memcmp(&dbo[2 * n], &plain.dbo[n], sizeof(float)) != 0;
+    }
+    CHECK_INT(diff, 0);
+    free(xs);
+    free(dys);
+    free(dxs);
+    free(dwqkv);
+    free(dwo);
+    free(dbqkv);
+    free(dbo);
+    grads_free(&plain);
+    unmake(&P);
+}
+
 int main(void)
 {
     test_finite_differences();
     test_golden();
     test_workspace();
+    test_strided();
     test_checks();
     fprintf(stderr, "worst error / bound: %.3g\n", worst_ratio);
     return check_summary("test_mha_backward");
