@@ -579,6 +579,53 @@ ATTN_API int attn_mha_packed_workspace_size(attn_ctx *ctx, const attn_mha_packed
                                    const attn_sdpa_params *p, const attn_tensor *out,
                                    const attn_tensor *weights, size_t *bytes);
 
+/* Gradients of the chapter's multi-head self-attention (attn_mha_forward below):
+ * given x, the weights, p and dout [B, T, E], the gradient of a loss with respect
+ * to out, the gradients with respect to x and to both projections' weights and
+ * biases. With qkv, the context (merged) and its log-sum-exp recomputed from x
+ * (the forward keeps nothing):
+ *
+ *   dmerged = dout W_o                    [B, T, E]
+ *   dW_o    = dout^T merged               [E, E]     (summed over B and T)
+ *   db_o    = column sums of dout         [E]
+ *   dq, dk, dv = attn_sdpa_backward on the heads, written into dqkv [B, T, 3E]
+ *   dx      = dqkv W_qkv                  [B, T, E]
+ *   dW_qkv  = dqkv^T x                    [3E, E]
+ *   db_qkv  = column sums of dqkv         [3E]
+ *
+ * Every field is required; every element is written (overwritten, not
+ * accumulated). float32, any strides. */
+typedef struct attn_mha_grads {
+    attn_tensor *dx;     /* [B, T, E] */
+    attn_tensor *dw_qkv; /* [3E, E] */
+    attn_tensor *db_qkv; /* [3E] */
+    attn_tensor *dw_o;   /* [E, E] */
+    attn_tensor *db_o;   /* [E] */
+} attn_mha_grads;
+
+/* The backward of attn_mha_forward. w, num_heads, x and p are the forward's (p may
+ * carry any option attn_sdpa takes except p->lse, which must be NULL: the
+ * log-sum-exp is recomputed in the scratch); dout [B, T, E]. The products run
+ * through the projection GEMM under ctx's arch and the sums over B and T run in a
+ * fixed order, so the result has the same bits for any ctx->threads. Its scratch
+ * (x and dout copied, qkv, the context, the log-sum-exp, their gradients, and the
+ * attention's and the GEMM's own) is one block of attn_mha_backward_workspace_size
+ * bytes taken as attn_ctx says: with a large enough ctx->workspace it allocates
+ * nothing. No gradient may share memory with an argument or another gradient
+ * (INVALID_ARGUMENT naming both). A query row that sees no key is EMPTY_ROW
+ * unless p->empty_rows is zero or p has sinks, as in the forward. */
+ATTN_API int attn_mha_backward(attn_ctx *ctx, const attn_mha_weights *w, int64_t num_heads,
+                               const attn_tensor *x, const attn_sdpa_params *p,
+                               const attn_tensor *dout, const attn_mha_grads *grads);
+
+/* The scratch attn_mha_backward needs for these arguments under ctx, in bytes.
+ * Checks the arguments as attn_mha_backward does; *bytes is 0 on failure. */
+ATTN_API int attn_mha_backward_workspace_size(attn_ctx *ctx, const attn_mha_weights *w,
+                                              int64_t num_heads, const attn_tensor *x,
+                                              const attn_sdpa_params *p,
+                                              const attn_tensor *dout,
+                                              const attn_mha_grads *grads, size_t *bytes);
+
 /* ------------------------------------------------------------------------------
  * Grouped-query attention with separate projections (Llama-style)
  *

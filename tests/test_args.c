@@ -1061,6 +1061,104 @@ static void test_sdpa_backward(void)
                 attn_sdpa_backward_workspace_size(C, &t, &t, &t, NULL, &t, &t, &t, NULL, NULL));
 }
 
+typedef int (*mha_bwd_fn)(attn_ctx *, const attn_mha_weights *, int64_t, const attn_tensor *,
+                          const attn_sdpa_params *, const attn_tensor *, const attn_mha_grads *);
+
+/* attn_mha_backward_workspace_size as a backward call, so that it meets the same bad
+ * arguments; *bytes must be 0 whenever it fails. */
+static int mha_backward_workspace_as_call(attn_ctx *ctx, const attn_mha_weights *w,
+                                          int64_t H, const attn_tensor *x,
+                                          const attn_sdpa_params *p, const attn_tensor *dout,
+                                          const attn_mha_grads *g)
+{
+    size_t bytes = 1;
+    int rc = attn_mha_backward_workspace_size(ctx, w, H, x, p, dout, g, &bytes);
+    CHECK(rc == ATTN_OK || bytes == 0);
+    return rc;
+}
+
+static void mha_backward_contract(const char *name, mha_bwd_fn f)
+{
+    enum { E = 4, B = 2, T = 3, H = 2 };
+    static float wqkv[3 * E * E], bqkv[3 * E], wo[E * E], bo[E], x_buf[B * T * E],
+        dy_buf[B * T * E], dx_buf[B * T * E], dwqkv_buf[3 * E * E], dbqkv_buf[3 * E],
+        dwo_buf[E * E], dbo_buf[E], l_buf[B * H * T];
+    attn_mha_weights w;
+    w.w_qkv = make(ATTN_DTYPE_F32, wqkv, 2, 3 * E, E, 1, 1);
+    w.b_qkv = make(ATTN_DTYPE_F32, bqkv, 1, 3 * E, 1, 1, 1);
+    w.w_o = make(ATTN_DTYPE_F32, wo, 2, E, E, 1, 1);
+    w.b_o = make(ATTN_DTYPE_F32, bo, 1, E, 1, 1, 1);
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, B, T, E, 1);
+    attn_tensor dy = make(ATTN_DTYPE_F32, dy_buf, 3, B, T, E, 1);
+    attn_tensor dx = make(ATTN_DTYPE_F32, dx_buf, 3, B, T, E, 1);
+    attn_tensor dwqkv = make(ATTN_DTYPE_F32, dwqkv_buf, 2, 3 * E, E, 1, 1);
+    attn_tensor dbqkv = make(ATTN_DTYPE_F32, dbqkv_buf, 1, 3 * E, 1, 1, 1);
+    attn_tensor dwo = make(ATTN_DTYPE_F32, dwo_buf, 2, E, E, 1, 1);
+    attn_tensor dbo = make(ATTN_DTYPE_F32, dbo_buf, 1, E, 1, 1, 1);
+    attn_mha_grads g = {&dx, &dwqkv, &dbqkv, &dwo, &dbo};
+
+    fprintf(stderr, "   %s\n", name);
+    EXPECT_OK(f(C, &w, H, &x, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, NULL, H, &x, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, NULL, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, NULL, NULL, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, NULL, &dy, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, 0, &x, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, 3, &x, NULL, &dy, &g));
+    attn_tensor *slots[5] = {&dx, &dwqkv, &dbqkv, &dwo, &dbo};
+    for (int i = 0; i < 5; i++) {
+        attn_mha_grads missing = g;
+        attn_tensor **fields[5] = {&missing.dx, &missing.dw_qkv, &missing.db_qkv,
+                                   &missing.dw_o, &missing.db_o};
+        *fields[i] = NULL;
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, NULL, &dy, &missing));
+        FOR_EACH_VARIANT(slots[i], ATTN_DTYPE_I32, f(C, &w, H, &x, NULL, &dy, &g));
+    }
+    FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, f(C, &w, H, &x, NULL, &dy, &g));
+    FOR_EACH_VARIANT(&dy, ATTN_DTYPE_BOOL, f(C, &w, H, &x, NULL, &dy, &g));
+    FOR_EACH_VARIANT(&w.w_o, ATTN_DTYPE_I32, f(C, &w, H, &x, NULL, &dy, &g));
+
+    /* Shapes: dout must be x's, each gradient its parameter's. */
+    attn_tensor dy_t = make(ATTN_DTYPE_F32, dy_buf, 3, B, T - 1, E, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, H, &x, NULL, &dy_t, &g));
+    attn_tensor dwqkv_t = make(ATTN_DTYPE_F32, dwqkv_buf, 2, E, 3 * E, 1, 1);
+    attn_mha_grads g_t = {&dx, &dwqkv_t, &dbqkv, &dwo, &dbo};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, H, &x, NULL, &dy, &g_t));
+    attn_tensor dbo_t = make(ATTN_DTYPE_F32, dbo_buf, 2, 1, E, 1, 1);
+    attn_mha_grads g_b = {&dx, &dwqkv, &dbqkv, &dwo, &dbo_t};
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, H, &x, NULL, &dy, &g_b));
+
+    /* The forward's lse output is refused; gradients may not overlap inputs or each
+     * other. */
+    attn_tensor lse = make(ATTN_DTYPE_F32, l_buf, 3, B, H, T, 1);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.lse = &lse;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, &p, &dy, &g));
+    attn_tensor dx_on_dy = make(ATTN_DTYPE_F32, dy_buf, 3, B, T, E, 1);
+    attn_mha_grads a1 = {&dx_on_dy, &dwqkv, &dbqkv, &dwo, &dbo};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, NULL, &dy, &a1));
+    attn_tensor dwo_on_wo = make(ATTN_DTYPE_F32, wo, 2, E, E, 1, 1);
+    attn_mha_grads a2 = {&dx, &dwqkv, &dbqkv, &dwo_on_wo, &dbo};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, NULL, &dy, &a2));
+    attn_tensor dbqkv_on_dwqkv = make(ATTN_DTYPE_F32, dwqkv_buf, 1, 3 * E, 1, 1, 1);
+    attn_mha_grads a3 = {&dx, &dwqkv, &dbqkv_on_dwqkv, &dwo, &dbo};
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, &x, NULL, &dy, &a3));
+}
+
+static void test_mha_backward(void)
+{
+    TEST("attn_mha_backward and attn_mha_backward_workspace_size refuse the same NULL "
+         "arguments, bad tensors, shapes, head counts, the forward's lse and overlapping "
+         "gradients with the same statuses");
+    covers("attn_mha_backward");
+    covers("attn_mha_backward_workspace_size");
+    mha_backward_contract("attn_mha_backward", attn_mha_backward);
+    mha_backward_contract("attn_mha_backward_workspace_size", mha_backward_workspace_as_call);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_mha_backward_workspace_size(C, NULL, 1, NULL, NULL, NULL, NULL, NULL));
+}
+
 static void test_mha(void)
 {
     TEST("attn_mha_weights_check and attn_mha_forward refuse NULL weights, bad weight "
@@ -2225,6 +2323,7 @@ int main(void)
     test_sdpa();
     test_sdpa_backward();
     test_mha();
+    test_mha_backward();
     test_mha_packed();
     test_gqa();
     test_files();

@@ -18,6 +18,13 @@
  * through attn_mha_forward_packed_rope, which gives the same bits as the unpacked
  * calls and rotates q and k with --rope between the projections and the attention
  * (SPEC section 7), inside the library call.
+ *
+ * With --grad-output dY (SPEC section 8) attn_mha_backward runs after the forward
+ * and gives dX (--grad-input) and the gradients of the four weights
+ * (--grad-weights, a .safetensors file under the very names the weights were
+ * loaded by, prefix included, so that a training script can match one file to the
+ * other by name). It takes the chapter's fused weights, so it needs one of the
+ * fused name sets.
  */
 #include "attn.h"
 #include "cmd_forward.h"
@@ -44,6 +51,8 @@ static const char HELP[] =
     "                 [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
     "                 [--empty-rows error|zero]\n"
     "                 --output Y.npy [--attention A.npy] [--lse L.npy]\n"
+    "                 [--grad-output DY.npy [--grad-input DX.npy]\n"
+    "                  [--grad-weights G.safetensors]]\n"
     "\n"
     "DESCRIPTION\n"
     "    Runs the chapter's multi-head self-attention on X:\n"
@@ -131,6 +140,20 @@ static const char HELP[] =
     "    --lse L.npy\n"
     "        Also write the attention's log-sum-exp per query row, float32 [B, H, T]\n"
     "        (or [H, T] for [T, E]); see 'attn sdpa --help'.\n"
+    "    --grad-output DY.npy\n"
+    "        Also run the backward pass: DY (float32, the shape of Y) is the gradient\n"
+    "        of a loss with respect to Y, e.g. all 1/N (N = Y's size) for the mean of\n"
+    "        Y. The forward is recomputed inside the call (docs/gradients.md,\n"
+    "        'Multi-head attention'). Needs the chapter's or PyTorch's fused weights\n"
+    "        (qkv.weight or in_proj_weight), --grad-input or --grad-weights (or both),\n"
+    "        and takes every mask and option above except --rope.\n"
+    "    --grad-input DX.npy\n"
+    "        Where to write the gradient with respect to X (float32, X's shape).\n"
+    "    --grad-weights G.safetensors\n"
+    "        Where to write the gradients of the weights, float32, under exactly the\n"
+    "        names the weights file has (prefix included): e.g. qkv.weight,\n"
+    "        qkv.bias, output.weight, output.bias. A bias the file does not have is\n"
+    "        zero, and no gradient is written for it.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -141,7 +164,9 @@ static const char HELP[] =
     "    Usage errors (exit 2): --causal with --causal-bottom-right, --alibi with\n"
     "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
     "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
-    "    --rope-offset without --rope. Slopes\n"
+    "    --rope-offset without --rope, --grad-output without --grad-input or\n"
+    "    --grad-weights (or either without --grad-output), --grad-output with --rope.\n"
+    "    Separate projections with --grad-output are an error (exit 1). Slopes\n"
     "    or sinks that are not [H] and a bias that does not broadcast are errors\n"
     "    (exit 1) that name the shapes.\n"
     "\n"
@@ -155,6 +180,9 @@ static const char HELP[] =
     "    attn forward --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
     "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal \\\n"
     "        --rope half --rope-base 500000.0 --output y.npy\n"
+    "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy --causal \\\n"
+    "        --output y.npy --grad-output dy.npy --grad-input dx.npy \\\n"
+    "        --grad-weights grads.safetensors\n"
     "\n"
     "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
 
@@ -339,18 +367,158 @@ int fwd_save(const char *prog, attn_ctx *ctx, const fwd_args *a, const fwd_data 
     return cli_save_npys(prog, ctx, n_out, paths, results);
 }
 
+/* The weight names of the fused set the file has under prefix, in attn_mha_weights'
+ * order (w_qkv, b_qkv, w_o, b_o), with has[i] 0 for a bias the file lacks. */
+static int grad_names(attn_ctx *ctx, const char *path, const char *prefix, char names[4][512],
+                      int has[4])
+{
+    static const char *const sets[2][4] = {
+        {"qkv.weight", "qkv.bias", "output.weight", "output.bias"},
+        {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}};
+    attn_safetensors *st;
+    if (attn_safetensors_open(ctx, path, &st) != ATTN_OK)
+        return cli_fail(PROG, ctx);
+    int set = -1;
+    for (int k = 0; k < 2 && set < 0; k++) {
+        snprintf(names[0], 512, "%s%s", prefix, sets[k][0]);
+        if (attn_safetensors_has(st, names[0]))
+            set = k;
+    }
+    for (int i = 0; i < 4 && set >= 0; i++) {
+        snprintf(names[i], 512, "%s%s", prefix, sets[set][i]);
+        has[i] = attn_safetensors_has(st, names[i]);
+    }
+    attn_safetensors_close(ctx, st);
+    if (set < 0) {
+        cli_error(PROG, "--grad-output: %s has no qkv.weight or in_proj_weight under the "
+                        "prefix; the backward takes the fused weights", path);
+        return CLI_EXIT_ERROR;
+    }
+    return 0;
+}
+
+/* The usage rules of --grad-*: --grad-output with at least one of --grad-input and
+ * --grad-weights, each of those with it, none with --rope, every output distinct. */
+static int check_grad_flags(const fwd_args *a, const char *const g[3], int use_rope)
+{
+    if (g[0] && !g[1] && !g[2])
+        return cli_usage_error(PROG, "--grad-output needs --grad-input or --grad-weights "
+                                     "(where to write the gradients)");
+    if (!g[0] && (g[1] || g[2]))
+        return cli_usage_error(PROG, "%s needs --grad-output (the output's gradient)",
+                               g[1] ? "--grad-input" : "--grad-weights");
+    if (g[0] && use_rope)
+        return cli_usage_error(PROG, "--grad-output with --rope: the multi-head backward "
+                                     "does not rotate q and k");
+    static const char *const out_names[5] = {"output", "attention", "lse", "grad-input",
+                                              "grad-weights"};
+    const char *out_paths[5] = {a->output, a->attention, a->so.lse, g[1], g[2]};
+    return cli_distinct_outputs(PROG, 5, out_names, out_paths);
+}
+
+/* Runs attn_mha_backward for the dY at path g[0] and writes Y (and the forward's
+ * other outputs) with dX and the weights' gradients as one output set. */
+static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
+                        const char *const g[3], const attn_tensor *out, const attn_tensor *att,
+                        const attn_tensor *lse)
+{
+    char names[4][512];
+    int has[4] = {0};
+    if (grad_names(ctx, a->weights, a->prefix ? a->prefix : "", names, has))
+        return CLI_EXIT_ERROR;
+    attn_array dy = {0};
+    attn_tensor dx = {0}, dw[4] = {{0}};
+    int status = CLI_EXIT_ERROR;
+    if (cli_load_npy(PROG, ctx, "--grad-output", g[0], &dy))
+        goto done;
+    const attn_tensor *yt = &dy.tensor;
+    const int want_nd = d->single ? 2 : 3;
+    if (yt->dtype != ATTN_DTYPE_F32 || yt->ndim != want_nd ||
+        memcmp(yt->shape, d->x.tensor.shape, sizeof(int64_t) * (size_t)want_nd) != 0) {
+        char s1[96], s2[96];
+        cli_error(PROG, "--grad-output %s: expected float %s (the output's shape), got %s %s",
+                  g[0], cli_shape(&d->x.tensor, s1, sizeof s1), attn_dtype_name(yt->dtype),
+                  cli_shape(yt, s2, sizeof s2));
+        goto done;
+    }
+    const int64_t E = d->E, s3[3] = {d->B, d->T, E};
+    attn_tensor dy3;
+    attn_tensor_init(ctx, &dy3, ATTN_DTYPE_F32, yt->data, 3, s3);
+    const attn_tensor *ws[4] = {&d->w.w_qkv, &d->w.b_qkv, &d->w.w_o, &d->w.b_o};
+    int bad = attn_tensor_alloc(ctx, &dx, ATTN_DTYPE_F32, 3, s3);
+    for (int i = 0; i < 4 && !bad; i++)
+        bad = attn_tensor_alloc(ctx, &dw[i], ATTN_DTYPE_F32, ws[i]->ndim, ws[i]->shape);
+    if (bad) {
+        cli_fail(PROG, ctx);
+        goto done;
+    }
+    attn_sdpa_params p = d->p;
+    p.lse = NULL; /* the backward recomputes its own */
+    const attn_mha_grads grads = {&dx, &dw[0], &dw[1], &dw[2], &dw[3]};
+    if (attn_mha_backward(ctx, &d->w, d->H, &d->x3, &p, &dy3, &grads)) {
+        cli_fail_sdpa(PROG, ctx, &a->so, NULL);
+        goto done;
+    }
+
+    /* One output set: Y (and A, L), then dX, then the weights' gradients; a [T, E]
+     * input drops the batch axis of each, as fwd_save does. */
+    cli_output outs[5];
+    attn_tensor shown[3] = {*out, *att, *lse}, dx_shown = dx, gt[4];
+    const char *gnames[4];
+    int n = 0, ng = 0;
+    const int64_t T = d->T, H = d->H, s2[2] = {T, E}, sw[3] = {H, T, T}, sl[2] = {H, T};
+    if (d->single) {
+        attn_tensor_reshape(ctx, out, 2, s2, &shown[0]);
+        if (a->attention)
+            attn_tensor_reshape(ctx, att, 3, sw, &shown[1]);
+        if (a->so.lse)
+            attn_tensor_reshape(ctx, lse, 2, sl, &shown[2]);
+        attn_tensor_reshape(ctx, &dx, 2, s2, &dx_shown);
+    }
+    outs[n++] = (cli_output){a->output, &shown[0], NULL, NULL, 0, NULL, 0};
+    if (a->attention)
+        outs[n++] = (cli_output){a->attention, &shown[1], NULL, NULL, 0, NULL, 0};
+    if (a->so.lse)
+        outs[n++] = (cli_output){a->so.lse, &shown[2], NULL, NULL, 0, NULL, 0};
+    if (g[1])
+        outs[n++] = (cli_output){g[1], &dx_shown, NULL, NULL, 0, NULL, 0};
+    for (int i = 0; i < 4; i++)
+        if (has[i]) {
+            gnames[ng] = names[i];
+            gt[ng++] = dw[i];
+        }
+    if (g[2])
+        outs[n++] = (cli_output){g[2], NULL, gnames, gt, ng, NULL, 0};
+    if (cli_save_outputs(PROG, ctx, n, outs))
+        goto done;
+    status = CLI_EXIT_OK;
+
+done:
+    attn_array_free(ctx, &dy);
+    attn_tensor_free(ctx, &dx);
+    for (int i = 0; i < 4; i++)
+        attn_tensor_free(ctx, &dw[i]);
+    return status;
+}
+
 int cmd_forward(int argc, char **argv)
 {
     fwd_args a;
     memset(&a, 0, sizeof a);
-    cli_opt opts[] = {FWD_OPTIONS(&a)};
+    /* --grad-output, --grad-input, --grad-weights */
+    const char *g[3] = {NULL, NULL, NULL};
+    cli_opt opts[] = {FWD_OPTIONS(&a),
+                      {"grad-output", CLI_STRING, &g[0], NULL, 0, 0, 0},
+                      {"grad-input", CLI_STRING, &g[1], NULL, 0, 0, 0},
+                      {"grad-weights", CLI_STRING, &g[2], NULL, 0, 0, 0}};
     const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
     if (rc != CLI_PARSED)
         return rc;
     attn_rope_params rope;
     int use_rope;
-    if ((rc = fwd_check(PROG, opts, nopts, &a, &rope, &use_rope)) != CLI_PARSED)
+    if ((rc = fwd_check(PROG, opts, nopts, &a, &rope, &use_rope)) != CLI_PARSED ||
+        (rc = check_grad_flags(&a, g, use_rope)) != CLI_PARSED)
         return rc;
 
     attn_ctx ctx;
@@ -362,6 +530,12 @@ int cmd_forward(int argc, char **argv)
     int status = CLI_EXIT_ERROR;
     if (fwd_load(PROG, &ctx, &a, &d))
         goto done;
+    if (g[0] && d.separate) {
+        cli_error(PROG, "--grad-output: %s has separate projections (q_proj, k_proj, "
+                        "v_proj, o_proj); the backward takes the fused weights qkv.weight "
+                        "or in_proj_weight", a.weights);
+        goto done;
+    }
     /* Packed once, both name sets run through the one call that takes RoPE; packed
      * weights give the same bits as attn_mha_forward and attn_gqa_forward. */
     if ((d.separate ? attn_gqa_pack(&ctx, &d.g, d.H, d.Hkv, &packed)
@@ -383,7 +557,8 @@ int cmd_forward(int argc, char **argv)
         cli_fail_sdpa(PROG, &ctx, &a.so, NULL);
         goto done;
     }
-    if (fwd_save(PROG, &ctx, &a, &d, &out, &att, &lse))
+    if (g[0] ? forward_grad(&ctx, &a, &d, g, &out, &att, &lse)
+             : fwd_save(PROG, &ctx, &a, &d, &out, &att, &lse))
         goto done;
     status = CLI_EXIT_OK;
 

@@ -35,6 +35,7 @@
 
 #include "attn.h"
 #include "common_cli.h"
+#include "common_grad.h"
 #include "common_heatmap.h"
 #include "common_mistakes.h"
 #include "common_trace.h"
@@ -56,6 +57,7 @@ typedef struct options {
     int64_t num_heads;  /* H */
     uint64_t seed;
     int trace;          /* --trace: print each step with its formula and shape */
+    int grad;           /* --grad: the gradient of mean(output) for every step */
     const char *dump;   /* --dump DIR: write every array there, or NULL */
     const char *heatmap; /* --heatmap FILE.svg, or NULL */
     int show;           /* --show: heatmaps in the terminal */
@@ -81,7 +83,8 @@ static const char HELP[] =
     "\n"
     "SYNOPSIS\n"
     "    inspect_self_attention [--batch-size B] [--seq-len T] [--embed-dim E]\n"
-    "                           [--num-heads H] [--seed N] [--trace] [--dump DIR]\n"
+    "                           [--num-heads H] [--seed N] [--trace] [--grad]\n"
+    "                           [--dump DIR]\n"
     "                           [--heatmap FILE.svg] [--show] [--sample S]\n"
     "                           [--values] [--head N] [--impl ref|fused]\n"
     "                           [--layout fused|separate] [--mistake NAME]\n"
@@ -128,6 +131,14 @@ static const char HELP[] =
     "        After the seven lines, each step with its formula and shape, the masks\n"
     "        and how they broadcast, and which kernel ran (for the fused kernel,\n"
     "        that it never materialises the scores).\n"
+    "    --grad\n"
+    "        After the seven lines (and --trace), the experiment one step further:\n"
+    "        the gradient of the loss L = mean(output) with respect to each step's\n"
+    "        tensor, from the output back to x (output, W_o, b_o, the merged context,\n"
+    "        v, k, q per head, qkv, W_qkv, b_qkv, x), one line each: its shape, its\n"
+    "        norm and its first four values. Every element of dL/doutput is\n"
+    "        1 / (B T E); the rest is attn_sdpa_backward and attn_mha_backward\n"
+    "        (docs/gradients.md). Always the correct module, even with --mistake.\n"
     "    --values\n"
     "        After the seven lines, the numbers of every step for one sample and\n"
     "        head (--sample, --head): x, q, k, v of that head, the raw scores q k^T,\n"
@@ -193,6 +204,7 @@ static int parse_options(int argc, char **argv, options *o)
     o->embed_dim = 16;
     o->num_heads = 4;
     o->trace = 0;
+    o->grad = 0;
     o->dump = NULL;
     o->heatmap = NULL;
     o->show = 0;
@@ -209,6 +221,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"num-heads", CLI_INT, &o->num_heads, NULL, 1, max_size, 0},
         {"seed", CLI_INT, &seed, NULL, 0, INT64_MAX, 0},
         {"trace", CLI_FLAG, &o->trace, NULL, 0, 0, 0},
+        {"grad", CLI_FLAG, &o->grad, NULL, 0, 0, 0},
         {"dump", CLI_STRING, &o->dump, NULL, 0, 0, 0},
         {"heatmap", CLI_STRING, &o->heatmap, NULL, 0, 0, 0},
         {"show", CLI_FLAG, &o->show, NULL, 0, 0, 0},
@@ -821,6 +834,15 @@ int main(int argc, char **argv)
     if (o.trace) {
         printf("\n");
         print_trace(&ctx, &o);
+    }
+    if (o.grad) {
+        printf("\n");
+        rc = grad_report(&ctx, stdout, &e.x, &e.w, o.num_heads, &e.combined_mask);
+        if (rc) {
+            fprintf(stderr, "%s: %s\n", prog, ctx.message[0] ? ctx.message : attn_strerror(rc));
+            experiment_free(&ctx, &e);
+            return 1;
+        }
     }
     if (o.values) {
         printf("\n");
