@@ -93,6 +93,10 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
     *hi = e;
 }
 
+/* Query rows processed together against one key tile: each packed K^T (V^T) vector
+ * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms. */
+#define FB_R 4
+
 /* The per-worker scratch, carved from job->ws in this order (each part a multiple
  * of 16 floats, so every part starts on a 64-byte boundary). */
 typedef struct fb_ws {
@@ -101,24 +105,24 @@ typedef struct fb_ws {
     float *krow; /* the key tile's rows, padded [bc][dp] (pass 2) */
     float *acc1; /* dK [bc][dp] (pass 1) or dQ [br][dp] (pass 2) */
     float *acc2; /* dV [bc][dvp] (pass 1) */
-    float *qi;   /* one query row [dp] */
-    float *doi;  /* one row of dO [dvp] */
-    float *p;    /* the row's weights along the tile [bcp] */
-    float *ds;   /* dS before the softcap's factor [bcp] */
-    float *dsx;  /* dS after it (the score product's gradient) [bcp] */
-    float *t;    /* tanh(x / c) under a softcap [bcp] */
-    float *vis;  /* 1 where the key is visible to the row, else 0 [bcp] */
+    float *qi;   /* FB_R query rows [FB_R][dp] */
+    float *doi;  /* FB_R rows of dO [FB_R][dvp] */
+    float *p;    /* the rows' weights along the tile [FB_R][bcp] */
+    float *ds;   /* dS before the softcap's factor [FB_R][bcp] */
+    float *dsx;  /* dS after it (the score product's gradient) [FB_R][bcp] */
+    float *t;    /* tanh(x / c) under a softcap [FB_R][bcp] */
+    float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
 } fb_ws;
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* Floats of scratch one worker needs (the planner calls the portable build's). */
-static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc, int64_t bcp,
-                               int64_t dp, int64_t dvp)
+static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
+                                      int64_t bcp, int64_t dp, int64_t dvp)
 {
     return fb_a16(D * bcp) + fb_a16(Dv * bcp) + fb_a16(bc * dp) +
-           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp) + fb_a16(dp) + fb_a16(dvp) +
-           5 * fb_a16(bcp);
+           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp) + fb_a16(FB_R * dp) +
+           fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp);
 }
 
 static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
@@ -137,32 +141,37 @@ static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
     r.acc2 = w;
     w += fb_a16(job->bc * job->dvp);
     r.qi = w;
-    w += fb_a16(job->dp);
+    w += fb_a16(FB_R * job->dp);
     r.doi = w;
-    w += fb_a16(job->dvp);
+    w += fb_a16(FB_R * job->dvp);
     r.p = w;
-    w += fb_a16(job->bcp);
+    w += fb_a16(FB_R * job->bcp);
     r.ds = w;
-    w += fb_a16(job->bcp);
+    w += fb_a16(FB_R * job->bcp);
     r.dsx = w;
-    w += fb_a16(job->bcp);
+    w += fb_a16(FB_R * job->bcp);
     r.t = w;
-    w += fb_a16(job->bcp);
+    w += fb_a16(FB_R * job->bcp);
     r.vis = w;
     return r;
 }
 
 /* Packs keys j0 .. j0+n-1 of (b, hk): K^T and V^T with zero columns past n, and
- * (when krow is not NULL) K's rows padded with zeros to dp. */
-static void fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int64_t j0,
-                       int64_t n, const fb_ws *w, int rows)
+ * (when rows is set) K's rows padded with zeros to dp. Returns 1 when every
+ * packed k is finite (pass 2 may then add a hidden key's zero term instead of
+ * skipping it: 0 * finite = 0). */
+static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int64_t j0,
+                      int64_t n, const fb_ws *w, int rows)
 {
     const attn__sdpa_shapes *s = &job->bs->s;
     const int64_t bcp = job->bcp;
+    int finite = 1;
     for (int64_t d = 0; d < s->D; d++) {
         float *dst = w->kt + d * bcp;
-        for (int64_t j = 0; j < n; j++)
+        for (int64_t j = 0; j < n; j++) {
             dst[j] = job->k[attn__off4(s->k_s, b, hk, j0 + j, d)];
+            finite &= isfinite(dst[j]) != 0;
+        }
         for (int64_t j = n; j < bcp; j++)
             dst[j] = 0.0f;
     }
@@ -181,86 +190,139 @@ static void fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, in
             for (int64_t d = s->D; d < job->dp; d++)
                 dst[d] = 0.0f;
         }
+    return finite;
 }
 
-/* Gathers row i of (b, h)'s q and dO into w->qi and w->doi, zero-padded. */
-static void fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
-                        const fb_ws *w)
+/* Gathers row i of (b, h)'s q and dO into slot r of w->qi and w->doi, zero-padded;
+ * i < 0 fills the slot with zeros (an unused slot). Returns 1 when both rows are
+ * finite. */
+static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
+                       int r, const fb_ws *w)
 {
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
-    for (int64_t d = 0; d < job->dp; d++)
-        w->qi[d] = d < s->D ? job->q[attn__off4(s->q_s, b, h, i, d)] : 0.0f;
-    for (int64_t d = 0; d < job->dvp; d++)
-        w->doi[d] = d < s->Dv ? job->dout[attn__off4(bs->do_s, b, h, i, d)] : 0.0f;
+    float *qi = w->qi + r * job->dp, *doi = w->doi + r * job->dvp;
+    memset(qi, 0, (size_t)job->dp * sizeof(float));
+    memset(doi, 0, (size_t)job->dvp * sizeof(float));
+    if (i < 0)
+        return 1;
+    if (s->q_s[3] == 1)
+        memcpy(qi, job->q + attn__off4(s->q_s, b, h, i, 0), (size_t)s->D * sizeof(float));
+    else
+        for (int64_t d = 0; d < s->D; d++)
+            qi[d] = job->q[attn__off4(s->q_s, b, h, i, d)];
+    if (bs->do_s[3] == 1)
+        memcpy(doi, job->dout + attn__off4(bs->do_s, b, h, i, 0),
+               (size_t)s->Dv * sizeof(float));
+    else
+        for (int64_t d = 0; d < s->Dv; d++)
+            doi[d] = job->dout[attn__off4(bs->do_s, b, h, i, d)];
+    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0 exactly
+     * when every element is finite. */
+    simd_f32 z = simd_zero();
+    const simd_f32 zero = simd_zero();
+    for (int64_t d = 0; d < job->dp; d += SIMD_W)
+        z = simd_fma(simd_load(qi + d), zero, z);
+    for (int64_t d = 0; d < job->dvp; d += SIMD_W)
+        z = simd_fma(simd_load(doi + d), zero, z);
+    return simd_hsum(z) == 0.0f;
 }
 
-/* For row i of (b, h) (already in w->qi, w->doi) against the packed key tile
- * j0 .. j0+n-1: w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's
- * factor, w->vis = 1 for the visible keys. Hidden keys get 0 in p, ds and dsx by
+/* For the FB_R rows rows[0 .. FB_R-1] of (b, h) (already in w->qi, w->doi; a row
+ * of -1 is an unused slot) against the packed key tile j0 .. j0+n-1: in slot r,
+ * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
+ * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
  * selection, never by a product, so a NaN score there stays out. */
-static void fb_row_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
-                        int64_t j0, int64_t n, float slope, const fb_ws *w)
+static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                         const int64_t *rows, int64_t j0, int64_t n, float slope,
+                         const fb_ws *w)
 {
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
-    const int64_t bcp = job->bcp;
-    const float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
-    const float delta = job->delta[(b * s->H + h) * s->Tq + i];
-    const simd_f32 vscale = simd_set1(s->scale), vL = simd_set1(L), vdelta = simd_set1(delta);
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const simd_f32 vscale = simd_set1(s->scale);
     const int cap = s->softcap > 0.0f;
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
 
-    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, a vector of keys at
-     * a time. The softcap's tanh is kept for its derivative. */
+    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, a vector of keys
+     * for FB_R rows at a time. The softcap's tanh is kept for its derivative. */
     for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
-        simd_f32 x = simd_zero(), dp = simd_zero();
-        for (int64_t d = 0; d < s->D; d++)
-            x = simd_fma(simd_set1(w->qi[d]), simd_load(w->kt + d * bcp + jv), x);
-        for (int64_t d = 0; d < s->Dv; d++)
-            dp = simd_fma(simd_set1(w->doi[d]), simd_load(w->vt + d * bcp + jv), dp);
-        x = simd_mul(x, vscale);
-        if (cap) {
-            const simd_f32 t = simd_tanh(simd_div(x, vc));
-            simd_store(w->t + jv, t);
-            x = simd_mul(vc, t);
+        simd_f32 x[FB_R], dpv[FB_R];
+        for (int r = 0; r < FB_R; r++)
+            x[r] = dpv[r] = simd_zero();
+        for (int64_t d = 0; d < s->D; d++) {
+            const simd_f32 kv = simd_load(w->kt + d * bcp + jv);
+            for (int r = 0; r < FB_R; r++)
+                x[r] = simd_fma(simd_set1(w->qi[r * dp + d]), kv, x[r]);
         }
-        simd_store(w->p + jv, x);  /* the score so far */
-        simd_store(w->ds + jv, dp); /* dP for now */
+        for (int64_t d = 0; d < s->Dv; d++) {
+            const simd_f32 vv = simd_load(w->vt + d * bcp + jv);
+            for (int r = 0; r < FB_R; r++)
+                dpv[r] = simd_fma(simd_set1(w->doi[r * dvp + d]), vv, dpv[r]);
+        }
+        for (int r = 0; r < FB_R; r++) {
+            simd_f32 xr = simd_mul(x[r], vscale);
+            if (cap) {
+                const simd_f32 t = simd_tanh(simd_div(xr, vc));
+                simd_store(w->t + r * bcp + jv, t);
+                xr = simd_mul(vc, t);
+            }
+            simd_store(w->p + r * bcp + jv, xr);     /* the score so far */
+            simd_store(w->ds + r * bcp + jv, dpv[r]); /* dP for now */
+        }
     }
-    /* The bias and ALiBi, and which keys are visible, element by element. */
-    int64_t lo, hi;
-    fb_row_range(s, i, &lo, &hi);
     const int check = s->mask.data != NULL || s->bias != NULL;
-    for (int64_t j = 0; j < bcp; j++) {
-        const int64_t jj = j0 + j;
-        int vis = j < n && jj >= lo && jj < hi;
-        if (vis && check)
-            vis = attn__may_attend(s, b, h, i, jj);
-        w->vis[j] = vis ? 1.0f : 0.0f;
-        if (vis && s->bias)
-            w->p[j] += s->bias[attn__off4(s->bias_s, b, h, i, jj)];
-        if (vis && s->alibi) {
-            const int64_t dist = i + s->offset - jj;
-            w->p[j] -= slope * (float)(dist < 0 ? -dist : dist);
+    for (int r = 0; r < FB_R; r++) {
+        const int64_t i = rows[r];
+        float *p = w->p + r * bcp, *ds = w->ds + r * bcp, *dsx = w->dsx + r * bcp;
+        float *vis = w->vis + r * bcp;
+        if (i < 0) {
+            for (int64_t j = 0; j < bcp; j++)
+                vis[j] = p[j] = ds[j] = dsx[j] = 0.0f;
+            continue;
         }
-    }
-    /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2. */
-    for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
-        const simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(w->p + jv), vL));
-        const simd_f32 ds = simd_mul(p, simd_sub(simd_load(w->ds + jv), vdelta));
-        simd_f32 dsx = ds;
-        if (cap) {
-            const simd_f32 t = simd_load(w->t + jv);
-            dsx = simd_mul(ds, simd_sub(one, simd_mul(t, t)));
+        /* Which keys are visible: the range [a, e) of the tile that the causal
+         * alignment and the window let through, then, element by element within
+         * it, the mask and a -inf bias; the bias and ALiBi are added there. */
+        int64_t lo, hi;
+        fb_row_range(s, i, &lo, &hi);
+        const int64_t a = fb_max(0, fb_min(n, lo - j0)), e = fb_max(a, fb_min(n, hi - j0));
+        for (int64_t j = 0; j < bcp; j++)
+            vis[j] = j >= a && j < e ? 1.0f : 0.0f;
+        if (check || s->alibi)
+            for (int64_t j = a; j < e; j++) {
+                const int64_t jj = j0 + j;
+                if (check && !attn__may_attend(s, b, h, i, jj)) {
+                    vis[j] = 0.0f;
+                    continue;
+                }
+                if (s->bias)
+                    p[j] += s->bias[attn__off4(s->bias_s, b, h, i, jj)];
+                if (s->alibi) {
+                    const int64_t dist = i + s->offset - jj;
+                    p[j] -= slope * (float)(dist < 0 ? -dist : dist);
+                }
+            }
+        /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2. */
+        const simd_f32 vL = simd_set1(job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] +
+                                               i * bs->lse_s[2]]);
+        const simd_f32 vdelta = simd_set1(job->delta[(b * s->H + h) * s->Tq + i]);
+        for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+            const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
+            const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
+            simd_f32 dsxv = dsv;
+            if (cap) {
+                const simd_f32 t = simd_load(w->t + r * bcp + jv);
+                dsxv = simd_mul(dsv, simd_sub(one, simd_mul(t, t)));
+            }
+            simd_store(p + jv, pv);
+            simd_store(ds + jv, dsv);
+            simd_store(dsx + jv, dsxv);
         }
-        simd_store(w->p + jv, p);
-        simd_store(w->ds + jv, ds);
-        simd_store(w->dsx + jv, dsx);
+        for (int64_t j = 0; j < bcp; j++)
+            if (vis[j] == 0.0f)
+                p[j] = ds[j] = dsx[j] = 0.0f;
     }
-    for (int64_t j = 0; j < bcp; j++)
-        if (w->vis[j] == 0.0f)
-            w->p[j] = w->ds[j] = w->dsx[j] = 0.0f;
 }
 
 /* acc[0 .. len-1] += a * x[0 .. len-1]; len a multiple of the vector width. */
@@ -269,6 +331,22 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
     const simd_f32 va = simd_set1(a);
     for (int64_t d = 0; d < len; d += SIMD_W)
         simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
+}
+
+/* acc[0 .. len-1] += sum over r of a[r * stride] * x[r * xs + 0 .. len-1], the FB_R
+ * rows' terms in order r = 0, 1, ...; len a multiple of the vector width. */
+static void fb_axpy_rows(float *acc, const float *a, int64_t stride, const float *x,
+                         int64_t xs, int64_t len)
+{
+    simd_f32 va[FB_R];
+    for (int r = 0; r < FB_R; r++)
+        va[r] = simd_set1(a[r * stride]);
+    for (int64_t d = 0; d < len; d += SIMD_W) {
+        simd_f32 acc_v = simd_load(acc + d);
+        for (int r = 0; r < FB_R; r++)
+            acc_v = simd_fma(va[r], simd_load(x + r * xs + d), acc_v);
+        simd_store(acc + d, acc_v);
+    }
 }
 
 /* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
@@ -324,32 +402,62 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     const int64_t kt = item % job->n_kt, bhk = item / job->n_kt;
     const int64_t b = bhk / s->Hkv, hk = bhk % s->Hkv;
     const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
     const fb_ws w = fb_ws_of(job, worker);
 
-    memset(w.acc1, 0, (size_t)(n * job->dp) * sizeof(float));
-    memset(w.acc2, 0, (size_t)(n * job->dvp) * sizeof(float));
+    memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
+    memset(w.acc2, 0, (size_t)(n * dvp) * sizeof(float));
     fb_pack_kv(job, b, hk, j0, n, &w, 0);
     for (int64_t h = hk * s->group; h < (hk + 1) * s->group; h++) {
         const float slope = attn__alibi_slope(s, h);
-        for (int64_t i = 0; i < s->Tq; i++) {
-            int64_t lo, hi;
-            fb_row_range(s, i, &lo, &hi);
-            if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
-                continue;
-            fb_load_row(job, b, h, i, &w);
-            fb_row_tile(job, b, h, i, j0, n, slope, &w);
-            for (int64_t j = 0; j < n; j++)
-                if (w.vis[j] != 0.0f) {
-                    fb_axpy(w.acc2 + j * job->dvp, w.p[j], w.doi, job->dvp);
-                    fb_axpy(w.acc1 + j * job->dp, w.dsx[j], w.qi, job->dp);
+        int64_t i = 0;
+        while (i < s->Tq) {
+            /* The next FB_R rows, in order, that see a key of this tile. */
+            int64_t rows[FB_R];
+            int r = 0, finite = 1;
+            for (; i < s->Tq && r < FB_R; i++) {
+                int64_t lo, hi;
+                fb_row_range(s, i, &lo, &hi);
+                if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
+                    continue;
+                rows[r] = i;
+                finite &= fb_load_row(job, b, h, i, r, &w);
+                r++;
+            }
+            if (r == 0)
+                break;
+            for (int u = r; u < FB_R; u++) {
+                rows[u] = -1;
+                fb_load_row(job, b, h, -1, u, &w);
+            }
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+            for (int64_t j = 0; j < n; j++) {
+                int any = 0;
+                for (int u = 0; u < FB_R; u++)
+                    any |= w.vis[u * bcp + j] != 0.0f;
+                if (!any)
+                    continue;
+                if (finite) {
+                    /* A hidden (i, j) adds 0 * a finite number: nothing. */
+                    fb_axpy_rows(w.acc2 + j * dvp, w.p + j, bcp, w.doi, dvp, dvp);
+                    fb_axpy_rows(w.acc1 + j * dp, w.dsx + j, bcp, w.qi, dp, dp);
+                } else {
+                    /* A NaN or inf in a row's q or dO must not reach the keys that
+                     * row cannot see: skip them, as the reference does. */
+                    for (int u = 0; u < FB_R; u++)
+                        if (w.vis[u * bcp + j] != 0.0f) {
+                            fb_axpy(w.acc2 + j * dvp, w.p[u * bcp + j], w.doi + u * dvp, dvp);
+                            fb_axpy(w.acc1 + j * dp, w.dsx[u * bcp + j], w.qi + u * dp, dp);
+                        }
                 }
+            }
         }
     }
     for (int64_t j = 0; j < n; j++) {
         for (int64_t d = 0; d < s->D; d++)
-            job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * job->dp + d];
+            job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * dp + d];
         for (int64_t d = 0; d < s->Dv; d++)
-            job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * job->dvp + d];
+            job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
     }
 }
 
@@ -363,40 +471,71 @@ static void fb_q_item(void *arg, int64_t item, int worker)
     const int64_t qt = item % job->n_qt, bh = item / job->n_qt;
     const int64_t b = bh / s->H, h = bh % s->H, hk = h / s->group;
     const int64_t i0 = qt * job->br, m = fb_min(job->br, s->Tq - i0);
+    const int64_t bcp = job->bcp, dp = job->dp;
     const float slope = attn__alibi_slope(s, h);
     const fb_ws w = fb_ws_of(job, worker);
 
-    memset(w.acc1, 0, (size_t)(m * job->dp) * sizeof(float));
+    memset(w.acc1, 0, (size_t)(m * dp) * sizeof(float));
     int64_t lo, hi, lo_last, hi_last;
     fb_row_range(s, i0, &lo, &hi);
     fb_row_range(s, i0 + m - 1, &lo_last, &hi_last);
     for (int64_t j0 = lo / job->bc * job->bc; j0 < hi_last; j0 += job->bc) {
         const int64_t n = fb_min(job->bc, s->Tk - j0);
-        int packed = 0;
-        for (int64_t r = 0; r < m; r++) {
-            const int64_t i = i0 + r;
-            int64_t a, e;
-            fb_row_range(s, i, &a, &e);
-            if (e <= j0 || a >= j0 + n || !job->sees[bh * s->Tq + i])
-                continue;
-            if (!packed) {
-                fb_pack_kv(job, b, hk, j0, n, &w, 1);
-                packed = 1;
-            }
-            fb_load_row(job, b, h, i, &w);
-            fb_row_tile(job, b, h, i, j0, n, slope, &w);
-            float *acc = w.acc1 + r * job->dp;
-            for (int64_t j = 0; j < n; j++)
-                if (w.vis[j] != 0.0f) {
-                    fb_axpy(acc, w.dsx[j], w.krow + j * job->dp, job->dp);
-                    if (bs->dbias)
-                        bs->dbias[attn__off4(bs->dbias_s, b, h, i, j0 + j)] += w.ds[j];
+        int packed = 0, kfinite = 1;
+        int64_t r0 = 0;
+        while (r0 < m) {
+            int64_t rows[FB_R], slot[FB_R];
+            int r = 0;
+            for (; r0 < m && r < FB_R; r0++) {
+                const int64_t i = i0 + r0;
+                int64_t a, e;
+                fb_row_range(s, i, &a, &e);
+                if (e <= j0 || a >= j0 + n || !job->sees[bh * s->Tq + i])
+                    continue;
+                if (!packed) {
+                    kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
+                    packed = 1;
                 }
+                rows[r] = i;
+                slot[r] = r0;
+                fb_load_row(job, b, h, i, r, &w);
+                r++;
+            }
+            if (r == 0)
+                break;
+            for (int u = r; u < FB_R; u++) {
+                rows[u] = -1;
+                fb_load_row(job, b, h, -1, u, &w);
+            }
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+            for (int u = 0; u < r; u++) {
+                float *acc = w.acc1 + slot[u] * dp;
+                const float *dsx = w.dsx + u * bcp, *vis = w.vis + u * bcp;
+                if (kfinite) {
+                    /* dQ_i += sum_j dS_ij k_j, a vector of dQ_i in registers while
+                     * the keys stream; a hidden key adds 0 * a finite k: nothing. */
+                    for (int64_t d = 0; d < dp; d += SIMD_W) {
+                        simd_f32 a = simd_load(acc + d);
+                        for (int64_t j = 0; j < n; j++)
+                            a = simd_fma(simd_set1(dsx[j]), simd_load(w.krow + j * dp + d), a);
+                        simd_store(acc + d, a);
+                    }
+                } else {
+                    for (int64_t j = 0; j < n; j++)
+                        if (vis[j] != 0.0f)
+                            fb_axpy(acc, dsx[j], w.krow + j * dp, dp);
+                }
+                if (bs->dbias)
+                    for (int64_t j = 0; j < n; j++)
+                        if (vis[j] != 0.0f)
+                            bs->dbias[attn__off4(bs->dbias_s, b, h, rows[u], j0 + j)] +=
+                                w.ds[u * bcp + j];
+            }
         }
     }
     for (int64_t r = 0; r < m; r++)
         for (int64_t d = 0; d < s->D; d++)
-            job->dq[attn__off4(bs->dq_s, b, h, i0 + r, d)] = s->scale * w.acc1[r * job->dp + d];
+            job->dq[attn__off4(bs->dq_s, b, h, i0 + r, d)] = s->scale * w.acc1[r * dp + d];
 }
 
 #endif /* ATTN_FUSED_BACKWARD_H */
