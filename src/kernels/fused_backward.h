@@ -39,11 +39,16 @@
  * on the caller, in the reference's order.
  *
  * Layout: per key tile, K and V are packed transposed, K^T [D][bcp] and V^T
- * [Dv][bcp], so one query row's scores and dP along the tile's keys are vector
- * FMAs of a broadcast q_i[d] (dO_i[d]) against a row of K^T (V^T): no horizontal
- * sums. The accumulators dK [bc][dp], dV [bc][dvp] and dQ [br][dp] add a broadcast
- * dS_ij (P_ij) times a packed, zero-padded row. Keys past Tk are packed as zeros and
- * are hidden; columns past D and Dv are zeros and never written out.
+ * [Dv][bcp], so the scores and dP of FB_R query rows along the tile's keys are
+ * vector FMAs of a broadcast q_i[d] (dO_i[d]) against a row of K^T (V^T), each
+ * loaded vector feeding the FB_R rows: no horizontal sums. The accumulators dK
+ * [bc][dp] and dV [bc][dvp] take the FB_R rows' dS_ij (P_ij) times their packed,
+ * zero-padded q (dO) rows in one load and store; dQ [br][dp] keeps a vector in a
+ * register while the tile's keys stream. Keys past Tk are packed as zeros and are
+ * hidden; columns past D and Dv are zeros and never written out. These blocked
+ * sums add a hidden pair's 0 * (a finite number), which changes nothing; when a
+ * row's q or dO (pass 1) or the tile's k (pass 2) holds an inf or a NaN, the
+ * kernel skips hidden pairs one by one instead, as the reference does.
  *
  * Hidden keys (attn__may_attend: causal, window, mask, a -inf bias) are skipped,
  * never multiplied by a zero weight, exactly as in the reference: their dK and dV
