@@ -448,10 +448,12 @@ typedef struct attn_sdpa_grads {
  * [B, H, Tq, Dv] the loss's gradient with respect to out. Every element of
  * grads' tensors is written (overwritten, not accumulated). Tensors with fewer
  * than 4 dims are read with leading sizes of 1, as in attn_sdpa.
- * For now this runs the reference (attn_sdpa_backward_ref) whatever ctx->impl
- * says; a fused backward (FlashAttention-2's tiling) will take its place and give
- * the same results within the bound docs/gradients.md states, and the same bits for
- * any thread count. No gradient may share memory with an argument or with
+ * It runs the kernel ctx->impl and the selected arch choose, as attn_sdpa does:
+ * the fused backward (FlashAttention-2's tiling: the weights recomputed tile by
+ * tile from lse, scratch O(B H Tq) plus O(tile) per thread, no [Tq, Tk] block),
+ * which gives the reference's results within the bound docs/gradients.md states
+ * and the same bits for any thread count; ATTN_IMPL_REF or ATTN_ARCH_REF runs
+ * attn_sdpa_backward_ref. No gradient may share memory with an argument or with
  * another gradient (INVALID_ARGUMENT naming both). A query row that sees no key
  * is EMPTY_ROW unless p->empty_rows is zero or p has sinks, as in the forward. */
 ATTN_API int attn_sdpa_backward(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,

@@ -504,3 +504,22 @@ int attn__sdpa_backward_plan_make(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs
                           (long long)bs->s.Tq, (long long)bs->s.Tk);
     return ATTN_OK;
 }
+
+int attn__sdpa_backward_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
+                                     attn__sdpa_bwd_plan *plan)
+{
+    const attn_impl impl = ctx ? ctx->impl : ATTN_IMPL_AUTO;
+    if (impl != ATTN_IMPL_AUTO && impl != ATTN_IMPL_FUSED && impl != ATTN_IMPL_REF)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "ctx->impl = %d is not an attn_impl value", (int)impl);
+    attn_arch arch = ATTN_ARCH_REF;
+    int rc = attn__arch_resolve(ctx, &arch);
+    if (rc != ATTN_OK)
+        return rc;
+    if (impl == ATTN_IMPL_REF || arch == ATTN_ARCH_REF)
+        return attn__sdpa_backward_plan_make(ctx, bs, plan);
+    memset(plan, 0, sizeof *plan);
+    plan->bs = *bs;
+    plan->arch = arch;
+    return attn__sdpa_fused_backward_plan(ctx, plan);
+}

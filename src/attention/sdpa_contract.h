@@ -204,13 +204,31 @@ int attn__sdpa_backward_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_
 typedef struct attn__sdpa_bwd_plan {
     attn__sdpa_bwd_shapes bs;
     int use_ref;          /* 1: the reference (src/attention/sdpa_ref_backward.c) */
+    attn_arch arch;       /* the fused backward's instruction set (not REF, not AUTO) */
     int threads;
+    int64_t ws_floats;    /* the fused backward's scratch floats per worker */
     size_t scratch_bytes; /* what attn__sdpa_backward_run needs in `scratch` */
 } attn__sdpa_bwd_plan;
 
 /* Plans bs for the reference. Fails only on overflow. */
 int attn__sdpa_backward_plan_make(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
                                   attn__sdpa_bwd_plan *plan);
+
+/* Plans a backward as attn_sdpa_backward runs it under ctx: the fused backward on
+ * the selected arch (src/kernels/fused_backward.h), or the reference when ctx->impl
+ * is ATTN_IMPL_REF or the arch is REF. */
+int attn__sdpa_backward_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
+                                     attn__sdpa_bwd_plan *plan);
+
+/* The fused backward (src/kernels/sdpa_fused_backward.c): plan->bs and plan->arch
+ * set, fills threads, ws_floats and scratch_bytes; the run, on checked data, with
+ * plan->scratch_bytes of 64-byte aligned scratch, allocates nothing and fails only
+ * with EMPTY_ROW (before it writes anything). */
+int attn__sdpa_fused_backward_plan(attn_ctx *ctx, attn__sdpa_bwd_plan *plan);
+int attn__sdpa_fused_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan,
+                                  const float *q, const float *k, const float *v,
+                                  const float *out, const float *lse, const float *dout,
+                                  float *dq, float *dk, float *dv, void *scratch);
 
 /* The reference backward behind attn__sdpa_backward_run, on checked data (each
  * pointer is its tensor's first element, read through bs's strides); `scratch`

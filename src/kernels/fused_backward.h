@@ -1,0 +1,546 @@
+/*
+ * fused_backward.h - the fused backward of scaled dot-product attention, written
+ * once over the SIMD layer of src/kernels/simd.h and compiled once per instruction
+ * set by sdpa_fused_backward.c (portable C), sdpa_fused_backward_avx2.c and
+ * sdpa_fused_backward_avx512.c, each of which defines ATTN_SIMD_<ISA> first.
+ *
+ * THE CONTRACT
+ *
+ * What it computes is what the reference (src/attention/sdpa_ref_backward.c)
+ * computes, in FlashAttention-2's way (Dao, arXiv 2307.08691, section 3.2,
+ * Algorithm 2): the weights are never stored; each tile recomputes its scores from
+ * q and k and its weights from the forward's log-sum-exp L, P_ij = exp(S_ij - L_i),
+ * so memory is O(T): no [Tq, Tk] block exists anywhere. Three passes:
+ *
+ *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), and whether row i sees a
+ *                            key (a row that sees none gives and gets nothing).
+ *   pass 1, item (b, hk, key tile j0 .. j1-1): for each query head h of the group
+ *                            of hk in order, each row i in order:
+ *                              S_ij, P_ij = exp(S_ij - L_i), dP_ij = dO_i . v_j,
+ *                              dS_ij = P_ij (dP_ij - Delta_i) (times 1 - tanh^2
+ *                              under a softcap),
+ *                              dV_j += P_ij dO_i,  dK_j += dS_ij q_i
+ *                            then dK *= scale. The item owns rows j0 .. j1-1 of dK
+ *                            and dV of (b, hk): GQA's sum over the group is a loop
+ *                            inside one item, in a fixed order.
+ *   pass 2, item (b, h, query tile i0 .. i1-1): for each key tile the rows see, the
+ *                            same S, P, dP and dS again, dQ_i += dS_ij k_j, then
+ *                            dQ *= scale; dbias += dS where it is wanted. The item
+ *                            owns rows i0 .. i1-1 of dQ.
+ *
+ * Every sum runs in an order fixed by the shapes (tile boundaries never depend on
+ * the thread count), and no two items write the same float, so the result has
+ * the same bits for any number of threads: no atomics, no reductions across
+ * threads. The price is that pass 2 recomputes S and dP (seven products of the
+ * size of Q K^T instead of FlashAttention-2's five). A dbias broadcast along b, h
+ * or the query axis would be written by several items; then pass 2 runs on one
+ * thread (the planner in sdpa_fused_backward.c decides), which keeps the bits.
+ * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken after pass 0
+ * on the caller, in the reference's order.
+ *
+ * Layout: per key tile, K and V are packed transposed, K^T [D][bcp] and V^T
+ * [Dv][bcp], so the scores and dP of FB_R query rows along the tile's keys are
+ * vector FMAs of a broadcast q_i[d] (dO_i[d]) against a row of K^T (V^T), each
+ * loaded vector feeding the FB_R rows: no horizontal sums. The accumulators dK
+ * [bc][dp] and dV [bc][dvp] take the FB_R rows' dS_ij (P_ij) times their packed,
+ * zero-padded q (dO) rows in one load and store; dQ [br][dp] keeps a vector in a
+ * register while the tile's keys stream. Keys past Tk are packed as zeros and are
+ * hidden; columns past D and Dv are zeros and never written out. These blocked
+ * sums add a hidden pair's 0 * (a finite number), which changes nothing; when a
+ * row's q or dO (pass 1) or the tile's k (pass 2) holds an inf or a NaN, the
+ * kernel skips hidden pairs one by one instead, as the reference does.
+ *
+ * Hidden keys (attn__may_attend: causal, window, mask, a -inf bias) are skipped,
+ * never multiplied by a zero weight, exactly as in the reference: their dK and dV
+ * get exactly zero from the rows that cannot see them, and a NaN or inf in their
+ * k or v, or in a row's dO, never reaches them. A row's visible key range comes
+ * from the causal alignment and the window (fb_row_range), so key tiles outside
+ * it are never visited.
+ *
+ * Options, in the contract's order per score (attn__score_mod): x = scale q.k,
+ * softcap c tanh(x / c) (this build's vector tanh, as in the forward), + bias, +
+ * ALiBi; the gradient walks back through them: the bias gets dS, ALiBi nothing,
+ * the softcap multiplies dS by 1 - tanh^2(x / c); sinks enter only through L
+ * (which includes them) and dsinks.
+ */
+#ifndef ATTN_FUSED_BACKWARD_H
+#define ATTN_FUSED_BACKWARD_H
+
+#include "sdpa_fused_backward.h"
+#include "simd.h"
+
+#include <math.h>
+#include <string.h>
+
+static int64_t fb_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t fb_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* The keys [*lo, *hi) query i may see by the causal alignment and the window
+ * alone; both ends grow with i. The forward's fk_row_range says the same; it lives
+ * in a header built with the forward's micro-tile sizes, so the backward states
+ * the rule again from sdpa_contract.h's attn__may_attend. */
+static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int64_t *hi)
+{
+    const int64_t ip = i + s->offset;
+    int64_t a = 0, e = s->Tk;
+    if (s->causal == ATTN_CAUSAL_TOP_LEFT)
+        e = fb_min(e, i + 1);
+    else if (s->causal == ATTN_CAUSAL_BOTTOM_RIGHT)
+        e = fb_min(e, ip + 1);
+    if (s->has_window) {
+        if (s->window_left >= 0)
+            a = fb_max(a, ip - s->window_left);
+        if (s->window_right >= 0)
+            e = fb_min(e, ip + s->window_right + 1);
+    }
+    e = fb_max(e, 0);
+    *lo = fb_min(a, e);
+    *hi = e;
+}
+
+/* Query rows processed together against one key tile: each packed K^T (V^T) vector
+ * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms. */
+#define FB_R 4
+
+/* The per-worker scratch, carved from job->ws in this order (each part a multiple
+ * of 16 floats, so every part starts on a 64-byte boundary). */
+typedef struct fb_ws {
+    float *kt;   /* K^T of the key tile [D][bcp] */
+    float *vt;   /* V^T of the key tile [Dv][bcp] */
+    float *krow; /* the key tile's rows, padded [bc][dp] (pass 2) */
+    float *acc1; /* dK [bc][dp] (pass 1) or dQ [br][dp] (pass 2) */
+    float *acc2; /* dV [bc][dvp] (pass 1) */
+    float *qi;   /* FB_R query rows [FB_R][dp] */
+    float *doi;  /* FB_R rows of dO [FB_R][dvp] */
+    float *p;    /* the rows' weights along the tile [FB_R][bcp] */
+    float *ds;   /* dS before the softcap's factor [FB_R][bcp] */
+    float *dsx;  /* dS after it (the score product's gradient) [FB_R][bcp] */
+    float *t;    /* tanh(x / c) under a softcap [FB_R][bcp] */
+    float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
+} fb_ws;
+
+static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* Floats of scratch one worker needs (the planner calls the portable build's). */
+static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
+                                      int64_t bcp, int64_t dp, int64_t dvp)
+{
+    return fb_a16(D * bcp) + fb_a16(Dv * bcp) + fb_a16(bc * dp) +
+           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp) + fb_a16(FB_R * dp) +
+           fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp);
+}
+
+static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
+{
+    const attn__sdpa_shapes *s = &job->bs->s;
+    float *w = job->ws + (int64_t)worker * job->ws_floats;
+    fb_ws r;
+    r.kt = w;
+    w += fb_a16(s->D * job->bcp);
+    r.vt = w;
+    w += fb_a16(s->Dv * job->bcp);
+    r.krow = w;
+    w += fb_a16(job->bc * job->dp);
+    r.acc1 = w;
+    w += fb_a16(fb_max(job->bc, job->br) * job->dp);
+    r.acc2 = w;
+    w += fb_a16(job->bc * job->dvp);
+    r.qi = w;
+    w += fb_a16(FB_R * job->dp);
+    r.doi = w;
+    w += fb_a16(FB_R * job->dvp);
+    r.p = w;
+    w += fb_a16(FB_R * job->bcp);
+    r.ds = w;
+    w += fb_a16(FB_R * job->bcp);
+    r.dsx = w;
+    w += fb_a16(FB_R * job->bcp);
+    r.t = w;
+    w += fb_a16(FB_R * job->bcp);
+    r.vis = w;
+    return r;
+}
+
+/* Packs keys j0 .. j0+n-1 of (b, hk): K^T and V^T with zero columns past n, and
+ * (when rows is set) K's rows padded with zeros to dp. Returns 1 when every
+ * packed k is finite (pass 2 may then add a hidden key's zero term instead of
+ * skipping it: 0 * finite = 0). */
+static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int64_t j0,
+                      int64_t n, const fb_ws *w, int rows)
+{
+    const attn__sdpa_shapes *s = &job->bs->s;
+    const int64_t bcp = job->bcp;
+    int finite = 1;
+    for (int64_t d = 0; d < s->D; d++) {
+        float *dst = w->kt + d * bcp;
+        for (int64_t j = 0; j < n; j++) {
+            dst[j] = job->k[attn__off4(s->k_s, b, hk, j0 + j, d)];
+            finite &= isfinite(dst[j]) != 0;
+        }
+        for (int64_t j = n; j < bcp; j++)
+            dst[j] = 0.0f;
+    }
+    for (int64_t d = 0; d < s->Dv; d++) {
+        float *dst = w->vt + d * bcp;
+        for (int64_t j = 0; j < n; j++)
+            dst[j] = job->v[attn__off4(s->v_s, b, hk, j0 + j, d)];
+        for (int64_t j = n; j < bcp; j++)
+            dst[j] = 0.0f;
+    }
+    if (rows)
+        for (int64_t j = 0; j < n; j++) {
+            float *dst = w->krow + j * job->dp;
+            for (int64_t d = 0; d < s->D; d++)
+                dst[d] = job->k[attn__off4(s->k_s, b, hk, j0 + j, d)];
+            for (int64_t d = s->D; d < job->dp; d++)
+                dst[d] = 0.0f;
+        }
+    return finite;
+}
+
+/* Gathers row i of (b, h)'s q and dO into slot r of w->qi and w->doi, zero-padded;
+ * i < 0 fills the slot with zeros (an unused slot). Returns 1 when both rows are
+ * finite. */
+static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
+                       int r, const fb_ws *w)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    float *qi = w->qi + r * job->dp, *doi = w->doi + r * job->dvp;
+    memset(qi, 0, (size_t)job->dp * sizeof(float));
+    memset(doi, 0, (size_t)job->dvp * sizeof(float));
+    if (i < 0)
+        return 1;
+    if (s->q_s[3] == 1)
+        memcpy(qi, job->q + attn__off4(s->q_s, b, h, i, 0), (size_t)s->D * sizeof(float));
+    else
+        for (int64_t d = 0; d < s->D; d++)
+            qi[d] = job->q[attn__off4(s->q_s, b, h, i, d)];
+    if (bs->do_s[3] == 1)
+        memcpy(doi, job->dout + attn__off4(bs->do_s, b, h, i, 0),
+               (size_t)s->Dv * sizeof(float));
+    else
+        for (int64_t d = 0; d < s->Dv; d++)
+            doi[d] = job->dout[attn__off4(bs->do_s, b, h, i, d)];
+    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0 exactly
+     * when every element is finite. */
+    simd_f32 z = simd_zero();
+    const simd_f32 zero = simd_zero();
+    for (int64_t d = 0; d < job->dp; d += SIMD_W)
+        z = simd_fma(simd_load(qi + d), zero, z);
+    for (int64_t d = 0; d < job->dvp; d += SIMD_W)
+        z = simd_fma(simd_load(doi + d), zero, z);
+    return simd_hsum(z) == 0.0f;
+}
+
+/* For the FB_R rows rows[0 .. FB_R-1] of (b, h) (already in w->qi, w->doi; a row
+ * of -1 is an unused slot) against the packed key tile j0 .. j0+n-1: in slot r,
+ * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
+ * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
+ * selection, never by a product, so a NaN score there stays out. */
+static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                         const int64_t *rows, int64_t j0, int64_t n, float slope,
+                         const fb_ws *w)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const simd_f32 vscale = simd_set1(s->scale);
+    const int cap = s->softcap > 0.0f;
+    const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
+
+    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, a vector of keys
+     * for FB_R rows at a time. The softcap's tanh is kept for its derivative. */
+    for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+        simd_f32 x[FB_R], dpv[FB_R];
+        for (int r = 0; r < FB_R; r++)
+            x[r] = dpv[r] = simd_zero();
+        for (int64_t d = 0; d < s->D; d++) {
+            const simd_f32 kv = simd_load(w->kt + d * bcp + jv);
+            for (int r = 0; r < FB_R; r++)
+                x[r] = simd_fma(simd_set1(w->qi[r * dp + d]), kv, x[r]);
+        }
+        for (int64_t d = 0; d < s->Dv; d++) {
+            const simd_f32 vv = simd_load(w->vt + d * bcp + jv);
+            for (int r = 0; r < FB_R; r++)
+                dpv[r] = simd_fma(simd_set1(w->doi[r * dvp + d]), vv, dpv[r]);
+        }
+        for (int r = 0; r < FB_R; r++) {
+            simd_f32 xr = simd_mul(x[r], vscale);
+            if (cap) {
+                const simd_f32 t = simd_tanh(simd_div(xr, vc));
+                simd_store(w->t + r * bcp + jv, t);
+                xr = simd_mul(vc, t);
+            }
+            simd_store(w->p + r * bcp + jv, xr);     /* the score so far */
+            simd_store(w->ds + r * bcp + jv, dpv[r]); /* dP for now */
+        }
+    }
+    const int check = s->mask.data != NULL || s->bias != NULL;
+    for (int r = 0; r < FB_R; r++) {
+        const int64_t i = rows[r];
+        float *p = w->p + r * bcp, *ds = w->ds + r * bcp, *dsx = w->dsx + r * bcp;
+        float *vis = w->vis + r * bcp;
+        if (i < 0) {
+            for (int64_t j = 0; j < bcp; j++)
+                vis[j] = p[j] = ds[j] = dsx[j] = 0.0f;
+            continue;
+        }
+        /* Which keys are visible: the range [a, e) of the tile that the causal
+         * alignment and the window let through, then, element by element within
+         * it, the mask and a -inf bias; the bias and ALiBi are added there. */
+        int64_t lo, hi;
+        fb_row_range(s, i, &lo, &hi);
+        const int64_t a = fb_max(0, fb_min(n, lo - j0)), e = fb_max(a, fb_min(n, hi - j0));
+        for (int64_t j = 0; j < bcp; j++)
+            vis[j] = j >= a && j < e ? 1.0f : 0.0f;
+        if (check || s->alibi)
+            for (int64_t j = a; j < e; j++) {
+                const int64_t jj = j0 + j;
+                if (check && !attn__may_attend(s, b, h, i, jj)) {
+                    vis[j] = 0.0f;
+                    continue;
+                }
+                if (s->bias)
+                    p[j] += s->bias[attn__off4(s->bias_s, b, h, i, jj)];
+                if (s->alibi) {
+                    const int64_t dist = i + s->offset - jj;
+                    p[j] -= slope * (float)(dist < 0 ? -dist : dist);
+                }
+            }
+        /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2. */
+        const simd_f32 vL = simd_set1(job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] +
+                                               i * bs->lse_s[2]]);
+        const simd_f32 vdelta = simd_set1(job->delta[(b * s->H + h) * s->Tq + i]);
+        for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+            const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
+            const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
+            simd_f32 dsxv = dsv;
+            if (cap) {
+                const simd_f32 t = simd_load(w->t + r * bcp + jv);
+                dsxv = simd_mul(dsv, simd_sub(one, simd_mul(t, t)));
+            }
+            simd_store(p + jv, pv);
+            simd_store(ds + jv, dsv);
+            simd_store(dsx + jv, dsxv);
+        }
+        for (int64_t j = 0; j < bcp; j++)
+            if (vis[j] == 0.0f)
+                p[j] = ds[j] = dsx[j] = 0.0f;
+    }
+}
+
+/* acc[0 .. len-1] += a * x[0 .. len-1]; len a multiple of the vector width. */
+static void fb_axpy(float *acc, float a, const float *x, int64_t len)
+{
+    const simd_f32 va = simd_set1(a);
+    for (int64_t d = 0; d < len; d += SIMD_W)
+        simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
+}
+
+/* acc[0 .. len-1] += sum over r of a[r * stride] * x[r * xs + 0 .. len-1], the FB_R
+ * rows' terms in order r = 0, 1, ...; len a multiple of the vector width. */
+static void fb_axpy_rows(float *acc, const float *a, int64_t stride, const float *x,
+                         int64_t xs, int64_t len)
+{
+    simd_f32 va[FB_R];
+    for (int r = 0; r < FB_R; r++)
+        va[r] = simd_set1(a[r * stride]);
+    for (int64_t d = 0; d < len; d += SIMD_W) {
+        simd_f32 acc_v = simd_load(acc + d);
+        for (int r = 0; r < FB_R; r++)
+            acc_v = simd_fma(va[r], simd_load(x + r * xs + d), acc_v);
+        simd_store(acc + d, acc_v);
+    }
+}
+
+/* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
+ * key) and whether each row sees a key; the first row that sees none is recorded
+ * for the EMPTY_ROW error. */
+static void fb_delta_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t b = item / s->H, h = item % s->H;
+    const int check = s->mask.data != NULL || s->bias != NULL;
+    for (int64_t i = 0; i < s->Tq; i++) {
+        const int64_t row = item * s->Tq + i;
+        int64_t lo, hi;
+        fb_row_range(s, i, &lo, &hi);
+        int sees = lo < hi;
+        if (sees && check) {
+            sees = 0;
+            for (int64_t j = lo; j < hi && !sees; j++)
+                sees = attn__may_attend(s, b, h, i, j);
+        }
+        job->sees[row] = (unsigned char)sees;
+        float dl = 0.0f;
+        if (sees) {
+            /* Gathered, then summed a vector at a time; the reference's order is
+             * plain left to right, and the two differ only by rounding. */
+            simd_f32 acc = simd_zero();
+            int64_t d = 0;
+            if (bs->do_s[3] == 1 && s->o_s[3] == 1) {
+                const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+                const float *po = job->o + attn__off4(s->o_s, b, h, i, 0);
+                for (; d + SIMD_W <= s->Dv; d += SIMD_W)
+                    acc = simd_fma(simd_load(pd + d), simd_load(po + d), acc);
+            }
+            dl = simd_hsum(acc);
+            for (; d < s->Dv; d++)
+                dl += job->dout[attn__off4(bs->do_s, b, h, i, d)] *
+                      job->o[attn__off4(s->o_s, b, h, i, d)];
+        } else if (row < job->empty_first[worker]) {
+            job->empty_first[worker] = row;
+        }
+        job->delta[row] = dl;
+    }
+}
+
+/* Pass 1, item (b, hk, key tile): rows j0 .. j1-1 of dK and dV of (b, hk). */
+static void fb_kv_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t kt = item % job->n_kt, bhk = item / job->n_kt;
+    const int64_t b = bhk / s->Hkv, hk = bhk % s->Hkv;
+    const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const fb_ws w = fb_ws_of(job, worker);
+
+    memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
+    memset(w.acc2, 0, (size_t)(n * dvp) * sizeof(float));
+    fb_pack_kv(job, b, hk, j0, n, &w, 0);
+    for (int64_t h = hk * s->group; h < (hk + 1) * s->group; h++) {
+        const float slope = attn__alibi_slope(s, h);
+        int64_t i = 0;
+        while (i < s->Tq) {
+            /* The next FB_R rows, in order, that see a key of this tile. */
+            int64_t rows[FB_R];
+            int r = 0, finite = 1;
+            for (; i < s->Tq && r < FB_R; i++) {
+                int64_t lo, hi;
+                fb_row_range(s, i, &lo, &hi);
+                if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
+                    continue;
+                rows[r] = i;
+                finite &= fb_load_row(job, b, h, i, r, &w);
+                r++;
+            }
+            if (r == 0)
+                break;
+            for (int u = r; u < FB_R; u++) {
+                rows[u] = -1;
+                fb_load_row(job, b, h, -1, u, &w);
+            }
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+            for (int64_t j = 0; j < n; j++) {
+                int any = 0;
+                for (int u = 0; u < FB_R; u++)
+                    any |= w.vis[u * bcp + j] != 0.0f;
+                if (!any)
+                    continue;
+                if (finite) {
+                    /* A hidden (i, j) adds 0 * a finite number: nothing. */
+                    fb_axpy_rows(w.acc2 + j * dvp, w.p + j, bcp, w.doi, dvp, dvp);
+                    fb_axpy_rows(w.acc1 + j * dp, w.dsx + j, bcp, w.qi, dp, dp);
+                } else {
+                    /* A NaN or inf in a row's q or dO must not reach the keys that
+                     * row cannot see: skip them, as the reference does. */
+                    for (int u = 0; u < FB_R; u++)
+                        if (w.vis[u * bcp + j] != 0.0f) {
+                            fb_axpy(w.acc2 + j * dvp, w.p[u * bcp + j], w.doi + u * dvp, dvp);
+                            fb_axpy(w.acc1 + j * dp, w.dsx[u * bcp + j], w.qi + u * dp, dp);
+                        }
+                }
+            }
+        }
+    }
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t d = 0; d < s->D; d++)
+            job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * dp + d];
+        for (int64_t d = 0; d < s->Dv; d++)
+            job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
+    }
+}
+
+/* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their
+ * share of dbias when it is wanted. */
+static void fb_q_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t qt = item % job->n_qt, bh = item / job->n_qt;
+    const int64_t b = bh / s->H, h = bh % s->H, hk = h / s->group;
+    const int64_t i0 = qt * job->br, m = fb_min(job->br, s->Tq - i0);
+    const int64_t bcp = job->bcp, dp = job->dp;
+    const float slope = attn__alibi_slope(s, h);
+    const fb_ws w = fb_ws_of(job, worker);
+
+    memset(w.acc1, 0, (size_t)(m * dp) * sizeof(float));
+    int64_t lo, hi, lo_last, hi_last;
+    fb_row_range(s, i0, &lo, &hi);
+    fb_row_range(s, i0 + m - 1, &lo_last, &hi_last);
+    for (int64_t j0 = lo / job->bc * job->bc; j0 < hi_last; j0 += job->bc) {
+        const int64_t n = fb_min(job->bc, s->Tk - j0);
+        int packed = 0, kfinite = 1;
+        int64_t r0 = 0;
+        while (r0 < m) {
+            int64_t rows[FB_R], slot[FB_R];
+            int r = 0;
+            for (; r0 < m && r < FB_R; r0++) {
+                const int64_t i = i0 + r0;
+                int64_t a, e;
+                fb_row_range(s, i, &a, &e);
+                if (e <= j0 || a >= j0 + n || !job->sees[bh * s->Tq + i])
+                    continue;
+                if (!packed) {
+                    kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
+                    packed = 1;
+                }
+                rows[r] = i;
+                slot[r] = r0;
+                fb_load_row(job, b, h, i, r, &w);
+                r++;
+            }
+            if (r == 0)
+                break;
+            for (int u = r; u < FB_R; u++) {
+                rows[u] = -1;
+                fb_load_row(job, b, h, -1, u, &w);
+            }
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+            for (int u = 0; u < r; u++) {
+                float *acc = w.acc1 + slot[u] * dp;
+                const float *dsx = w.dsx + u * bcp, *vis = w.vis + u * bcp;
+                if (kfinite) {
+                    /* dQ_i += sum_j dS_ij k_j, a vector of dQ_i in registers while
+                     * the keys stream; a hidden key adds 0 * a finite k: nothing. */
+                    for (int64_t d = 0; d < dp; d += SIMD_W) {
+                        simd_f32 a = simd_load(acc + d);
+                        for (int64_t j = 0; j < n; j++)
+                            a = simd_fma(simd_set1(dsx[j]), simd_load(w.krow + j * dp + d), a);
+                        simd_store(acc + d, a);
+                    }
+                } else {
+                    for (int64_t j = 0; j < n; j++)
+                        if (vis[j] != 0.0f)
+                            fb_axpy(acc, dsx[j], w.krow + j * dp, dp);
+                }
+                if (bs->dbias)
+                    for (int64_t j = 0; j < n; j++)
+                        if (vis[j] != 0.0f)
+                            bs->dbias[attn__off4(bs->dbias_s, b, h, rows[u], j0 + j)] +=
+                                w.ds[u * bcp + j];
+            }
+        }
+    }
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t d = 0; d < s->D; d++)
+            job->dq[attn__off4(bs->dq_s, b, h, i0 + r, d)] = s->scale * w.acc1[r * dp + d];
+}
+
+#endif /* ATTN_FUSED_BACKWARD_H */
