@@ -385,6 +385,18 @@ static int shape_with_last(const attn_tensor *t, int64_t last, int drop, int64_t
  * sdpa
  * ------------------------------------------------------------------------- */
 
+/* Small calls (the chapter's sizes) take their scratch from this much stack
+ * instead of a malloc/free pair per call: at S1 that pair is a visible part of a
+ * call of a few microseconds. A call that needs more allocates as usual. */
+#define SMALL_WORKSPACE 16384
+
+static void small_ctx_init(attn_ctx *ctx, void *ws, size_t size)
+{
+    attn_ctx_init(ctx);
+    ctx->workspace = ws;
+    ctx->workspace_size = size;
+}
+
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, *, mask=None, causal=False, scale=None, window=None, softcap=None,\n"
 "     alibi=None, bias=None, sinks=None, return_weights=False, return_lse=False,\n"
@@ -433,6 +445,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
     sdpa_opts o;
     PyObject *out_arr = NULL, *w_arr = NULL, *lse_arr = NULL;
     int64_t shape[ATTN_MAX_DIMS];
+    _Alignas(64) unsigned char small_ws[SMALL_WORKSPACE];
     if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
         get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
         get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
@@ -463,7 +476,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
         o.p.lse = &lse;
     }
     attn_ctx ctx;
-    attn_ctx_init(&ctx);
+    small_ctx_init(&ctx, small_ws, sizeof small_ws);
     int st;
     Py_BEGIN_ALLOW_THREADS
     st = attn_sdpa(&ctx, &q, &k, &v, &o.p, &out, want_w ? &weights : NULL);
