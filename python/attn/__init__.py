@@ -15,6 +15,7 @@ Functions:
     KVCache(batch, kv_heads, capacity, head_dim)         a KV cache for decoding
     load_npy, save_npy, load_safetensors, save_safetensors
     arch()                                               which kernels run, and why
+    Generator(seed)                                      PyTorch's CPU random numbers
 """
 
 import os as _os
@@ -37,7 +38,7 @@ from . import _attn
 
 __all__ = [
     "sdpa", "padding_mask", "causal_mask", "mha_forward", "rope", "KVCache",
-    "load_npy", "save_npy", "load_safetensors", "save_safetensors", "arch",
+    "load_npy", "save_npy", "load_safetensors", "save_safetensors", "arch", "Generator",
 ]
 
 # The weight names attn_weights_load knows, and the grouped-query ones.
@@ -154,3 +155,26 @@ class KVCache:
 
     def view(self, seq=0):
         return _attn._kv_view(self._c, seq)
+
+
+class Generator:
+    """PyTorch's CPU generator, draw for draw: after Generator(seed), randn(*shape)
+    equals torch.randn(*shape) after torch.manual_seed(seed), and linear(in_features,
+    out_features) equals nn.Linear(in_features, out_features)'s initial (weight
+    [out, in], bias [out]), both uniform in +-1/sqrt(in_features). Draws continue
+    from one call to the next, as torch's global generator does. float32 out.
+    """
+
+    def __init__(self, seed):
+        self._g = _attn._rng_new(seed)
+
+    def randn(self, *shape):
+        a = _np.empty(shape, _np.float32)
+        _attn._rng_fill(self._g, a, 0, None)
+        return a
+
+    def linear(self, in_features, out_features):
+        w = _np.empty((out_features, in_features), _np.float32)
+        b = _np.empty(out_features, _np.float32)
+        _attn._rng_fill(self._g, w, 1, b)
+        return w, b

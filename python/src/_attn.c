@@ -1193,6 +1193,68 @@ done:
 }
 
 /* ---------------------------------------------------------------------------
+ * PyTorch's CPU generator (attn.Generator wraps it): for the chapter's experiment
+ * ------------------------------------------------------------------------- */
+
+#define RNG_CAPSULE "attn._rng"
+
+static void rng_capsule_free(PyObject *cap)
+{
+    PyMem_Free(PyCapsule_GetPointer(cap, RNG_CAPSULE));
+}
+
+static PyObject *py_rng_new(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "K", &seed))
+        return NULL;
+    attn_rng *rng = PyMem_Malloc(sizeof *rng);
+    if (!rng)
+        return PyErr_NoMemory();
+    attn_rng_seed(rng, seed);
+    PyObject *cap = PyCapsule_New(rng, RNG_CAPSULE, rng_capsule_free);
+    if (!cap)
+        PyMem_Free(rng);
+    return cap;
+}
+
+/* fill(cap, array, kind, a, b): kind 0 = randn into the float32 array, 1 =
+ * nn.Linear's initialisation of array (weight [out, in]) and b (bias [out]). */
+static PyObject *py_rng_fill(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap, *wo, *bo;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOiO", &cap, &wo, &kind, &bo))
+        return NULL;
+    attn_rng *rng = PyCapsule_GetPointer(cap, RNG_CAPSULE);
+    if (!rng)
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor w, b;
+    if (get_tensor(&bs, wo, "array", WANT_F32, 1, &w) < 0 ||
+        (kind == 1 && get_tensor(&bs, bo, "bias", WANT_F32, 1, &b) < 0)) {
+        bufset_release(&bs);
+        return NULL;
+    }
+    if (!attn_tensor_is_contiguous(&w) || (kind == 1 && (!attn_tensor_is_contiguous(&b) ||
+                                                         w.ndim != 2 || b.ndim != 1 ||
+                                                         b.shape[0] != w.shape[0]))) {
+        bufset_release(&bs);
+        PyErr_SetString(PyExc_ValueError, "attn.Generator: contiguous arrays of matching shapes");
+        return NULL;
+    }
+    if (kind == 0)
+        attn_rng_randn(rng, w.data, attn_tensor_numel(&w));
+    else
+        attn_rng_linear_init(rng, w.data, b.data, w.shape[0], w.shape[1]);
+    bufset_release(&bs);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------
  * Dispatch information
  * ------------------------------------------------------------------------- */
 
@@ -1234,6 +1296,8 @@ static PyMethodDef methods[] = {
     {"save_npy", py_save_npy, METH_VARARGS, save_npy_doc},
     {"load_safetensors", py_load_safetensors, METH_VARARGS, load_safetensors_doc},
     {"save_safetensors", py_save_safetensors, METH_VARARGS, save_safetensors_doc},
+    {"_rng_new", py_rng_new, METH_VARARGS, NULL},
+    {"_rng_fill", py_rng_fill, METH_VARARGS, NULL},
     {"arch", py_arch, METH_NOARGS, arch_doc},
     {NULL, NULL, 0, NULL}};
 
