@@ -19,6 +19,7 @@ Functions:
 """
 
 import os as _os
+import threading as _threading
 
 import numpy as _np
 
@@ -126,6 +127,9 @@ class KVCache:
     truncate(length, seq=-1)   roll back one sequence (or all, seq=-1).
     length(seq)                positions sequence seq holds.
     view(seq)                  copies of its keys and values [1, Hkv, length, D].
+
+    The GIL is released while append and attend run; a lock serialises the calls
+    on one cache, so threads may share it (separate caches run in parallel).
     """
 
     def __init__(self, batch, kv_heads, capacity, head_dim, value_dim=0, rope_base=10000.0):
@@ -134,6 +138,7 @@ class KVCache:
         self.head_dim = head_dim
         self.value_dim = value_dim or head_dim
         self.rope_base = float(rope_base)
+        self._lock = _threading.Lock()
 
     def length(self, seq=0):
         n = _attn._kv_length(self._c, seq)
@@ -142,19 +147,23 @@ class KVCache:
         return n
 
     def append(self, k, v, first=0, rope=None):
-        _attn._kv_append(self._c, first, k, v, rope, self.rope_base)
+        with self._lock:
+            _attn._kv_append(self._c, first, k, v, rope, self.rope_base)
 
     def attend(self, q, first=0, rope=None, **options):
         if options.get("causal") is True:
             options["causal"] = "bottom_right"
-        return _attn._kv_attend(self._c, first, q, self.capacity, pairing=rope,
-                                base=self.rope_base, **options)
+        with self._lock:
+            return _attn._kv_attend(self._c, first, q, self.capacity, pairing=rope,
+                                    base=self.rope_base, **options)
 
     def truncate(self, length, seq=-1):
-        _attn._kv_truncate(self._c, seq, length)
+        with self._lock:
+            _attn._kv_truncate(self._c, seq, length)
 
     def view(self, seq=0):
-        return _attn._kv_view(self._c, seq)
+        with self._lock:
+            return _attn._kv_view(self._c, seq)
 
 
 class Generator:
