@@ -20,9 +20,9 @@ mkdir -p build-python "$(dirname "$venv")"
 "$py" -m venv --system-site-packages "$venv"
 venv=$(cd "$venv" && pwd)
 "$venv/bin/python" -c 'import numpy, pytest; print("numpy", numpy.__version__, "pytest", pytest.__version__)'
-# Warnings are errors here as in the C build (-C: a scikit-build-core setting).
+# Warnings are errors here as in the C build (a scikit-build-core setting).
 CMAKE_BUILD_PARALLEL_LEVEL=2 "$venv/bin/python" -m pip install --quiet \
-    -C cmake.define.ATTN_WERROR=ON ./python
+    --config-settings=cmake.define.ATTN_WERROR=ON ./python
 # Run from outside the checkout so that `import attn` finds the installed package.
 cd build-python
 rc=0
