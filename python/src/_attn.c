@@ -12,7 +12,10 @@
  * conveniences (weights from a dict or a file, the KVCache class). Library errors
  * become ValueError, MemoryError or OSError with the library's own message.
  */
+/* CMake's USE_SABI defines it too; the file says it for any other build. */
+#ifndef Py_LIMITED_API
 #define Py_LIMITED_API 0x030B0000
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
