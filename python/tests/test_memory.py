@@ -176,3 +176,18 @@ def test_the_gil_is_released_while_the_kernel_runs():
         n += 1
     t.join()
     assert n > 1000, "the main thread ran %d loop turns during the call" % n
+
+
+def test_split_heads_as_a_view_is_read_in_place():
+    """The chapter's split heads, x.reshape(B, T, H, D).transpose(0, 2, 1, 3), is taken as
+    it is (a strided view, no copy) and gives the contiguous copy's result, bit for bit
+    (the kernels read strides; the arithmetic is the same)."""
+    B, T, H, D = 2, 7, 4, 8
+    rng = np.random.default_rng(3)
+    qkv_ = rng.standard_normal((3, B, T, H * D)).astype(np.float32)
+    q, k, v = (a.reshape(B, T, H, D).transpose(0, 2, 1, 3) for a in qkv_)
+    assert not q.flags.c_contiguous and np.shares_memory(q, qkv_)
+    got = attn.sdpa(q, k, v, causal=True)
+    want = attn.sdpa(*(np.ascontiguousarray(a) for a in (q, k, v)), causal=True)
+    diff = np.abs(got - want).max()
+    assert np.array_equal(got, want), "strided and contiguous inputs differ by %g" % diff
