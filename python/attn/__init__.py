@@ -1,0 +1,189 @@
+"""attn: self-attention from scratch in C11, from Python.
+
+numpy arrays in and out. float32 arrays (contiguous, or strided views with
+non-negative strides) are read in place, without a copy; the GIL is released
+while the C kernels run, so Python threads run attention in parallel. Library
+errors raise ValueError (shapes, masks, options), MemoryError or OSError, with
+the library's message; an argument that is not a float32 array raises TypeError.
+
+Functions:
+    sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,
+         return_weights, return_lse, empty_rows, out)   scaled dot-product attention
+    padding_mask(token_ids, pad_id), causal_mask(T)      the chapter's masks
+    mha_forward(x, weights, num_heads, ...)              multi-head self-attention
+    rope(x, *, pairing, base, offset, out)               rotary position embedding
+    KVCache(batch, kv_heads, capacity, head_dim)         a KV cache for decoding
+    load_npy, save_npy, load_safetensors, save_safetensors
+    arch()                                               which kernels run, and why
+    Generator(seed)                                      PyTorch's CPU random numbers
+"""
+
+import os as _os
+import threading as _threading
+
+import numpy as _np
+
+from ._attn import (  # noqa: F401  (re-exported)
+    __version__,
+    arch,
+    causal_mask,
+    load_npy,
+    load_safetensors,
+    padding_mask,
+    rope,
+    save_npy,
+    save_safetensors,
+    sdpa,
+)
+from . import _attn
+
+__all__ = [
+    "sdpa", "padding_mask", "causal_mask", "mha_forward", "rope", "KVCache",
+    "load_npy", "save_npy", "load_safetensors", "save_safetensors", "arch", "Generator",
+]
+
+# The weight names attn_weights_load knows, and the grouped-query ones.
+_CHAPTER = ("qkv.weight", "qkv.bias", "output.weight", "output.bias")
+_TORCH = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+_SEPARATE = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+
+
+def _f32(a, name):
+    # Weights are small next to the activations: a float64 or non-contiguous
+    # weight is converted here rather than refused (activations never are).
+    if a is None:
+        return None
+    return _np.ascontiguousarray(a, dtype=_np.float32)
+
+
+def _weights_dict(weights, prefix):
+    if isinstance(weights, (str, bytes, _os.PathLike)):
+        weights = load_safetensors(weights)
+    if not isinstance(weights, dict):
+        raise TypeError("weights must be a dict of arrays or the path of a .safetensors file, "
+                        "not %s" % type(weights).__name__)
+    prefix = prefix or ""
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=None,
+                causal=False, scale=None, empty_rows="error", return_weights=False):
+    """Multi-head self-attention forward (the chapter's module, or Llama-style GQA).
+
+    x [B, T, E] float32. weights: a dict {name: array} or the path of a
+    .safetensors file, with (after `prefix`) one of these name sets:
+      the chapter's   qkv.weight [3E, E], qkv.bias [3E], output.weight [E, E],
+                      output.bias [E]
+      nn.MultiheadAttention   in_proj_weight, in_proj_bias, out_proj.weight,
+                      out_proj.bias
+      separate        q_proj.weight [H*D, E], k_proj.weight and v_proj.weight
+                      [Hkv*D, E], o_proj.weight [E, H*D], each .bias optional;
+                      Hkv < H (grouped-query attention) when num_kv_heads is given
+                      or k_proj has fewer rows than q_proj.
+    mask: bool, broadcasts to [B, H, T, T] (e.g. padding_mask(ids, pad) & causal);
+    causal: False/True. Returns out [B, T, E], or (out, weights [B, H, T, T]) with
+    return_weights. Raises ValueError for shapes, names and masks.
+    """
+    w = _weights_dict(weights, prefix)
+    opts = dict(mask=mask, causal=causal, scale=scale, empty_rows=empty_rows,
+                return_weights=return_weights)
+    if _CHAPTER[0] in w or _TORCH[0] in w:
+        names = _CHAPTER if _CHAPTER[0] in w else _TORCH
+        wqkv = _f32(w[names[0]], names[0])
+        E3 = wqkv.shape[0]
+        bqkv = w.get(names[1])
+        bqkv = _np.zeros(E3, _np.float32) if bqkv is None else _f32(bqkv, names[1])
+        if names[2] not in w:
+            raise ValueError("weights have %s but no %s" % (names[0], names[2]))
+        wo = _f32(w[names[2]], names[2])
+        bo = w.get(names[3])
+        bo = _np.zeros(wo.shape[0], _np.float32) if bo is None else _f32(bo, names[3])
+        return _attn._mha_forward(x, wqkv, bqkv, wo, bo, num_heads, **opts)
+    if all(n in w for n in _SEPARATE):
+        wq, wk, wv, wo = (_f32(w[n], n) for n in _SEPARATE)
+        bq, bk, bv, bo = (_f32(w.get(n[:-len("weight")] + "bias"), n) for n in _SEPARATE)
+        if num_kv_heads is None:
+            num_kv_heads = num_heads * wk.shape[0] // max(wq.shape[0], 1)
+        return _attn._gqa_forward(x, wq, wk, wv, wo, bq, bk, bv, bo, num_heads,
+                                  max(int(num_kv_heads), 1), **opts)
+    raise ValueError("no weight name set found under prefix %r: looked for %s, %s or %s; "
+                     "have %s" % (prefix, "/".join(_CHAPTER), "/".join(_TORCH),
+                                  "/".join(_SEPARATE), sorted(w)))
+
+
+class KVCache:
+    """A KV cache for decoding: keys [B, Hkv, capacity, D] and values
+    [B, Hkv, capacity, Dv] of up to `capacity` positions per sequence, each
+    sequence with its own length. Allocated once, at creation.
+
+    append(k, v, first=0, rope=None)   k [Bn, Hkv, Tnew, D], v [Bn, Hkv, Tnew, Dv]
+        into sequences first .. first+Bn-1; rope="interleaved"/"half" rotates the
+        keys at their positions as they are stored (rope_base sets the base).
+        A sequence without room fails the whole call (ValueError), appending nothing.
+    attend(q, first=0, rope=None, **options)   q [Bn, H, Tq, D]: the last Tq
+        positions of each sequence against its keys, bottom-right causal when
+        causal is set; the options of attn.sdpa. Returns out [Bn, H, Tq, Dv] (or a
+        tuple with weights [Bn, H, Tq, capacity] / lse).
+    truncate(length, seq=-1)   roll back one sequence (or all, seq=-1).
+    length(seq)                positions sequence seq holds.
+    view(seq)                  copies of its keys and values [1, Hkv, length, D].
+
+    The GIL is released while append and attend run; a lock serialises the calls
+    on one cache, so threads may share it (separate caches run in parallel).
+    """
+
+    def __init__(self, batch, kv_heads, capacity, head_dim, value_dim=0, rope_base=10000.0):
+        self._c = _attn._kv_create(batch, kv_heads, capacity, head_dim, value_dim)
+        self.batch, self.kv_heads, self.capacity = batch, kv_heads, capacity
+        self.head_dim = head_dim
+        self.value_dim = value_dim or head_dim
+        self.rope_base = float(rope_base)
+        self._lock = _threading.Lock()
+
+    def length(self, seq=0):
+        n = _attn._kv_length(self._c, seq)
+        if n < 0:
+            raise ValueError("sequence %d is not in 0 .. %d" % (seq, self.batch - 1))
+        return n
+
+    def append(self, k, v, first=0, rope=None):
+        with self._lock:
+            _attn._kv_append(self._c, first, k, v, rope, self.rope_base)
+
+    def attend(self, q, first=0, rope=None, **options):
+        if options.get("causal") is True:
+            options["causal"] = "bottom_right"
+        with self._lock:
+            return _attn._kv_attend(self._c, first, q, self.capacity, pairing=rope,
+                                    base=self.rope_base, **options)
+
+    def truncate(self, length, seq=-1):
+        with self._lock:
+            _attn._kv_truncate(self._c, seq, length)
+
+    def view(self, seq=0):
+        with self._lock:
+            return _attn._kv_view(self._c, seq)
+
+
+class Generator:
+    """PyTorch's CPU generator, draw for draw: after Generator(seed), randn(*shape)
+    equals torch.randn(*shape) after torch.manual_seed(seed), and linear(in_features,
+    out_features) equals nn.Linear(in_features, out_features)'s initial (weight
+    [out, in], bias [out]), both uniform in +-1/sqrt(in_features). Draws continue
+    from one call to the next, as torch's global generator does. float32 out.
+    """
+
+    def __init__(self, seed):
+        self._g = _attn._rng_new(seed)
+
+    def randn(self, *shape):
+        a = _np.empty(shape, _np.float32)
+        _attn._rng_fill(self._g, a, 0, None)
+        return a
+
+    def linear(self, in_features, out_features):
+        w = _np.empty((out_features, in_features), _np.float32)
+        b = _np.empty(out_features, _np.float32)
+        _attn._rng_fill(self._g, w, 1, b)
+        return w, b

@@ -1,0 +1,1337 @@
+/* _attn: the attn library as a CPython extension module, in C, against the stable
+ * ABI of Python 3.11 (Py_LIMITED_API), so one build serves every later CPython.
+ *
+ * Arrays come in through the buffer protocol (PEP 3118), which numpy arrays speak:
+ * a float32 array, contiguous or a strided view with non-negative strides, is
+ * described to the library as an attn_tensor over the caller's own memory, with
+ * no copy. Outputs are numpy arrays made by numpy.empty (looked up once, at import)
+ * or the caller's own `out=` array. The GIL is released while a kernel runs;
+ * the Py_buffer views held for the call keep every array alive meanwhile.
+ *
+ * This module is the thin layer; attn/__init__.py holds the Python-side
+ * conveniences (weights from a dict or a file, the KVCache class). Library errors
+ * become ValueError, MemoryError or OSError with the library's own message.
+ */
+/* CMake's USE_SABI defines it too; the file says it for any other build. */
+#ifndef Py_LIMITED_API
+#define Py_LIMITED_API 0x030B0000
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "attn.h"
+
+/* numpy.empty and the four dtypes, looked up once at import. */
+static PyObject *np_empty;
+static PyObject *np_dtype[4]; /* indexed by attn_dtype */
+
+/* ---------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------- */
+
+/* A failed library call as a Python exception: out of memory is MemoryError, a
+ * file that cannot be opened, read or written is OSError, everything else (shapes,
+ * masks, arguments, malformed files) ValueError; the text is the library's. */
+static PyObject *raise_status(int status, const attn_ctx *ctx)
+{
+    PyObject *type = PyExc_ValueError;
+    if (status == ATTN_STATUS_NO_MEMORY)
+        type = PyExc_MemoryError;
+    else if (status == ATTN_STATUS_IO)
+        type = PyExc_OSError;
+    const char *msg = (ctx && ctx->message[0]) ? ctx->message : attn_strerror(status);
+    PyErr_SetString(type, msg);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Arrays in: the buffer protocol
+ * ------------------------------------------------------------------------- */
+
+/* Every buffer a call holds, released together when it ends. */
+#define MAX_BUFS 16
+typedef struct bufset {
+    Py_buffer view[MAX_BUFS];
+    int n;
+} bufset;
+
+static void bufset_release(bufset *bs)
+{
+    for (int i = 0; i < bs->n; i++)
+        PyBuffer_Release(&bs->view[i]);
+    bs->n = 0;
+}
+
+/* The attn dtype of a buffer's struct-module format, or -1. Only native or
+ * little-endian formats are taken: attn reads memory in the machine's order. */
+static int format_dtype(const char *fmt, Py_ssize_t itemsize)
+{
+    if (!fmt)
+        return -1;
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<')
+        fmt++;
+    if (fmt[0] == '\0' || fmt[1] != '\0')
+        return -1;
+    switch (fmt[0]) {
+    case 'f': return itemsize == 4 ? ATTN_DTYPE_F32 : -1;
+    case '?': return itemsize == 1 ? ATTN_DTYPE_BOOL : -1;
+    case 'i': case 'l': case 'q':
+        if (itemsize == 8) return ATTN_DTYPE_I64;
+        if (itemsize == 4) return ATTN_DTYPE_I32;
+        return -1;
+    default: return -1;
+    }
+}
+
+#define WANT_F32 (1u << ATTN_DTYPE_F32)
+#define WANT_BOOL (1u << ATTN_DTYPE_BOOL)
+#define WANT_INT ((1u << ATTN_DTYPE_I64) | (1u << ATTN_DTYPE_I32))
+
+/* Describes obj's memory as an attn_tensor without copying it. `want` is a set
+ * of dtypes. A wrong type or dtype is TypeError; a rank outside 1..4, a negative
+ * stride (a reversed view, which attn does not read) or a stride that is not a
+ * whole number of elements is ValueError. On success the buffer is in bs. */
+static int get_tensor(bufset *bs, PyObject *obj, const char *name, unsigned want, int writable,
+                      attn_tensor *t)
+{
+    if (bs->n >= MAX_BUFS) {
+        PyErr_SetString(PyExc_RuntimeError, "attn: too many arrays in one call");
+        return -1;
+    }
+    if (obj == Py_None || !PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy array, not %s", name,
+                     obj == Py_None ? "None" : "an object without the buffer protocol");
+        return -1;
+    }
+    Py_buffer *v = &bs->view[bs->n];
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        if (writable && PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be a writable array", name);
+        }
+        return -1;
+    }
+    bs->n++;
+    const int dt = format_dtype(v->format, v->itemsize);
+    if (dt < 0 || !(want & (1u << dt))) {
+        PyErr_Format(PyExc_TypeError, "%s must be %s, not an array of format '%s' (%zd bytes)",
+                     name,
+                     want == WANT_F32    ? "float32"
+                     : want == WANT_BOOL ? "bool"
+                     : want == WANT_INT  ? "int64 or int32"
+                                         : "of a supported dtype",
+                     v->format ? v->format : "?", v->itemsize);
+        return -1;
+    }
+    if (v->ndim < 1 || v->ndim > ATTN_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "%s must have 1 to %d dimensions, not %d", name,
+                     ATTN_MAX_DIMS, v->ndim);
+        return -1;
+    }
+    memset(t, 0, sizeof *t);
+    t->data = v->buf;
+    t->dtype = (attn_dtype)dt;
+    t->ndim = v->ndim;
+    for (int i = 0; i < ATTN_MAX_DIMS; i++) {
+        t->shape[i] = 1;
+        t->stride[i] = 1;
+    }
+    for (int i = 0; i < v->ndim; i++) {
+        const Py_ssize_t s = v->strides[i];
+        if (s < 0 || s % v->itemsize != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: stride %zd bytes on axis %d is %s; pass np.ascontiguousarray(%s)",
+                         name, s, i, s < 0 ? "negative (a reversed view)"
+                                           : "not a whole number of elements", name);
+            return -1;
+        }
+        t->shape[i] = v->shape[i];
+        t->stride[i] = s / v->itemsize;
+    }
+    return 0;
+}
+
+/* An optional array: None leaves *set 0. */
+static int get_opt_tensor(bufset *bs, PyObject *obj, const char *name, unsigned want,
+                          attn_tensor *t, int *set)
+{
+    *set = 0;
+    if (!obj || obj == Py_None)
+        return 0;
+    if (get_tensor(bs, obj, name, want, 0, t) < 0)
+        return -1;
+    *set = 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Arrays out: numpy.empty, then the same buffer path
+ * ------------------------------------------------------------------------- */
+
+/* A new numpy array of the given shape and dtype, described in t (its buffer is
+ * held in bs). Returns a new reference or NULL. */
+static PyObject *new_array(bufset *bs, int ndim, const int64_t *shape, attn_dtype dtype,
+                           const char *name, attn_tensor *t)
+{
+    PyObject *tuple = PyTuple_New(ndim);
+    if (!tuple)
+        return NULL;
+    for (int i = 0; i < ndim; i++) {
+        PyObject *n = PyLong_FromLongLong(shape[i]);
+        if (!n) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SetItem(tuple, i, n); /* steals n */
+    }
+    PyObject *arr = PyObject_CallFunctionObjArgs(np_empty, tuple, np_dtype[dtype], NULL);
+    Py_DECREF(tuple);
+    if (!arr)
+        return NULL;
+    if (get_tensor(bs, arr, name, 1u << dtype, 1, t) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+/* ---------------------------------------------------------------------------
+ * Options shared by sdpa, mha_forward, gqa_forward and KVCache.attend
+ * ------------------------------------------------------------------------- */
+
+typedef struct sdpa_opts {
+    attn_sdpa_params p;
+    attn_tensor mask, slopes, bias, sinks;
+} sdpa_opts;
+
+static int parse_causal(PyObject *obj, int *causal)
+{
+    if (!obj || obj == Py_None) {
+        *causal = ATTN_CAUSAL_NONE;
+        return 0;
+    }
+    if (PyUnicode_Check(obj)) {
+        if (PyUnicode_CompareWithASCIIString(obj, "top_left") == 0) {
+            *causal = ATTN_CAUSAL_TOP_LEFT;
+            return 0;
+        }
+        if (PyUnicode_CompareWithASCIIString(obj, "bottom_right") == 0) {
+            *causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            return 0;
+        }
+        PyErr_Format(PyExc_ValueError,
+                     "causal must be False, True, \"top_left\" or \"bottom_right\", not %R", obj);
+        return -1;
+    }
+    if (!PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "causal must be False, True, \"top_left\" or \"bottom_right\", not %R", obj);
+        return -1;
+    }
+    *causal = obj == Py_True ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    return 0;
+}
+
+/* A Python float (or int) as a C float; None leaves *has 0. */
+static int parse_opt_float(PyObject *obj, const char *name, float *out, int *has)
+{
+    *has = 0;
+    if (!obj || obj == Py_None)
+        return 0;
+    const double d = PyFloat_AsDouble(obj);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a number or None, not %R", name, obj);
+        return -1;
+    }
+    *out = (float)d;
+    *has = 1;
+    return 0;
+}
+
+static int parse_window_side(PyObject *obj, int64_t *out)
+{
+    if (obj == Py_None) {
+        *out = -1;
+        return 0;
+    }
+    const long long n = PyLong_AsLongLong(obj);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    *out = n;
+    return 0;
+}
+
+static int parse_window(PyObject *obj, attn_sdpa_params *p)
+{
+    if (!obj || obj == Py_None)
+        return 0;
+    if (!PyTuple_Check(obj) || PyTuple_Size(obj) != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "window must be a pair (left, right) of ints (-1 or None: unbounded), not %R",
+                     obj);
+        return -1;
+    }
+    if (parse_window_side(PyTuple_GetItem(obj, 0), &p->window_left) < 0 ||
+        parse_window_side(PyTuple_GetItem(obj, 1), &p->window_right) < 0)
+        return -1;
+    p->has_window = 1;
+    return 0;
+}
+
+static int parse_empty_rows(PyObject *obj, attn_empty_rows *out)
+{
+    if (!obj || obj == Py_None) {
+        *out = ATTN_EMPTY_ROWS_ERROR;
+        return 0;
+    }
+    if (PyUnicode_Check(obj)) {
+        if (PyUnicode_CompareWithASCIIString(obj, "error") == 0) {
+            *out = ATTN_EMPTY_ROWS_ERROR;
+            return 0;
+        }
+        if (PyUnicode_CompareWithASCIIString(obj, "zero") == 0) {
+            *out = ATTN_EMPTY_ROWS_ZERO;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "empty_rows must be \"error\" or \"zero\", not %R", obj);
+    return -1;
+}
+
+/* Fills o from the keyword values (any may be NULL or None). */
+static int parse_opts(bufset *bs, sdpa_opts *o, PyObject *mask, PyObject *causal,
+                      PyObject *scale, PyObject *window, PyObject *softcap, PyObject *alibi,
+                      PyObject *bias, PyObject *sinks, PyObject *empty_rows)
+{
+    attn_sdpa_params_init(&o->p);
+    int set = 0, has = 0;
+    if (get_opt_tensor(bs, mask, "mask", WANT_BOOL, &o->mask, &set) < 0)
+        return -1;
+    if (set)
+        o->p.mask = &o->mask;
+    if (parse_causal(causal, &o->p.causal) < 0)
+        return -1;
+    if (parse_opt_float(scale, "scale", &o->p.scale, &o->p.has_scale) < 0)
+        return -1;
+    if (parse_window(window, &o->p) < 0)
+        return -1;
+    if (parse_opt_float(softcap, "softcap", &o->p.softcap, &has) < 0)
+        return -1;
+    if (has && !(o->p.softcap > 0.0f)) {
+        PyErr_Format(PyExc_ValueError, "softcap must be above 0 (or None), not %R", softcap);
+        return -1;
+    }
+    if (alibi && alibi != Py_None && alibi != Py_False) {
+        if (alibi == Py_True) {
+            o->p.alibi = 1;
+        } else {
+            if (get_tensor(bs, alibi, "alibi", WANT_F32, 0, &o->slopes) < 0)
+                return -1;
+            o->p.alibi = 1;
+            o->p.alibi_slopes = &o->slopes;
+        }
+    }
+    if (get_opt_tensor(bs, bias, "bias", WANT_F32, &o->bias, &set) < 0)
+        return -1;
+    if (set)
+        o->p.bias = &o->bias;
+    if (get_opt_tensor(bs, sinks, "sinks", WANT_F32, &o->sinks, &set) < 0)
+        return -1;
+    if (set)
+        o->p.sinks = &o->sinks;
+    return parse_empty_rows(empty_rows, &o->p.empty_rows);
+}
+
+/* The result: out alone, or a tuple (out[, weights][, lse]). Steals the refs. */
+static PyObject *pack_result(PyObject *out, PyObject *weights, PyObject *lse)
+{
+    if (!weights && !lse)
+        return out;
+    PyObject *r = PyTuple_New(1 + (weights != NULL) + (lse != NULL));
+    if (!r) {
+        Py_DECREF(out);
+        Py_XDECREF(weights);
+        Py_XDECREF(lse);
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    PyTuple_SetItem(r, i++, out);
+    if (weights)
+        PyTuple_SetItem(r, i++, weights);
+    if (lse)
+        PyTuple_SetItem(r, i++, lse);
+    return r;
+}
+
+/* The shape of t with its last axis replaced by `last` (lse: dropped). */
+static int shape_with_last(const attn_tensor *t, int64_t last, int drop, int64_t *shape)
+{
+    for (int i = 0; i < t->ndim - 1; i++)
+        shape[i] = t->shape[i];
+    if (drop) {
+        if (t->ndim == 1) {
+            shape[0] = 1;
+            return 1;
+        }
+        return t->ndim - 1;
+    }
+    shape[t->ndim - 1] = last;
+    return t->ndim;
+}
+
+/* ---------------------------------------------------------------------------
+ * sdpa
+ * ------------------------------------------------------------------------- */
+
+/* Small calls (the chapter's sizes) take their scratch from this much stack
+ * instead of a malloc/free pair per call: at S1 that pair is a visible part of a
+ * call of a few microseconds. A call that needs more allocates as usual. */
+#define SMALL_WORKSPACE 16384
+
+static void small_ctx_init(attn_ctx *ctx, void *ws, size_t size)
+{
+    attn_ctx_init(ctx);
+    ctx->workspace = ws;
+    ctx->workspace_size = size;
+}
+
+PyDoc_STRVAR(sdpa_doc,
+"sdpa(q, k, v, *, mask=None, causal=False, scale=None, window=None, softcap=None,\n"
+"     alibi=None, bias=None, sinks=None, return_weights=False, return_lse=False,\n"
+"     empty_rows=\"error\", out=None)\n"
+"--\n\n"
+"Scaled dot-product attention: softmax(scale * q k^T [+ options]) v.\n\n"
+"q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], float32 numpy arrays\n"
+"(fewer than 4 dimensions read as leading sizes of 1). Contiguous arrays and\n"
+"strided views with non-negative strides are read in place, without a copy.\n"
+"Hkv may divide H (grouped-query attention; query head h reads key/value head\n"
+"h // (H // Hkv)).\n\n"
+"mask        bool, broadcasts to [B, H, Tq, Tk]; True means 'may attend'.\n"
+"causal      False, True (= \"top_left\": query i sees keys j <= i) or\n"
+"            \"bottom_right\" (query i sees keys j <= i + Tk - Tq).\n"
+"scale       a float instead of 1/sqrt(D).\n"
+"window      (left, right): key j visible iff i' - left <= j <= i' + right,\n"
+"            i' = i + Tk - Tq; -1 or None means unbounded on that side.\n"
+"softcap     c > 0: each score s becomes c * tanh(s / c).\n"
+"alibi       True (the ALiBi paper's slopes) or float32 slopes [H].\n"
+"bias        float32, broadcasts to [B, H, Tq, Tk], added to the scores.\n"
+"sinks       float32 [H]: one logit per head in each row's softmax denominator.\n"
+"empty_rows  \"error\" (a row with every key masked raises ValueError) or \"zero\".\n"
+"out         optional float32 writable array [B, H, Tq, Dv] to write into.\n\n"
+"Returns out [B, H, Tq, Dv]; with return_weights and/or return_lse a tuple\n"
+"(out, weights [B, H, Tq, Tk], lse [B, H, Tq]) holding those asked for.\n"
+"Raises ValueError (shapes, masks, options), MemoryError, TypeError (not a\n"
+"float32 array). The GIL is released while the kernel runs.");
+
+static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"q", "k", "v", "mask", "causal", "scale", "window", "softcap",
+                             "alibi", "bias", "sinks", "return_weights", "return_lse",
+                             "empty_rows", "out", NULL};
+    PyObject *qo, *ko, *vo, *mask = NULL, *causal = NULL, *scale = NULL, *window = NULL,
+                            *softcap = NULL, *alibi = NULL, *bias = NULL, *sinks = NULL,
+                            *empty_rows = NULL, *outo = NULL;
+    int want_w = 0, want_lse = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$OOOOOOOOppOO", kwlist, &qo, &ko, &vo,
+                                     &mask, &causal, &scale, &window, &softcap, &alibi, &bias,
+                                     &sinks, &want_w, &want_lse, &empty_rows, &outo))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor q, k, v, out, weights, lse;
+    sdpa_opts o;
+    PyObject *out_arr = NULL, *w_arr = NULL, *lse_arr = NULL;
+    int64_t shape[ATTN_MAX_DIMS];
+    _Alignas(64) unsigned char small_ws[SMALL_WORKSPACE];
+    if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
+        get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
+        get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
+        parse_opts(&bs, &o, mask, causal, scale, window, softcap, alibi, bias, sinks,
+                   empty_rows) < 0)
+        goto fail;
+    const int64_t Dv = v.shape[v.ndim - 1];
+    const int64_t Tk = k.ndim >= 2 ? k.shape[k.ndim - 2] : 1;
+    if (outo && outo != Py_None) {
+        if (get_tensor(&bs, outo, "out", WANT_F32, 1, &out) < 0)
+            goto fail;
+        Py_INCREF(outo);
+        out_arr = outo;
+    } else {
+        int nd = shape_with_last(&q, Dv, 0, shape);
+        if (!(out_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "out", &out)))
+            goto fail;
+    }
+    if (want_w) {
+        int nd = shape_with_last(&q, Tk, 0, shape);
+        if (!(w_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "weights", &weights)))
+            goto fail;
+    }
+    if (want_lse) {
+        int nd = shape_with_last(&q, 0, 1, shape);
+        if (!(lse_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "lse", &lse)))
+            goto fail;
+        o.p.lse = &lse;
+    }
+    attn_ctx ctx;
+    small_ctx_init(&ctx, small_ws, sizeof small_ws);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_sdpa(&ctx, &q, &k, &v, &o.p, &out, want_w ? &weights : NULL);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return pack_result(out_arr, w_arr, lse_arr);
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(out_arr);
+    Py_XDECREF(w_arr);
+    Py_XDECREF(lse_arr);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Masks
+ * ------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(padding_mask_doc,
+"padding_mask(token_ids, pad_id)\n--\n\n"
+"Padding mask from token ids [B, T] (int64 or int32): a bool array [B, 1, 1, T],\n"
+"False where the KEY is pad_id (a pad query still attends).");
+
+static PyObject *py_padding_mask(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"token_ids", "pad_id", NULL};
+    PyObject *ids_o;
+    long long pad;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL", kwlist, &ids_o, &pad))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor ids, mask;
+    PyObject *arr = NULL;
+    if (get_tensor(&bs, ids_o, "token_ids", WANT_INT, 0, &ids) < 0)
+        goto fail;
+    if (ids.ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "token_ids must be [B, T] (2 dimensions), not %d",
+                     ids.ndim);
+        goto fail;
+    }
+    const int64_t shape[4] = {ids.shape[0], 1, 1, ids.shape[1]};
+    if (!(arr = new_array(&bs, 4, shape, ATTN_DTYPE_BOOL, "mask", &mask)))
+        goto fail;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st = attn_mask_padding(&ctx, &ids, pad, &mask);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return arr;
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(arr);
+    return NULL;
+}
+
+PyDoc_STRVAR(causal_mask_doc,
+"causal_mask(T)\n--\n\n"
+"Causal mask: a bool array [1, 1, T, T], True where j <= i (position t sees\n"
+"positions 0..t).");
+
+static PyObject *py_causal_mask(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"T", NULL};
+    long long T;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L", kwlist, &T))
+        return NULL;
+    if (T < 1) {
+        PyErr_Format(PyExc_ValueError, "causal_mask: T must be at least 1, not %lld", T);
+        return NULL;
+    }
+    bufset bs;
+    bs.n = 0;
+    attn_tensor mask;
+    const int64_t shape[4] = {1, 1, T, T};
+    PyObject *arr = new_array(&bs, 4, shape, ATTN_DTYPE_BOOL, "mask", &mask);
+    if (!arr) {
+        bufset_release(&bs);
+        return NULL;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st = attn_mask_causal(&ctx, T, &mask);
+    bufset_release(&bs);
+    if (st != ATTN_OK) {
+        Py_DECREF(arr);
+        return raise_status(st, &ctx);
+    }
+    return arr;
+}
+
+/* ---------------------------------------------------------------------------
+ * Multi-head attention (the chapter's fused projections, and GQA)
+ * ------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(mha_forward_doc,
+"_mha_forward(x, w_qkv, b_qkv, w_o, b_o, num_heads, *, mask=None, causal=False,\n"
+"             scale=None, empty_rows=\"error\", return_weights=False)\n--\n\n"
+"The chapter's multi-head self-attention: x [B, T, E], w_qkv [3E, E], b_qkv [3E],\n"
+"w_o [E, E], b_o [E] (float32). Returns out [B, T, E] or (out, weights\n"
+"[B, H, T, T]). Use attn.mha_forward, which also takes a dict or a file.");
+
+static PyObject *py_mha_forward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"x", "w_qkv", "b_qkv", "w_o", "b_o", "num_heads", "mask",
+                             "causal", "scale", "empty_rows", "return_weights", NULL};
+    PyObject *xo, *wqkv, *bqkv, *wo, *bo, *mask = NULL, *causal = NULL, *scale = NULL,
+                                           *empty_rows = NULL;
+    long long H;
+    int want_w = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOL|$OOOOp", kwlist, &xo, &wqkv, &bqkv,
+                                     &wo, &bo, &H, &mask, &causal, &scale, &empty_rows, &want_w))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor x, out, weights;
+    attn_mha_weights w;
+    sdpa_opts o;
+    PyObject *out_arr = NULL, *w_arr = NULL;
+    if (get_tensor(&bs, xo, "x", WANT_F32, 0, &x) < 0 ||
+        get_tensor(&bs, wqkv, "w_qkv", WANT_F32, 0, &w.w_qkv) < 0 ||
+        get_tensor(&bs, bqkv, "b_qkv", WANT_F32, 0, &w.b_qkv) < 0 ||
+        get_tensor(&bs, wo, "w_o", WANT_F32, 0, &w.w_o) < 0 ||
+        get_tensor(&bs, bo, "b_o", WANT_F32, 0, &w.b_o) < 0 ||
+        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        goto fail;
+    if (x.ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "x must be [B, T, E] (3 dimensions), not %d", x.ndim);
+        goto fail;
+    }
+    if (H < 1) {
+        PyErr_Format(PyExc_ValueError, "num_heads must be at least 1, not %lld", H);
+        goto fail;
+    }
+    if (!(out_arr = new_array(&bs, 3, x.shape, ATTN_DTYPE_F32, "out", &out)))
+        goto fail;
+    if (want_w) {
+        const int64_t ws[4] = {x.shape[0], H, x.shape[1], x.shape[1]};
+        if (!(w_arr = new_array(&bs, 4, ws, ATTN_DTYPE_F32, "weights", &weights)))
+            goto fail;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_mha_forward(&ctx, &w, H, &x, &o.p, &out, want_w ? &weights : NULL);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return pack_result(out_arr, w_arr, NULL);
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(out_arr);
+    Py_XDECREF(w_arr);
+    return NULL;
+}
+
+PyDoc_STRVAR(gqa_forward_doc,
+"_gqa_forward(x, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, num_heads, num_kv_heads, *,\n"
+"             mask=None, causal=False, scale=None, empty_rows=\"error\",\n"
+"             return_weights=False)\n--\n\n"
+"Grouped-query self-attention with separate projections: x [B, T, E], w_q [H*D, E],\n"
+"w_k and w_v [Hkv*D, E], w_o [E, H*D]; each bias optional (None). Returns out\n"
+"[B, T, E] or (out, weights [B, H, T, T]). Use attn.mha_forward.");
+
+static PyObject *py_gqa_forward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"x", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o",
+                             "num_heads", "num_kv_heads", "mask", "causal", "scale",
+                             "empty_rows", "return_weights", NULL};
+    PyObject *xo, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *mask = NULL, *causal = NULL,
+                                                          *scale = NULL, *empty_rows = NULL;
+    long long H, Hkv;
+    int want_w = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOLL|$OOOOp", kwlist, &xo, &wq, &wk,
+                                     &wv, &wo, &bq, &bk, &bv, &bo, &H, &Hkv, &mask, &causal,
+                                     &scale, &empty_rows, &want_w))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor x, out, weights;
+    attn_gqa_weights w;
+    memset(&w, 0, sizeof w);
+    sdpa_opts o;
+    PyObject *out_arr = NULL, *w_arr = NULL;
+    int set;
+    if (get_tensor(&bs, xo, "x", WANT_F32, 0, &x) < 0 ||
+        get_tensor(&bs, wq, "w_q", WANT_F32, 0, &w.w_q) < 0 ||
+        get_tensor(&bs, wk, "w_k", WANT_F32, 0, &w.w_k) < 0 ||
+        get_tensor(&bs, wv, "w_v", WANT_F32, 0, &w.w_v) < 0 ||
+        get_tensor(&bs, wo, "w_o", WANT_F32, 0, &w.w_o) < 0 ||
+        get_opt_tensor(&bs, bq, "b_q", WANT_F32, &w.b_q, &set) < 0 ||
+        get_opt_tensor(&bs, bk, "b_k", WANT_F32, &w.b_k, &set) < 0 ||
+        get_opt_tensor(&bs, bv, "b_v", WANT_F32, &w.b_v, &set) < 0 ||
+        get_opt_tensor(&bs, bo, "b_o", WANT_F32, &w.b_o, &set) < 0 ||
+        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        goto fail;
+    if (x.ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "x must be [B, T, E] (3 dimensions), not %d", x.ndim);
+        goto fail;
+    }
+    if (H < 1 || Hkv < 1) {
+        PyErr_Format(PyExc_ValueError, "num_heads (%lld) and num_kv_heads (%lld) must be at "
+                     "least 1", H, Hkv);
+        goto fail;
+    }
+    if (!(out_arr = new_array(&bs, 3, x.shape, ATTN_DTYPE_F32, "out", &out)))
+        goto fail;
+    if (want_w) {
+        const int64_t ws[4] = {x.shape[0], H, x.shape[1], x.shape[1]};
+        if (!(w_arr = new_array(&bs, 4, ws, ATTN_DTYPE_F32, "weights", &weights)))
+            goto fail;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_gqa_forward(&ctx, &w, H, Hkv, &x, &o.p, &out, want_w ? &weights : NULL);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return pack_result(out_arr, w_arr, NULL);
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(out_arr);
+    Py_XDECREF(w_arr);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * RoPE
+ * ------------------------------------------------------------------------- */
+
+static int parse_rope(PyObject *pairing, double base, long long offset, attn_rope_params *rp)
+{
+    attn_rope_params_init(rp);
+    if (pairing && pairing != Py_None) {
+        if (PyUnicode_Check(pairing) &&
+            PyUnicode_CompareWithASCIIString(pairing, "interleaved") == 0)
+            rp->pairing = ATTN_ROPE_INTERLEAVED;
+        else if (PyUnicode_Check(pairing) &&
+                 PyUnicode_CompareWithASCIIString(pairing, "half") == 0)
+            rp->pairing = ATTN_ROPE_HALF;
+        else {
+            PyErr_Format(PyExc_ValueError,
+                         "pairing must be \"interleaved\" or \"half\", not %R", pairing);
+            return -1;
+        }
+    }
+    rp->base = (float)base;
+    rp->offset = offset;
+    return 0;
+}
+
+PyDoc_STRVAR(rope_doc,
+"rope(x, *, pairing=\"interleaved\", base=10000.0, offset=0, out=None)\n--\n\n"
+"Rotary position embedding of x [B, H, T, D] (float32, D even): row t of each\n"
+"(b, h) is rotated at position offset + t. pairing \"interleaved\" rotates\n"
+"features (2k, 2k+1) (GPT-J), \"half\" features (k, k + D/2) (Llama). Returns a\n"
+"new array, or writes into out (which may be x itself: in place).");
+
+static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"x", "pairing", "base", "offset", "out", NULL};
+    PyObject *xo, *pairing = NULL, *outo = NULL;
+    double base = 10000.0;
+    long long offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OdLO", kwlist, &xo, &pairing, &base,
+                                     &offset, &outo))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor x, out;
+    attn_rope_params rp;
+    PyObject *arr = NULL;
+    if (get_tensor(&bs, xo, "x", WANT_F32, 0, &x) < 0 || parse_rope(pairing, base, offset, &rp) < 0)
+        goto fail;
+    if (outo && outo != Py_None) {
+        if (get_tensor(&bs, outo, "out", WANT_F32, 1, &out) < 0)
+            goto fail;
+        Py_INCREF(outo);
+        arr = outo;
+    } else if (!(arr = new_array(&bs, x.ndim, x.shape, ATTN_DTYPE_F32, "out", &out))) {
+        goto fail;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_rope_apply(&ctx, &rp, &x, &out);
+    Py_END_ALLOW_THREADS
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return arr;
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(arr);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * KV cache: a capsule around attn_kv_cache (attn.KVCache wraps it)
+ * ------------------------------------------------------------------------- */
+
+#define KV_CAPSULE "attn._kv_cache"
+
+static void kv_capsule_free(PyObject *cap)
+{
+    attn_kv_cache *c = PyCapsule_GetPointer(cap, KV_CAPSULE);
+    attn_kv_cache_free(NULL, c);
+}
+
+static attn_kv_cache *kv_get(PyObject *cap)
+{
+    return PyCapsule_GetPointer(cap, KV_CAPSULE);
+}
+
+static PyObject *py_kv_create(PyObject *self, PyObject *args)
+{
+    (void)self;
+    attn_kv_cache_config cfg;
+    long long B, Hkv, cap, D, Dv;
+    if (!PyArg_ParseTuple(args, "LLLLL", &B, &Hkv, &cap, &D, &Dv))
+        return NULL;
+    cfg.batch = B;
+    cfg.kv_heads = Hkv;
+    cfg.capacity = cap;
+    cfg.head_dim = D;
+    cfg.value_dim = Dv;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_kv_cache *c = NULL;
+    int st = attn_kv_cache_create(&ctx, &cfg, NULL, 0, &c);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    PyObject *capsule = PyCapsule_New(c, KV_CAPSULE, kv_capsule_free);
+    if (!capsule)
+        attn_kv_cache_free(NULL, c);
+    return capsule;
+}
+
+static PyObject *py_kv_length(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap;
+    long long seq;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &seq))
+        return NULL;
+    attn_kv_cache *c = kv_get(cap);
+    if (!c)
+        return NULL;
+    return PyLong_FromLongLong(attn_kv_cache_length(c, seq));
+}
+
+static PyObject *py_kv_append(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap, *ko, *vo, *pairing;
+    long long first;
+    double base;
+    if (!PyArg_ParseTuple(args, "OLOOOd", &cap, &first, &ko, &vo, &pairing, &base))
+        return NULL;
+    attn_kv_cache *c = kv_get(cap);
+    if (!c)
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor k, v;
+    attn_rope_params rp;
+    if (get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
+        get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
+        (pairing != Py_None && parse_rope(pairing, base, 0, &rp) < 0)) {
+        bufset_release(&bs);
+        return NULL;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_kv_cache_append(&ctx, c, first, &k, &v, pairing != Py_None ? &rp : NULL);
+    Py_END_ALLOW_THREADS
+    bufset_release(&bs);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_kv_truncate(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap;
+    long long seq, length;
+    if (!PyArg_ParseTuple(args, "OLL", &cap, &seq, &length))
+        return NULL;
+    attn_kv_cache *c = kv_get(cap);
+    if (!c)
+        return NULL;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st = attn_kv_cache_truncate(&ctx, c, seq, length);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    Py_RETURN_NONE;
+}
+
+/* Copies of sequence seq's keys and values [1, Hkv, length, D] (copies, so that
+ * they stay valid whatever happens to the cache afterwards). */
+static PyObject *py_kv_view(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap;
+    long long seq;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &seq))
+        return NULL;
+    attn_kv_cache *c = kv_get(cap);
+    if (!c)
+        return NULL;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_tensor kview, vview, kc, vc;
+    int st = attn_kv_cache_view(&ctx, c, seq, &kview, &vview);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    bufset bs;
+    bs.n = 0;
+    PyObject *ka = new_array(&bs, kview.ndim, kview.shape, ATTN_DTYPE_F32, "k", &kc);
+    PyObject *va = ka ? new_array(&bs, vview.ndim, vview.shape, ATTN_DTYPE_F32, "v", &vc) : NULL;
+    if (va) {
+        st = attn_tensor_copy(&ctx, &kview, &kc);
+        if (st == ATTN_OK)
+            st = attn_tensor_copy(&ctx, &vview, &vc);
+    }
+    bufset_release(&bs);
+    if (!va || st != ATTN_OK) {
+        Py_XDECREF(ka);
+        Py_XDECREF(va);
+        return va ? raise_status(st, &ctx) : NULL;
+    }
+    return pack_result(ka, va, NULL);
+}
+
+static PyObject *py_kv_attend(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"cache", "first", "q", "capacity", "pairing", "base", "mask",
+                             "causal", "scale", "window", "softcap", "alibi", "bias", "sinks",
+                             "return_weights", "return_lse", "empty_rows", NULL};
+    PyObject *cap, *qo, *pairing = Py_None, *mask = NULL, *causal = NULL, *scale = NULL,
+                        *window = NULL, *softcap = NULL, *alibi = NULL, *bias = NULL,
+                        *sinks = NULL, *empty_rows = NULL;
+    long long first, capacity;
+    double base = 10000.0;
+    int want_w = 0, want_lse = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLOL|$OdOOOOOOOOppO", kwlist, &cap, &first,
+                                     &qo, &capacity, &pairing, &base, &mask, &causal, &scale,
+                                     &window, &softcap, &alibi, &bias, &sinks, &want_w,
+                                     &want_lse, &empty_rows))
+        return NULL;
+    attn_kv_cache *c = kv_get(cap);
+    if (!c)
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor q, out, weights, lse, vview;
+    attn_rope_params rp;
+    sdpa_opts o;
+    PyObject *out_arr = NULL, *w_arr = NULL, *lse_arr = NULL;
+    int64_t shape[ATTN_MAX_DIMS];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
+        (pairing != Py_None && parse_rope(pairing, base, 0, &rp) < 0) ||
+        parse_opts(&bs, &o, mask, causal, scale, window, softcap, alibi, bias, sinks,
+                   empty_rows) < 0)
+        goto fail;
+    /* The value width comes from the cache: view sequence `first` (any sequence
+     * with keys has the same Dv; an empty one is refused by attend itself). */
+    int64_t Dv = q.shape[q.ndim - 1];
+    if (attn_kv_cache_view(&ctx, c, first, NULL, &vview) == ATTN_OK)
+        Dv = vview.shape[vview.ndim - 1];
+    attn_ctx_init(&ctx);
+    {
+        int nd = shape_with_last(&q, Dv, 0, shape);
+        if (!(out_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "out", &out)))
+            goto fail;
+    }
+    if (want_w) {
+        int nd = shape_with_last(&q, capacity, 0, shape);
+        if (!(w_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "weights", &weights)))
+            goto fail;
+    }
+    if (want_lse) {
+        int nd = shape_with_last(&q, 0, 1, shape);
+        if (!(lse_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "lse", &lse)))
+            goto fail;
+        o.p.lse = &lse;
+    }
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_kv_cache_attend(&ctx, c, first, &q, &o.p, pairing != Py_None ? &rp : NULL, &out,
+                              want_w ? &weights : NULL);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return pack_result(out_arr, w_arr, lse_arr);
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(out_arr);
+    Py_XDECREF(w_arr);
+    Py_XDECREF(lse_arr);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Files: .npy and .safetensors, through attn's own readers and writers
+ * ------------------------------------------------------------------------- */
+
+/* A numpy array holding a copy of a loaded attn_array (which is then freed). */
+static PyObject *array_from_loaded(attn_ctx *ctx, attn_array *a)
+{
+    bufset bs;
+    bs.n = 0;
+    attn_tensor t;
+    PyObject *arr = new_array(&bs, a->tensor.ndim, a->tensor.shape, a->tensor.dtype, "array", &t);
+    if (arr) {
+        const size_t bytes = (size_t)attn_tensor_numel(&a->tensor) * attn_dtype_size(t.dtype);
+        memcpy(t.data, a->tensor.data, bytes);
+    }
+    bufset_release(&bs);
+    attn_array_free(ctx, a);
+    return arr;
+}
+
+PyDoc_STRVAR(load_npy_doc,
+"load_npy(path)\n--\n\n"
+"Reads a .npy file with attn's reader: float32/float64/float16 become float32,\n"
+"int32 and int64 stay, bool and uint8 become bool; 1 to 4 dimensions.\n"
+"Raises OSError (cannot read) or ValueError (malformed, unsupported dtype).");
+
+static PyObject *py_load_npy(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path))
+        return NULL;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_array a;
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_npy_load(&ctx, PyBytes_AsString(path), &a);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    return array_from_loaded(&ctx, &a);
+}
+
+PyDoc_STRVAR(save_npy_doc,
+"save_npy(path, array)\n--\n\n"
+"Writes a float32, int32, int64 or bool array (1 to 4 dimensions, any\n"
+"non-negative strides) as a .npy file through attn's output writer.");
+
+static PyObject *py_save_npy(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path, *ao;
+    if (!PyArg_ParseTuple(args, "O&O", PyUnicode_FSConverter, &path, &ao))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor t;
+    if (get_tensor(&bs, ao, "array", WANT_F32 | WANT_BOOL | WANT_INT, 0, &t) < 0) {
+        Py_DECREF(path);
+        bufset_release(&bs);
+        return NULL;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_npy_save(&ctx, PyBytes_AsString(path), &t);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    bufset_release(&bs);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(load_safetensors_doc,
+"load_safetensors(path)\n--\n\n"
+"Reads every tensor of a .safetensors file into a dict {name: array}, in the\n"
+"file's order (F32/F16/BF16/F64 become float32; I32, I64 stay; BOOL, U8 bool).");
+
+static PyObject *py_load_safetensors(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path))
+        return NULL;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_safetensors *sf = NULL;
+    int st = attn_safetensors_open(&ctx, PyBytes_AsString(path), &sf);
+    Py_DECREF(path);
+    if (st != ATTN_OK)
+        return raise_status(st, &ctx);
+    PyObject *d = PyDict_New();
+    const int64_t n = d ? attn_safetensors_count(sf) : 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *name = attn_safetensors_name(sf, i);
+        attn_array a;
+        st = attn_safetensors_get(&ctx, sf, name, &a);
+        if (st != ATTN_OK) {
+            raise_status(st, &ctx);
+            Py_CLEAR(d);
+            break;
+        }
+        PyObject *arr = array_from_loaded(&ctx, &a);
+        if (!arr || PyDict_SetItemString(d, name, arr) < 0) {
+            Py_XDECREF(arr);
+            Py_CLEAR(d);
+            break;
+        }
+        Py_DECREF(arr);
+    }
+    attn_safetensors_close(&ctx, sf);
+    return d;
+}
+
+PyDoc_STRVAR(save_safetensors_doc,
+"save_safetensors(path, tensors)\n--\n\n"
+"Writes a dict {name: array} (float32, int32, int64 or bool arrays) as one\n"
+".safetensors file, in the dict's order, through attn's output writer.");
+
+static PyObject *py_save_safetensors(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path, *dict;
+    if (!PyArg_ParseTuple(args, "O&O!", PyUnicode_FSConverter, &path, &PyDict_Type, &dict))
+        return NULL;
+    const Py_ssize_t n = PyDict_Size(dict);
+    PyObject *result = NULL;
+    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof *views);
+    attn_tensor *ts = PyMem_Calloc(n ? (size_t)n : 1, sizeof *ts);
+    const char **names = PyMem_Calloc(n ? (size_t)n : 1, sizeof *names);
+    Py_ssize_t held = 0, pos = 0;
+    PyObject *key, *val;
+    if (!views || !ts || !names) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    while (PyDict_Next(dict, &pos, &key, &val)) {
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "save_safetensors: names must be str");
+            goto done;
+        }
+        names[held] = PyUnicode_AsUTF8AndSize(key, NULL);
+        if (!names[held])
+            goto done;
+        /* One bufset per tensor, moved into views[] so any number can be held. */
+        bufset one;
+        one.n = 0;
+        if (get_tensor(&one, val, names[held], WANT_F32 | WANT_BOOL | WANT_INT, 0, &ts[held]) < 0) {
+            bufset_release(&one);
+            goto done;
+        }
+        views[held++] = one.view[0];
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st = attn_safetensors_save(&ctx, PyBytes_AsString(path), names, ts, n);
+    if (st != ATTN_OK)
+        raise_status(st, &ctx);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(ts);
+    PyMem_Free(names);
+    Py_DECREF(path);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------
+ * PyTorch's CPU generator (attn.Generator wraps it): for the chapter's experiment
+ * ------------------------------------------------------------------------- */
+
+#define RNG_CAPSULE "attn._rng"
+
+static void rng_capsule_free(PyObject *cap)
+{
+    PyMem_Free(PyCapsule_GetPointer(cap, RNG_CAPSULE));
+}
+
+static PyObject *py_rng_new(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "K", &seed))
+        return NULL;
+    attn_rng *rng = PyMem_Malloc(sizeof *rng);
+    if (!rng)
+        return PyErr_NoMemory();
+    attn_rng_seed(rng, seed);
+    PyObject *cap = PyCapsule_New(rng, RNG_CAPSULE, rng_capsule_free);
+    if (!cap)
+        PyMem_Free(rng);
+    return cap;
+}
+
+/* fill(cap, array, kind, a, b): kind 0 = randn into the float32 array, 1 =
+ * nn.Linear's initialisation of array (weight [out, in]) and b (bias [out]). */
+static PyObject *py_rng_fill(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap, *wo, *bo;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOiO", &cap, &wo, &kind, &bo))
+        return NULL;
+    attn_rng *rng = PyCapsule_GetPointer(cap, RNG_CAPSULE);
+    if (!rng)
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor w, b;
+    if (get_tensor(&bs, wo, "array", WANT_F32, 1, &w) < 0 ||
+        (kind == 1 && get_tensor(&bs, bo, "bias", WANT_F32, 1, &b) < 0)) {
+        bufset_release(&bs);
+        return NULL;
+    }
+    if (!attn_tensor_is_contiguous(&w) || (kind == 1 && (!attn_tensor_is_contiguous(&b) ||
+                                                         w.ndim != 2 || b.ndim != 1 ||
+                                                         b.shape[0] != w.shape[0]))) {
+        bufset_release(&bs);
+        PyErr_SetString(PyExc_ValueError, "attn.Generator: contiguous arrays of matching shapes");
+        return NULL;
+    }
+    if (kind == 0)
+        attn_rng_randn(rng, w.data, attn_tensor_numel(&w));
+    else
+        attn_rng_linear_init(rng, w.data, b.data, w.shape[0], w.shape[1]);
+    bufset_release(&bs);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------
+ * Dispatch information
+ * ------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(arch_doc,
+"arch()\n--\n\n"
+"The instruction set the fast kernels use, as a dict: 'selected' (ref, scalar,\n"
+"avx2 or avx512), 'reason' (why: the CPU, or the ATTN_ARCH variable), 'best'\n"
+"(what the CPU supports) and 'threads' (online cores, the default thread count).");
+
+static PyObject *py_arch(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    return Py_BuildValue("{s:s,s:s,s:s,s:i}", "selected", attn_arch_name(attn_arch_selected(&ctx)),
+                         "reason", attn_arch_reason(&ctx), "best", attn_arch_name(attn_arch_best()),
+                         "threads", attn_threads_online());
+}
+
+static PyMethodDef methods[] = {
+    {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
+    {"padding_mask", (PyCFunction)(void (*)(void))py_padding_mask, METH_VARARGS | METH_KEYWORDS,
+     padding_mask_doc},
+    {"causal_mask", (PyCFunction)(void (*)(void))py_causal_mask, METH_VARARGS | METH_KEYWORDS,
+     causal_mask_doc},
+    {"_mha_forward", (PyCFunction)(void (*)(void))py_mha_forward, METH_VARARGS | METH_KEYWORDS,
+     mha_forward_doc},
+    {"_gqa_forward", (PyCFunction)(void (*)(void))py_gqa_forward, METH_VARARGS | METH_KEYWORDS,
+     gqa_forward_doc},
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS, rope_doc},
+    {"_kv_create", py_kv_create, METH_VARARGS, NULL},
+    {"_kv_length", py_kv_length, METH_VARARGS, NULL},
+    {"_kv_append", py_kv_append, METH_VARARGS, NULL},
+    {"_kv_truncate", py_kv_truncate, METH_VARARGS, NULL},
+    {"_kv_view", py_kv_view, METH_VARARGS, NULL},
+    {"_kv_attend", (PyCFunction)(void (*)(void))py_kv_attend, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"load_npy", py_load_npy, METH_VARARGS, load_npy_doc},
+    {"save_npy", py_save_npy, METH_VARARGS, save_npy_doc},
+    {"load_safetensors", py_load_safetensors, METH_VARARGS, load_safetensors_doc},
+    {"save_safetensors", py_save_safetensors, METH_VARARGS, save_safetensors_doc},
+    {"_rng_new", py_rng_new, METH_VARARGS, NULL},
+    {"_rng_fill", py_rng_fill, METH_VARARGS, NULL},
+    {"arch", py_arch, METH_NOARGS, arch_doc},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attn",
+                                    "attn's C library (use the attn package).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__attn(void);
+PyMODINIT_FUNC PyInit__attn(void)
+{
+    PyObject *np = PyImport_ImportModule("numpy");
+    if (!np)
+        return NULL;
+    np_empty = PyObject_GetAttrString(np, "empty");
+    PyObject *dtype = PyObject_GetAttrString(np, "dtype");
+    Py_DECREF(np);
+    if (!np_empty || !dtype)
+        return NULL;
+    static const char *names[4] = {"float32", "bool", "int64", "int32"};
+    for (int i = 0; i < 4; i++) {
+        np_dtype[i] = PyObject_CallFunction(dtype, "s", names[i]);
+        if (!np_dtype[i]) {
+            Py_DECREF(dtype);
+            return NULL;
+        }
+    }
+    Py_DECREF(dtype);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddStringConstant(m, "__version__", ATTN_VERSION_STRING) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
