@@ -393,6 +393,28 @@ static int shape_with_last(const attn_tensor *t, int64_t last, int drop, int64_t
  * call of a few microseconds. A call that needs more allocates as usual. */
 #define SMALL_WORKSPACE 16384
 
+/* The optional outputs of an attention call shaped like q: the weights
+ * [.., Tq, keys] when want_w, the log-sum-exp [.., Tq] when want_lse (then
+ * p->lse points at it). 0, or -1 with an exception set. */
+static int new_weights_and_lse(bufset *bs, const attn_tensor *q, int64_t keys, int want_w,
+                               int want_lse, PyObject **w_arr, attn_tensor *weights,
+                               PyObject **lse_arr, attn_tensor *lse, attn_sdpa_params *p)
+{
+    int64_t shape[ATTN_MAX_DIMS];
+    if (want_w) {
+        int nd = shape_with_last(q, keys, 0, shape);
+        if (!(*w_arr = new_array(bs, nd, shape, ATTN_DTYPE_F32, "weights", weights)))
+            return -1;
+    }
+    if (want_lse) {
+        int nd = shape_with_last(q, 0, 1, shape);
+        if (!(*lse_arr = new_array(bs, nd, shape, ATTN_DTYPE_F32, "lse", lse)))
+            return -1;
+        p->lse = lse;
+    }
+    return 0;
+}
+
 static void small_ctx_init(attn_ctx *ctx, void *ws, size_t size)
 {
     attn_ctx_init(ctx);
@@ -467,17 +489,9 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
         if (!(out_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "out", &out)))
             goto fail;
     }
-    if (want_w) {
-        int nd = shape_with_last(&q, Tk, 0, shape);
-        if (!(w_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "weights", &weights)))
-            goto fail;
-    }
-    if (want_lse) {
-        int nd = shape_with_last(&q, 0, 1, shape);
-        if (!(lse_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "lse", &lse)))
-            goto fail;
-        o.p.lse = &lse;
-    }
+    if (new_weights_and_lse(&bs, &q, Tk, want_w, want_lse, &w_arr, &weights, &lse_arr, &lse,
+                            &o.p) < 0)
+        goto fail;
     attn_ctx ctx;
     small_ctx_init(&ctx, small_ws, sizeof small_ws);
     int st;
@@ -990,17 +1004,9 @@ static PyObject *py_kv_attend(PyObject *self, PyObject *args, PyObject *kwargs)
         if (!(out_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "out", &out)))
             goto fail;
     }
-    if (want_w) {
-        int nd = shape_with_last(&q, capacity, 0, shape);
-        if (!(w_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "weights", &weights)))
-            goto fail;
-    }
-    if (want_lse) {
-        int nd = shape_with_last(&q, 0, 1, shape);
-        if (!(lse_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "lse", &lse)))
-            goto fail;
-        o.p.lse = &lse;
-    }
+    if (new_weights_and_lse(&bs, &q, capacity, want_w, want_lse, &w_arr, &weights, &lse_arr,
+                            &lse, &o.p) < 0)
+        goto fail;
     int st;
     Py_BEGIN_ALLOW_THREADS
     st = attn_kv_cache_attend(&ctx, c, first, &q, &o.p, pairing != Py_None ? &rp : NULL, &out,
