@@ -35,8 +35,9 @@
  * The attention's backward is planned here from the forward's checked shapes
  * rather than through attn__sdpa_backward_prepare: its inputs and gradients are
  * views of this block, laid out by this file, so the only checks left to make
- * are those of the caller's own tensors. It runs the reference backward
- * (attn__sdpa_ref_backward_run), the one attn_sdpa_backward runs today.
+ * are those of the caller's own tensors. It runs the backward ctx selects, as
+ * attn_sdpa_backward does (the fused kernel by default, the reference with
+ * ATTN_IMPL_REF or the ref arch).
  */
 #include "linear.h"
 #include "sdpa_contract.h"
@@ -228,7 +229,7 @@ static int bwd_prepare(attn_ctx *ctx, const attn_mha_weights *w, int64_t H,
     memcpy(bs.dq_s, s.q_s, sizeof bs.dq_s);
     memcpy(bs.dk_s, s.k_s, sizeof bs.dk_s);
     memcpy(bs.dv_s, s.v_s, sizeof bs.dv_s);
-    if ((rc = attn__sdpa_backward_plan_make(ctx, &bs, &bp->bwd)))
+    if ((rc = attn__sdpa_backward_plan_for_ctx(ctx, &bs, &bp->bwd)))
         return rc;
 
     /* The region: the attention's scratch either way, and the largest packed
@@ -330,9 +331,8 @@ static int bwd_run(attn_ctx *ctx, const bwd_plan *bp, const attn_mha_weights *w,
     column_sums(dyc, BT, E, E, g->db_o);
 
     /* The attention's backward, into dqkv's q, k and v columns. */
-    if ((rc = attn__sdpa_ref_backward_run(ctx, &bp->bwd.bs, qkv, qkv + E, qkv + 2 * E, merged,
-                                          lse, dmerged, dqkv, dqkv + E, dqkv + 2 * E,
-                                          (float *)region)))
+    if ((rc = attn__sdpa_backward_run(ctx, &bp->bwd, qkv, qkv + E, qkv + 2 * E, merged, lse,
+                                      dmerged, dqkv, dqkv + E, dqkv + 2 * E, region)))
         return rc;
 
     /* The qkv projection: dx = dqkv W_qkv, dW_qkv = dqkv^T x, db_qkv. */

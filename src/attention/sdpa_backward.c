@@ -17,11 +17,10 @@
 /* Scratch up to this many bytes lives on the stack, as in sdpa.c. */
 #define SDPA_BACKWARD_STACK_SCRATCH 4096
 
-/* Runs a planned backward on checked data; see attn__sdpa_ref_backward_run. */
-static int sdpa_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan, const float *q,
-                             const float *k, const float *v, const float *out,
-                             const float *lse, const float *dout, float *dq, float *dk,
-                             float *dv, void *scratch)
+int attn__sdpa_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan, const float *q,
+                            const float *k, const float *v, const float *out,
+                            const float *lse, const float *dout, float *dq, float *dk,
+                            float *dv, void *scratch)
 {
     if (!plan->use_ref)
         return attn__sdpa_fused_backward_run(ctx, plan, q, k, v, out, lse, dout, dq, dk, dv,
@@ -51,7 +50,7 @@ static int sdpa_backward_entry(attn_ctx *ctx, const attn_tensor *q, const attn_t
     if (plan.scratch_bytes > sizeof small &&
         !(scratch = attn__scratch_get(ctx, plan.scratch_bytes, "backward scratch")))
         return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
-    rc = sdpa_backward_run(ctx, &plan, q->data, k->data, v->data, out->data, lse->data,
+    rc = attn__sdpa_backward_run(ctx, &plan, q->data, k->data, v->data, out->data, lse->data,
                            dout->data, grads->dq->data, grads->dk->data, grads->dv->data,
                            scratch);
     if (scratch != small)

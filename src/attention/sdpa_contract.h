@@ -217,6 +217,13 @@ int attn__sdpa_backward_plan_make(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs
 /* Plans a backward as attn_sdpa_backward runs it under ctx: the fused backward on
  * the selected arch (src/kernels/fused_backward.h), or the reference when ctx->impl
  * is ATTN_IMPL_REF or the arch is REF. */
+/* Runs a planned backward (the fused kernel or the reference, as the plan says)
+ * on checked data; scratch holds plan->scratch_bytes. Allocates nothing. */
+int attn__sdpa_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan, const float *q,
+                            const float *k, const float *v, const float *out,
+                            const float *lse, const float *dout, float *dq, float *dk,
+                            float *dv, void *scratch);
+
 int attn__sdpa_backward_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_bwd_shapes *bs,
                                      attn__sdpa_bwd_plan *plan);
 
