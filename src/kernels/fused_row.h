@@ -140,6 +140,37 @@ FK_INLINE void fk_row_pv_rest(const float *p, int64_t nkeys, const uint8_t *mrow
     }
 }
 
+/* Phase 2's per-key step over keys [lo, hi) of one row (shared by the row path
+ * and the split path): + bias and + ALiBi on the visible keys, in the contract's
+ * order, -inf on the keys the mask or a -inf bias hide, and the row's max folded
+ * into *m (a NaN score makes the max NaN, so that the row comes out NaN).
+ * Returns the number of visible keys. */
+FK_INLINE int64_t fk_row_scores(float *sc, int64_t lo, int64_t hi, const uint8_t *mrow,
+                                int64_t ms3, const float *brow, int64_t bs3, int alibi,
+                                float slope, int64_t ip, float *mp)
+{
+    float m = *mp;
+    int64_t visible = 0;
+    for (int64_t j = lo; j < hi; j++) {
+        float x = sc[j];
+        if ((!mrow || mrow[j * ms3]) && (!brow || brow[j * bs3] != -INFINITY)) {
+            if (brow)
+                x = x + brow[j * bs3];
+            if (alibi)
+                x = x - slope * (float)(ip - j < 0 ? j - ip : ip - j);
+            sc[j] = x;
+            visible++;
+            if (x != x)
+                m = x;
+        } else {
+            x = sc[j] = -INFINITY;
+        }
+        m = x > m ? x : m;
+    }
+    *mp = m;
+    return visible;
+}
+
 /* The mask row of query i of (b, h), or NULL when there is no mask. */
 static const uint8_t *fk_row_mask(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_t i)
 {
@@ -204,26 +235,12 @@ static void fk_row_item(void *arg, int64_t item, int worker)
         if (s->softcap > 0.0f)
             fk_softcap(sc + lo, hi - lo, s->softcap);
         float m = sink;
-        int64_t visible = 0, j;
+        int64_t j;
         for (j = 0; j < lo; j++)
             sc[j] = -INFINITY;
-        for (; j < hi; j++) {
-            float x = sc[j];
-            if ((!mrow || mrow[j * ms3]) && (!brow || brow[j * bs3] != -INFINITY)) {
-                if (brow)
-                    x = x + brow[j * bs3];
-                if (s->alibi)
-                    x = x - slope * (float)(ip - j < 0 ? j - ip : ip - j);
-                sc[j] = x;
-                visible++;
-                if (x != x)
-                    m = x;
-            } else {
-                x = sc[j] = -INFINITY;
-            }
-            m = x > m ? x : m;
-        }
-        for (; j < Tk; j++)
+        const int64_t visible =
+            fk_row_scores(sc, lo, hi, mrow, ms3, brow, bs3, s->alibi, slope, ip, &m);
+        for (j = hi; j < Tk; j++)
             sc[j] = -INFINITY;
         empty[i] = visible == 0;
         if (empty[i]) {

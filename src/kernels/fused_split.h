@@ -231,23 +231,8 @@ static void fk_split_item(void *arg, int64_t item, int worker)
         if (s->softcap > 0.0f && lo < hi)
             fk_softcap(sc + lo, hi - lo, s->softcap);
         float m = -INFINITY;
-        int64_t visible = 0;
-        for (int64_t j = lo; j < hi; j++) {
-            float x = sc[j];
-            if ((!mrow || mrow[j * ms3]) && (!brow || brow[j * bs3] != -INFINITY)) {
-                if (brow)
-                    x = x + brow[j * bs3];
-                if (s->alibi)
-                    x = x - slope * (float)(ip - j < 0 ? j - ip : ip - j);
-                sc[j] = x;
-                visible++;
-                if (x != x)
-                    m = x;
-            } else {
-                x = sc[j] = -INFINITY;
-            }
-            m = x > m ? x : m;
-        }
+        const int64_t visible =
+            fk_row_scores(sc, lo, hi, mrow, ms3, brow, bs3, s->alibi, slope, ip, &m);
         part[2] = visible ? 1.0f : 0.0f;
         if (!visible)
             continue;
