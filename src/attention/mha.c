@@ -46,6 +46,7 @@
  */
 #include "linear.h"
 #include "rope.h"
+#include "heads.h"
 #include "sdpa_contract.h"
 
 #include <stdio.h>
@@ -103,25 +104,6 @@ int attn_mha_weights_check(attn_ctx *ctx, const attn_mha_weights *w, int64_t num
     if (embed_dim)
         *embed_dim = E;
     return ATTN_OK;
-}
-
-/* A [B, H, T, D] view of head-split data that lives in a [B, T, row] buffer at
- * column `col`: element (b, h, t, d) is at b*T*row + t*row + col + h*D + d. */
-static void head_view(attn_tensor *t, float *base, int64_t B, int64_t T, int64_t H,
-                      int64_t D, int64_t row, int64_t col)
-{
-    memset(t, 0, sizeof *t);
-    t->data = base + col;
-    t->dtype = ATTN_DTYPE_F32;
-    t->ndim = 4;
-    t->shape[0] = B;
-    t->shape[1] = H;
-    t->shape[2] = T;
-    t->shape[3] = D;
-    t->stride[0] = T * row;
-    t->stride[1] = D;
-    t->stride[2] = row;
-    t->stride[3] = 1;
 }
 
 
@@ -252,10 +234,10 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, int64_t Hkv, int64
      * context will be; only their strides matter until the call runs. */
     float *base = (float *)x->data;
     attn_tensor q, k, v, context;
-    head_view(&q, base, B, T, H, D, R, 0);
-    head_view(&k, base, B, T, Hkv, D, R, qr);
-    head_view(&v, base, B, T, Hkv, D, R, qr + kvr);
-    head_view(&context, base, B, T, H, D, qr, 0);
+    attn__head_view(&q, base, B, T, H, D, R, 0);
+    attn__head_view(&k, base, B, T, Hkv, D, R, qr);
+    attn__head_view(&v, base, B, T, Hkv, D, R, qr + kvr);
+    attn__head_view(&context, base, B, T, H, D, qr, 0);
     attn__sdpa_shapes s;
     if ((rc = attn__sdpa_prepare_shapes(ctx, &q, &k, &v, p, &context, weights, &s)) ||
         (rc = attn__sdpa_plan_for_ctx(ctx, &s, &mp->sdpa)))

@@ -40,27 +40,10 @@
  * ATTN_IMPL_REF or the ref arch).
  */
 #include "linear.h"
+#include "heads.h"
 #include "sdpa_contract.h"
 
 #include <string.h>
-
-/* A [B, H, T, D] view of head-split data in a [B, T, row] buffer at column col. */
-static void head_view(attn_tensor *t, float *base, int64_t B, int64_t T, int64_t H,
-                      int64_t D, int64_t row, int64_t col)
-{
-    memset(t, 0, sizeof *t);
-    t->data = base + col;
-    t->dtype = ATTN_DTYPE_F32;
-    t->ndim = 4;
-    t->shape[0] = B;
-    t->shape[1] = H;
-    t->shape[2] = T;
-    t->shape[3] = D;
-    t->stride[0] = T * row;
-    t->stride[1] = D;
-    t->stride[2] = row;
-    t->stride[3] = 1;
-}
 
 /* One checked call: sizes, the attention's forward and backward plans, and the
  * offsets of the scratch block's parts. */
@@ -200,10 +183,10 @@ static int bwd_prepare(attn_ctx *ctx, const attn_mha_weights *w, int64_t H,
 
     float *base = (float *)x->data;
     attn_tensor q, k, v, context, lse;
-    head_view(&q, base, B, T, H, D, 3 * E, 0);
-    head_view(&k, base, B, T, H, D, 3 * E, E);
-    head_view(&v, base, B, T, H, D, 3 * E, 2 * E);
-    head_view(&context, base, B, T, H, D, E, 0);
+    attn__head_view(&q, base, B, T, H, D, 3 * E, 0);
+    attn__head_view(&k, base, B, T, H, D, 3 * E, E);
+    attn__head_view(&v, base, B, T, H, D, 3 * E, 2 * E);
+    attn__head_view(&context, base, B, T, H, D, E, 0);
     const int64_t lse_shape[3] = {B, H, T};
     if ((rc = attn_tensor_init(ctx, &lse, ATTN_DTYPE_F32, base, 3, lse_shape)))
         return rc;
