@@ -369,6 +369,8 @@ static int entry_classify(attn_ctx *ctx, attn_output_set *s, out_entry *e)
 {
     const char *path = e->path;
     struct stat st;
+    int retries = 0;
+again:
     if (strcmp(path, "-") == 0) {
         if (fstat(STDOUT_FILENO, &st) != 0)
             return attn__fail(ctx, ATTN_STATUS_IO, "-: standard output is not open: %s",
@@ -420,11 +422,16 @@ static int entry_classify(attn_ctx *ctx, attn_output_set *s, out_entry *e)
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot write there: %s", path,
                           strerror(errno));
     struct stat lst;
-    if (lstat(path, &lst) == 0)
+    if (lstat(path, &lst) == 0) {
+        /* The name appeared between stat and lstat (another writer renamed its file
+         * into place): look again rather than call it a dangling link. */
+        if (!S_ISLNK(lst.st_mode) && retries++ < 8)
+            goto again;
         return attn__fail(ctx, ATTN_STATUS_IO,
                           "%s: is a symbolic link to a file that does not exist; not "
                           "following it",
                           path);
+    }
 
     /* A new file: its identity is its directory and its last name component. */
     e->kind = OUT_RENAME;
