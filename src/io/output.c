@@ -364,6 +364,17 @@ static int random_name(char *out, size_t n)
     return 0;
 }
 
+/* 1 when path still names the file e was found to be. Two existing outputs with one
+ * identity are one file (a hard link, "./x" and "x") only if the first name still
+ * leads there: another process may have replaced the first file since it was looked
+ * at, and the file system may have given its freed inode number to the second. */
+static int still_names(const char *path, const out_entry *e)
+{
+    struct stat st;
+    int found = strcmp(path, "-") == 0 ? fstat(STDOUT_FILENO, &st) : stat(path, &st);
+    return found == 0 && st.st_dev == e->dev && st.st_ino == e->ino;
+}
+
 /* Decides how e->path is written and fills e's kind, target and identity. */
 static int entry_classify(attn_ctx *ctx, attn_output_set *s, out_entry *e)
 {
@@ -578,7 +589,7 @@ static int add_begin(attn_ctx *ctx, attn_output_set *s, const char *path, out_en
     for (int i = 0; i < s->n - 1 && !rc; i++) {
         const out_entry *p = &s->e[i];
         if (p->is_new == e->is_new && p->dev == e->dev && p->ino == e->ino &&
-            (!e->is_new || strcmp(p->name, e->name) == 0))
+            (e->is_new ? strcmp(p->name, e->name) == 0 : still_names(p->path, e)))
             rc = attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                             "%s and %s are the same file; each output needs a file of its own",
                             p->path, e->path);
