@@ -730,11 +730,18 @@ static void count_free(void *user, void *ptr)
     free(ptr);
 }
 
+static void *no_alloc(void *user, size_t size)
+{
+    (void)user;
+    (void)size;
+    return NULL;
+}
+
 static void test_workspace(void)
 {
     TEST("with a ctx->workspace of attn_gqa_backward_workspace_size bytes, "
          "attn_gqa_backward with RoPE allocates nothing and gives the same bits as without "
-         "one");
+         "one; without a workspace, an allocator that gives nothing makes it NO_MEMORY");
     problem P = {.name = "ws", .B = 2, .T = 5, .E = 8, .H = 4, .Hkv = 2, .D = 4, .causal = 1,
                  .rope = ATTN_ROPE_HALF, .offset = 2, .biases = 1};
     make(&P, 9);
@@ -751,6 +758,11 @@ static void test_workspace(void)
     n_allocs = 0;
     CHECK_INT(run_backward(&ctx, &P, plain), ATTN_OK);
     CHECK(n_allocs > 0); /* without a workspace the scratch is allocated */
+    attn_ctx starved;
+    attn_ctx_init(&starved);
+    starved.allocator.alloc = no_alloc;
+    starved.allocator.free = count_free;
+    CHECK_INT(run_backward(&starved, &P, ws), ATTN_STATUS_NO_MEMORY);
 
     /* The size for the same arguments that run_backward passes. */
     const int64_t Q = P.H * P.D, KV = P.Hkv * P.D;
