@@ -697,6 +697,70 @@ ATTN_API int attn_gqa_workspace_size(attn_ctx *ctx, const attn_gqa_weights *w,
 ATTN_API int attn_gqa_pack(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
                            int64_t num_kv_heads, attn_mha_packed **out);
 
+/* Gradients of grouped-query attention (attn_gqa_forward, with RoPE or without):
+ * given x, the weights, p, the RoPE parameters and dout [B, T, E], the gradient of a
+ * loss with respect to out, the gradients with respect to x and to every
+ * projection's weight and bias. With q, k, v (rotated), the context (merged) and
+ * its log-sum-exp recomputed from x (the forward keeps nothing):
+ *
+ *   dmerged = dout W_o                         [B, T, H*D]
+ *   dW_o    = dout^T merged                    [E, H*D]    (summed over B and T)
+ *   db_o    = column sums of dout              [E]
+ *   dq, dk, dv = attn_sdpa_backward on the heads; dk and dv [B, Hkv, T, D] are
+ *                summed over the H / Hkv query heads of each group
+ *   with RoPE: dq and dk turned back by attn_rope_backward (the inverse rotation)
+ *   dx      = dq W_q + dk W_k + dv W_v         [B, T, E]
+ *   dW_q    = dq^T x   [H*D, E];   dW_k, dW_v = dk^T x, dv^T x   [Hkv*D, E]
+ *   db_q, db_k, db_v = column sums of dq, dk, dv
+ *
+ * dx and the four weight gradients are required; each bias gradient may be NULL
+ * (not computed). A bias gradient does not depend on the bias, so it may be asked
+ * for when the weights have no bias (their data NULL). Every element of a given
+ * gradient is written (overwritten, not accumulated). float32, any strides. */
+typedef struct attn_gqa_grads {
+    attn_tensor *dx;   /* [B, T, E] */
+    attn_tensor *dw_q; /* [H*D, E] */
+    attn_tensor *dw_k; /* [Hkv*D, E] */
+    attn_tensor *dw_v; /* [Hkv*D, E] */
+    attn_tensor *dw_o; /* [E, H*D] */
+    attn_tensor *db_q; /* [H*D] or NULL */
+    attn_tensor *db_k; /* [Hkv*D] or NULL */
+    attn_tensor *db_v; /* [Hkv*D] or NULL */
+    attn_tensor *db_o; /* [E] or NULL */
+} attn_gqa_grads;
+
+/* The backward of attn_gqa_forward (rope NULL) and of attn_mha_forward_packed_rope
+ * on attn_gqa_pack's weights (rope given: q and k rotated at positions
+ * rope->offset + t, checked as there). w, num_heads, num_kv_heads, x and p are the
+ * forward's (p may carry any option attn_sdpa takes except p->lse, which must be
+ * NULL: the log-sum-exp is recomputed in the scratch); dout [B, T, E].
+ *
+ * The chapter's module is the case H = Hkv with W_q, W_k and W_v the three row
+ * blocks of W_qkv (views: rows 0..E-1, E..2E-1, 2E..3E-1, and the same blocks of
+ * b_qkv): with views of dW_qkv and db_qkv as the gradients this gives
+ * attn_mha_backward's results, with RoPE too.
+ *
+ * As in attn_mha_backward the products run through the projection GEMM under ctx's
+ * arch, the sums over B and T in a fixed order, so the result has the same bits for
+ * any ctx->threads; the scratch is one block of attn_gqa_backward_workspace_size
+ * bytes taken as attn_ctx says (with a large enough ctx->workspace it allocates
+ * nothing); no gradient may share memory with an argument or another gradient
+ * (INVALID_ARGUMENT naming both); a query row that sees no key is EMPTY_ROW unless
+ * p->empty_rows is zero or p has sinks. */
+ATTN_API int attn_gqa_backward(attn_ctx *ctx, const attn_gqa_weights *w, int64_t num_heads,
+                               int64_t num_kv_heads, const attn_tensor *x,
+                               const attn_sdpa_params *p, const struct attn_rope_params *rope,
+                               const attn_tensor *dout, const attn_gqa_grads *grads);
+
+/* The scratch attn_gqa_backward needs for these arguments under ctx, in bytes.
+ * Checks the arguments as attn_gqa_backward does; *bytes is 0 on failure. */
+ATTN_API int attn_gqa_backward_workspace_size(attn_ctx *ctx, const attn_gqa_weights *w,
+                                              int64_t num_heads, int64_t num_kv_heads,
+                                              const attn_tensor *x, const attn_sdpa_params *p,
+                                              const struct attn_rope_params *rope,
+                                              const attn_tensor *dout,
+                                              const attn_gqa_grads *grads, size_t *bytes);
+
 /* ------------------------------------------------------------------------------
  * RoPE: rotary position embedding
  *
@@ -738,6 +802,15 @@ ATTN_API void attn_rope_params_init(attn_rope_params *p);
  * x otherwise is refused (INVALID_ARGUMENT, naming both). Allocates nothing. */
 ATTN_API int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor *x,
                              attn_tensor *out);
+
+/* RoPE's backward: given dy [B, H, T, D], the gradient of a loss with respect to
+ * attn_rope_apply's out, the gradient with respect to its x, which is dy turned by
+ * the opposite angles (a rotation's transpose is its inverse):
+ *   dx[i0] = dy[i0] * c + dy[i1] * s;   dx[i1] = dy[i1] * c - dy[i0] * s
+ * with c, s computed as attn_rope_apply computes them. p, the shapes, the checks
+ * and the aliasing (dx may be dy itself) are attn_rope_apply's. Allocates nothing. */
+ATTN_API int attn_rope_backward(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor *dy,
+                                attn_tensor *dx);
 
 /* ------------------------------------------------------------------------------
  * KV cache: the keys and values of earlier tokens, for decoding

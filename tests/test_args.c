@@ -1726,6 +1726,148 @@ static int gqa_any(attn_ctx *ctx, int which, const attn_gqa_weights *w, int64_t 
     }
 }
 
+typedef int (*gqa_bwd_fn)(attn_ctx *, const attn_gqa_weights *, int64_t, int64_t,
+                          const attn_tensor *, const attn_sdpa_params *,
+                          const attn_rope_params *, const attn_tensor *,
+                          const attn_gqa_grads *);
+
+/* attn_gqa_backward_workspace_size as a backward call, so that it meets the same bad
+ * arguments; *bytes must be 0 whenever it fails. */
+static int gqa_backward_workspace_as_call(attn_ctx *ctx, const attn_gqa_weights *w, int64_t H,
+                                          int64_t Hkv, const attn_tensor *x,
+                                          const attn_sdpa_params *p,
+                                          const attn_rope_params *rope,
+                                          const attn_tensor *dout, const attn_gqa_grads *g)
+{
+    size_t bytes = 1;
+    int rc = attn_gqa_backward_workspace_size(ctx, w, H, Hkv, x, p, rope, dout, g, &bytes);
+    CHECK(rc == ATTN_OK || bytes == 0);
+    return rc;
+}
+
+static void gqa_backward_contract(const char *name, gqa_bwd_fn f)
+{
+    /* H = 2 query heads, Hkv = 1, head_dim 2 (even, for RoPE): H*D = 4 = E. */
+    enum { E = 4, B = 2, T = 3, H = 2, HKV = 1, D = 2 };
+    static float wq[H * D * E], wk[HKV * D * E], wv[HKV * D * E], wo[E * H * D], bq[H * D],
+        bk[HKV * D], bv[HKV * D], bo[E], x_buf[B * T * E], dy_buf[B * T * E],
+        dx_buf[B * T * E], dwq_buf[H * D * E], dwk_buf[HKV * D * E], dwv_buf[HKV * D * E],
+        dwo_buf[E * H * D], dbq_buf[H * D], dbk_buf[HKV * D], dbv_buf[HKV * D], dbo_buf[E],
+        l_buf[B * H * T];
+    attn_gqa_weights w;
+    w.w_q = make(ATTN_DTYPE_F32, wq, 2, H * D, E, 1, 1);
+    w.w_k = make(ATTN_DTYPE_F32, wk, 2, HKV * D, E, 1, 1);
+    w.w_v = make(ATTN_DTYPE_F32, wv, 2, HKV * D, E, 1, 1);
+    w.w_o = make(ATTN_DTYPE_F32, wo, 2, E, H * D, 1, 1);
+    w.b_q = make(ATTN_DTYPE_F32, bq, 1, H * D, 1, 1, 1);
+    w.b_k = make(ATTN_DTYPE_F32, bk, 1, HKV * D, 1, 1, 1);
+    w.b_v = make(ATTN_DTYPE_F32, bv, 1, HKV * D, 1, 1, 1);
+    w.b_o = make(ATTN_DTYPE_F32, bo, 1, E, 1, 1, 1);
+    attn_tensor x = make(ATTN_DTYPE_F32, x_buf, 3, B, T, E, 1);
+    attn_tensor dy = make(ATTN_DTYPE_F32, dy_buf, 3, B, T, E, 1);
+    attn_tensor dx = make(ATTN_DTYPE_F32, dx_buf, 3, B, T, E, 1);
+    attn_tensor dwq = make(ATTN_DTYPE_F32, dwq_buf, 2, H * D, E, 1, 1);
+    attn_tensor dwk = make(ATTN_DTYPE_F32, dwk_buf, 2, HKV * D, E, 1, 1);
+    attn_tensor dwv = make(ATTN_DTYPE_F32, dwv_buf, 2, HKV * D, E, 1, 1);
+    attn_tensor dwo = make(ATTN_DTYPE_F32, dwo_buf, 2, E, H * D, 1, 1);
+    attn_tensor dbq = make(ATTN_DTYPE_F32, dbq_buf, 1, H * D, 1, 1, 1);
+    attn_tensor dbk = make(ATTN_DTYPE_F32, dbk_buf, 1, HKV * D, 1, 1, 1);
+    attn_tensor dbv = make(ATTN_DTYPE_F32, dbv_buf, 1, HKV * D, 1, 1, 1);
+    attn_tensor dbo = make(ATTN_DTYPE_F32, dbo_buf, 1, E, 1, 1, 1);
+    attn_gqa_grads g = {&dx, &dwq, &dwk, &dwv, &dwo, &dbq, &dbk, &dbv, &dbo};
+    attn_rope_params rp;
+    attn_rope_params_init(&rp);
+
+    fprintf(stderr, "   %s\n", name);
+    EXPECT_OK(f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g));
+    EXPECT_OK(f(C, &w, H, HKV, &x, NULL, &rp, &dy, &g));
+    /* Bias gradients are optional, and may be asked for without the biases. */
+    attn_gqa_grads nob = {&dx, &dwq, &dwk, &dwv, &dwo, NULL, NULL, NULL, NULL};
+    EXPECT_OK(f(C, &w, H, HKV, &x, NULL, NULL, &dy, &nob));
+    attn_gqa_weights nb = w;
+    nb.b_q.data = nb.b_k.data = nb.b_v.data = nb.b_o.data = NULL;
+    EXPECT_OK(f(C, &nb, H, HKV, &x, NULL, NULL, &dy, &g));
+
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, NULL, H, HKV, &x, NULL, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, NULL, NULL, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, NULL, NULL, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, NULL, &dy, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, 0, HKV, &x, NULL, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, 0, &x, NULL, NULL, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, 2, 2, &x, NULL, NULL, &dy, &g));
+    attn_tensor *slots[9] = {&dx, &dwq, &dwk, &dwv, &dwo, &dbq, &dbk, &dbv, &dbo};
+    for (int i = 0; i < 9; i++) {
+        attn_gqa_grads missing = g;
+        attn_tensor **fields[5] = {&missing.dx, &missing.dw_q, &missing.dw_k, &missing.dw_v,
+                                   &missing.dw_o};
+        if (i < 5) {
+            *fields[i] = NULL;
+            EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                        f(C, &w, H, HKV, &x, NULL, NULL, &dy, &missing));
+        }
+        FOR_EACH_VARIANT(slots[i], ATTN_DTYPE_I32, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g));
+    }
+    FOR_EACH_VARIANT(&x, ATTN_DTYPE_I32, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g));
+    FOR_EACH_VARIANT(&dy, ATTN_DTYPE_BOOL, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g));
+    FOR_EACH_VARIANT(&w.w_k, ATTN_DTYPE_I32, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g));
+
+    /* Shapes: dout must be x's, each gradient its parameter's. */
+    attn_tensor dy_t = make(ATTN_DTYPE_F32, dy_buf, 3, B, T - 1, E, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, H, HKV, &x, NULL, NULL, &dy_t, &g));
+    attn_gqa_grads g_t = g;
+    g_t.dw_k = &dwq; /* [H*D, E] where [Hkv*D, E] is due */
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g_t));
+    attn_tensor dbo_t = make(ATTN_DTYPE_F32, dbo_buf, 2, 1, E, 1, 1);
+    attn_gqa_grads g_b = g;
+    g_b.db_o = &dbo_t;
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &g_b));
+
+    /* RoPE's parameters are checked as the forward checks them. */
+    attn_rope_params neg = rp, pair = rp, huge = rp, base0 = rp;
+    neg.offset = -1;
+    pair.pairing = (attn_rope_pairing)7;
+    huge.offset = INT64_MAX;
+    base0.base = 0.0f;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, &neg, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, &pair, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, &base0, &dy, &g));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, f(C, &w, H, HKV, &x, NULL, &huge, &dy, &g));
+
+    /* The forward's lse output is refused; gradients may not overlap inputs or each
+     * other. */
+    attn_tensor lse = make(ATTN_DTYPE_F32, l_buf, 3, B, H, T, 1);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.lse = &lse;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, &p, NULL, &dy, &g));
+    attn_tensor dx_on_dy = make(ATTN_DTYPE_F32, dy_buf, 3, B, T, E, 1);
+    attn_gqa_grads a1 = g;
+    a1.dx = &dx_on_dy;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &a1));
+    attn_tensor dwv_on_wv = make(ATTN_DTYPE_F32, wv, 2, HKV * D, E, 1, 1);
+    attn_gqa_grads a2 = g;
+    a2.dw_v = &dwv_on_wv;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &a2));
+    attn_tensor dbk_on_dwk = make(ATTN_DTYPE_F32, dwk_buf, 1, HKV * D, 1, 1, 1);
+    attn_gqa_grads a3 = g;
+    a3.db_k = &dbk_on_dwk;
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, NULL, &dy, &a3));
+}
+
+static void test_gqa_backward(void)
+{
+    TEST("attn_gqa_backward and attn_gqa_backward_workspace_size refuse the same NULL "
+         "arguments, bad tensors, shapes, head counts, RoPE parameters, the forward's lse "
+         "and overlapping gradients with the same statuses; bias gradients are optional");
+    covers("attn_gqa_backward");
+    covers("attn_gqa_backward_workspace_size");
+    gqa_backward_contract("attn_gqa_backward", attn_gqa_backward);
+    gqa_backward_contract("attn_gqa_backward_workspace_size", gqa_backward_workspace_as_call);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
+                attn_gqa_backward_workspace_size(C, NULL, 1, 1, NULL, NULL, NULL, NULL, NULL,
+                                                 NULL));
+}
+
 static void test_gqa(void)
 {
     TEST("attn_gqa_weights_check, attn_gqa_forward, attn_gqa_workspace_size and "
@@ -1981,6 +2123,7 @@ static void test_rope_and_kv_cache(void)
          "and a NULL bytes");
     covers("attn_rope_params_init");
     covers("attn_rope_apply");
+    covers("attn_rope_backward");
     covers("attn_kv_cache_bytes");
     covers("attn_kv_cache_create");
     covers("attn_kv_cache_free");
@@ -2031,6 +2174,18 @@ static void test_rope_and_kv_cache(void)
     attn_tensor x1 = x;
     x1.shape[0] = 1;
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_apply(C, &rp, &x1, &shifted));
+    /* attn_rope_backward makes attn_rope_apply's checks. */
+    EXPECT_OK(attn_rope_backward(C, &rp, &x, &out));
+    EXPECT_OK(attn_rope_backward(C, NULL, &x, &x));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &rp, NULL, &out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &rp, &x, NULL));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_rope_backward(C, &rp, &odd, &odd));
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_rope_backward(C, &rp, &x, &other));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_rope_backward(C, &rp, &x, &f64));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &neg, &x, &out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &pair, &x, &out));
+    EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_rope_backward(C, &huge, &x, &out));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &rp, &x1, &shifted));
 
     /* The cache: B 2, Hkv 1, capacity 4, D 4. */
     attn_kv_cache_config cfg = {2, 1, 4, 4, 0};
@@ -2326,6 +2481,7 @@ int main(void)
     test_mha_backward();
     test_mha_packed();
     test_gqa();
+    test_gqa_backward();
     test_files();
     test_output_sets();
     test_weights();

@@ -6,7 +6,8 @@
 # tests/test_mha_backward.c (1e-6 + 1e-5 * |torch|; the reason is given there); the
 # gradients' file names exactly the tensors the weights file has, prefix included;
 # the bad combinations of the flags are usage errors (exit 2), a dY of the wrong
-# shape and separate projections errors (exit 1), and a failed run writes nothing.
+# shape an error (exit 1), and a failed run writes nothing. (Separate projections
+# and --rope with --grad-* are tests/test_cli_gqa_grad.sh's.)
 set -u
 . "$(dirname "$0")/cli_lib.sh"
 
@@ -91,6 +92,39 @@ done <"$GOLD/MANIFEST"
 [ "$ncases" -ge 4 ] && ok || bad "only $ncases golden cases"
 no_temp_files "$WORK"
 
+say "attn forward --num-kv-heads/--rope --grad-* reproduces PyTorch autograd's dX and every weight's gradient on every case of golden_gqa_grads (separate projections with GQA and MQA, the chapter's module with RoPE, both pairings), under the weights file's own names"
+GQA_GOLD="$ATTN_TEST_DATA_DIR/golden_gqa_grads"
+ncases=0
+while read -r name; do
+    case "$name" in '#'* | '') continue ;; esac
+    dir="$GQA_GOLD/$name"
+    unset "${!c_@}" 2>/dev/null
+    while IFS='=' read -r k v; do
+        case "$k" in '#'* | '') continue ;; esac
+        printf -v "c_$k" '%s' "$v"
+    done <"$dir/case.txt"
+    args=(forward --weights "$dir/weights.safetensors" --num-heads "$c_num_heads"
+        --input "$dir/x.npy")
+    [ -n "$c_prefix" ] && args+=(--prefix "$c_prefix")
+    [ "$c_layout" = separate ] && args+=(--num-kv-heads "$c_num_kv_heads")
+    [ "$c_causal" = 1 ] && args+=(--causal)
+    [ -n "$c_mask" ] && args+=(--mask "$dir/$c_mask")
+    [ "$c_rope" != none ] &&
+        args+=(--rope "$c_rope" --rope-base "$c_rope_base" --rope-offset "$c_rope_offset")
+    w="$WORK/gqa_$name"
+    run 0 "$ATTN" "${args[@]}" --output "$w.y.npy" --grad-output "$dir/dy.npy" \
+        --grad-input "$w.dx.npy" --grad-weights "$w.g.safetensors"
+    npy_close "$w.y.npy" "$dir/out.npy" $ATOL $RTOL
+    npy_close "$w.dx.npy" "$dir/dx.npy" $ATOL $RTOL
+    want=$(st_names "$dir/weights.safetensors" | tr '\n' ' ')
+    names=$(st_names "$w.g.safetensors" | tr '\n' ' ')
+    [ "$names" = "$want" ] && ok || bad "$name: the gradients' file names '$names', not '$want'"
+    for n in $want; do st_close "$w.g.safetensors" "$n" "$dir/grad_$n.npy"; done
+    ncases=$((ncases + 1))
+done <"$GQA_GOLD/MANIFEST"
+[ "$ncases" -ge 6 ] && ok || bad "only $ncases grouped-query golden cases"
+no_temp_files "$WORK"
+
 say "PyTorch's names under a prefix, without an output bias: the gradients' file has exactly those three names, with the same gradients"
 dir="$GOLD/plain"
 case_args "$dir"
@@ -105,7 +139,7 @@ st_close "$WORK/t.g.safetensors" layer.0.in_proj_bias "$dir/db_qkv.npy"
 st_close "$WORK/t.g.safetensors" layer.0.out_proj.weight "$dir/dw_o.npy"
 [ ! -e "$WORK/t.dx.npy" ] && ok || bad "a dX was written without --grad-input"
 
-say "--grad-output without a destination, a destination without it, with --rope, or onto another output is a usage error (exit 2)"
+say "--grad-output without a destination, a destination without it, or onto another output is a usage error (exit 2)"
 base=("${args[@]}" --weights "$dir/weights.safetensors" --output "$WORK/u.y.npy")
 run 2 "$ATTN" "${base[@]}" --grad-output "$dir/dy.npy"
 err_has "--grad-output needs --grad-input or --grad-weights"
@@ -113,20 +147,13 @@ run 2 "$ATTN" "${base[@]}" --grad-input "$WORK/u.dx.npy"
 err_has "--grad-input needs --grad-output"
 run 2 "$ATTN" "${base[@]}" --grad-weights "$WORK/u.g.safetensors"
 err_has "--grad-weights needs --grad-output"
-run 2 "$ATTN" "${base[@]}" --rope half --grad-output "$dir/dy.npy" --grad-input "$WORK/u.dx.npy"
-err_has "--grad-output with --rope"
 run 2 "$ATTN" "${base[@]}" --grad-output "$dir/dy.npy" --grad-input "$WORK/u.y.npy"
 [ ! -e "$WORK/u.y.npy" ] && ok || bad "a usage error wrote the output"
 
-say "a dY of the wrong shape and separate projections are errors (exit 1) that name the file, and nothing is written"
+say "a dY of the wrong shape is an error (exit 1) that names the file, and nothing is written"
 run 1 "$ATTN" "${base[@]}" --grad-output "$GOLD/causal/dy.npy" --grad-input "$WORK/u.dx.npy"
 err_has "--grad-output $GOLD/causal/dy.npy: expected float"
 [ ! -e "$WORK/u.y.npy" ] && [ ! -e "$WORK/u.dx.npy" ] && ok || bad "a failed run wrote a file"
-sep="$ATTN_TEST_DATA_DIR/golden/mha_separate_t1"
-run 1 "$ATTN" forward --weights "$sep/weights.safetensors" --num-heads "$(grep '^num_heads=' "$sep/case.txt" | cut -d= -f2)" \
-    --input "$sep/x.npy" --output "$WORK/s.y.npy" --grad-output "$sep/x.npy" --grad-input "$WORK/s.dx.npy"
-err_has "separate projections"
-[ ! -e "$WORK/s.y.npy" ] && ok || bad "a failed run wrote the output"
 no_temp_files "$WORK"
 
 say "attn forward --help documents the three --grad-* flags"

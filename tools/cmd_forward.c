@@ -19,12 +19,13 @@
  * calls and rotates q and k with --rope between the projections and the attention
  * (SPEC section 7), inside the library call.
  *
- * With --grad-output dY (SPEC section 8) attn_mha_backward runs after the forward
- * and gives dX (--grad-input) and the gradients of the four weights
- * (--grad-weights, a .safetensors file under the very names the weights were
- * loaded by, prefix included, so that a training script can match one file to the
- * other by name). It takes the chapter's fused weights, so it needs one of the
- * fused name sets.
+ * With --grad-output dY (SPEC section 8) the backward runs after the forward and
+ * gives dX (--grad-input) and the gradients of the weights (--grad-weights, a
+ * .safetensors file under the very names the weights were loaded by, prefix
+ * included, so that a training script can match one file to the other by name):
+ * attn_mha_backward for the fused name sets, attn_gqa_backward for separate
+ * projections and whenever --rope rotates q and k (the fused W_qkv is then seen as
+ * its three row blocks, which gives attn_mha_backward's bits without RoPE).
  */
 #include "attn.h"
 #include "cmd_forward.h"
@@ -144,16 +145,20 @@ static const char HELP[] =
     "        Also run the backward pass: DY (float32, the shape of Y) is the gradient\n"
     "        of a loss with respect to Y, e.g. all 1/N (N = Y's size) for the mean of\n"
     "        Y. The forward is recomputed inside the call (docs/gradients.md,\n"
-    "        'Multi-head attention'). Needs the chapter's or PyTorch's fused weights\n"
-    "        (qkv.weight or in_proj_weight), --grad-input or --grad-weights (or both),\n"
-    "        and takes every mask and option above except --rope.\n"
+    "        'Multi-head attention' and 'Grouped-query attention and RoPE'). Takes\n"
+    "        every weight name set (separate projections with --num-kv-heads too),\n"
+    "        every mask and option above and --rope (whose backward turns the\n"
+    "        gradients of q and k back by the same angles). Needs --grad-input or\n"
+    "        --grad-weights (or both).\n"
     "    --grad-input DX.npy\n"
     "        Where to write the gradient with respect to X (float32, X's shape).\n"
     "    --grad-weights G.safetensors\n"
     "        Where to write the gradients of the weights, float32, under exactly the\n"
     "        names the weights file has (prefix included): e.g. qkv.weight,\n"
-    "        qkv.bias, output.weight, output.bias. A bias the file does not have is\n"
-    "        zero, and no gradient is written for it.\n"
+    "        qkv.bias, output.weight, output.bias, or q_proj.weight .. o_proj.bias.\n"
+    "        With grouped-query attention the gradients of k_proj and v_proj sum\n"
+    "        over the H / Hkv query heads that read each key/value head. A bias the\n"
+    "        file does not have is zero, and no gradient is written for it.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -165,8 +170,7 @@ static const char HELP[] =
     "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
     "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
     "    --rope-offset without --rope, --grad-output without --grad-input or\n"
-    "    --grad-weights (or either without --grad-output), --grad-output with --rope.\n"
-    "    Separate projections with --grad-output are an error (exit 1). Slopes\n"
+    "    --grad-weights (or either without --grad-output). Slopes\n"
     "    or sinks that are not [H] and a bias that does not broadcast are errors\n"
     "    (exit 1) that name the shapes.\n"
     "\n"
@@ -183,6 +187,9 @@ static const char HELP[] =
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy --causal \\\n"
     "        --output y.npy --grad-output dy.npy --grad-input dx.npy \\\n"
     "        --grad-weights grads.safetensors\n"
+    "    attn forward --weights llama.safetensors --num-heads 8 --num-kv-heads 2 \\\n"
+    "        --input x.npy --causal --rope half --output y.npy \\\n"
+    "        --grad-output dy.npy --grad-weights grads.safetensors\n"
     "\n"
     "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
 
@@ -398,8 +405,8 @@ static int grad_names(attn_ctx *ctx, const char *path, const char *prefix, char 
 }
 
 /* The usage rules of --grad-*: --grad-output with at least one of --grad-input and
- * --grad-weights, each of those with it, none with --rope, every output distinct. */
-static int check_grad_flags(const fwd_args *a, const char *const g[3], int use_rope)
+ * --grad-weights, each of those with it, every output distinct. */
+static int check_grad_flags(const fwd_args *a, const char *const g[3])
 {
     if (g[0] && !g[1] && !g[2])
         return cli_usage_error(PROG, "--grad-output needs --grad-input or --grad-weights "
@@ -407,27 +414,107 @@ static int check_grad_flags(const fwd_args *a, const char *const g[3], int use_r
     if (!g[0] && (g[1] || g[2]))
         return cli_usage_error(PROG, "%s needs --grad-output (the output's gradient)",
                                g[1] ? "--grad-input" : "--grad-weights");
-    if (g[0] && use_rope)
-        return cli_usage_error(PROG, "--grad-output with --rope: the multi-head backward "
-                                     "does not rotate q and k");
     static const char *const out_names[5] = {"output", "attention", "lse", "grad-input",
                                               "grad-weights"};
     const char *out_paths[5] = {a->output, a->attention, a->so.lse, g[1], g[2]};
     return cli_distinct_outputs(PROG, 5, out_names, out_paths);
 }
 
-/* Runs attn_mha_backward for the dY at path g[0] and writes Y (and the forward's
- * other outputs) with dX and the weights' gradients as one output set. */
-static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
-                        const char *const g[3], const attn_tensor *out, const attn_tensor *att,
-                        const attn_tensor *lse)
+/* Rows r0 .. r0 + n - 1 of a 1-D or 2-D tensor as a view. */
+static attn_tensor rows_view(const attn_tensor *t, int64_t r0, int64_t n)
 {
-    char names[4][512];
-    int has[4] = {0};
-    if (grad_names(ctx, a->weights, a->prefix ? a->prefix : "", names, has))
+    attn_tensor v = *t;
+    v.data = (float *)t->data + r0 * t->stride[0];
+    v.shape[0] = n;
+    return v;
+}
+
+/* The weights' names (prefix included), tensors and presence, in the order of the
+ * gradients: fused sets w_qkv, b_qkv, w_o, b_o (n = 4); separate projections W_q,
+ * W_k, W_v, W_o, then b_q, b_k, b_v, b_o (n = 8). */
+typedef struct grad_set {
+    int n;
+    char names[8][512];
+    int has[8];
+    const attn_tensor *of[8];
+} grad_set;
+
+static int grad_set_make(attn_ctx *ctx, const fwd_args *a, const fwd_data *d, grad_set *gs)
+{
+    const char *prefix = a->prefix ? a->prefix : "";
+    memset(gs, 0, sizeof *gs);
+    if (!d->separate) {
+        const attn_tensor *ws[4] = {&d->w.w_qkv, &d->w.b_qkv, &d->w.w_o, &d->w.b_o};
+        gs->n = 4;
+        for (int i = 0; i < 4; i++)
+            gs->of[i] = ws[i];
+        return grad_names(ctx, a->weights, prefix, gs->names, gs->has);
+    }
+    static const char *const names[8] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                         "o_proj.weight", "q_proj.bias",   "k_proj.bias",
+                                         "v_proj.bias",   "o_proj.bias"};
+    const attn_tensor *ws[8] = {&d->g.w_q, &d->g.w_k, &d->g.w_v, &d->g.w_o,
+                                &d->g.b_q, &d->g.b_k, &d->g.b_v, &d->g.b_o};
+    gs->n = 8;
+    for (int i = 0; i < 8; i++) {
+        snprintf(gs->names[i], sizeof gs->names[i], "%s%s", prefix, names[i]);
+        /* The loader leaves a bias the file lacks without data. */
+        gs->has[i] = i < 4 || ws[i]->data != NULL;
+        gs->of[i] = ws[i];
+    }
+    return 0;
+}
+
+/* The backward on d's weights into dx and dw[] (grad_set's order; a separate bias
+ * the file lacks has no tensor and is not computed). */
+static int run_backward(attn_ctx *ctx, const fwd_data *d, const attn_sdpa_params *p,
+                        const attn_rope_params *rope, const attn_tensor *dy3, attn_tensor *dx,
+                        attn_tensor *dw)
+{
+    if (!d->separate && !rope) {
+        const attn_mha_grads grads = {dx, &dw[0], &dw[1], &dw[2], &dw[3]};
+        return attn_mha_backward(ctx, &d->w, d->H, &d->x3, p, dy3, &grads);
+    }
+    if (d->separate) {
+        attn_tensor *db[4];
+        for (int i = 0; i < 4; i++)
+            db[i] = dw[4 + i].data ? &dw[4 + i] : NULL;
+        const attn_gqa_grads grads = {dx,    &dw[0], &dw[1], &dw[2], &dw[3],
+                                      db[0], db[1],  db[2],  db[3]};
+        return attn_gqa_backward(ctx, &d->g, d->H, d->Hkv, &d->x3, p, rope, dy3, &grads);
+    }
+    /* The chapter's module with RoPE: W_qkv's row blocks are q's, k's and v's, and
+     * the same blocks of dW_qkv and db_qkv their gradients. */
+    const int64_t E = d->E;
+    attn_gqa_weights w;
+    attn_tensor v[6];
+    w.w_q = rows_view(&d->w.w_qkv, 0, E);
+    w.w_k = rows_view(&d->w.w_qkv, E, E);
+    w.w_v = rows_view(&d->w.w_qkv, 2 * E, E);
+    w.b_q = rows_view(&d->w.b_qkv, 0, E);
+    w.b_k = rows_view(&d->w.b_qkv, E, E);
+    w.b_v = rows_view(&d->w.b_qkv, 2 * E, E);
+    w.w_o = d->w.w_o;
+    w.b_o = d->w.b_o;
+    for (int i = 0; i < 3; i++) {
+        v[i] = rows_view(&dw[0], i * E, E);
+        v[3 + i] = rows_view(&dw[1], i * E, E);
+    }
+    const attn_gqa_grads grads = {dx, &v[0], &v[1], &v[2], &dw[2], &v[3], &v[4], &v[5], &dw[3]};
+    return attn_gqa_backward(ctx, &w, d->H, d->H, &d->x3, p, rope, dy3, &grads);
+}
+
+/* Runs the backward for the dY at path g[0] and writes Y (and the forward's other
+ * outputs) with dX and the weights' gradients as one output set. */
+static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
+                        const char *const g[3], const attn_rope_params *rope,
+                        const attn_tensor *out, const attn_tensor *att, const attn_tensor *lse)
+{
+    grad_set gs;
+    if (grad_set_make(ctx, a, d, &gs))
         return CLI_EXIT_ERROR;
     attn_array dy = {0};
-    attn_tensor dx = {0}, dw[4] = {{0}};
+    attn_tensor dx = {0}, dw[8] = {{0}};
     int status = CLI_EXIT_ERROR;
     if (cli_load_npy(PROG, ctx, "--grad-output", g[0], &dy))
         goto done;
@@ -444,18 +531,20 @@ static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
     const int64_t E = d->E, s3[3] = {d->B, d->T, E};
     attn_tensor dy3;
     attn_tensor_init(ctx, &dy3, ATTN_DTYPE_F32, yt->data, 3, s3);
-    const attn_tensor *ws[4] = {&d->w.w_qkv, &d->w.b_qkv, &d->w.w_o, &d->w.b_o};
     int bad = attn_tensor_alloc(ctx, &dx, ATTN_DTYPE_F32, 3, s3);
-    for (int i = 0; i < 4 && !bad; i++)
-        bad = attn_tensor_alloc(ctx, &dw[i], ATTN_DTYPE_F32, ws[i]->ndim, ws[i]->shape);
+    /* Every fused tensor has a gradient (a bias the file lacks is zeros, written
+     * nowhere); a separate bias the file lacks has none. */
+    for (int i = 0; i < gs.n && !bad; i++)
+        if (gs.n == 4 || gs.has[i])
+            bad = attn_tensor_alloc(ctx, &dw[i], ATTN_DTYPE_F32, gs.of[i]->ndim,
+                                    gs.of[i]->shape);
     if (bad) {
         cli_fail(PROG, ctx);
         goto done;
     }
     attn_sdpa_params p = d->p;
     p.lse = NULL; /* the backward recomputes its own */
-    const attn_mha_grads grads = {&dx, &dw[0], &dw[1], &dw[2], &dw[3]};
-    if (attn_mha_backward(ctx, &d->w, d->H, &d->x3, &p, &dy3, &grads)) {
+    if (run_backward(ctx, d, &p, rope, &dy3, &dx, dw)) {
         cli_fail_sdpa(PROG, ctx, &a->so, NULL);
         goto done;
     }
@@ -463,8 +552,8 @@ static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
     /* One output set: Y (and A, L), then dX, then the weights' gradients; a [T, E]
      * input drops the batch axis of each, as fwd_save does. */
     cli_output outs[5];
-    attn_tensor shown[3] = {*out, *att, *lse}, dx_shown = dx, gt[4];
-    const char *gnames[4];
+    attn_tensor shown[3] = {*out, *att, *lse}, dx_shown = dx, gt[8];
+    const char *gnames[8];
     int n = 0, ng = 0;
     const int64_t T = d->T, H = d->H, s2[2] = {T, E}, sw[3] = {H, T, T}, sl[2] = {H, T};
     if (d->single) {
@@ -482,9 +571,9 @@ static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
         outs[n++] = (cli_output){a->so.lse, &shown[2], NULL, NULL, 0, NULL, 0};
     if (g[1])
         outs[n++] = (cli_output){g[1], &dx_shown, NULL, NULL, 0, NULL, 0};
-    for (int i = 0; i < 4; i++)
-        if (has[i]) {
-            gnames[ng] = names[i];
+    for (int i = 0; i < gs.n; i++)
+        if (gs.has[i]) {
+            gnames[ng] = gs.names[i];
             gt[ng++] = dw[i];
         }
     if (g[2])
@@ -496,7 +585,7 @@ static int forward_grad(attn_ctx *ctx, const fwd_args *a, const fwd_data *d,
 done:
     attn_array_free(ctx, &dy);
     attn_tensor_free(ctx, &dx);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++)
         attn_tensor_free(ctx, &dw[i]);
     return status;
 }
@@ -518,7 +607,7 @@ int cmd_forward(int argc, char **argv)
     attn_rope_params rope;
     int use_rope;
     if ((rc = fwd_check(PROG, opts, nopts, &a, &rope, &use_rope)) != CLI_PARSED ||
-        (rc = check_grad_flags(&a, g, use_rope)) != CLI_PARSED)
+        (rc = check_grad_flags(&a, g)) != CLI_PARSED)
         return rc;
 
     attn_ctx ctx;
@@ -530,12 +619,6 @@ int cmd_forward(int argc, char **argv)
     int status = CLI_EXIT_ERROR;
     if (fwd_load(PROG, &ctx, &a, &d))
         goto done;
-    if (g[0] && d.separate) {
-        cli_error(PROG, "--grad-output: %s has separate projections (q_proj, k_proj, "
-                        "v_proj, o_proj); the backward takes the fused weights qkv.weight "
-                        "or in_proj_weight", a.weights);
-        goto done;
-    }
     /* Packed once, both name sets run through the one call that takes RoPE; packed
      * weights give the same bits as attn_mha_forward and attn_gqa_forward. */
     if ((d.separate ? attn_gqa_pack(&ctx, &d.g, d.H, d.Hkv, &packed)
@@ -557,7 +640,7 @@ int cmd_forward(int argc, char **argv)
         cli_fail_sdpa(PROG, &ctx, &a.so, NULL);
         goto done;
     }
-    if (g[0] ? forward_grad(&ctx, &a, &d, g, &out, &att, &lse)
+    if (g[0] ? forward_grad(&ctx, &a, &d, g, use_rope ? &rope : NULL, &out, &att, &lse)
              : fwd_save(PROG, &ctx, &a, &d, &out, &att, &lse))
         goto done;
     status = CLI_EXIT_OK;

@@ -56,6 +56,13 @@ void attn__rope_run(const attn_rope_params *p, int64_t H, int64_t T, int64_t D,
                     const float *x, const int64_t xs[3], float *out, const int64_t os[3],
                     int64_t pos0)
 {
+    attn__rope_rotate(p, 0, H, T, D, x, xs, out, os, pos0);
+}
+
+void attn__rope_rotate(const attn_rope_params *p, int inverse, int64_t H, int64_t T, int64_t D,
+                       const float *x, const int64_t xs[3], float *out, const int64_t os[3],
+                       int64_t pos0)
+{
     const int64_t half = D / 2;
     /* Feature index of the pair's first and second member, per unit of k. */
     const int64_t step = p->pairing == ATTN_ROPE_HALF ? 1 : 2;
@@ -73,7 +80,9 @@ void attn__rope_run(const attn_rope_params *p, int64_t H, int64_t T, int64_t D,
             for (int64_t k = 0; k < nk; k++) {
                 const float angle = pos * inv_freq[k];
                 cs[k] = cosf(angle);
-                sn[k] = sinf(angle);
+                /* The inverse turns by -angle: sin(-a) = -sin(a) exactly in float,
+                 * and cos is even, so the inverse is the forward with s negated. */
+                sn[k] = inverse ? -sinf(angle) : sinf(angle);
             }
             for (int64_t h = 0; h < H; h++) {
                 const float *xr = x + h * xs[0] + t * xs[1];
@@ -92,8 +101,10 @@ void attn__rope_run(const attn_rope_params *p, int64_t H, int64_t T, int64_t D,
     }
 }
 
-int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor *x,
-                    attn_tensor *out)
+/* The checks and the loop that attn_rope_apply and attn_rope_backward share; fn
+ * names the caller in the messages. */
+static int rope_call(attn_ctx *ctx, const char *fn, int inverse, const attn_rope_params *p,
+                     const attn_tensor *x, attn_tensor *out)
 {
     attn_rope_params defaults;
     if (!p) {
@@ -101,13 +112,13 @@ int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor 
         p = &defaults;
     }
     if (!x || !out)
-        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "attn_rope_apply: %s is NULL",
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                           !x ? "x" : "out");
     int rc;
     if ((rc = attn_tensor_check(ctx, x, "x")) || (rc = attn_tensor_check(ctx, out, "out")))
         return rc;
     if (x->dtype != ATTN_DTYPE_F32 || out->dtype != ATTN_DTYPE_F32)
-        return attn__fail(ctx, ATTN_STATUS_DTYPE, "attn_rope_apply: %s must be float32, not %s",
+        return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s: %s must be float32, not %s", fn,
                           x->dtype != ATTN_DTYPE_F32 ? "x" : "out",
                           attn_dtype_name(x->dtype != ATTN_DTYPE_F32 ? x->dtype : out->dtype));
     int64_t xsh[4], xst[4], osh[4], ost[4];
@@ -116,7 +127,7 @@ int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor 
     if (x->ndim != out->ndim || memcmp(xsh, osh, sizeof xsh) != 0) {
         char a[128], b[128];
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
-                          "attn_rope_apply: out has shape %s; expected x's shape %s",
+                          "%s: out has shape %s; expected x's shape %s", fn,
                           attn__shape_str(out, a, sizeof a), attn__shape_str(x, b, sizeof b));
     }
     if ((rc = attn__rope_check(ctx, p, xsh[3], 1)))
@@ -125,10 +136,23 @@ int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor 
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "RoPE offset %lld plus %lld rows overflows", (long long)p->offset,
                           (long long)xsh[2]);
-    if ((rc = attn__no_overlap(ctx, "attn_rope_apply", out, "out", x, "x", 1)))
+    if ((rc = attn__no_overlap(ctx, fn, out, "out", x, "x", 1)))
         return rc;
     for (int64_t b = 0; b < xsh[0]; b++)
-        attn__rope_run(p, xsh[1], xsh[2], xsh[3], (const float *)x->data + b * xst[0], xst + 1,
-                       (float *)out->data + b * ost[0], ost + 1, p->offset);
+        attn__rope_rotate(p, inverse, xsh[1], xsh[2], xsh[3],
+                          (const float *)x->data + b * xst[0], xst + 1,
+                          (float *)out->data + b * ost[0], ost + 1, p->offset);
     return ATTN_OK;
+}
+
+int attn_rope_apply(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor *x,
+                    attn_tensor *out)
+{
+    return rope_call(ctx, "attn_rope_apply", 0, p, x, out);
+}
+
+int attn_rope_backward(attn_ctx *ctx, const attn_rope_params *p, const attn_tensor *dy,
+                       attn_tensor *dx)
+{
+    return rope_call(ctx, "attn_rope_backward", 1, p, dy, dx);
 }

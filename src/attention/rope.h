@@ -1,6 +1,7 @@
 /*
  * rope.h - rotary position embedding inside the library: the parameter check and
- * the unchecked rotation that attn_rope_apply and the KV cache (kv_cache.c) share.
+ * the unchecked rotation that attn_rope_apply, attn_rope_backward, the KV cache
+ * (kv_cache.c) and the attention backward (mha_backward.c) share.
  * Internal; names start with attn__.
  */
 #ifndef ATTN_ROPE_H
@@ -20,5 +21,12 @@ int attn__rope_check(attn_ctx *ctx, const attn_rope_params *p, int64_t D, int ch
 void attn__rope_run(const attn_rope_params *p, int64_t H, int64_t T, int64_t D,
                     const float *x, const int64_t xs[3], float *out, const int64_t os[3],
                     int64_t pos0);
+
+/* attn__rope_run when inverse is 0; with inverse 1 the rotation by the opposite
+ * angles, R^T, which is RoPE's backward: the gradient with respect to the rows
+ * before the rotation, from the gradient with respect to the rotated rows. */
+void attn__rope_rotate(const attn_rope_params *p, int inverse, int64_t H, int64_t T, int64_t D,
+                       const float *x, const int64_t xs[3], float *out, const int64_t os[3],
+                       int64_t pos0);
 
 #endif /* ATTN_ROPE_H */
