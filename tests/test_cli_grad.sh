@@ -41,6 +41,7 @@ case_args() {
     [ -n "$c_bias" ] && args+=(--bias "$dir/$c_bias")
     [ -n "$c_sinks" ] && args+=(--sinks "$dir/$c_sinks")
     [ "$c_empty_rows" = zero ] && args+=(--empty-rows zero)
+    [ -n "${c_rope:-}" ] && args+=(--rope "$c_rope" --rope-base "$c_rope_base" --rope-offset "$c_rope_offset")
     return 0
 }
 
@@ -56,7 +57,7 @@ while read -r name; do
         --grad-value "$w.dv.npy")
     [ -n "$c_grad_bias" ] && grads+=(--grad-bias "$w.dbias.npy")
     [ -n "$c_grad_sinks" ] && grads+=(--grad-sinks "$w.dsinks.npy")
-    seen="$seen ${grads[*]}"
+    seen="$seen ${grads[*]} ${args[*]}"
     run 0 "$ATTN" "${args[@]}" --output "$w.out.npy" "${grads[@]}"
     npy_close "$w.out.npy" "$dir/$c_output" $ATOL $RTOL
     npy_close "$w.dq.npy" "$dir/$c_grad_query" $ATOL $RTOL
@@ -66,8 +67,8 @@ while read -r name; do
     [ -n "$c_grad_sinks" ] && npy_close "$w.dsinks.npy" "$dir/$c_grad_sinks" $ATOL $RTOL
     ncases=$((ncases + 1))
 done <"$GOLD/MANIFEST"
-[ "$ncases" -ge 12 ] && ok || bad "only $ncases golden cases of the gradients"
-for f in --grad-bias --grad-sinks; do
+[ "$ncases" -ge 14 ] && ok || bad "only $ncases golden cases of the gradients"
+for f in --grad-bias --grad-sinks --rope; do
     case "$seen " in *" $f "*) ok ;; *) bad "no golden case runs $f" ;; esac
 done
 no_temp_files "$WORK"
@@ -119,9 +120,6 @@ err_has "--grad-bias needs --bias"
 run 2 "$ATTN" "${base[@]}" --grad-output "$dir/do.npy" --grad-query "$WORK/u.dq.npy" \
     --grad-key "$WORK/u.dk.npy" --grad-value "$WORK/u.dv.npy" --grad-sinks "$WORK/u.ds.npy"
 err_has "--grad-sinks needs --sinks"
-run 2 "$ATTN" "${base[@]}" --grad-output "$dir/do.npy" --grad-query "$WORK/u.dq.npy" \
-    --grad-key "$WORK/u.dk.npy" --grad-value "$WORK/u.dv.npy" --rope half
-err_has "--grad-output with --rope"
 run 2 "$ATTN" "${base[@]}" --grad-output "$dir/do.npy" --grad-query "$WORK/u.dq.npy" \
     --grad-key "$WORK/u.dq.npy" --grad-value "$WORK/u.dv.npy"
 err_has "--grad-query and --grad-key name the same file"

@@ -848,12 +848,34 @@ static void test_golden(void)
                 attn_tensor_init(NULL, &ds, ATTN_DTYPE_F32, buf_ds, 1, sinks.tensor.shape);
                 g.dsinks = &ds;
             }
+            /* A case with RoPE rotates q and k first (keys at offset .., the queries
+             * at the last Tq positions) and turns dq and dk back after, as `attn sdpa
+             * --rope` does; its golden gradients are the unrotated inputs'. */
+            const int rope = gval(&c, "rope")[0] != '\0';
+            attn_rope_params rk, rq;
+            attn_rope_params_init(&rk);
+            if (rope) {
+                rk.pairing = strcmp(gval(&c, "rope"), "half") == 0 ? ATTN_ROPE_HALF
+                                                                   : ATTN_ROPE_INTERLEAVED;
+                rk.base = strtof(gval(&c, "rope_base"), NULL);
+                rk.offset = atoll(gval(&c, "rope_offset"));
+            }
+            rq = rk;
+            rq.offset = rk.offset + k.tensor.shape[2] - Tq;
+            if (rope) {
+                CHECK_INT(attn_rope_apply(&ctx, &rk, &k.tensor, &k.tensor), ATTN_OK);
+                CHECK_INT(attn_rope_apply(&ctx, &rq, &q.tensor, &q.tensor), ATTN_OK);
+            }
             p.lse = &lse;
             CHECK_INT(attn_sdpa(&ctx, qt, &k.tensor, &v.tensor, &p, &out, NULL), ATTN_OK);
             p.lse = NULL;
             CHECK_INT(attn_sdpa_backward(&ctx, qt, &k.tensor, &v.tensor, &p, &out, &lse,
                                          &dout.tensor, &g),
                       ATTN_OK);
+            if (rope) {
+                CHECK_INT(attn_rope_backward(&ctx, &rq, &dq, &dq), ATTN_OK);
+                CHECK_INT(attn_rope_backward(&ctx, &rk, &dk, &dk), ATTN_OK);
+            }
             check_golden(name, "out", buf_out, &out_w);
             check_golden(name, "dq", buf_dq, &dq_w);
             check_golden(name, "dk", buf_dk, &dk_w);

@@ -133,7 +133,9 @@ static const char HELP[] =
     "        Where to write the gradients of the loss with respect to Q, K and V,\n"
     "        float32, in Q's, K's and V's shapes. With grouped-query attention dK and\n"
     "        dV sum over the query heads that share a key/value head. A hidden key\n"
-    "        gets exactly zero gradient from the rows that cannot see it.\n"
+    "        gets exactly zero gradient from the rows that cannot see it. With\n"
+    "        --rope they are the gradients of the inputs as given (unrotated): the\n"
+    "        backward's dQ and dK are turned back by the inverse rotation.\n"
     "    --grad-bias DB.npy\n"
     "        With --bias: the bias's gradient, float32 in the bias file's own shape\n"
     "        (summed over the axes it was broadcast along).\n"
@@ -152,8 +154,7 @@ static const char HELP[] =
     "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
     "    --rope-offset without --rope, --grad-output without all of --grad-query,\n"
     "    --grad-key and --grad-value (or one of those without it), --grad-bias\n"
-    "    without --bias, --grad-sinks without --sinks, --grad-* with --rope (the\n"
-    "    gradients would be those of the rotated q and k). Shapes\n"
+    "    without --bias, --grad-sinks without --sinks. Shapes\n"
     "    that do not fit (H not a multiple of Hkv, slopes or sinks not [H], a bias\n"
     "    that does not broadcast) are errors (exit 1) that name the shapes.\n"
     "\n"
@@ -260,9 +261,6 @@ int cmd_sdpa(int argc, char **argv)
         (rc = check_grad_flags(g, &so)) != CLI_PARSED ||
         (rc = cli_rope_options_get(PROG, opts, nopts, &ro, &rope, &use_rope)) != CLI_PARSED)
         return rc;
-    if (use_rope && g[0])
-        return cli_usage_error(PROG, "--grad-output with --rope: the gradients would be "
-                                     "those of the rotated q and k, not of the inputs");
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
@@ -286,6 +284,7 @@ int cmd_sdpa(int argc, char **argv)
     }
     if (mask_path && cli_load_mask(PROG, &ctx, mask_path, &m))
         goto done;
+    attn_rope_params rq; /* the queries' RoPE: the keys' shifted to the last Tq positions */
     if (use_rope) {
         /* The loaded arrays are this program's own, so they are rotated in place. */
         const int64_t Tq = q.tensor.shape[nd - 2], Tk = k.tensor.shape[nd - 2];
@@ -302,7 +301,7 @@ int cmd_sdpa(int argc, char **argv)
         }
         /* The keys first: their check keeps N + Tk within 64 bits, so the
          * queries' offset below cannot overflow. */
-        attn_rope_params rq = rope;
+        rq = rope;
         int bad = attn_rope_apply(&ctx, &rope, &k.tensor, &k.tensor);
         if (!bad) {
             rq.offset = rope.offset + (Tk - Tq);
@@ -358,6 +357,13 @@ int cmd_sdpa(int argc, char **argv)
                 cli_error(PROG, "--grad-output %s: %s", g[0], ctx.message);
             else
                 cli_fail_sdpa(PROG, &ctx, &so, mask_path);
+            goto done;
+        }
+        /* The backward gave the gradients of the rotated q and k; the user's inputs
+         * are the unrotated ones, so each is turned back by the inverse rotation. */
+        if (use_rope && (attn_rope_backward(&ctx, &rq, &dq, &dq) ||
+                         attn_rope_backward(&ctx, &rope, &dk, &dk))) {
+            cli_error(PROG, "--rope: %s", ctx.message);
             goto done;
         }
     }

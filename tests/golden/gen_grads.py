@@ -25,7 +25,9 @@ the same gradients to 1e-12.
 Each case is a folder of .npy files and a case.txt with gen_options.py's keys
 (kind=sdpa_grads) plus:
   grad_output (dO), grad_query, grad_key, grad_value, grad_bias, grad_sinks
-(empty when the case has no bias or no sinks).
+(empty when the case has no bias or no sinks), and, for the cases with RoPE on q and
+k before the attention (as `attn sdpa --rope` applies it), rope (the pairing),
+rope_base and rope_offset; their gradients are those of the unrotated q and k.
 """
 import math
 import os
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_gqa_rope  # noqa: E402
 from gen_options import alibi_default_slopes, f32, visible  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "golden_grads")
@@ -71,7 +74,7 @@ def forward(q, k, v, scale, vis, softcap, bias, alibi, sinks, group):
 
 def case(name, rng, B, H, Hkv, Tq, Tk, D, Dv, causal=0, window=None, softcap=0.0,
          alibi=0, bias_shape=None, bias_ninf=0.0, mask_shape=None, sinks=False,
-         scale=None, qscale=1.0, empty_rows="error", want_empty=False):
+         scale=None, qscale=1.0, empty_rows="error", want_empty=False, rope=None):
     q = f32(rng.standard_normal((B, H, Tq, D)) * qscale)
     k = f32(rng.standard_normal((B, Hkv, Tk, D)))
     v = f32(rng.standard_normal((B, Hkv, Tk, Dv)))
@@ -85,6 +88,8 @@ def case(name, rng, B, H, Hkv, Tq, Tk, D, Dv, causal=0, window=None, softcap=0.0
             "empty_rows": empty_rows, "output": "out.npy", "lse": "", "grad_output": "do.npy",
             "grad_query": "dq.npy", "grad_key": "dk.npy", "grad_value": "dv.npy",
             "grad_bias": "", "grad_sinks": ""}
+    if rope is not None:
+        keys["rope"], keys["rope_base"], keys["rope_offset"] = rope[0], rope[1], rope[2]
     mask = None
     if mask_shape is not None:
         mask = rng.random(mask_shape) < 0.7
@@ -120,10 +125,20 @@ def case(name, rng, B, H, Hkv, Tq, Tk, D, Dv, causal=0, window=None, softcap=0.0
         st = torch.from_numpy(sk.astype(np.float64)).requires_grad_() if sk is not None else None
         return t[0], t[1], t[2], bt, st
 
+    def rotated(qx, kx):
+        """With RoPE the attention sees the rotated q and k (keys at positions
+        offset .. offset+Tk-1, the queries at the last Tq of them, as `attn sdpa
+        --rope` places them); the gradients are those of the unrotated inputs."""
+        if rope is None:
+            return qx, kx
+        pairing, base, offset = rope
+        return (gen_gqa_rope.rope(qx, offset + Tk - Tq, base, pairing),
+                gen_gqa_rope.rope(kx, offset, base, pairing))
+
     dot = torch.from_numpy(do.astype(np.float64))
     vis = visible(B, H, Tq, Tk, causal, window, mask)
     qt, kt, vt, bt, st = leaves()
-    out, empty = forward(qt, kt, vt, sc, vis, softcap, bt, alibi_t, st, H // Hkv)
+    out, empty = forward(*rotated(qt, kt), vt, sc, vis, softcap, bt, alibi_t, st, H // Hkv)
     assert bool(empty.any()) == want_empty, name
     (out * dot).sum().backward()
     grads = {"dq.npy": qt.grad, "dk.npy": kt.grad, "dv.npy": vt.grad}
@@ -134,7 +149,8 @@ def case(name, rng, B, H, Hkv, Tq, Tk, D, Dv, causal=0, window=None, softcap=0.0
 
     # PyTorch's own function, differentiated, where it has every option the case uses.
     if not softcap and not sinks and not want_empty and mask is None:
-        q2, k2, v2, b2, _ = leaves()
+        q2l, k2l, v2, b2, _ = leaves()
+        q2, k2 = rotated(q2l, k2l)
         add = torch.zeros(B, H, Tq, Tk, dtype=DT)
         if b2 is not None:
             add = add + b2
@@ -153,7 +169,7 @@ def case(name, rng, B, H, Hkv, Tq, Tk, D, Dv, causal=0, window=None, softcap=0.0
         else:
             ref = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=add, **kwargs)
         (ref * dot).sum().backward()
-        own = {"dq.npy": q2.grad, "dk.npy": k2.grad, "dv.npy": v2.grad}
+        own = {"dq.npy": q2l.grad, "dk.npy": k2l.grad, "dv.npy": v2.grad}
         if b2 is not None:
             own["dbias.npy"] = b2.grad
         for fname, g_own in own.items():
@@ -203,6 +219,12 @@ def main():
         case("everything", rng, B=2, H=4, Hkv=2, Tq=4, Tk=7, D=4, Dv=3, causal=2,
              window=(3, 0), softcap=3.0, alibi=1, bias_shape=(1, 4, 4, 7), sinks=True,
              scale=0.6),
+        # RoPE on q and k before the attention (`attn sdpa --rope`): the gradients
+        # of the unrotated inputs, so the backward turns dq and dk back.
+        case("rope_interleaved_causal", rng, B=1, H=2, Hkv=2, Tq=6, Tk=6, D=8, Dv=4,
+             causal=1, rope=("interleaved", 10000.0, 3)),
+        case("rope_half_gqa_bottom_right", rng, B=2, H=4, Hkv=2, Tq=3, Tk=7, D=8, Dv=8,
+             causal=2, rope=("half", 500000.0, 5)),
     ]
     with open(os.path.join(ROOT, "MANIFEST"), "w") as f:
         f.write("# golden cases made by tests/golden/gen_grads.py\n")
