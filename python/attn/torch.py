@@ -109,6 +109,42 @@ def _check_mask(mask, scores_shape):
     return mask
 
 
+def _broadcast(*shapes):
+    """numpy's broadcast of shapes (tuples), or None when they do not broadcast.
+    (torch.broadcast_shapes does the same but costs tens of microseconds a call.)"""
+    n = max(len(s) for s in shapes)
+    out = []
+    for i in range(n):
+        size = 1
+        for s in shapes:
+            d = s[i - n + len(s)] if i - n + len(s) >= 0 else 1
+            if d != 1:
+                if size != 1 and size != d:
+                    return None
+                size = d
+        out.append(size)
+    return tuple(out)
+
+
+# Above this many scores per (batch, head), a mask that is exactly the causal one
+# goes to the kernel as causal=True instead: the same keys are hidden, and the
+# kernel then skips the tiles above the diagonal without reading the mask. Below
+# it, the check would cost more than it saves.
+_CAUSAL_CHECK_MIN = 4096
+
+
+def _split_causal(mask, Tq, Tk):
+    """(mask, causal): (None, True) when mask is exactly make_causal_attention_mask's
+    [.., T, T] lower triangle with every leading axis of size 1, else (mask, False)."""
+    if (mask is None or Tq != Tk or Tq * Tk < _CAUSAL_CHECK_MIN or mask.dim() < 2
+            or tuple(mask.shape[-2:]) != (Tq, Tk) or mask.numel() != Tq * Tk):
+        return mask, False
+    tril = torch.ones(Tq, Tk, dtype=torch.bool).tril_()
+    if torch.equal(mask.reshape(Tq, Tk), tril):
+        return None, True
+    return mask, False
+
+
 def _np(t):
     # A numpy view of the tensor's own memory (no copy, strides kept): the C
     # library reads strided float32 views in place, zero strides included.
@@ -135,12 +171,13 @@ class _SDPAFunction(torch.autograd.Function):
     k [N, H, Tk, D], v [N, H, Tk, Dv] float32 CPU tensors; returns (output, weights)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask):
+    def forward(ctx, q, k, v, mask, causal):
         out, weights, lse = _call(_attn.sdpa, _np(q), _np(k), _np(v),
-                                  mask=None if mask is None else _np(mask),
+                                  mask=None if mask is None else _np(mask), causal=causal,
                                   return_weights=True, return_lse=True)
         out, weights, lse = (torch.from_numpy(a) for a in (out, weights, lse))
         ctx.save_for_backward(q, k, v, mask, out, lse, weights)
+        ctx.causal = causal
         # An output no loss depends on gets None in backward, not a tensor of zeros.
         ctx.set_materialize_grads(False)
         return out, weights
@@ -152,7 +189,7 @@ class _SDPAFunction(torch.autograd.Function):
         if dout is not None:
             dq, dk, dv = (torch.from_numpy(a) for a in _call(
                 _attn._sdpa_backward, _np(q), _np(k), _np(v), _np(out), _np(lse),
-                _np(dout), mask=m))
+                _np(dout), mask=m, causal=ctx.causal))
         else:
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if dweights is not None:
@@ -165,7 +202,19 @@ class _SDPAFunction(torch.autograd.Function):
             scale = 1.0 / math.sqrt(q.shape[-1])
             dq = dq + scale * (ds @ k)
             dk = dk + scale * (ds.transpose(-2, -1) @ q)
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None
+
+
+def _sdpa(q, k, v, mask):
+    """(output, weights) through the autograd function when a gradient is wanted,
+    else straight from the C call (no graph to record, and less to do per call)."""
+    mask, causal = _split_causal(mask, q.shape[-2], k.shape[-2])
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _SDPAFunction.apply(q, k, v, mask, causal)
+    out, weights = _call(_attn.sdpa, _np(q), _np(k), _np(v),
+                         mask=None if mask is None else _np(mask), causal=causal,
+                         return_weights=True)
+    return torch.from_numpy(out), torch.from_numpy(weights)
 
 
 def scaled_dot_product_attention(query, key, value, attention_mask=None):
@@ -195,11 +244,10 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     if k.shape[-2] != v.shape[-2]:
         raise ValueError("key and value must have the same sequence length: key %s, value %s."
                          % (tuple(k.shape), tuple(v.shape)))
-    try:
-        batch = tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
-    except RuntimeError:
+    batch = _broadcast(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    if batch is None:
         raise AttnShapeError("the batch axes of query %s, key %s and value %s do not broadcast"
-                             % (tuple(q.shape), tuple(k.shape), tuple(v.shape))) from None
+                             % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
     Tq, Tk, D, Dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     scores_shape = batch + (Tq, Tk)
     mask = _check_mask(attention_mask, scores_shape)
@@ -207,7 +255,7 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     if q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
         # The chapter's case: attn reads the tensors, and the mask with its
         # broadcast axes, where they are.
-        out, weights = _SDPAFunction.apply(q, k, v, mask)
+        out, weights = _sdpa(q, k, v, mask)
     else:
         # Any other batch layout is brought to [N, 1, T, D]; the expand and the
         # reshape are autograd's, so the gradients of broadcast axes are summed
@@ -219,7 +267,7 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
         k4 = k.expand(batch + (Tk, D)).reshape(n, 1, Tk, D)
         v4 = v.expand(batch + (Tk, Dv)).reshape(n, 1, Tk, Dv)
         m4 = None if mask is None else mask.expand(scores_shape).reshape(n, 1, Tq, Tk)
-        out, weights = _SDPAFunction.apply(q4, k4, v4, m4)
+        out, weights = _sdpa(q4, k4, v4, m4)
         out, weights = out.reshape(batch + (Tq, Dv)), weights.reshape(scores_shape)
     if query.dtype != torch.float32:
         out, weights = out.to(query.dtype), weights.to(query.dtype)
@@ -269,12 +317,12 @@ class _MHAFunction(torch.autograd.Function):
     other path when they need one)."""
 
     @staticmethod
-    def forward(ctx, x, w_qkv, b_qkv, w_o, b_o, mask, num_heads, want_weights):
+    def forward(ctx, x, w_qkv, b_qkv, w_o, b_o, mask, causal, num_heads, want_weights):
         m = None if mask is None else _np(mask)
         r = _call(_attn._mha_forward, _np(x), _np(w_qkv), _np(b_qkv), _np(w_o), _np(b_o),
-                  num_heads, mask=m, return_weights=want_weights)
+                  num_heads, mask=m, causal=causal, return_weights=want_weights)
         ctx.save_for_backward(x, w_qkv, b_qkv, w_o, b_o, mask)
-        ctx.num_heads = num_heads
+        ctx.num_heads, ctx.causal = num_heads, causal
         ctx.set_materialize_grads(False)
         if want_weights:
             out, weights = torch.from_numpy(r[0]), torch.from_numpy(r[1])
@@ -286,10 +334,11 @@ class _MHAFunction(torch.autograd.Function):
     def backward(ctx, dout, *unused):
         x, w_qkv, b_qkv, w_o, b_o, mask = ctx.saved_tensors
         if dout is None:
-            return None, None, None, None, None, None, None, None
+            return (None,) * 9
         grads = _call(_attn._mha_backward, _np(x), _np(w_qkv), _np(b_qkv), _np(w_o), _np(b_o),
-                      ctx.num_heads, _np(dout), mask=None if mask is None else _np(mask))
-        return tuple(torch.from_numpy(g) for g in grads) + (None, None, None)
+                      ctx.num_heads, _np(dout), mask=None if mask is None else _np(mask),
+                      causal=ctx.causal)
+        return tuple(torch.from_numpy(g) for g in grads) + (None,) * 4
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -338,11 +387,11 @@ class MultiHeadSelfAttention(nn.Module):
             # The weights are returned with their gradient, as the chapter's are:
             # the projections in PyTorch around attn's attention and its backward.
             out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)
-        elif return_attention:
-            out, weights = _MHAFunction.apply(xf, w_qkv, b_qkv, w_o, b_o, mask,
-                                              self.num_heads, True)
         else:
-            out = _MHAFunction.apply(xf, w_qkv, b_qkv, w_o, b_o, mask, self.num_heads, False)
+            fused_mask, causal = _split_causal(mask, T, T)
+            r = _MHAFunction.apply(xf, w_qkv, b_qkv, w_o, b_o, fused_mask, causal,
+                                   self.num_heads, return_attention)
+            out, weights = r if return_attention else (r, None)
         if x.dtype != torch.float32:
             out = out.to(x.dtype)
             weights = weights.to(x.dtype) if return_attention else None

@@ -220,7 +220,7 @@ def test_module_forward_weights_and_gradients_equal_plain_pytorch(B, T, E, H, ma
 
 
 @pytest.mark.parametrize("case", ["4d", "cross", "value_dim", "3d", "2d", "shared_kv_head",
-                                  "5d", "mask_2d"])
+                                  "5d", "mask_2d", "causal_big", "almost_causal"])
 def test_sdpa_forward_weights_and_gradients_equal_plain_pytorch(case):
     """scaled_dot_product_attention agrees with plain PyTorch (output, weights, dq, dk, dv)
     on the chapter's layout and on every other layout the chapter's accepts."""
@@ -248,10 +248,17 @@ def test_sdpa_forward_weights_and_gradients_equal_plain_pytorch(case):
         q, k, v = r(2, 4, 5, 4), r(2, 1, 5, 4), r(2, 1, 5, 4)
     elif case == "5d":
         q, k, v = r(2, 2, 2, 3, 4), r(2, 2, 2, 3, 4), r(2, 2, 2, 3, 4)
-    else:  # a 2-D mask broadcast over batch and heads
+    elif case == "mask_2d":  # a 2-D mask broadcast over batch and heads
         q, k, v = r(2, 2, 5, 4), r(2, 2, 5, 4), r(2, 2, 5, 4)
         mask = torch.rand(5, 5, generator=g) > 0.4
         mask[:, 0] = True
+    else:  # the causal mask at a size where it goes to the kernel as causal=True,
+        # and the same mask with one future key let through, which must not
+        q, k, v = r(1, 2, 80, 4), r(1, 2, 80, 4), r(1, 2, 80, 4)
+        mask = attention.make_causal_attention_mask(80)
+        if case == "almost_causal":
+            mask = mask.clone()
+            mask[0, 0, 10, 50] = True
     do, dw = None, None
     results = []
     for module in (attention, plain):
@@ -340,3 +347,16 @@ def test_no_grad_inference_and_an_optimizer_step_work():
         opt.step()
         losses.append(loss.item())
     assert losses[1] < losses[0], losses
+
+
+@pytest.mark.parametrize("T", [5, 80])
+def test_without_a_gradient_the_results_are_the_same_bits(T):
+    """Under no_grad (no autograd graph) the output and weights equal the grad path's."""
+    q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
+    mask = attention.make_causal_attention_mask(T)
+    with_grad = attention.scaled_dot_product_attention(q.requires_grad_(True), k, v,
+                                                       attention_mask=mask)
+    with torch.no_grad():
+        without = attention.scaled_dot_product_attention(q, k, v, attention_mask=mask)
+    for name, a, b in zip(["output", "weights"], with_grad, without):
+        assert torch.equal(a.detach(), b), "%s differs: %s vs %s" % (name, a, b)
