@@ -1,6 +1,7 @@
 """attn from Python against PyTorch from Python, on SPEC section 5's shapes.
 
 Run: python python/bench/torch_compare.py [--shapes S1,...,S6] [--runs 7] [--no-mha]
+                                          [--torch-threads 2]
 
 Attention (forward, float32, the same inputs, under torch.inference_mode):
   attn.sdpa      the numpy API (causal=True on the causal shapes, S6's padding
@@ -156,8 +157,10 @@ def main():
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--no-mha", action="store_true")
+    ap.add_argument("--torch-threads", type=int, default=2,
+                    help="PyTorch's threads (attn's: ATTN_THREADS or the online cores)")
     a = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.torch_threads)
     info = attn.arch()
     print("# %s; attn %s (%s kernels, %d threads), torch %s (%d threads), numpy %s"
           % (cpu_model(), attn.__version__, info["selected"], info["threads"],
