@@ -5,7 +5,8 @@ vocabulary of 8 (tokens 1..7), a token and a position embedding, the chapter's
 multi-head self-attention (E = 32, H = 2, no mask) computed by attn's kernels, and
 an output layer; cross-entropy against the sequence reversed. To reverse, the
 query at position t must find the key at position T-1-t, so a trained model's
-attention is the anti-diagonal, which the script prints for one sequence at the end.
+attention puts its weight on the anti-diagonal, shared between the two heads; the
+script prints both heads' weights for one sequence at the end.
 
     python train_reverse.py [--steps 600] [--lr 0.5] [--seq-len 6] [--seed 1]
 
@@ -86,9 +87,10 @@ def main(argv=None):
         last = loss.item()
         _, weights = model(ids[:1], return_attention=True)
     print("final loss %.4f  accuracy %.3f on a new batch" % (last, accuracy.item()))
-    print("head 0's weights for %s (rows: queries, columns: keys):" % ids[0].tolist())
-    for row in weights[0, 0]:
-        print("  " + " ".join("%4.2f" % w for w in row.tolist()))
+    print("attention weights for %s (rows: queries, columns: keys):" % ids[0].tolist())
+    for t in range(args.seq_len):
+        print("  " + "    ".join(" ".join("%4.2f" % w for w in weights[0, h, t].tolist())
+                                for h in range(H)))
     return 0 if last < first else 1
 
 
