@@ -360,3 +360,18 @@ def test_without_a_gradient_the_results_are_the_same_bits(T):
         without = attention.scaled_dot_product_attention(q, k, v, attention_mask=mask)
     for name, a, b in zip(["output", "weights"], with_grad, without):
         assert torch.equal(a.detach(), b), "%s differs: %s vs %s" % (name, a, b)
+
+
+def test_gradients_of_a_plain_sum_and_of_a_strided_input():
+    """loss = out.sum() hands the backward a gradient with zero strides, and x may be a
+    transposed view: both are read in place and give plain PyTorch's gradients."""
+    ours, theirs = pair_of_modules(8, 2, seed=9)
+    base = torch.randn(6, 3, 8)
+    grads = []
+    for module in (ours, theirs):
+        leaf = base.clone().requires_grad_(True)
+        module(leaf.transpose(0, 1), attention_mask=masks_for("causal", 3, 6)).sum().backward()
+        grads.append([leaf.grad] + [p.grad for p in module.parameters()])
+    for name, a, b in zip(["x", "qkv.weight", "qkv.bias", "output.weight", "output.bias"],
+                          *grads):
+        close(a, b, "gradient of " + name)
