@@ -375,3 +375,20 @@ def test_gradients_of_a_plain_sum_and_of_a_strided_input():
     for name, a, b in zip(["x", "qkv.weight", "qkv.bias", "output.weight", "output.bias"],
                           *grads):
         close(a, b, "gradient of " + name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_tensors_are_converted_and_returned_in_their_dtype(dtype):
+    """float16 and bfloat16 inputs are computed in float32 and come back (output, weights,
+    gradient) in their own dtype, the float32 result rounded (so within one unit of the
+    dtype's last place of plain PyTorch's float32 result, rounded the same way)."""
+    q = torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(4))
+    q = q.to(dtype).requires_grad_(True)
+    out, weights = attention.scaled_dot_product_attention(q, q, q)
+    out.float().sum().backward()
+    assert (out.dtype, weights.dtype, q.grad.dtype) == (dtype, dtype, dtype), \
+        (out.dtype, weights.dtype, q.grad.dtype)
+    want, _ = plain.scaled_dot_product_attention(*(q.detach().float(),) * 3)
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(out, want.to(dtype), atol=0, rtol=ulp,
+                               msg=lambda m: "%s\n%s\n%s" % (m, out, want))
