@@ -19,6 +19,7 @@ import sys
 import torch
 from torch import nn
 
+import attn
 import attn.torch as attention
 
 V, E, H, BATCH = 8, 32, 2, 32
@@ -67,7 +68,7 @@ def main(argv=None):
     model = Reverser(args.seq_len)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     print("attention on attn (%s kernels): reverse %d tokens, E=%d H=%d, SGD lr %g, batch %d"
-          % (__import__("attn").arch()["selected"], args.seq_len, E, H, args.lr, BATCH))
+          % (attn.arch()["selected"], args.seq_len, E, H, args.lr, BATCH))
     first = last = None
     every = max(1, args.steps // 10)
     for step in range(1, args.steps + 1):
