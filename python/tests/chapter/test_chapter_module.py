@@ -300,7 +300,8 @@ def test_float64_inputs_are_computed_in_float32_and_returned_as_float64():
 
 
 def test_state_dicts_move_between_the_chapters_module_and_attn():
-    """A plain module's state_dict loads into attn's module and gives the same output."""
+    """A plain module's state_dict loads into attn's module and gives the same output,
+    and attn's loads into the plain module."""
     torch.manual_seed(11)
     theirs = plain.MultiHeadSelfAttention(12, 3)
     ours = attention.MultiHeadSelfAttention(12, 3)
@@ -308,6 +309,10 @@ def test_state_dicts_move_between_the_chapters_module_and_attn():
     x = torch.randn(2, 4, 12)
     with torch.no_grad():
         close(ours(x), theirs(x), "output after load_state_dict")
+    fresh, back = attention.MultiHeadSelfAttention(12, 3), plain.MultiHeadSelfAttention(12, 3)
+    back.load_state_dict(fresh.state_dict())
+    with torch.no_grad():
+        close(back(x), fresh(x), "plain module after loading attn's state_dict")
 
 
 def test_float32_tensors_reach_the_library_without_a_copy(monkeypatch):
