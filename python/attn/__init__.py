@@ -126,7 +126,10 @@ class KVCache:
         tuple with weights [Bn, H, Tq, capacity] / lse).
     truncate(length, seq=-1)   roll back one sequence (or all, seq=-1).
     length(seq)                positions sequence seq holds.
-    view(seq)                  copies of its keys and values [1, Hkv, length, D].
+    view(seq)                  its keys and values [1, Hkv, length, D] as new arrays:
+                               copies, not views of the cache, so writing into them
+                               leaves the cache alone and a later append or truncate
+                               leaves them alone.
 
     The GIL is released while append and attend run; a lock serialises the calls
     on one cache, so threads may share it (separate caches run in parallel).
@@ -162,6 +165,8 @@ class KVCache:
             _attn._kv_truncate(self._c, seq, length)
 
     def view(self, seq=0):
+        """Copies of sequence seq's keys and values, [1, Hkv, length, D] and
+        [1, Hkv, length, Dv] (see the class's docstring: copies, not views)."""
         with self._lock:
             return _attn._kv_view(self._c, seq)
 

@@ -666,6 +666,130 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------------------
+ * Gradients (SPEC section 8): what attn.torch's autograd functions call
+ * ------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(sdpa_backward_doc,
+"_sdpa_backward(q, k, v, out, lse, dout, *, mask=None, causal=False, scale=None,\n"
+"               empty_rows=\"error\")\n--\n\n"
+"The backward of sdpa: q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], the\n"
+"forward's out [B, H, Tq, Dv] and lse [B, H, Tq] (sdpa(..., return_lse=True)),\n"
+"dout [B, H, Tq, Dv] the loss's gradient with respect to out; the options are the\n"
+"forward's. Returns new arrays (dq, dk, dv) shaped like q, k and v.");
+
+static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "mask", "causal", "scale",
+                             "empty_rows", NULL};
+    PyObject *qo, *ko, *vo, *oo, *lo, *doo, *mask = NULL, *causal = NULL, *scale = NULL,
+                                            *empty_rows = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|$OOOO", kwlist, &qo, &ko, &vo, &oo,
+                                     &lo, &doo, &mask, &causal, &scale, &empty_rows))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    sdpa_opts o;
+    PyObject *arr[3] = {NULL, NULL, NULL};
+    if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
+        get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
+        get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
+        get_tensor(&bs, oo, "out", WANT_F32, 0, &out) < 0 ||
+        get_tensor(&bs, lo, "lse", WANT_F32, 0, &lse) < 0 ||
+        get_tensor(&bs, doo, "dout", WANT_F32, 0, &dout) < 0 ||
+        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        goto fail;
+    if (!(arr[0] = new_array(&bs, q.ndim, q.shape, ATTN_DTYPE_F32, "dq", &dq)) ||
+        !(arr[1] = new_array(&bs, k.ndim, k.shape, ATTN_DTYPE_F32, "dk", &dk)) ||
+        !(arr[2] = new_array(&bs, v.ndim, v.shape, ATTN_DTYPE_F32, "dv", &dv)))
+        goto fail;
+    attn_sdpa_grads g = {&dq, &dk, &dv, NULL, NULL};
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_sdpa_backward(&ctx, &q, &k, &v, &o.p, &out, &lse, &dout, &g);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return Py_BuildValue("(NNN)", arr[0], arr[1], arr[2]);
+fail:
+    bufset_release(&bs);
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(arr[i]);
+    return NULL;
+}
+
+PyDoc_STRVAR(mha_backward_doc,
+"_mha_backward(x, w_qkv, b_qkv, w_o, b_o, num_heads, dout, *, mask=None,\n"
+"              causal=False, scale=None, empty_rows=\"error\")\n--\n\n"
+"The backward of _mha_forward: x [B, T, E] and the weights as given to the forward,\n"
+"dout [B, T, E] the loss's gradient with respect to its output. Returns new arrays\n"
+"(dx [B, T, E], dw_qkv [3E, E], db_qkv [3E], dw_o [E, E], db_o [E]).");
+
+static PyObject *py_mha_backward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"x", "w_qkv", "b_qkv", "w_o", "b_o", "num_heads", "dout", "mask",
+                             "causal", "scale", "empty_rows", NULL};
+    PyObject *xo, *wqkv, *bqkv, *wo, *bo, *doo, *mask = NULL, *causal = NULL, *scale = NULL,
+                                                 *empty_rows = NULL;
+    long long H;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLO|$OOOO", kwlist, &xo, &wqkv, &bqkv,
+                                     &wo, &bo, &H, &doo, &mask, &causal, &scale, &empty_rows))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor x, dout, t[5];
+    attn_mha_weights w;
+    sdpa_opts o;
+    PyObject *arr[5] = {NULL, NULL, NULL, NULL, NULL};
+    if (get_tensor(&bs, xo, "x", WANT_F32, 0, &x) < 0 ||
+        get_tensor(&bs, wqkv, "w_qkv", WANT_F32, 0, &w.w_qkv) < 0 ||
+        get_tensor(&bs, bqkv, "b_qkv", WANT_F32, 0, &w.b_qkv) < 0 ||
+        get_tensor(&bs, wo, "w_o", WANT_F32, 0, &w.w_o) < 0 ||
+        get_tensor(&bs, bo, "b_o", WANT_F32, 0, &w.b_o) < 0 ||
+        get_tensor(&bs, doo, "dout", WANT_F32, 0, &dout) < 0 ||
+        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        goto fail;
+    if (H < 1) {
+        PyErr_Format(PyExc_ValueError, "num_heads must be at least 1, not %lld", H);
+        goto fail;
+    }
+    /* Each gradient has its parameter's own shape (the library checks the shapes). */
+    const attn_tensor *like[5] = {&x, &w.w_qkv, &w.b_qkv, &w.w_o, &w.b_o};
+    static const char *names[5] = {"dx", "dw_qkv", "db_qkv", "dw_o", "db_o"};
+    for (int i = 0; i < 5; i++)
+        if (!(arr[i] = new_array(&bs, like[i]->ndim, like[i]->shape, ATTN_DTYPE_F32, names[i],
+                                 &t[i])))
+            goto fail;
+    attn_mha_grads g = {&t[0], &t[1], &t[2], &t[3], &t[4]};
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_mha_backward(&ctx, &w, H, &x, &o.p, &dout, &g);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return Py_BuildValue("(NNNNN)", arr[0], arr[1], arr[2], arr[3], arr[4]);
+fail:
+    bufset_release(&bs);
+    for (int i = 0; i < 5; i++)
+        Py_XDECREF(arr[i]);
+    return NULL;
+}
+
 PyDoc_STRVAR(gqa_forward_doc,
 "_gqa_forward(x, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, num_heads, num_kv_heads, *,\n"
 "             mask=None, causal=False, scale=None, empty_rows=\"error\",\n"
@@ -1294,6 +1418,10 @@ static PyMethodDef methods[] = {
      mha_forward_doc},
     {"_gqa_forward", (PyCFunction)(void (*)(void))py_gqa_forward, METH_VARARGS | METH_KEYWORDS,
      gqa_forward_doc},
+    {"_sdpa_backward", (PyCFunction)(void (*)(void))py_sdpa_backward,
+     METH_VARARGS | METH_KEYWORDS, sdpa_backward_doc},
+    {"_mha_backward", (PyCFunction)(void (*)(void))py_mha_backward,
+     METH_VARARGS | METH_KEYWORDS, mha_backward_doc},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS, rope_doc},
     {"_kv_create", py_kv_create, METH_VARARGS, NULL},
     {"_kv_length", py_kv_length, METH_VARARGS, NULL},

@@ -97,6 +97,28 @@ def test_kv_cache_decoding_equals_the_causal_pass():
     assert cache.length(0) == 2, "a failed append changed the length"
 
 
+def test_kv_cache_view_returns_copies_that_neither_side_can_change():
+    """KVCache.view gives copies: writing into them leaves the cache alone, and a later
+    truncate and append into the cache leaves an earlier view's values alone."""
+    B, Hkv, D = 2, 2, 4
+    k, v = rand(B, Hkv, 3, D, seed=5), rand(B, Hkv, 3, D, seed=6)
+    cache = attn.KVCache(B, Hkv, capacity=5, head_dim=D)
+    cache.append(k, v)
+    kk, vv = cache.view(0)
+    assert kk.shape == (1, Hkv, 3, D) and vv.shape == (1, Hkv, 3, D), (kk.shape, vv.shape)
+    assert kk.flags.owndata and kk.flags.writeable, kk.flags
+    kk[...] = 99.0
+    vv[...] = 99.0
+    again_k, again_v = cache.view(0)
+    assert np.array_equal(again_k[0], k[0]) and np.array_equal(again_v[0], v[0]), \
+        "writing into a view changed the cache: %s" % again_k
+    cache.truncate(1)
+    cache.append(rand(B, Hkv, 2, D, seed=7), rand(B, Hkv, 2, D, seed=8))
+    assert np.array_equal(again_k[0], k[0]) and np.array_equal(again_v[0], v[0]), \
+        "a later append changed an earlier view: %s" % again_k
+    assert not np.array_equal(cache.view(0)[0][0, :, 1:], k[0, :, 1:3]), "append wrote nothing"
+
+
 def test_kv_cache_rope_equals_rope_then_sdpa():
     """Keys rotated as they are stored and queries at their positions equal attn.rope first."""
     B, H, T, D = 1, 2, 5, 8

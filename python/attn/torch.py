@@ -1,0 +1,411 @@
+"""attn.torch: the chapter's PyTorch attention module, computed by attn's C kernels.
+
+A drop-in for the chapter's module (llm_tutor.models.attention, SPEC section 9):
+code written against it runs on attn with only its import changed,
+
+    import attn.torch as attention      # was: from llm_tutor.models import attention
+
+    scaled_dot_product_attention(query, key, value, attention_mask=None)
+        -> (output [..., Tq, Dv], weights [..., Tq, Tk])
+    make_padding_attention_mask(token_ids, pad_id)   -> bool [B, 1, 1, T]
+    make_causal_attention_mask(seq_len, device=None) -> bool [1, 1, T, T]
+    MultiHeadSelfAttention(embed_dim, num_heads)     an nn.Module with the
+        parameters qkv (nn.Linear(E, 3E)) and output (nn.Linear(E, E)), and
+        forward(x, attention_mask=None, return_attention=False)
+        -> output [B, T, E], or (output, weights [B, H, T, T])
+
+The same names, parameters, return values and errors as the chapter's module:
+ValueError when a query row sees no key ("at least one key"), when a mask is not
+boolean ("boolean"), when a mask "cannot broadcast" to the scores (both shapes
+named), when the head sizes or the key and value lengths differ, and when
+embed_dim is not divisible by num_heads. Where the chapter's module fails inside
+PyTorch with a RuntimeError (an input whose last axis is not embed_dim, batch axes
+that do not broadcast), this module raises AttnShapeError, which is both a
+ValueError and a RuntimeError, so either `except` still catches it.
+
+Forward and backward run in attn's kernels through torch.autograd.Function: the
+forward is attn.sdpa (or attn's fused multi-head forward), the backward the C
+library's attn_sdpa_backward / attn_mha_backward (SPEC section 8), so
+loss.backward() gives the gradients PyTorch's autograd gives through the
+chapter's module. float32 contiguous (or strided) CPU tensors are handed to the C
+library without a copy, as numpy views of the tensors' own memory.
+
+Differences a caller can see, all of them deliberate:
+- attn computes in float32. float64, float16 and bfloat16 tensors are converted
+  to float32 on the way in and the results back to the query's (or x's) dtype on
+  the way out, so a float64 caller gets float32 accuracy.
+- Tensors on another device than the CPU are refused (ValueError naming the
+  device); integer tensors are refused (TypeError).
+- attention_mask (and pad_id) may also be passed by position; the chapter's
+  module takes them by keyword only.
+"""
+
+try:
+    import torch
+except ImportError as _error:  # pragma: no cover - exercised where torch is absent
+    raise ImportError(
+        "attn.torch needs PyTorch, which could not be imported (%s); install torch, "
+        "or use the numpy API (import attn), which does not need it" % _error) from _error
+
+import math
+
+from torch import nn
+
+from . import _attn
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "make_padding_attention_mask",
+    "make_causal_attention_mask",
+    "MultiHeadSelfAttention",
+    "AttnShapeError",
+]
+
+
+class AttnShapeError(ValueError, RuntimeError):
+    """Shapes that do not fit where the chapter's module fails inside PyTorch with a
+    RuntimeError; a ValueError too, like every other argument error here."""
+
+
+# ---------------------------------------------------------------------------
+# Arguments: the chapter's checks, with its messages
+# ---------------------------------------------------------------------------
+
+def _check_tensor(t, name):
+    """t as a float32 CPU tensor (converted from another floating dtype)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
+    if t.device.type != "cpu":
+        raise ValueError("attn.torch runs on the CPU, but %s is on %s; move it with .cpu()"
+                         % (name, t.device))
+    if not t.is_floating_point():
+        raise TypeError("%s must be a floating-point tensor (float32 is used as it is), "
+                        "not %s" % (name, t.dtype))
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _mask_broadcasts(mask_shape, target):
+    """numpy's and Tensor.expand's rule: right-aligned, each axis equal or 1, and
+    no more axes than the target."""
+    if len(mask_shape) > len(target):
+        return False
+    return all(m == 1 or m == t for m, t in zip(reversed(mask_shape), reversed(target)))
+
+
+def _check_mask(mask, scores_shape):
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError("attention_mask must be a boolean torch.Tensor or None, not %s"
+                        % type(mask).__name__)
+    if mask.dtype != torch.bool:
+        raise ValueError("attention_mask must be a boolean tensor, not %s." % mask.dtype)
+    if mask.device.type != "cpu":
+        raise ValueError("attn.torch runs on the CPU, but attention_mask is on %s; move it "
+                         "with .cpu()" % mask.device)
+    if not _mask_broadcasts(tuple(mask.shape), tuple(scores_shape)):
+        raise ValueError("attention_mask shape %s cannot broadcast to scores shape %s."
+                         % (tuple(mask.shape), tuple(scores_shape)))
+    return mask
+
+
+def _broadcast(*shapes):
+    """numpy's broadcast of shapes (tuples), or None when they do not broadcast.
+    (torch.broadcast_shapes does the same but costs tens of microseconds a call.)"""
+    n = max(len(s) for s in shapes)
+    out = []
+    for i in range(n):
+        size = 1
+        for s in shapes:
+            d = s[i - n + len(s)] if i - n + len(s) >= 0 else 1
+            if d != 1:
+                if size != 1 and size != d:
+                    return None
+                size = d
+        out.append(size)
+    return tuple(out)
+
+
+# Above this many scores per (batch, head), a mask that is exactly the causal one
+# goes to the kernel as causal=True instead: the same keys are hidden, and the
+# kernel then skips the tiles above the diagonal without reading the mask. Below
+# it, the check would cost more than it saves.
+_CAUSAL_CHECK_MIN = 4096
+
+
+def _split_causal(mask, Tq, Tk):
+    """(mask, causal): (None, True) when mask is exactly make_causal_attention_mask's
+    [.., T, T] lower triangle with every leading axis of size 1, else (mask, False)."""
+    if (mask is None or Tq != Tk or Tq * Tk < _CAUSAL_CHECK_MIN or mask.dim() < 2
+            or tuple(mask.shape[-2:]) != (Tq, Tk) or mask.numel() != Tq * Tk):
+        return mask, False
+    tril = torch.ones(Tq, Tk, dtype=torch.bool).tril_()
+    if torch.equal(mask.reshape(Tq, Tk), tril):
+        return None, True
+    return mask, False
+
+
+def _np(t):
+    # A numpy view of the tensor's own memory (no copy, strides kept): the C
+    # library reads strided float32 views in place, zero strides included.
+    return t.detach().numpy()
+
+
+def _call(fn, *args, **kwargs):
+    """A C call whose empty-row error is reworded as the chapter words it."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as error:
+        if "keys masked" in str(error):
+            raise ValueError("Every query position must be able to attend to at least one "
+                             "key: %s" % error) from None
+        raise
+
+
+# ---------------------------------------------------------------------------
+# Scaled dot-product attention
+# ---------------------------------------------------------------------------
+
+class _SDPAFunction(torch.autograd.Function):
+    """attn.sdpa forward, attn_sdpa_backward backward, on q [N, H, Tq, D],
+    k [N, H, Tk, D], v [N, H, Tk, Dv] float32 CPU tensors; returns (output, weights)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal):
+        out, weights, lse = _call(_attn.sdpa, _np(q), _np(k), _np(v),
+                                  mask=None if mask is None else _np(mask), causal=causal,
+                                  return_weights=True, return_lse=True)
+        out, weights, lse = (torch.from_numpy(a) for a in (out, weights, lse))
+        ctx.save_for_backward(q, k, v, mask, out, lse, weights)
+        ctx.causal = causal
+        # An output no loss depends on gets None in backward, not a tensor of zeros.
+        ctx.set_materialize_grads(False)
+        return out, weights
+
+    @staticmethod
+    def backward(ctx, dout, dweights):
+        q, k, v, mask, out, lse, weights = ctx.saved_tensors
+        m = None if mask is None else _np(mask)
+        if dout is not None:
+            dq, dk, dv = (torch.from_numpy(a) for a in _call(
+                _attn._sdpa_backward, _np(q), _np(k), _np(v), _np(out), _np(lse),
+                _np(dout), mask=m, causal=ctx.causal))
+        else:
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if dweights is not None:
+            # A loss that reads the weights themselves (the chapter returns them, so
+            # a caller may): the softmax's backward, dS = P * (dP - rowsum(P * dP)),
+            # then the scores' scale q k^T / sqrt(D). A hidden key has P = 0, so it
+            # gets no gradient here either.
+            p = weights
+            ds = p * (dweights - (p * dweights).sum(dim=-1, keepdim=True))
+            scale = 1.0 / math.sqrt(q.shape[-1])
+            dq = dq + scale * (ds @ k)
+            dk = dk + scale * (ds.transpose(-2, -1) @ q)
+        return dq, dk, dv, None, None
+
+
+def _sdpa(q, k, v, mask):
+    """(output, weights) through the autograd function when a gradient is wanted,
+    else straight from the C call (no graph to record, and less to do per call)."""
+    mask, causal = _split_causal(mask, q.shape[-2], k.shape[-2])
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _SDPAFunction.apply(q, k, v, mask, causal)
+    out, weights = _call(_attn.sdpa, _np(q), _np(k), _np(v),
+                         mask=None if mask is None else _np(mask), causal=causal,
+                         return_weights=True)
+    return torch.from_numpy(out), torch.from_numpy(weights)
+
+
+def scaled_dot_product_attention(query, key, value, attention_mask=None):
+    """Scaled dot-product attention, softmax(query key^T / sqrt(head_dim)) value.
+
+    Shapes (the chapter's):
+    - query: [batch, heads, query_len, head_dim]
+    - key: [batch, heads, key_len, head_dim]
+    - value: [batch, heads, key_len, value_dim]
+    - attention_mask: bool, broadcastable to [batch, heads, query_len, key_len];
+      True means "can attend", False means "masked out".
+    Leading axes may be any number (or none), broadcasting as in `query @ key^T`.
+
+    Returns (output [..., query_len, value_dim], weights [..., query_len, key_len]),
+    both differentiable. Raises ValueError as the chapter's module does.
+    """
+    q = _check_tensor(query, "query")
+    k = _check_tensor(key, "key")
+    v = _check_tensor(value, "value")
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise AttnShapeError("query, key and value need at least 2 axes ([..., len, dim]); "
+                             "got %s, %s and %s" % (tuple(q.shape), tuple(k.shape),
+                                                    tuple(v.shape)))
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError("query and key must have the same head_dim: query %s, key %s."
+                         % (tuple(q.shape), tuple(k.shape)))
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError("key and value must have the same sequence length: key %s, value %s."
+                         % (tuple(k.shape), tuple(v.shape)))
+    batch = _broadcast(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    if batch is None:
+        raise AttnShapeError("the batch axes of query %s, key %s and value %s do not broadcast"
+                             % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    Tq, Tk, D, Dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    scores_shape = batch + (Tq, Tk)
+    mask = _check_mask(attention_mask, scores_shape)
+
+    if q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
+        # The chapter's case: attn reads the tensors, and the mask with its
+        # broadcast axes, where they are.
+        out, weights = _sdpa(q, k, v, mask)
+    else:
+        # Any other batch layout is brought to [N, 1, T, D]; the expand and the
+        # reshape are autograd's, so the gradients of broadcast axes are summed
+        # back by PyTorch.
+        n = 1
+        for s in batch:
+            n *= s
+        q4 = q.expand(batch + (Tq, D)).reshape(n, 1, Tq, D)
+        k4 = k.expand(batch + (Tk, D)).reshape(n, 1, Tk, D)
+        v4 = v.expand(batch + (Tk, Dv)).reshape(n, 1, Tk, Dv)
+        m4 = None if mask is None else mask.expand(scores_shape).reshape(n, 1, Tq, Tk)
+        out, weights = _sdpa(q4, k4, v4, m4)
+        out, weights = out.reshape(batch + (Tq, Dv)), weights.reshape(scores_shape)
+    if query.dtype != torch.float32:
+        out, weights = out.to(query.dtype), weights.to(query.dtype)
+    return out, weights
+
+
+# ---------------------------------------------------------------------------
+# Masks
+# ---------------------------------------------------------------------------
+
+def make_padding_attention_mask(token_ids, pad_id):
+    """Padding mask: bool [batch, 1, 1, seq_len], False where the KEY is pad_id (a
+    pad query still attends; its output is ignored later). token_ids [batch,
+    seq_len]; other ranks give token_ids.shape with two axes of 1 after the first,
+    as the chapter's does."""
+    if not isinstance(token_ids, torch.Tensor):
+        raise TypeError("token_ids must be a torch.Tensor, not %s" % type(token_ids).__name__)
+    if (token_ids.dim() == 2 and token_ids.device.type == "cpu"
+            and token_ids.dtype in (torch.int64, torch.int32)):
+        return torch.from_numpy(_attn.padding_mask(_np(token_ids), int(pad_id)))
+    # Other dtypes, ranks and devices: the same rule, written in torch.
+    return (token_ids != pad_id).unsqueeze(1).unsqueeze(2)
+
+
+def make_causal_attention_mask(seq_len, device=None):
+    """Causal mask: bool [1, 1, seq_len, seq_len], lower triangular with the
+    diagonal, so position t sees positions 0..t. device: where to put it."""
+    seq_len = int(seq_len)
+    if seq_len == 0:
+        mask = torch.ones(0, 0, dtype=torch.bool).view(1, 1, 0, 0)
+    elif seq_len < 0:
+        raise ValueError("seq_len must be at least 0, not %d" % seq_len)
+    else:
+        mask = torch.from_numpy(_attn.causal_mask(seq_len))
+    return mask if device is None else mask.to(device)
+
+
+# ---------------------------------------------------------------------------
+# Multi-head self-attention
+# ---------------------------------------------------------------------------
+
+class _MHAFunction(torch.autograd.Function):
+    """attn's fused multi-head forward (projections, heads, attention, output) and
+    attn_mha_backward. x [B, T, E], w_qkv [3E, E], b_qkv [3E], w_o [E, E],
+    b_o [E], float32 CPU. Returns out [B, T, E], or (out, weights [B, H, T, T])
+    with want_weights, the weights then without a gradient (the module takes the
+    other path when they need one)."""
+
+    @staticmethod
+    def forward(ctx, x, w_qkv, b_qkv, w_o, b_o, mask, causal, num_heads, want_weights):
+        m = None if mask is None else _np(mask)
+        r = _call(_attn._mha_forward, _np(x), _np(w_qkv), _np(b_qkv), _np(w_o), _np(b_o),
+                  num_heads, mask=m, causal=causal, return_weights=want_weights)
+        ctx.save_for_backward(x, w_qkv, b_qkv, w_o, b_o, mask)
+        ctx.num_heads, ctx.causal = num_heads, causal
+        ctx.set_materialize_grads(False)
+        if want_weights:
+            out, weights = torch.from_numpy(r[0]), torch.from_numpy(r[1])
+            ctx.mark_non_differentiable(weights)
+            return out, weights
+        return torch.from_numpy(r)
+
+    @staticmethod
+    def backward(ctx, dout, *unused):
+        x, w_qkv, b_qkv, w_o, b_o, mask = ctx.saved_tensors
+        if dout is None:
+            return (None,) * 9
+        grads = _call(_attn._mha_backward, _np(x), _np(w_qkv), _np(b_qkv), _np(w_o), _np(b_o),
+                      ctx.num_heads, _np(dout), mask=None if mask is None else _np(mask),
+                      causal=ctx.causal)
+        return tuple(torch.from_numpy(g) for g in grads) + (None,) * 4
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """The chapter's multi-head self-attention, computed by attn.
+
+    qkv = nn.Linear(embed_dim, 3 * embed_dim) makes q, k and v (in that order);
+    the heads are split [B, T, E] -> [B, H, T, D]; attention; merged back; then
+    output = nn.Linear(embed_dim, embed_dim). The parameters have the chapter's
+    names, shapes and initialisation (drawn in the same order, so the same seed
+    gives the same module), and its state_dict loads into the chapter's module
+    and back.
+    """
+
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError("embed_dim must be divisible by num_heads: %d is not a multiple "
+                             "of %d." % (embed_dim, num_heads))
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.qkv = nn.Linear(embed_dim, embed_dim * 3)
+        self.output = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x, attention_mask=None, return_attention=False):
+        """x [batch, seq_len, embed_dim]; attention_mask bool, broadcastable to
+        [batch, heads, seq_len, seq_len]. Returns output [batch, seq_len,
+        embed_dim], or (output, weights [batch, heads, seq_len, seq_len]) with
+        return_attention."""
+        xf = _check_tensor(x, "x")
+        if xf.dim() != 3:
+            raise AttnShapeError("x must be [batch, seq_len, embed_dim] (3 axes), not %s"
+                                 % (tuple(x.shape),))
+        B, T, E = xf.shape
+        if E != self.embed_dim:
+            raise AttnShapeError("x %s has embed_dim %d, but the module was made with "
+                                 "embed_dim %d" % (tuple(x.shape), E, self.embed_dim))
+        mask = _check_mask(attention_mask, (B, self.num_heads, T, T))
+        params = [self.qkv.weight, self.qkv.bias, self.output.weight, self.output.bias]
+        for p, name in zip(params, ("qkv.weight", "qkv.bias", "output.weight", "output.bias")):
+            _check_tensor(p, name)
+        w_qkv, b_qkv, w_o, b_o = (p if p.dtype == torch.float32 else p.float() for p in params)
+        needs_grad = torch.is_grad_enabled() and (
+            xf.requires_grad or any(p.requires_grad for p in params))
+        if return_attention and needs_grad:
+            # The weights are returned with their gradient, as the chapter's are:
+            # the projections in PyTorch around attn's attention and its backward.
+            out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)
+        else:
+            fused_mask, causal = _split_causal(mask, T, T)
+            r = _MHAFunction.apply(xf, w_qkv, b_qkv, w_o, b_o, fused_mask, causal,
+                                   self.num_heads, return_attention)
+            out, weights = r if return_attention else (r, None)
+        if x.dtype != torch.float32:
+            out = out.to(x.dtype)
+            weights = weights.to(x.dtype) if return_attention else None
+        return (out, weights) if return_attention else out
+
+    def _forward_in_steps(self, x, w_qkv, b_qkv, w_o, b_o, mask):
+        B, T, E = x.shape
+        qkv = nn.functional.linear(x, w_qkv, b_qkv)
+        q, k, v = (self._split_heads(t) for t in qkv.chunk(3, dim=-1))
+        context, weights = scaled_dot_product_attention(q, k, v, attention_mask=mask)
+        merged = context.transpose(1, 2).reshape(B, T, E)
+        return nn.functional.linear(merged, w_o, b_o), weights
+
+    def _split_heads(self, x):
+        # [B, T, E] -> [B, H, T, D], as the chapter splits them.
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
