@@ -182,10 +182,6 @@ static attn_arch best_arch(const cpu_features *f)
  * multiple of 32 from 32 to 512, bc a multiple of 8 from 8 to 1024) overrides the
  * choice, for tuning and for the tests; a value outside those rules is ignored, and
  * the reason says so. */
-/* Measured on this family (docs/performance.md). */
-#define ATTN__TILE_SPR_BR 64
-#define ATTN__TILE_SPR_BC 64
-
 static const char *classify_uarch(const cpu_features *f)
 {
     if (strcmp(f->vendor, "GenuineIntel") == 0 && f->family == 6) {
@@ -210,16 +206,28 @@ static const char *classify_uarch(const cpu_features *f)
     return f->avx512 ? "AVX-512 core" : f->avx2 ? "AVX2 core" : "generic core";
 }
 
-/* The choice itself: (br, bc) per family; see the comment above. */
-static void default_tiles(const cpu_features *f, const char *uarch, int64_t *br, int64_t *bc)
+/* The choice itself: (br, bc) per family, and how each entry was decided. On the
+ * Sapphire Rapids class the sizes were swept (br 32-128, bc 32-256, S2 on one core,
+ * docs/performance.md) and 64 x 64 was fastest; the others keep the sizes the
+ * kernel was tuned with on Zen 5 until someone measures them there. */
+static const struct {
+    const char *uarch;
+    int64_t br, bc;
+} tile_table[] = {
+    {"Intel Sapphire Rapids class", 64, 64}, /* swept on family 6 model 207 */
+    {"AMD Zen 5", 64, 64},                   /* where the kernel was first tuned */
+    {"AMD Zen 4", 64, 64},                   /* not measured here */
+};
+
+static void default_tiles(const char *uarch, int64_t *br, int64_t *bc)
 {
     *br = 64;
     *bc = 64;
-    if (strcmp(uarch, "Intel Sapphire Rapids class") == 0) {
-        *br = ATTN__TILE_SPR_BR;
-        *bc = ATTN__TILE_SPR_BC;
-    }
-    (void)f;
+    for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; i++)
+        if (strcmp(uarch, tile_table[i].uarch) == 0) {
+            *br = tile_table[i].br;
+            *bc = tile_table[i].bc;
+        }
 }
 
 /* "BRxBC" with br a multiple of 32 in [32, 512] and bc a multiple of 8 in [8, 1024]. */
@@ -243,7 +251,7 @@ static int parse_tiles(const char *s, int64_t *br, int64_t *bc)
 static void decide_tiles(const cpu_features *f, cpu_tiles *t)
 {
     t->uarch = classify_uarch(f);
-    default_tiles(f, t->uarch, &t->br, &t->bc);
+    default_tiles(t->uarch, &t->br, &t->bc);
     snprintf(t->source, sizeof t->source, "chosen for it");
     const char *env = getenv("ATTN_TILE");
     if (env && *env) {
