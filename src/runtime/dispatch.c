@@ -44,7 +44,7 @@ typedef struct cpu_features {
 typedef struct cpu_tiles {
     const char *uarch;
     int64_t br, bc;
-    char source[64]; /* "chosen for <uarch>" or "ATTN_TILE=..." */
+    char source[64]; /* "chosen for it", or what ATTN_TILE did */
 } cpu_tiles;
 
 static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
