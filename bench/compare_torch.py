@@ -4,7 +4,7 @@ shapes, in the same run, and the ratios.
 
     python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
                                    [--shapes S1,S2,...] [--skip-plain-above 2e9]
-                                   [--shapes-only]
+                                   [--shapes-only] [--cpu-time]
     python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128]
                                    [--repeat 3] [--attn build/attn] [--threads 2]
 
@@ -35,6 +35,12 @@ the softcap written out in torch (c * tanh(s / c), then the causal mask and
 softmax) and the plain column the same; G1 grouped-query S2 (Hkv = 3).
 --shapes-only skips the multi-head, GEMM and bandwidth lines.
 
+--cpu-time (needs --threads 1) times both sides by the calling thread's CPU time
+instead of the wall clock (attn through ATTN_BENCH_CLOCK=cpu, PyTorch and numpy
+through time.thread_time, with their own thread pools at one thread, so their work
+runs in the calling thread): on a machine shared with other jobs, wall-clock
+figures measure the queue for a core as much as the code, and this does not.
+
 --decode compares the decoding loop instead: `attn bench --decode` (a KV cache
 prefilled with --prefill tokens per sequence, then --steps steps that append one
 token's k and v and attend one query row per sequence, median step) against the
@@ -62,6 +68,10 @@ import time
 # OpenBLAS reads these at load time; unset them for this process only.
 for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
     os.environ.pop(var, None)
+# --cpu-time counts the calling thread only, so OpenBLAS (read at load time, like the
+# above) must run numpy's products in it.
+if "--cpu-time" in sys.argv:
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -133,19 +143,23 @@ def attn_args(name):
     return args
 
 
+# The clock median_ms reads: the wall clock, or with --cpu-time the thread's CPU time.
+CLOCK = time.perf_counter
+
+
 def median_ms(fn, runs):
     fn()
     fn()
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     fn()
-    once = time.perf_counter() - t0
+    once = CLOCK() - t0
     reps = 1 if once > 1e-3 else int(1e-3 / max(once, 1e-7)) + 1
     samples = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         for _ in range(reps):
             fn()
-        samples.append((time.perf_counter() - t0) / reps)
+        samples.append((CLOCK() - t0) / reps)
     samples.sort()
     n = len(samples)
     mid = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
@@ -153,8 +167,11 @@ def median_ms(fn, runs):
 
 
 def attn_json(attn, args):
+    env = dict(os.environ)
+    if CLOCK is time.thread_time:
+        env["ATTN_BENCH_CLOCK"] = "cpu"
     out = subprocess.run([attn, "bench", "--json"] + args, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, env=env).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -285,6 +302,8 @@ def main():
     ap.add_argument("--skip-plain-above", type=float, default=float("inf"),
                     help="skip torch plain on shapes above this many FLOPs")
     ap.add_argument("--json", action="store_true", help="print one JSON object per line")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the calling thread's CPU time (with --threads 1 only)")
     ap.add_argument("--shapes-only", action="store_true",
                     help="skip the multi-head, GEMM and bandwidth comparisons")
     ap.add_argument("--decode", action="store_true",
@@ -294,6 +313,12 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="--decode: rounds of attn then torch; the best of each is kept")
     a = ap.parse_args()
+    if a.cpu_time:
+        global CLOCK
+        if a.threads != 1 or a.decode:
+            ap.error("--cpu-time times the calling thread only: it needs --threads 1 "
+                     "and no --decode")
+        CLOCK = time.thread_time
     torch.set_num_threads(a.threads)
     if a.decode:
         return decode_main(a)

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -24,10 +25,20 @@ const bench_shape bench_spec_shapes[BENCH_N_SPEC_SHAPES] = {
     {"S8", 1, 32, 2048, 2048, 128, ATTN_CAUSAL_TOP_LEFT, 0, 8, 0, 0, 0, 0.0f},
 };
 
+/* Wall-clock time, or with ATTN_BENCH_CLOCK=cpu the calling thread's CPU time: on a
+ * machine shared with other jobs a 1-thread figure is then the time the work itself
+ * took, not the time it waited for a core. It counts the calling thread only, so
+ * it means something with --threads 1 alone (bench/compare_torch.py --cpu-time
+ * enforces that). */
 double bench_now_s(void)
 {
+    static int clock_id = -1;
+    if (clock_id < 0) {
+        const char *env = getenv("ATTN_BENCH_CLOCK");
+        clock_id = env && strcmp(env, "cpu") == 0 ? 1 : 0;
+    }
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock_id ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

@@ -54,8 +54,11 @@
  * for whole unmasked tiles with unit-stride rows of a multiple of the vector
  * width, else from a packed copy [bc][dvp].
  *
- * Tile sizes: br = 64 query rows and bc = 64 keys (the planner in sdpa_fused.c
- * shrinks them to the problem when it is smaller, rounded up to FK_QW and FK_MK).
+ * Tile sizes: br query rows and bc keys, chosen once per process for the
+ * microarchitecture (attn__fused_tiles, src/runtime/dispatch.c: 64 x 64 unless that
+ * file says otherwise for the family) or forced with ATTN_TILE=BRxBC, and recorded
+ * in the plan; the planner in sdpa_fused.c shrinks them to the problem when it is
+ * smaller, rounded up to FK_QW and FK_MK. They never depend on the thread count.
  * Scratch per worker, caller-allocated, never allocated here (fk_tile_ws_floats):
  * Q^T [br][D], the value tile [bc][dvp], the scores/weights [bc][br], the output
  * accumulator [br][dvp] and m, l, the correction factor and 1/l, [br] each. With

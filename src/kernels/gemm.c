@@ -73,7 +73,14 @@ typedef struct pack_job {
     attn__gemm_packed *pw;
 } pack_job;
 
-/* Packs panel `item` of w (nr output features) and of the bias, zero past N. */
+/* Packs panel `item` of w (nr output features) and of the bias, zero past N.
+ * The copy walks k in blocks of PACK_KB: each feature's row contributes a short
+ * contiguous run to the block, whose destination (PACK_KB x nr floats, 12 KiB with
+ * AVX-512's 48 columns) stays in L1 until every feature has written its column.
+ * Walking all of k for one feature before the next instead touches the whole
+ * K x nr panel (96 KiB at K = 768 and 32 columns) once per feature, from L2: that
+ * made packing a seventh of the projections' time in a multi-head forward. */
+#define PACK_KB 64
 static void pack_item(void *arg, int64_t item, int worker)
 {
     (void)worker;
@@ -84,19 +91,24 @@ static void pack_item(void *arg, int64_t item, int worker)
     float *bdst = pw->bp + item * nr;
     for (int64_t c = 0; c < nr; c++) {
         const int64_t n = item * nr + c;
-        if (n < pw->N) {
+        bdst[c] = n < pw->N && job->bias ? job->bias[n * job->b_s] : 0.0f;
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += PACK_KB) {
+        const int64_t k1 = K - k0 < PACK_KB ? K : k0 + PACK_KB;
+        for (int64_t c = 0; c < nr; c++) {
+            const int64_t n = item * nr + c;
+            if (n >= pw->N) {
+                for (int64_t k = k0; k < k1; k++)
+                    dst[k * nr + c] = 0.0f;
+                continue;
+            }
             const float *src = job->w + n * job->w_rs;
             if (job->w_cs == 1)
-                for (int64_t k = 0; k < K; k++)
+                for (int64_t k = k0; k < k1; k++)
                     dst[k * nr + c] = src[k];
             else
-                for (int64_t k = 0; k < K; k++)
+                for (int64_t k = k0; k < k1; k++)
                     dst[k * nr + c] = src[k * job->w_cs];
-            bdst[c] = job->bias ? job->bias[n * job->b_s] : 0.0f;
-        } else {
-            for (int64_t k = 0; k < K; k++)
-                dst[k * nr + c] = 0.0f;
-            bdst[c] = 0.0f;
         }
     }
 }

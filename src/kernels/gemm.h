@@ -94,7 +94,8 @@ void attn__gemm_run(attn_ctx *ctx, const attn__gemm_packed *pw, const float *x,
                     const attn__gemm_rows *xr, float *y, const attn__gemm_rows *yr);
 
 /* Micro-tiles of rows per work item, and panels of w per work item: a block of
- * 8 micro-tiles of x (under 100 rows) against 4 panels (64 or 128 features). */
+ * 8 micro-tiles of x (under 100 rows) against 4 panels (64 features with AVX2's
+ * 16-wide panels, 192 with AVX-512's 48-wide ones). */
 #define ATTN_GEMM_MB_TILES 8
 #define ATTN_GEMM_NB_PANELS 4
 

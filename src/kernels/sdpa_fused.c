@@ -23,10 +23,6 @@ const attn__fused_kernel attn__fused_kernel_scalar = {
     ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_split_merge, fk_exp_nonpos, fk_tanh,
 };
 
-/* Query rows and keys per tile; see the contract in src/kernels/fused_kernel.h. */
-#define ATTN_FUSED_BR 64
-#define ATTN_FUSED_BC 64
-
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch)
 {
 #ifdef ATTN_HAVE_X86
@@ -48,9 +44,13 @@ static const attn__fused_kernel *kernel_of(attn_arch arch)
     return kern ? kern : &attn__fused_kernel_scalar; /* never for a resolved arch */
 }
 
-/* The job's shape-dependent fields, the same for the plan and the run. */
+/* The job's shape-dependent fields, the same for the plan and the run. tile_br and
+ * tile_bc are the machine's tile sizes (attn__fused_tiles, src/runtime/dispatch.c)
+ * when planning, and the plan's own when running: the plan's are those shrunk to
+ * the problem, which shrink to themselves, so the run lays out what was planned. */
 static void job_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *s,
-                       attn__fused_job *job, int64_t *n_items)
+                       int64_t tile_br, int64_t tile_bc, attn__fused_job *job,
+                       int64_t *n_items)
 {
     memset(job, 0, sizeof *job);
     job->s = s;
@@ -81,8 +81,8 @@ static void job_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *
             }
         }
     } else {
-        job->br = s->Tq < ATTN_FUSED_BR ? round_up(s->Tq, kern->mr) : ATTN_FUSED_BR;
-        job->bc = s->Tk < ATTN_FUSED_BC ? round_up(s->Tk, kern->nk) : ATTN_FUSED_BC;
+        job->br = s->Tq < tile_br ? round_up(s->Tq, kern->mr) : tile_br;
+        job->bc = s->Tk < tile_bc ? round_up(s->Tk, kern->nk) : tile_bc;
         job->n_qt = (s->Tq + job->br - 1) / job->br;
         *n_items = s->B * s->H * job->n_qt;
     }
@@ -104,8 +104,9 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     const attn__sdpa_shapes *s = &plan->s;
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
-    int64_t n_items;
-    job_layout(kern, s, &job, &n_items);
+    int64_t n_items, tile_br, tile_bc;
+    attn__fused_tiles(&tile_br, &tile_bc);
+    job_layout(kern, s, tile_br, tile_bc, &job, &n_items);
 
     /* The work is that of the (query, key) pairs the causal alignment and the window
      * let through: summed over the rows' ranges, which costs Tq steps, nothing next
@@ -146,7 +147,7 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
     int64_t n_items;
-    job_layout(kern, s, &job, &n_items);
+    job_layout(kern, s, plan->br, plan->bc, &job, &n_items);
     job.q = q;
     job.k = k;
     job.v = v;
@@ -193,7 +194,7 @@ void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *p
 {
     attn__fused_job job;
     int64_t n_items, parts = 0;
-    job_layout(kernel_of(plan->arch), &plan->s, &job, &n_items);
+    job_layout(kernel_of(plan->arch), &plan->s, plan->br, plan->bc, &job, &n_items);
     if (!part_floats(&plan->s, &job, &parts) || parts > INT64_MAX / 2 - acc->parts)
         acc->overflow = 1;
     else
@@ -295,7 +296,7 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
         const attn__sdpa_shapes *s = &plans[j].s;
         attn__fused_job *job = &jobs[j];
         int64_t n_items, parts = 0;
-        job_layout(kern, s, job, &n_items);
+        job_layout(kern, s, plans[j].br, plans[j].bc, job, &n_items);
         part_floats(s, job, &parts);
         job->q = io[j].q;
         job->k = io[j].k;

@@ -18,6 +18,7 @@
 #include "dispatch.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +32,28 @@ typedef struct cpu_features {
     int avx2;   /* AVX2 and FMA, with the YMM state enabled by the OS */
     int avx512; /* AVX-512 F, DQ, BW, VL, with the opmask and ZMM state enabled */
     char detail[160];
+    char vendor[13];      /* cpuid leaf 0: "GenuineIntel", "AuthenticAMD", ... */
+    unsigned family;      /* display family and model (leaf 1, extended fields added) */
+    unsigned model;
+    int64_t l1d_kib;      /* data cache sizes (leaf 4, or 0x8000001D on AMD); 0 unknown */
+    int64_t l2_kib;
 } cpu_features;
+
+/* The fused kernel's tile sizes on this machine and the microarchitecture they were
+ * chosen for (attn__fused_tiles). */
+typedef struct cpu_tiles {
+    const char *uarch;
+    int64_t br, bc;
+    char source[64]; /* "chosen for it", or what ATTN_TILE did */
+} cpu_tiles;
 
 static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
 static cpu_features dispatch_cpu;
+static cpu_tiles dispatch_tiles;
 static attn_arch dispatch_arch = ATTN_ARCH_SCALAR;
-static char dispatch_reason[320];
+static char dispatch_reason[640];
+
+static void dispatch_decide(void);
 
 #ifdef ATTN_DISPATCH_X86
 static uint64_t read_xcr0(void)
@@ -45,6 +62,63 @@ static uint64_t read_xcr0(void)
     /* xgetbv with ecx = 0 reads XCR0; only valid when cpuid says OSXSAVE. */
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+#ifdef ATTN_DISPATCH_X86
+/* The L1 data and L2 sizes from the deterministic cache parameters, one subleaf per
+ * cache (Intel leaf 4, AMD leaf 0x8000001D, the same layout): size = ways x
+ * partitions x line size x sets, each field stored minus one. */
+static void detect_caches(cpu_features *f, unsigned leaf)
+{
+    for (unsigned sub = 0; sub < 16; sub++) {
+        unsigned a, b, c, d;
+        __cpuid_count(leaf, sub, a, b, c, d);
+        const unsigned type = a & 31, level = (a >> 5) & 7;
+        if (type == 0)
+            break;
+        const int64_t bytes = (int64_t)((b >> 22) + 1) * (((b >> 12) & 0x3ff) + 1) *
+                              ((b & 0xfff) + 1) * ((int64_t)c + 1);
+        if (level == 1 && type == 1) /* data */
+            f->l1d_kib = bytes / 1024;
+        else if (level == 2 && (type == 3 || type == 2)) /* unified */
+            f->l2_kib = bytes / 1024;
+    }
+}
+
+static void detect_identity(cpu_features *f, unsigned eax1)
+{
+    unsigned max0, b, c, d;
+    __cpuid(0, max0, b, c, d);
+    memcpy(f->vendor, &b, 4);
+    memcpy(f->vendor + 4, &d, 4);
+    memcpy(f->vendor + 8, &c, 4);
+    f->vendor[12] = '\0';
+    /* The display family adds the extended family when the base family is 15; the
+     * display model adds the extended model for families 6 and 15 and above. */
+    unsigned family = (eax1 >> 8) & 0xf, model = (eax1 >> 4) & 0xf;
+    if (family == 15)
+        family += (eax1 >> 20) & 0xff;
+    if (family == 6 || family >= 15)
+        model += ((eax1 >> 16) & 0xf) << 4;
+    f->family = family;
+    f->model = model;
+    const int amd = strcmp(f->vendor, "AuthenticAMD") == 0 || strcmp(f->vendor, "HygonGenuine") == 0;
+    unsigned maxe, a;
+    __cpuid(0x80000000u, maxe, b, c, d);
+    if (amd && maxe >= 0x8000001Du) {
+        __cpuid(0x80000001u, a, b, c, d);
+        if ((c >> 22) & 1) /* topology extensions: leaf 0x8000001D is valid */
+            detect_caches(f, 0x8000001Du);
+    } else if (!amd && max0 >= 4) {
+        detect_caches(f, 4);
+    }
+    if (amd && f->l1d_kib == 0 && maxe >= 0x80000006u) {
+        __cpuid(0x80000005u, a, b, c, d);
+        f->l1d_kib = c >> 24;
+        __cpuid(0x80000006u, a, b, c, d);
+        f->l2_kib = c >> 16;
+    }
 }
 #endif
 
@@ -57,6 +131,7 @@ static void detect_cpu(cpu_features *f)
         snprintf(f->detail, sizeof f->detail, "cpuid leaf 1 unavailable");
         return;
     }
+    detect_identity(f, a);
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
     uint64_t xcr0 = osxsave ? read_xcr0() : 0;
     const int ymm_os = (xcr0 & 0x6) == 0x6;    /* XMM and YMM state */
@@ -87,6 +162,115 @@ static attn_arch best_arch(const cpu_features *f)
     if (f->avx2)
         return ATTN_ARCH_AVX2;
     return ATTN_ARCH_SCALAR;
+}
+
+/* ---- Tile sizes per microarchitecture ----------------------------------------
+ *
+ * The fused kernel's query tile (br rows) and key tile (bc keys) are chosen here,
+ * once, from the vendor, family and model and the L1/L2 sizes, and recorded in every
+ * plan (attn__sdpa_plan's br and bc). They change which keys are summed together,
+ * so they may change the last bits between two machines; they never depend on the
+ * thread count, so on one machine the result is the same for any number of threads.
+ *
+ * The families below differ in what limits the tile: Intel's Sapphire Rapids class
+ * (Golden Cove / Raptor Cove cores) runs two 512-bit FMAs a cycle from a 48 KiB L1
+ * and a 2 MiB L2; Zen 4 runs AVX-512 as two 256-bit halves from a 32 KiB L1 and a
+ * 1 MiB L2; Zen 5 has full 512-bit FMAs, a 48 KiB L1 and a 1 MiB L2; AVX2-only cores
+ * have 16 vector registers and 32-48 KiB of L1. Which sizes suit which family is
+ * measured where the machine was at hand and otherwise kept at the sizes the kernel
+ * was first tuned with (docs/performance.md says which). ATTN_TILE=BRxBC (br a
+ * multiple of 32 from 32 to 512, bc a multiple of 8 from 8 to 1024) overrides the
+ * choice, for tuning and for the tests; a value outside those rules is ignored, and
+ * the reason says so. */
+static const char *classify_uarch(const cpu_features *f)
+{
+    if (strcmp(f->vendor, "GenuineIntel") == 0 && f->family == 6) {
+        switch (f->model) {
+        case 0x8f: /* Sapphire Rapids */
+        case 0xcf: /* Emerald Rapids */
+        case 0xad: /* Granite Rapids */
+        case 0xae:
+            return "Intel Sapphire Rapids class";
+        default:
+            return f->avx512 ? "Intel AVX-512 core" : f->avx2 ? "Intel AVX2 core" : "Intel core";
+        }
+    }
+    if (strcmp(f->vendor, "AuthenticAMD") == 0) {
+        if (f->family == 0x1a)
+            return "AMD Zen 5";
+        if (f->family == 0x19)
+            return f->avx512 ? "AMD Zen 4" : "AMD Zen 3";
+        if (f->family == 0x17)
+            return "AMD Zen 2";
+    }
+    return f->avx512 ? "AVX-512 core" : f->avx2 ? "AVX2 core" : "generic core";
+}
+
+/* The choice itself: (br, bc) per family, and how each entry was decided. On the
+ * Sapphire Rapids class the sizes were swept (br 32-128, bc 32-256, S2 on one core,
+ * docs/performance.md) and 64 x 64 was fastest; the others keep the sizes the
+ * kernel was tuned with on Zen 5 until someone measures them there. */
+static const struct {
+    const char *uarch;
+    int64_t br, bc;
+} tile_table[] = {
+    {"Intel Sapphire Rapids class", 64, 64}, /* swept on family 6 model 207 */
+    {"AMD Zen 5", 64, 64},                   /* where the kernel was first tuned */
+    {"AMD Zen 4", 64, 64},                   /* not measured here */
+};
+
+static void default_tiles(const char *uarch, int64_t *br, int64_t *bc)
+{
+    *br = 64;
+    *bc = 64;
+    for (size_t i = 0; i < sizeof tile_table / sizeof tile_table[0]; i++)
+        if (strcmp(uarch, tile_table[i].uarch) == 0) {
+            *br = tile_table[i].br;
+            *bc = tile_table[i].bc;
+        }
+}
+
+/* "BRxBC" with br a multiple of 32 in [32, 512] and bc a multiple of 8 in [8, 1024]. */
+static int parse_tiles(const char *s, int64_t *br, int64_t *bc)
+{
+    char *end;
+    const long r = strtol(s, &end, 10);
+    if (end == s || (*end != 'x' && *end != 'X'))
+        return 0;
+    const char *s2 = end + 1;
+    const long c = strtol(s2, &end, 10);
+    if (end == s2 || *end != '\0')
+        return 0;
+    if (r < 32 || r > 512 || r % 32 != 0 || c < 8 || c > 1024 || c % 8 != 0)
+        return 0;
+    *br = r;
+    *bc = c;
+    return 1;
+}
+
+static void decide_tiles(const cpu_features *f, cpu_tiles *t)
+{
+    t->uarch = classify_uarch(f);
+    default_tiles(t->uarch, &t->br, &t->bc);
+    snprintf(t->source, sizeof t->source, "chosen for it");
+    const char *env = getenv("ATTN_TILE");
+    if (env && *env) {
+        int64_t br, bc;
+        if (parse_tiles(env, &br, &bc)) {
+            t->br = br;
+            t->bc = bc;
+            snprintf(t->source, sizeof t->source, "forced by ATTN_TILE=%.16s", env);
+        } else {
+            snprintf(t->source, sizeof t->source, "ATTN_TILE=%.16s ignored (not BRxBC)", env);
+        }
+    }
+}
+
+void attn__fused_tiles(int64_t *br, int64_t *bc)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    *br = dispatch_tiles.br;
+    *bc = dispatch_tiles.bc;
 }
 
 static int parse_arch(const char *s, attn_arch *arch)
@@ -122,6 +306,7 @@ static int cpu_supports(const cpu_features *f, attn_arch arch)
 static void dispatch_decide(void)
 {
     detect_cpu(&dispatch_cpu);
+    decide_tiles(&dispatch_cpu, &dispatch_tiles);
     const attn_arch best = best_arch(&dispatch_cpu);
     const char *env = getenv("ATTN_ARCH");
     attn_arch forced = ATTN_ARCH_AUTO;
@@ -144,6 +329,15 @@ static void dispatch_decide(void)
         dispatch_arch = forced;
         snprintf(dispatch_reason, sizeof dispatch_reason, "forced by ATTN_ARCH=%s", env);
     }
+    /* The machine and the tiles, so that a benchmark line says what it ran with. */
+    const size_t used = strlen(dispatch_reason);
+    const cpu_features *f = &dispatch_cpu;
+    snprintf(dispatch_reason + used, sizeof dispatch_reason - used,
+             "; %s (%s family %u model %u, L1d %lld KiB, L2 %lld KiB): fused tiles "
+             "%lldx%lld, %s",
+             dispatch_tiles.uarch, f->vendor[0] ? f->vendor : "unknown vendor", f->family,
+             f->model, (long long)f->l1d_kib, (long long)f->l2_kib,
+             (long long)dispatch_tiles.br, (long long)dispatch_tiles.bc, dispatch_tiles.source);
 }
 
 const char *attn_arch_name(attn_arch arch)

@@ -13,4 +13,10 @@
  * UNSUPPORTED when ctx->arch names a path this build or CPU cannot run. */
 int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
 
+/* The fused kernel's query and key tile sizes for this machine: chosen once per
+ * process from cpuid (the microarchitecture and its cache sizes) or forced by
+ * ATTN_TILE=BRxBC; br is a multiple of 32 and bc of 8. Never depends on the thread
+ * count. */
+void attn__fused_tiles(int64_t *br, int64_t *bc);
+
 #endif /* ATTN_DISPATCH_H */
