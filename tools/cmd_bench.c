@@ -301,10 +301,10 @@ int cmd_bench(int argc, char **argv)
         return bench_gemm(gemm_n, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (want_bw) {
         /* S5 and S7 are the decode steps: their K and V against the bandwidth. */
-        if (bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
-            bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o))
-            return CLI_EXIT_ERROR;
-        return CLI_EXIT_OK;
+        const int bad = bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
+                        bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o);
+        bench_stream_free(&o);
+        return bad ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
     if (want_decode)
         return bench_decode(prefill, steps, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
