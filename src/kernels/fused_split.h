@@ -80,11 +80,12 @@ FK_INLINE void fk_split_prefetch(const float *kb, int64_t ldk, int64_t kbytes, c
 {
     const int64_t ahead = FK_SPLIT_PF_K / (ldk * (int64_t)sizeof(float)) + 1;
     for (int64_t r = j; r < j1; r++) {
-        const char *kr = (const char *)(kb + (r + ahead) * ldk);
-        const char *vr = (const char *)(vb + r * ldv);
-        if (r + ahead < c1)
+        if (r + ahead < c1) {
+            const char *kr = (const char *)(kb + (r + ahead) * ldk);
             for (int64_t x = 0; x < kbytes; x += 64)
                 FK_PREFETCH_L1(kr + x);
+        }
+        const char *vr = (const char *)(vb + r * ldv);
         for (int64_t x = 0; x < vbytes; x += 64)
             FK_PREFETCH_L2(vr + x);
     }
