@@ -66,6 +66,15 @@ if "$ATTN" bench --bandwidth --runs 1 --threads 1 --json >"$tmp/bw" 2>"$tmp/err"
     grep -q '"kind":"bandwidth","impl":"stream",.*"gflops":null,.*"gbs":[0-9.]*[1-9]' "$tmp/bw" &&
         grep -q '"kind":"kv_stream",.*"B":1,"H":32,"Tq":1,"Tk":4096,"D":128,.*"kv_gbs":[0-9.]*[1-9]' "$tmp/bw" \
         && ok "--bandwidth: the stream rate and S5 against it" || bad "--bandwidth lines: $(cat "$tmp/bw")"
+    # The probe and every decode shape read copies that together exceed the
+    # last-level cache (at least 2 of them), and each shape's fraction comes from
+    # at least 5 pairs interleaved with the probe: a figure read from a cache, or
+    # against a bandwidth measured at another moment, is not what it claims.
+    copies=$(grep -c '"cold_copies":\([2-9]\|[1-9][0-9]\)[,}]' "$tmp/bw")
+    pairs=$(grep -c '"kind":"kv_stream",.*"pairs":\([5-9]\|[1-9][0-9]\),' "$tmp/bw")
+    [ "$copies" = 4 ] && [ "$pairs" = 3 ] \
+        && ok "--bandwidth: the probe, S5, S7 and S9 rotate through copies; S5, S7, S9 in pairs" \
+        || bad "--bandwidth: $copies lines with 2 or more copies (want 4), $pairs kv_stream lines with 5 or more pairs (want 3): $(cat "$tmp/bw")"
 else bad "--bandwidth run: $(cat "$tmp/err")"; fi
 
 if ATTN_ARCH=scalar "$ATTN" bench --shape S1 --runs 1 --threads 1 >"$tmp/out" 2>&1 \

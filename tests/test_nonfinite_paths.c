@@ -5,8 +5,9 @@
  * but that is not masked still poisons its row (0 * NaN = NaN, 0 * inf = NaN) - and
  * a masked key never reaches the output.
  *
- * For problems on the fused kernel's row path (Tq <= 8) and on its tile path (key
- * tiles that are full, partial, or both), with no mask, the causal flag, a padding
+ * For problems on the fused kernel's row path (Tq <= 8), its split-key form (long
+ * key axes without the weights) and its tile path (key tiles that are full,
+ * partial, or both), with no mask, the causal flag, a padding
  * mask and a random mask, a NaN, +inf or -inf is put in one element of q, k or v
  * (a value also at a key whose weight underflows to exactly 0), and every
  * instruction-set path this machine runs, with 1 and 2 threads, is compared with
@@ -37,6 +38,8 @@ static const char *const mask_names[] = {"none", "causal", "padding", "random"};
 typedef struct problem {
     int B, H, Tq, Tk, D, Dv, mask;
     const char *what; /* which path and which key tiles it exercises */
+    int no_weights;   /* 1: the weights are not asked for, so that a long key axis
+                         takes the row path's split-key form (fused_split.h) */
 } problem;
 
 /* Where the bad value goes: tensor 'q', 'k' or 'v', element (B-1, H-1, row, col)
@@ -105,7 +108,9 @@ static void run(const data *d, attn_arch arch, int threads, float *out, float *w
         attn_tensor_init(NULL, &tm, ATTN_DTYPE_BOOL, d->mask, 4, ms);
         p.mask = &tm;
     }
-    int rc = attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, &tw);
+    if (pb->no_weights)
+        memset(w, 0, (size_t)pb->B * pb->H * pb->Tq * pb->Tk * sizeof(float));
+    int rc = attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, pb->no_weights ? NULL : &tw);
     if (rc != ATTN_OK)
         fprintf(stderr, "attn_sdpa on %s: %s\n", attn_arch_name(arch), ctx.message);
     CHECK_INT(rc, ATTN_OK);
@@ -327,17 +332,21 @@ int main(void)
     check_issue_case(4, 7);
 
     static const problem problems[] = {
-        {1, 1, 4, 8, 4, 4, MASK_NONE, "row path"},
-        {2, 1, 8, 8, 5, 5, MASK_CAUSAL, "row path, causal"},
-        {2, 2, 1, 37, 16, 17, MASK_PADDING, "row path, one query: a decoding step"},
-        {2, 1, 6, 50, 12, 12, MASK_RANDOM, "row path, random mask, an empty row"},
-        {2, 2, 8, 1200, 16, 16, MASK_NONE, "row path, long keys, two threads"},
-        {1, 1, 16, 8, 4, 4, MASK_NONE, "tile path, one full key tile"},
-        {1, 1, 16, 7, 4, 4, MASK_NONE, "tile path, one partial key tile"},
-        {2, 2, 70, 130, 33, 16, MASK_NONE, "tile path, full key tiles and a partial one"},
-        {2, 2, 70, 130, 16, 20, MASK_PADDING, "tile path, full, partial and skipped key tiles"},
-        {2, 2, 130, 130, 16, 16, MASK_CAUSAL, "tile path, diagonal and skipped key tiles"},
-        {1, 2, 40, 70, 8, 24, MASK_RANDOM, "tile path, random mask, an empty row"},
+        {1, 1, 4, 8, 4, 4, MASK_NONE, "row path", 0},
+        {2, 1, 8, 8, 5, 5, MASK_CAUSAL, "row path, causal", 0},
+        {2, 2, 1, 37, 16, 17, MASK_PADDING, "row path, one query: a decoding step", 0},
+        {2, 1, 6, 50, 12, 12, MASK_RANDOM, "row path, random mask, an empty row", 0},
+        {2, 2, 8, 1200, 16, 16, MASK_NONE, "row path, long keys, two threads", 0},
+        {1, 1, 16, 8, 4, 4, MASK_NONE, "tile path, one full key tile", 0},
+        {1, 1, 16, 7, 4, 4, MASK_NONE, "tile path, one partial key tile", 0},
+        {2, 2, 70, 130, 33, 16, MASK_NONE, "tile path, full key tiles and a partial one", 0},
+        {2, 2, 70, 130, 16, 20, MASK_PADDING, "tile path, full, partial and skipped key tiles", 0},
+        {2, 2, 130, 130, 16, 16, MASK_CAUSAL, "tile path, diagonal and skipped key tiles", 0},
+        {1, 2, 40, 70, 8, 24, MASK_RANDOM, "tile path, random mask, an empty row", 0},
+        /* Without the weights and with at least 512 keys, the split-key form: no
+         * mask (every key visible, the max taken a vector at a time) and padding. */
+        {1, 2, 1, 1100, 16, 16, MASK_NONE, "split path: a decoding step, five key chunks", 1},
+        {2, 1, 3, 700, 8, 8, MASK_PADDING, "split path: three queries, padding", 1},
     };
     const float values[3] = {NAN, INFINITY, -INFINITY};
     const int nproblems = (int)(sizeof problems / sizeof problems[0]);

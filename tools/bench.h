@@ -36,6 +36,8 @@ typedef struct bench_opts {
     const char *impl;    /* --impl: default, ref, fused, scalar, avx2, avx512, all */
     double peak1, peakn; /* FP32 FMA peak, GFLOP/s, with 1 and with `threads` threads */
     double stream_gbs;   /* K/V streaming bandwidth when measured, else 0 */
+    void *stream;        /* the bandwidth probe's copies, kept for the paired runs
+                            (tools/bench_probes.h), or NULL */
     const char *default_arch; /* the path attn_sdpa picks, and why (JSON-escaped) */
     char reason_json[1024];
 } bench_opts;

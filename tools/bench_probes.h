@@ -20,8 +20,37 @@ double bench_probe_peak(int threads);
  * `attn bench --peak`. */
 void bench_report_peak(const bench_opts *o, int threads);
 
-/* Measures the streaming read bandwidth of S5's K and V (2 x 64 MiB) with the run's
+/* Bytes of the last-level cache (sysconf, else sysfs); 0 when unknown. */
+int64_t bench_llc_bytes(void);
+
+/* How many copies of a working set of `bytes` a benchmark rotates through, one a
+ * call, so that the copy a call reads has left the last-level cache: between two
+ * reads of one copy the others bring at least twice the LLC's bytes through it
+ * (twice the LLC of 256 MiB when the LLC is unknown; at most 64 copies). */
+int bench_cold_copies(double bytes);
+
+/* Measures the streaming read bandwidth of S5's K and V (2 x 64 MiB, rotating through
+ * bench_cold_copies() copies so that memory, not the cache, is read) with the run's
  * threads, prints its line and sets o->stream_gbs. 0, or 1 when out of memory. */
 int bench_bandwidth(bench_opts *o);
+
+/* The decode shapes against the probe, interleaved: on a shared machine the
+ * bandwidth moves from one second to the next (7-29 GB/s within a minute here),
+ * so a fraction of a bandwidth measured earlier says little. Each of `runs`
+ * pairs (at least 5) reads the probe's next copy, then makes one call of fn
+ * (which reads `bytes` of K and V, from memory when fn rotates its copies); the
+ * fraction is the median over the pairs of the call's rate over the probe's.
+ * Needs bench_bandwidth's copies (o->stream); without them it sets nothing and
+ * returns 0. 0, or what fn returned, or -1 out of memory. */
+typedef struct bench_pair {
+    int runs;
+    double fraction, fraction_min, fraction_max; /* median, lowest, highest */
+    double kv_gbs, stream_gbs;                   /* medians over the pairs */
+} bench_pair;
+int bench_paired_fraction(const bench_opts *o, bench_fn fn, void *arg, double bytes, int runs,
+                          bench_pair *out);
+
+/* Frees the probe's copies (o->stream) that bench_bandwidth kept. */
+void bench_stream_free(bench_opts *o);
 
 #endif /* TOOLS_BENCH_PROBES_H */

@@ -118,7 +118,11 @@ static const char HELP[] =
     "    --bandwidth\n"
     "        The read bandwidth of streaming S5's K and V (GB/s), then S5's, S7's\n"
     "        and S9's attention times as the rate at which they read their K and V,\n"
-    "        and that rate as a fraction of the bandwidth.\n"
+    "        and that rate as a fraction of the bandwidth. Each rotates through\n"
+    "        copies of its K and V that together hold at least twice the last-level\n"
+    "        cache, so that memory is read, not the cache; the fraction is the\n"
+    "        median over interleaved pairs (one stream read, one call), so that a\n"
+    "        busy machine slows both sides of each pair alike.\n"
     "    --decode\n"
     "        A decoding loop through the KV cache on S5's, S7's and S9's head\n"
     "        shapes (B, H, Hkv, D): --prefill N tokens (default 4096) appended for\n"
@@ -301,10 +305,10 @@ int cmd_bench(int argc, char **argv)
         return bench_gemm(gemm_n, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (want_bw) {
         /* S5 and S7 are the decode steps: their K and V against the bandwidth. */
-        if (bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
-            bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o))
-            return CLI_EXIT_ERROR;
-        return CLI_EXIT_OK;
+        const int bad = bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
+                        bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o);
+        bench_stream_free(&o);
+        return bad ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
     if (want_decode)
         return bench_decode(prefill, steps, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;

@@ -151,6 +151,34 @@ FK_INLINE int64_t fk_row_scores(float *sc, int64_t lo, int64_t hi, const uint8_t
 {
     float m = *mp;
     int64_t visible = 0;
+    if (!mrow && !brow && !alibi && hi - lo >= SIMD_W) {
+        /* A decoding step's usual row: every key in [lo, hi) is visible and the
+         * scores stay as they are, so only the max is left, taken a vector at a
+         * time (the scalar loop's max is one dependent chain of compares, which on
+         * the split path cost more than its loads). x - x is 0 for a finite x and
+         * NaN for a NaN or an infinity: when any lane saw one, the scalar loop
+         * below decides instead, so that a NaN still wins the max exactly as
+         * there. The max of finite floats is the same whatever the order (the
+         * sign of a zero max can differ, which no output sees: s - m and m +
+         * log(l) are the same either way). */
+        simd_f32 vmax = simd_load(sc + lo), vbad = simd_zero();
+        int64_t j = lo;
+        for (; j + SIMD_W <= hi; j += SIMD_W) {
+            const simd_f32 x = simd_load(sc + j);
+            vmax = simd_max(vmax, x);
+            vbad = simd_add(vbad, simd_sub(x, x));
+        }
+        if (j < hi) {
+            const simd_f32 x = simd_load_n(sc + j, hi - j, sc[lo]);
+            vmax = simd_max(vmax, x);
+            vbad = simd_add(vbad, simd_sub(x, x));
+        }
+        if (simd_hsum(vbad) == 0.0f) {
+            const float vm = simd_hmax(vmax);
+            *mp = vm > m ? vm : m;
+            return hi - lo;
+        }
+    }
     for (int64_t j = lo; j < hi; j++) {
         float x = sc[j];
         if ((!mrow || mrow[j * ms3]) && (!brow || brow[j * bs3] != -INFINITY)) {

@@ -54,6 +54,43 @@
  * group's rows reuse from L1. */
 #define FK_SPLIT_KB 64
 
+/* Software prefetch on the split path. The item streams its chunk's K in phase 1
+ * and its V in phase 3, each from memory, and between the loads it computes: the
+ * group's dot products, which for S7's four query heads a key take about as long
+ * as the key's bytes take to arrive. The hardware's prefetchers follow a stream
+ * only a little ahead of the demand loads, so the reads and the arithmetic take
+ * turns instead of overlapping. Phase 1 therefore asks for K FK_SPLIT_PF_K bytes
+ * ahead of the keys it scores (into L1) and for V of the same keys (into L2,
+ * which holds a chunk's V: 1024 keys of D = 128 are 512 KiB), so that phase 3
+ * finds V in L2 and memory is busy all through phase 1. A prefetch never faults
+ * and changes no value; without the GCC/Clang builtin there is none. */
+#define FK_SPLIT_PF_K 4096
+#if defined(__GNUC__) || defined(__clang__)
+#define FK_PREFETCH_L1(p) __builtin_prefetch((p), 0, 3)
+#define FK_PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)
+#else
+#define FK_PREFETCH_L1(p) ((void)(p))
+#define FK_PREFETCH_L2(p) ((void)(p))
+#endif
+
+/* Prefetches rows [j, j1) of K FK_SPLIT_PF_K bytes ahead (when still inside the
+ * chunk, which ends at key c1) and rows [j, j1) of V, every 64-byte line. */
+FK_INLINE void fk_split_prefetch(const float *kb, int64_t ldk, int64_t kbytes, const float *vb,
+                                 int64_t ldv, int64_t vbytes, int64_t j, int64_t j1, int64_t c1)
+{
+    const int64_t ahead = FK_SPLIT_PF_K / (ldk * (int64_t)sizeof(float)) + 1;
+    for (int64_t r = j; r < j1; r++) {
+        if (r + ahead < c1) {
+            const char *kr = (const char *)(kb + (r + ahead) * ldk);
+            for (int64_t x = 0; x < kbytes; x += 64)
+                FK_PREFETCH_L1(kr + x);
+        }
+        const char *vr = (const char *)(vb + r * ldv);
+        for (int64_t x = 0; x < vbytes; x += 64)
+            FK_PREFETCH_L2(vr + x);
+    }
+}
+
 /* Vectors of value columns the two-row weighted sum keeps in registers: two rows of
  * them plus a value vector must fit the register file (32 vectors with AVX-512, 16
  * with AVX2). */
@@ -188,6 +225,9 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             qrows[r * ldq + d] = qsrc[d * s->q_s[3]];
     }
 
+    /* Rows of K and V in bytes, for the prefetches. */
+    const int64_t kbytes = D * (int64_t)sizeof(float), vbytes = Dv * (int64_t)sizeof(float);
+
     /* Phase 1, over K, a block of keys at a time for every row. */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
@@ -202,11 +242,21 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 const float *qrow = qrows + r * ldq, *qrow1 = qrow + Tq * ldq;
                 float *sc = scores + r * ldsc - c0, *sc1 = sc + Tq * ldsc;
                 int64_t j = lo;
+                /* The first row of a block prefetches for every row after it. */
+                const int fetch = i == 0 && g == 0;
                 if (pair)
-                    for (; j + 4 <= hi; j += 4)
+                    for (; j + 4 <= hi; j += 4) {
+                        if (fetch)
+                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
                         fk_dot4x2(qrow, qrow1, kb + j * ldk, ldk, D, s->scale, sc + j, sc1 + j);
-                for (; j + 4 <= hi; j += 4)
+                    }
+                for (; j + 4 <= hi; j += 4) {
+                    if (fetch)
+                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
                     fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
+                }
+                if (fetch)
+                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
                 for (; j < hi; j++) {
                     sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
                     if (pair)
