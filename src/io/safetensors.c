@@ -618,6 +618,8 @@ static const char *st_save_dtype(attn_dtype d)
     case ATTN_DTYPE_I32: return "I32";
     case ATTN_DTYPE_I64: return "I64";
     case ATTN_DTYPE_BOOL: return "BOOL";
+    case ATTN_DTYPE_BF16: return "BF16";
+    case ATTN_DTYPE_F16: return "F16";
     }
     return NULL;
 }

@@ -15,6 +15,7 @@
 #define FK_MK 4
 #define FK_NQV 4
 #include "fused_kernel.h"
+#include "half_stage.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -99,9 +100,35 @@ static int part_floats(const attn__sdpa_shapes *s, const attn__fused_job *job, i
            attn__mul_i64(*n, job->n_chunks, n) && attn__mul_i64(*n, job->pst, n);
 }
 
+/* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, one
+ * head's k, one head's v, each rounded up to 16; 0 on overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int64_t f[4])
+{
+    int64_t bh;
+    if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh))
+        return 0;
+    if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1]) ||
+        !attn__mul_i64(s->Tk, s->D, &f[2]) || !attn__mul_i64(s->Tk, s->Dv, &f[3]))
+        return 0;
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        if (f[i] > INT64_MAX / 2 - total)
+            return 0;
+        f[i] = round_up(f[i], 16);
+        total += f[i];
+    }
+    return 1;
+}
+
 int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
 {
-    const attn__sdpa_shapes *s = &plan->s;
+    /* A 16-bit call runs the float32 kernel on staged copies: it is planned on their
+     * shapes, and the copies go after the kernel's own scratch. */
+    attn__sdpa_shapes staged;
+    const int half = plan->s.dtype != ATTN_DTYPE_F32;
+    if (half)
+        attn__half_staged_shapes(&plan->s, 1, &staged);
+    const attn__sdpa_shapes *s = half ? &staged : &plan->s;
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
     int64_t n_items;
@@ -134,15 +161,138 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "fused attention scratch of %lld floats x %d threads overflows",
                           (long long)plan->ws_floats, plan->threads);
+    if (half) {
+        int64_t f[4];
+        size_t extra;
+        if (!half_floats(s, f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
+            attn__align64(bytes) > SIZE_MAX - extra)
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                              "float32 copies of %s q and out for fused attention do not fit "
+                              "in memory",
+                              attn_dtype_name(plan->s.dtype));
+        bytes = attn__align64(bytes) + extra;
+    }
     plan->scratch_bytes = bytes;
     return ATTN_OK;
 }
 
-int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
-                         const float *k, const float *v, float *out, float *weights,
+/* One (batch, key/value head) of a 16-bit call: its work items are a contiguous
+ * range of the job's (first .. first + count - 1), and so are its split-key merges. */
+typedef struct half_group {
+    const attn__fused_kernel *kern;
+    attn__fused_job *job;
+    int64_t first;
+} half_group;
+
+static void half_group_item(void *arg, int64_t item, int worker)
+{
+    const half_group *g = (const half_group *)arg;
+    g->kern->item(g->job, g->first + item, worker);
+}
+
+static void half_group_merge(void *arg, int64_t item, int worker)
+{
+    const half_group *g = (const half_group *)arg;
+    g->kern->merge(g->job, g->first + item, worker);
+}
+
+/* The 16-bit run (src/kernels/half_stage.h): q widened once; then, one (b, key/value
+ * head) at a time, its K and V rows widened into one head's float32 copy and its
+ * items run on it (the staged shapes give k and v batch and head strides of 0, so
+ * every item of the head reads the copy); out rounded once at the end. The groups
+ * and their items depend on the shapes only, so the bits do not depend on the
+ * thread count. */
+static int fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
+                          const void *v, void *out, float *weights, void *scratch,
+                          int64_t *empty)
+{
+    const attn__sdpa_shapes *s0 = &plan->s;
+    attn__sdpa_shapes st;
+    attn__half_staged_shapes(s0, 1, &st);
+    const attn__fused_kernel *kern = kernel_of(plan->arch);
+    const attn__half_kernels *hk = attn__half_for(plan->arch);
+    attn__fused_job job;
+    int64_t n_items, f[4];
+    job_layout(kern, &st, &job, &n_items);
+    const int threads = plan->threads;
+    int64_t parts = 0;
+    part_floats(&st, &job, &parts);
+    job.ws_floats = plan->ws_floats;
+    job.empty_first = (int64_t *)scratch;
+    job.ws = (float *)scratch + 16 * (int64_t)threads;
+    job.part = job.ws + plan->ws_floats * (int64_t)threads;
+    for (int t = 0; t < threads; t++)
+        job.empty_first[t] = INT64_MAX;
+    half_floats(&st, f);
+    const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
+                                     sizeof(float));
+    float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
+          *vf = kf + f[2];
+    job.q = qf;
+    job.k = kf;
+    job.v = vf;
+    job.out = of;
+    job.weights = weights;
+
+    const attn__half_rows rq = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)q, qf,
+                                {s0->B, s0->H, s0->Tq, s0->D},
+                                {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
+    attn__half_rows_run(&rq, threads);
+    const int64_t G = st.group;
+    for (int64_t b = 0; b < st.B; b++)
+        for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
+            const uint16_t *kb = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
+            const uint16_t *vb = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
+            const attn__half_rows rk = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)kb, kf,
+                                        {1, 1, st.Tk, st.D}, {0, 0, s0->k_s[2], s0->k_s[3]}};
+            const attn__half_rows rv = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)vb, vf,
+                                        {1, 1, st.Tk, st.Dv}, {0, 0, s0->v_s[2], s0->v_s[3]}};
+            attn__half_rows_run(&rk, threads);
+            attn__half_rows_run(&rv, threads);
+            const int64_t bh0 = b * st.H + kvh * G; /* the group's first query head */
+            half_group g = {kern, &job, 0};
+            int64_t count;
+            if (job.row_path && job.n_chunks) {
+                g.first = (b * st.Hkv + kvh) * job.n_chunks;
+                count = job.n_chunks;
+            } else if (job.row_path) {
+                g.first = bh0;
+                count = G;
+            } else {
+                g.first = bh0 * job.n_qt;
+                count = G * job.n_qt;
+            }
+            attn__parallel_for(count < threads ? (int)count : threads, count, half_group_item, &g);
+            if (job.n_chunks) {
+                g.first = bh0;
+                attn__parallel_for(G < threads ? (int)G : threads, G, half_group_merge, &g);
+            }
+        }
+    const attn__half_rows ro = {hk, s0->dtype, 1, (uint16_t *)out, of,
+                                {s0->B, s0->H, s0->Tq, s0->Dv},
+                                {s0->o_s[0], s0->o_s[1], s0->o_s[2], s0->o_s[3]}};
+    attn__half_rows_run(&ro, threads);
+    *empty = INT64_MAX;
+    for (int t = 0; t < threads; t++)
+        if (job.empty_first[t] < *empty)
+            *empty = job.empty_first[t];
+    return ATTN_OK;
+}
+
+int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,
+                         const void *k, const void *v, void *out, float *weights,
                          void *scratch)
 {
     const attn__sdpa_shapes *s = &plan->s;
+    if (s->dtype != ATTN_DTYPE_F32) {
+        int64_t e;
+        fused_run_half(plan, q, k, v, out, weights, scratch, &e);
+        if (e != INT64_MAX && s->empty_rows == ATTN_EMPTY_ROWS_ERROR) {
+            const int64_t bh = e / s->Tq;
+            return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, e % s->Tq);
+        }
+        return ATTN_OK;
+    }
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
     int64_t n_items;

@@ -13,4 +13,7 @@
  * UNSUPPORTED when ctx->arch names a path this build or CPU cannot run. */
 int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
 
+/* attn_cpu_features for the library's own use (decided once). */
+unsigned attn__cpu_features(void);
+
 #endif /* ATTN_DISPATCH_H */
