@@ -37,6 +37,7 @@ typedef struct bench_opts {
     double peak1, peakn; /* FP32 FMA peak, GFLOP/s, with 1 and with `threads` threads */
     double stream_gbs;   /* K/V streaming bandwidth when measured, else 0 */
     const char *default_arch; /* the path attn_sdpa picks, and why (JSON-escaped) */
+    attn_dtype dtype;    /* --dtype: q, k, v and out of the attention benchmarks */
     char reason_json[1024];
 } bench_opts;
 
