@@ -950,8 +950,18 @@ ATTN_API void attn_array_free(attn_ctx *ctx, attn_array *a);
  * refused (Python keeps the last). */
 ATTN_API int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out);
 
-/* Saves t (float32, int32, int64 or bool; any strides) as a little-endian, C-order
- * .npy file, format version 1 (version 2 only when the header needs it). */
+/* Flags of the loaders below. ATTN_LOAD_HALF: a float16 array (.npy '<f2',
+ * safetensors F16) loads as ATTN_DTYPE_F16 and a safetensors BF16 one as
+ * ATTN_DTYPE_BF16, bit for bit, instead of being widened to float32. */
+#define ATTN_LOAD_HALF 1u
+/* attn_npy_load with flags (0 or ATTN_LOAD_HALF; others INVALID_ARGUMENT). */
+ATTN_API int attn_npy_load_flags(attn_ctx *ctx, const char *path, unsigned flags,
+                                 attn_array *out);
+
+/* Saves t (float32, int32, int64, bool or float16; any strides) as a little-endian,
+ * C-order .npy file, format version 1 (version 2 only when the header needs it). A
+ * bfloat16 tensor is saved as float32 (numpy has no bfloat16; the values are
+ * exact). */
 ATTN_API int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t);
 
 /* An open .safetensors file: the header is parsed and checked at open time; tensor
@@ -979,9 +989,13 @@ ATTN_API int attn_safetensors_has(const attn_safetensors *st, const char *name);
  * of 0 or above ATTN_MAX_DIMS, or a size of 0, with ATTN_STATUS_UNSUPPORTED. */
 ATTN_API int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                          attn_array *out);
+/* attn_safetensors_get with flags (0 or ATTN_LOAD_HALF: F16 and BF16 kept in 16
+ * bits; other flags INVALID_ARGUMENT). */
+ATTN_API int attn_safetensors_get_flags(attn_ctx *ctx, const attn_safetensors *st,
+                                        const char *name, unsigned flags, attn_array *out);
 
-/* Saves n named tensors (float32, int32, int64 or bool; any strides) as one
- * .safetensors file, data in the order given. Names must be unique, non-empty, not
+/* Saves n named tensors (float32, int32, int64, bool, bfloat16 (BF16) or float16
+ * (F16); any strides) as one .safetensors file, data in the order given. Names must be unique, non-empty, not
  * "__metadata__", and valid UTF-8 (Python's safetensors refuses a file whose header
  * is not); anything else fails with ATTN_STATUS_INVALID_ARGUMENT and writes nothing. */
 ATTN_API int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,

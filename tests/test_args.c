@@ -1525,6 +1525,13 @@ static void test_files(void)
     EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, missing, &a));
     EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, dir, &a));
     EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, "", &a));
+    covers("attn_npy_load_flags");
+    EXPECT_OK((attn_npy_load_flags(C, good_npy, ATTN_LOAD_HALF, &a), attn_array_free(C, &a), ATTN_OK));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, good_npy, 2u, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, good_npy, ~0u, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, NULL, 0, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, good_npy, 0, NULL));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load_flags(C, missing, ATTN_LOAD_HALF, &a));
 
     float buf[6] = {1, 2, 3, 4, 5, 6};
     attn_tensor t = make(ATTN_DTYPE_F32, buf, 2, 2, 3, 1, 1);
@@ -1567,6 +1574,13 @@ static void test_files(void)
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get(C, st, "", &a));
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
                     attn_safetensors_get(C, st, "no such tensor\n\x01", &a));
+        covers("attn_safetensors_get_flags");
+        EXPECT_OK((attn_safetensors_get_flags(C, st, first, ATTN_LOAD_HALF, &a),
+                   attn_array_free(C, &a), ATTN_OK));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, st, first, 4u, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, NULL, first, 0, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, st, NULL, 0, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, st, first, 0, NULL));
         attn_safetensors_close(NULL, st);
     } else {
         CHECK(!"test_args: cannot open the reference .safetensors file");

@@ -368,6 +368,72 @@ static void test_golden(void)
     CHECK(cases >= 20);
 }
 
+static void test_files(void)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    const int64_t shape[2] = {3, 5};
+    uint16_t bf[15], f16[15];
+    for (int i = 0; i < 15; i++) {
+        const float x = (float)(i - 7) * 0.3f + 1e-3f * (float)i;
+        bf[i] = attn__f32_to_bf16(x * 1e20f); /* beyond float16's range */
+        f16[i] = attn__f32_to_f16(x);
+    }
+    attn_tensor tb, th;
+    attn_tensor_init(&ctx, &tb, ATTN_DTYPE_BF16, bf, 2, shape);
+    attn_tensor_init(&ctx, &th, ATTN_DTYPE_F16, f16, 2, shape);
+    const char *np16 = ATTN_TEST_TMP_DIR "/half_f16.npy", *npbf = ATTN_TEST_TMP_DIR "/half_bf16.npy";
+    const char *st = ATTN_TEST_TMP_DIR "/half.safetensors";
+    attn_array a;
+
+    TEST("a float16 .npy saves as '<f2' and loads with ATTN_LOAD_HALF as float16, bit for bit");
+    CHECK_INT(attn_npy_save(&ctx, np16, &th), ATTN_OK);
+    CHECK_INT(attn_npy_load_flags(&ctx, np16, ATTN_LOAD_HALF, &a), ATTN_OK);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_F16);
+    CHECK_STR_EQ(a.file_dtype, "float16");
+    CHECK(a.buffer && memcmp(a.tensor.data, f16, sizeof f16) == 0);
+    attn_array_free(&ctx, &a);
+    TEST("without the flag the same file still loads widened to float32 (old callers)");
+    CHECK_INT(attn_npy_load(&ctx, np16, &a), ATTN_OK);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_F32);
+    CHECK(a.buffer && bits_of(((float *)a.tensor.data)[4]) == bits_of(attn__f16_to_f32(f16[4])));
+    attn_array_free(&ctx, &a);
+
+    TEST("a bfloat16 tensor saves to .npy as float32 holding exactly its values");
+    CHECK_INT(attn_npy_save(&ctx, npbf, &tb), ATTN_OK);
+    CHECK_INT(attn_npy_load_flags(&ctx, npbf, ATTN_LOAD_HALF, &a), ATTN_OK);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_F32);
+    int same = 1;
+    for (int i = 0; a.buffer && i < 15; i++)
+        same &= bits_of(((float *)a.tensor.data)[i]) == bits_of(attn__bf16_to_f32(bf[i]));
+    CHECK(same);
+    attn_array_free(&ctx, &a);
+
+    TEST("safetensors BF16 and F16 save and load as they are with ATTN_LOAD_HALF");
+    const char *names[2] = {"b", "h"};
+    const attn_tensor ts[2] = {tb, th};
+    CHECK_INT(attn_safetensors_save(&ctx, st, names, ts, 2), ATTN_OK);
+    attn_safetensors *f = NULL;
+    CHECK_INT(attn_safetensors_open(&ctx, st, &f), ATTN_OK);
+    CHECK_INT(attn_safetensors_get_flags(&ctx, f, "b", ATTN_LOAD_HALF, &a), ATTN_OK);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_BF16);
+    CHECK_STR_EQ(a.file_dtype, "bfloat16");
+    CHECK(a.buffer && memcmp(a.tensor.data, bf, sizeof bf) == 0);
+    attn_array_free(&ctx, &a);
+    CHECK_INT(attn_safetensors_get_flags(&ctx, f, "h", ATTN_LOAD_HALF, &a), ATTN_OK);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_F16);
+    CHECK(a.buffer && memcmp(a.tensor.data, f16, sizeof f16) == 0);
+    attn_array_free(&ctx, &a);
+    TEST("safetensors BF16 without the flag widens to float32 as before");
+    CHECK_INT(attn_safetensors_get(&ctx, f, "b", &a), ATTN_OK);
+    CHECK_INT(a.tensor.dtype, ATTN_DTYPE_F32);
+    CHECK(a.buffer && bits_of(((float *)a.tensor.data)[14]) == bits_of(attn__bf16_to_f32(bf[14])));
+    attn_array_free(&ctx, &a);
+    attn_safetensors_close(&ctx, f);
+    remove(np16), remove(npbf), remove(st);
+    attn_ctx_release(&ctx);
+}
+
 static void announce_missing(void)
 {
     const unsigned x = attn_cpu_features();
@@ -386,6 +452,7 @@ int main(void)
     test_scalar_rules();
     test_paths_agree();
     test_convert_and_dtypes();
+    test_files();
     test_golden();
     return check_summary("test_half");
 }
