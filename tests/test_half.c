@@ -338,6 +338,26 @@ static void run_case(const char *name)
     }
     fprintf(stderr, "   %-18s attn's worst error %.3g, torch's %.3g, bound %.3g\n", name, worst,
             c.torch_err, bound);
+    /* k read through a transposed view (element stride Tk, not 1) gives the bits of
+     * the contiguous k: the strided widening is the same rounding-free copy. */
+    attn_tensor kst, kview;
+    const int64_t *ks = kh.shape;
+    const int64_t tshape[4] = {ks[0], ks[1], ks[3], ks[2]};
+    CHECK_INT(attn_tensor_alloc(&ctx, &kst, dt, 4, tshape), ATTN_OK);
+    CHECK_INT(attn_tensor_transpose(&ctx, &kst, 2, 3, &kview), ATTN_OK);
+    CHECK_INT(attn_tensor_copy(&ctx, &kh, &kview), ATTN_OK);
+    ctx.impl = ATTN_IMPL_AUTO;
+    ctx.arch = ATTN_ARCH_AUTO;
+    ctx.threads = 2;
+    if (attn_sdpa(&ctx, &qh, &kh, &vh, &p, &oh, NULL) == ATTN_OK) {
+        memcpy(first, oh.data, (size_t)n * 2);
+        CHECK_INT(attn_sdpa(&ctx, &qh, &kview, &vh, &p, &oh, NULL), ATTN_OK);
+        if (memcmp(first, oh.data, (size_t)n * 2) != 0) {
+            fprintf(stderr, "-- %s: a transposed k view gives other bits\n", name);
+            CHECK(!"a strided k gives the contiguous k's bits");
+        }
+    }
+    attn_tensor_free(&ctx, &kst);
     free(first);
     attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &kh), attn_tensor_free(&ctx, &vh);
     attn_tensor_free(&ctx, &oh), attn_tensor_free(&ctx, &of);

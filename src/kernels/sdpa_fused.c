@@ -100,6 +100,27 @@ static int part_floats(const attn__sdpa_shapes *s, const attn__fused_job *job, i
            attn__mul_i64(*n, job->n_chunks, n) && attn__mul_i64(*n, job->pst, n);
 }
 
+/* The 16-bit layout: job_layout on the staged shapes, and on the row path (no
+ * weights asked for) always the split-key form with chunks whose widened K and V
+ * take at most HALF_CHUNK_BYTES, so that each chunk is widened and used while it
+ * stays in the worker's cache. Shapes only, as job_layout. */
+#define HALF_CHUNK_BYTES (256 * 1024)
+static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *st,
+                        attn__fused_job *job, int64_t *n_items)
+{
+    job_layout(kern, st, job, n_items);
+    if (!job->row_path || st->weights)
+        return;
+    int64_t chunk = HALF_CHUNK_BYTES / (4 * (st->D + st->Dv));
+    chunk = chunk < 64 ? 64 : chunk / 16 * 16;
+    if (st->Tk < 2 * chunk)
+        return;
+    job->chunk = chunk;
+    job->n_chunks = (st->Tk + chunk - 1) / chunk;
+    job->pst = 16 + round_up(job->dvp, 16);
+    *n_items = st->B * st->Hkv * job->n_chunks;
+}
+
 /* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, one
  * head's k, one head's v, each rounded up to 16; 0 on overflow. */
 static int half_floats(const attn__sdpa_shapes *s, int64_t f[4])
@@ -132,7 +153,10 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
     int64_t n_items;
-    job_layout(kern, s, &job, &n_items);
+    if (half)
+        half_layout(kern, s, &job, &n_items);
+    else
+        job_layout(kern, s, &job, &n_items);
 
     /* The work is that of the (query, key) pairs the causal alignment and the window
      * let through: summed over the rows' ranges, which costs Tq steps, nothing next
@@ -177,12 +201,54 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
 }
 
 /* One (batch, key/value head) of a 16-bit call: its work items are a contiguous
- * range of the job's (first .. first + count - 1), and so are its split-key merges. */
+ * range of the job's (first .. first + count - 1), and so are its split-key merges.
+ * kb16/vb16 are the head's 16-bit K and V, widened into kf/vf [Tk][D], [Tk][Dv]. */
 typedef struct half_group {
     const attn__fused_kernel *kern;
+    const attn__half_kernels *hk;
     attn__fused_job *job;
     int64_t first;
+    attn_dtype dt;
+    const uint16_t *kb16, *vb16;
+    const int64_t *k_s, *v_s; /* the caller's strides */
+    float *kf, *vf;
+    int64_t lo, hi;           /* the keys any query row of the call may see */
 } half_group;
+
+/* Rows [j0, j1) of the head's K and V widened into kf and vf. */
+static void half_widen_kv(const half_group *g, int64_t j0, int64_t j1)
+{
+    const attn__sdpa_shapes *s = g->job->s;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint16_t *kr = g->kb16 + j * g->k_s[2], *vr = g->vb16 + j * g->v_s[2];
+        float *kd = g->kf + j * s->D, *vd = g->vf + j * s->Dv;
+        if (g->k_s[3] == 1) {
+            attn__half_widen(g->hk, g->dt, kr, kd, s->D);
+        } else {
+            for (int64_t d = 0; d < s->D; d++)
+                kd[d] = g->dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(kr[d * g->k_s[3]])
+                                                 : attn__f16_to_f32(kr[d * g->k_s[3]]);
+        }
+        if (g->v_s[3] == 1) {
+            attn__half_widen(g->hk, g->dt, vr, vd, s->Dv);
+        } else {
+            for (int64_t d = 0; d < s->Dv; d++)
+                vd[d] = g->dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(vr[d * g->v_s[3]])
+                                                 : attn__f16_to_f32(vr[d * g->v_s[3]]);
+        }
+    }
+}
+
+/* Rows per item when a head's K and V are widened before its items run. */
+#define HALF_KV_ROWS 64
+
+static void half_kv_item(void *arg, int64_t item, int worker)
+{
+    (void)worker;
+    const half_group *g = (const half_group *)arg;
+    const int64_t j0 = g->lo + item * HALF_KV_ROWS;
+    half_widen_kv(g, j0, fk_min(j0 + HALF_KV_ROWS, g->hi));
+}
 
 static void half_group_item(void *arg, int64_t item, int worker)
 {
@@ -190,21 +256,32 @@ static void half_group_item(void *arg, int64_t item, int worker)
     g->kern->item(g->job, g->first + item, worker);
 }
 
-static void half_group_merge(void *arg, int64_t item, int worker)
+/* A split-key item widens its own chunk's keys (no other item reads them) and
+ * then runs: the head's keys are read once, by the worker that uses them, while
+ * they are in its cache, with no pass over the head before the items start. */
+static void half_split_item(void *arg, int64_t item, int worker)
 {
     const half_group *g = (const half_group *)arg;
-    g->kern->merge(g->job, g->first + item, worker);
+    const int64_t c0 = item * g->job->chunk, c1 = c0 + g->job->chunk;
+    half_widen_kv(g, c0 > g->lo ? c0 : g->lo, fk_min(c1, g->hi));
+    g->kern->item(g->job, g->first + item, worker);
+}
+
+static void half_merge(void *arg, int64_t item, int worker)
+{
+    const half_group *g = (const half_group *)arg;
+    g->kern->merge(g->job, item, worker);
 }
 
 /* The 16-bit run (src/kernels/half_stage.h): q widened once; then, one (b, key/value
  * head) at a time, its K and V rows widened into one head's float32 copy and its
  * items run on it (the staged shapes give k and v batch and head strides of 0, so
- * every item of the head reads the copy); out rounded once at the end. The groups
- * and their items depend on the shapes only, so the bits do not depend on the
- * thread count. */
-static int fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
-                          const void *v, void *out, float *weights, void *scratch,
-                          int64_t *empty)
+ * every item of the head reads the copy); on the split-key path each item widens
+ * its own chunk; out rounded once at the end. The groups and their items depend on
+ * the shapes only, so the bits do not depend on the thread count. */
+static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
+                           const void *v, void *out, float *weights, void *scratch,
+                           int64_t *empty)
 {
     const attn__sdpa_shapes *s0 = &plan->s;
     attn__sdpa_shapes st;
@@ -213,7 +290,7 @@ static int fused_run_half(const attn__sdpa_plan *plan, const void *q, const void
     const attn__half_kernels *hk = attn__half_for(plan->arch);
     attn__fused_job job;
     int64_t n_items, f[4];
-    job_layout(kern, &st, &job, &n_items);
+    half_layout(kern, &st, &job, &n_items);
     const int threads = plan->threads;
     int64_t parts = 0;
     part_floats(&st, &job, &parts);
@@ -238,24 +315,33 @@ static int fused_run_half(const attn__sdpa_plan *plan, const void *q, const void
                                 {s0->B, s0->H, s0->Tq, s0->D},
                                 {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
     attn__half_rows_run(&rq, threads);
+    /* The keys any row may see: rows' ranges only grow with i, so row 0's start
+     * and the last row's end bound them. Keys outside are never widened nor read. */
+    int64_t lo0, hi0, lo1, hi1;
+    fk_row_range(&st, 0, &lo0, &hi0);
+    fk_row_range(&st, st.Tq - 1, &lo1, &hi1);
     const int64_t G = st.group;
+    half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
+                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
     for (int64_t b = 0; b < st.B; b++)
         for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
-            const uint16_t *kb = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
-            const uint16_t *vb = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
-            const attn__half_rows rk = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)kb, kf,
-                                        {1, 1, st.Tk, st.D}, {0, 0, s0->k_s[2], s0->k_s[3]}};
-            const attn__half_rows rv = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)vb, vf,
-                                        {1, 1, st.Tk, st.Dv}, {0, 0, s0->v_s[2], s0->v_s[3]}};
-            attn__half_rows_run(&rk, threads);
-            attn__half_rows_run(&rv, threads);
+            g.kb16 = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
+            g.vb16 = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
             const int64_t bh0 = b * st.H + kvh * G; /* the group's first query head */
-            half_group g = {kern, &job, 0};
-            int64_t count;
             if (job.row_path && job.n_chunks) {
                 g.first = (b * st.Hkv + kvh) * job.n_chunks;
-                count = job.n_chunks;
-            } else if (job.row_path) {
+                const int64_t count = job.n_chunks;
+                attn__parallel_for(count < threads ? (int)count : threads, count,
+                                   half_split_item, &g);
+                continue;
+            }
+            if (g.hi > g.lo) {
+                const int64_t blocks = (g.hi - g.lo + HALF_KV_ROWS - 1) / HALF_KV_ROWS;
+                attn__parallel_for(blocks < threads ? (int)blocks : threads, blocks,
+                                   half_kv_item, &g);
+            }
+            int64_t count;
+            if (job.row_path) {
                 g.first = bh0;
                 count = G;
             } else {
@@ -263,11 +349,12 @@ static int fused_run_half(const attn__sdpa_plan *plan, const void *q, const void
                 count = G * job.n_qt;
             }
             attn__parallel_for(count < threads ? (int)count : threads, count, half_group_item, &g);
-            if (job.n_chunks) {
-                g.first = bh0;
-                attn__parallel_for(G < threads ? (int)G : threads, G, half_group_merge, &g);
-            }
         }
+    if (job.n_chunks) {
+        /* The merges read what every chunk wrote, so they start after the last. */
+        const int64_t rows = st.B * st.H;
+        attn__parallel_for(rows < threads ? (int)rows : threads, rows, half_merge, &g);
+    }
     const attn__half_rows ro = {hk, s0->dtype, 1, (uint16_t *)out, of,
                                 {s0->B, s0->H, s0->Tq, s0->Dv},
                                 {s0->o_s[0], s0->o_s[1], s0->o_s[2], s0->o_s[3]}};
@@ -276,7 +363,6 @@ static int fused_run_half(const attn__sdpa_plan *plan, const void *q, const void
     for (int t = 0; t < threads; t++)
         if (job.empty_first[t] < *empty)
             *empty = job.empty_first[t];
-    return ATTN_OK;
 }
 
 int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,

@@ -138,6 +138,9 @@ def main():
             case(dt + "_sinks", rng, dt, 1, 2, 2, 9, 77, 64, 64, sinks=True),
             case(dt + "_decode", rng, dt, 1, 4, 1, 1, 520, 64, 64, causal=2),
             case(dt + "_wide", rng, dt, 1, 1, 1, 130, 150, 128, 128),
+            # Long enough for the 16-bit split into cache-sized chunks, with a
+            # window so that the widened range is clipped at both ends.
+            case(dt + "_long", rng, dt, 1, 2, 1, 2, 1100, 64, 64, causal=2, window=(700, 0)),
         ]
     with open(os.path.join(ROOT, "MANIFEST"), "w") as f:
         f.write("# tests/golden/gen_half.py, torch %s\n" % torch.__version__)
