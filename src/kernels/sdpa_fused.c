@@ -323,6 +323,13 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const int64_t G = st.group;
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
                     lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
+    if (!job.row_path) {
+        /* The tile path loads whole key tiles from a multiple of bc, and pads the
+         * last with the last key, masking what lies outside the rows' ranges: those
+         * keys are read, though they never count, so they must be widened too. */
+        g.lo = 0;
+        g.hi = st.Tk;
+    }
     for (int64_t b = 0; b < st.B; b++)
         for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
             g.kb16 = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
