@@ -454,6 +454,51 @@ static void test_files(void)
     attn_ctx_release(&ctx);
 }
 
+/* 1 when /proc/cpuinfo's first "flags" line lists `flag` as a whole word; -1 when
+ * there is no such file (not Linux, or no x86 flags line). */
+static int cpuinfo_has(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return -1;
+    static char line[8192];
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        found = 0;
+        for (char *w = strtok(strchr(line, ':') ? strchr(line, ':') + 1 : line, " \t\n"); w;
+             w = strtok(NULL, " \t\n"))
+            if (strcmp(w, flag) == 0)
+                found = 1;
+        break;
+    }
+    fclose(f);
+    return found;
+}
+
+static void test_features(void)
+{
+    TEST("attn_cpu_features agrees with the kernel's /proc/cpuinfo flags (f16c, "
+         "avx512_bf16, avx512_fp16; amx_bf16 only where the OS also grants the tiles)");
+    const unsigned x = attn_cpu_features();
+    const struct { const char *flag; unsigned bit; } map[] = {
+        {"f16c", ATTN_CPU_F16C}, {"avx512_bf16", ATTN_CPU_AVX512_BF16},
+        {"avx512_fp16", ATTN_CPU_AVX512_FP16}};
+    if (cpuinfo_has("fpu") != 1) {
+        fprintf(stderr, "-- skipped: no x86 flags in /proc/cpuinfo\n");
+        return;
+    }
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        const int listed = cpuinfo_has(map[i].flag), ours = (x & map[i].bit) != 0;
+        if (listed != ours)
+            fprintf(stderr, "   %s: /proc/cpuinfo %d, attn %d\n", map[i].flag, listed, ours);
+        CHECK_INT(ours, listed);
+    }
+    if (x & ATTN_CPU_AMX_BF16)
+        CHECK_INT(cpuinfo_has("amx_bf16"), 1);
+}
+
 static void announce_missing(void)
 {
     const unsigned x = attn_cpu_features();
@@ -469,6 +514,7 @@ static void announce_missing(void)
 int main(void)
 {
     announce_missing();
+    test_features();
     test_scalar_rules();
     test_paths_agree();
     test_convert_and_dtypes();
