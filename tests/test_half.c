@@ -174,6 +174,26 @@ static void test_convert_and_dtypes(void)
     attn_tensor_init(&ctx, &k, ATTN_DTYPE_F16, k16, 4, s4);
     CHECK_INT(attn_sdpa(&ctx, &q, &k, &v, NULL, &o, NULL), ATTN_STATUS_DTYPE);
     CHECK_STR_CONTAINS(ctx.message, "k float16");
+    TEST("the backward refuses bfloat16 q, k, v and out (it is float32 only)");
+    {
+        uint16_t do16[8] = {0};
+        float dq[8], dk[8], dv[8], lse_d[2] = {0};
+        attn_tensor qb, kb, vb, ob, dob, tdq, tdk, tdv, tl;
+        int64_t s3[3] = {1, 1, 2};
+        attn_tensor_init(&ctx, &qb, ATTN_DTYPE_BF16, q16, 4, s4);
+        attn_tensor_init(&ctx, &kb, ATTN_DTYPE_BF16, k16, 4, s4);
+        attn_tensor_init(&ctx, &vb, ATTN_DTYPE_BF16, v16, 4, s4);
+        attn_tensor_init(&ctx, &ob, ATTN_DTYPE_BF16, o16, 4, s4);
+        attn_tensor_init(&ctx, &dob, ATTN_DTYPE_BF16, do16, 4, s4);
+        attn_tensor_init(&ctx, &tdq, ATTN_DTYPE_F32, dq, 4, s4);
+        attn_tensor_init(&ctx, &tdk, ATTN_DTYPE_F32, dk, 4, s4);
+        attn_tensor_init(&ctx, &tdv, ATTN_DTYPE_F32, dv, 4, s4);
+        attn_tensor_init(&ctx, &tl, ATTN_DTYPE_F32, lse_d, 3, s3);
+        attn_sdpa_grads grads = {&tdq, &tdk, &tdv, NULL, NULL};
+        CHECK_INT(attn_sdpa_backward(&ctx, &qb, &kb, &vb, NULL, &ob, &tl, &dob, &grads),
+                  ATTN_STATUS_DTYPE);
+        CHECK_STR_CONTAINS(ctx.message, "backward takes float32");
+    }
     TEST("a float32 q with a float16 k is refused as before (k must be float32)");
     float q32[8] = {0}, o32[8];
     attn_tensor_init(&ctx, &q, ATTN_DTYPE_F32, q32, 4, s4);

@@ -496,6 +496,11 @@ int attn__sdpa_backward_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_
     int rc = attn__sdpa_prepare_shapes(ctx, q, k, v, p, out, NULL, &bs->s);
     if (rc != ATTN_OK)
         return rc;
+    /* The forward takes 16-bit storage (SPEC section 10); the backward does not. */
+    if (bs->s.dtype != ATTN_DTYPE_F32)
+        return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                          "the attention backward takes float32 q, k, v and out, not %s",
+                          attn_dtype_name(bs->s.dtype));
     const attn__sdpa_shapes *s = &bs->s;
     const int64_t want_lse[4] = {1, s->B, s->H, s->Tq};
     const int64_t want_do[4] = {s->B, s->H, s->Tq, s->Dv};
