@@ -3,11 +3,11 @@
  * kernels: its arrays are widened to float32 in the plan's scratch and the output
  * rounded back, in parallel blocks of rows (src/kernels/half_stage.c). Internal.
  *
- * The fused kernel widens q once, then one (batch, key/value head) at a time the
- * key/value rows of that head only - so K and V are read from the caller in 16
- * bits, once, and the float32 copy the kernel streams is one head's, small
- * enough to stay in cache for most shapes - runs that head's work items, and
- * finally rounds the whole output once to nearest even. The reference widens
+ * The fused kernel's tile path widens q, k and v whole and runs every work item in
+ * one parallel pass, as in float32; its row path (decoding) widens q, then each
+ * chunk of keys of one (batch, key/value head) inside the work item that uses it,
+ * so K and V are read from the caller once, in 16 bits. Both round the output once
+ * to nearest even at the end (src/kernels/sdpa_fused.c). The reference widens
  * everything up front: it is the proof, not the fast path.
  */
 #ifndef ATTN_HALF_STAGE_H
@@ -19,7 +19,7 @@
 /* Shapes for the float32 kernel on staged copies: q [B][H][Tq][D] and out
  * [B][H][Tq][Dv] contiguous; k [Tk][D] and v [Tk][Dv] of one key/value head, so
  * their batch and head strides are 0 (per_head), or contiguous [B][Hkv][Tk][.]
- * (whole). Everything else (masks, bias, options, lse) is s's. */
+ * (per_head 0). Everything else (masks, bias, options, lse) is s's. */
 void attn__half_staged_shapes(const attn__sdpa_shapes *s, int per_head, attn__sdpa_shapes *st);
 
 /* Rows of a 4-D array [n0][n1][n2][n3] at src strides ss (elements) to or from a

@@ -121,15 +121,17 @@ static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes 
     *n_items = st->B * st->Hkv * job->n_chunks;
 }
 
-/* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, one
- * head's k, one head's v, each rounded up to 16; 0 on overflow. */
-static int half_floats(const attn__sdpa_shapes *s, int64_t f[4])
+/* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
+ * each rounded up to 16; k and v of one key/value head on the row path, of all of
+ * them (whole) on the tile path; 0 on overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int whole, int64_t f[4])
 {
-    int64_t bh;
-    if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh))
+    int64_t bh, heads = 1, tk;
+    if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh) ||
+        (whole && !attn__mul_i64(s->B, s->Hkv, &heads)) || !attn__mul_i64(heads, s->Tk, &tk))
         return 0;
     if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1]) ||
-        !attn__mul_i64(s->Tk, s->D, &f[2]) || !attn__mul_i64(s->Tk, s->Dv, &f[3]))
+        !attn__mul_i64(tk, s->D, &f[2]) || !attn__mul_i64(tk, s->Dv, &f[3]))
         return 0;
     int64_t total = 0;
     for (int i = 0; i < 4; i++) {
@@ -188,7 +190,7 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     if (half) {
         int64_t f[4];
         size_t extra;
-        if (!half_floats(s, f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
+        if (!half_floats(s, !job.row_path, f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
             attn__align64(bytes) > SIZE_MAX - extra)
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                               "float32 copies of %s q and out for fused attention do not fit "
@@ -273,12 +275,13 @@ static void half_merge(void *arg, int64_t item, int worker)
     g->kern->merge(g->job, item, worker);
 }
 
-/* The 16-bit run (src/kernels/half_stage.h): q widened once; then, one (b, key/value
- * head) at a time, its K and V rows widened into one head's float32 copy and its
- * items run on it (the staged shapes give k and v batch and head strides of 0, so
- * every item of the head reads the copy); on the split-key path each item widens
- * its own chunk; out rounded once at the end. The groups and their items depend on
- * the shapes only, so the bits do not depend on the thread count. */
+/* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path widens
+ * k and v whole and runs every item at once. The row path goes one (b, key/value
+ * head) at a time: its K and V rows are widened into one head's float32 copy (the
+ * staged shapes give k and v batch and head strides of 0, so every item of the head
+ * reads the copy), on the split-key form by each item for its own chunk. out is
+ * rounded once at the end. The groups and their items depend on the shapes only,
+ * so the bits do not depend on the thread count. */
 static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
                            const void *v, void *out, float *weights, void *scratch,
                            int64_t *empty)
@@ -300,7 +303,14 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     job.part = job.ws + plan->ws_floats * (int64_t)threads;
     for (int t = 0; t < threads; t++)
         job.empty_first[t] = INT64_MAX;
-    half_floats(&st, f);
+    /* The tile path widens all of K and V up front, so that its items (whose work
+     * differs: a causal mask gives later query tiles more keys) balance over the
+     * threads in one parallel pass, as in float32; the row path widens a head, or a
+     * chunk, at a time (below), since decoding streams K and V once. */
+    const int whole = !job.row_path;
+    if (whole)
+        attn__half_staged_shapes(s0, 0, &st); /* job.s is &st: k, v now [B][Hkv][Tk][.] */
+    half_floats(&st, whole, f);
     const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
                                      sizeof(float));
     float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
@@ -320,17 +330,24 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     int64_t lo0, hi0, lo1, hi1;
     fk_row_range(&st, 0, &lo0, &hi0);
     fk_row_range(&st, st.Tq - 1, &lo1, &hi1);
+    if (whole) {
+        /* The tile path loads whole key tiles from a multiple of bc, and pads the
+         * last with the last key, masking what lies outside the rows' ranges: those
+         * keys are read, though they never count, so all of them are widened. */
+        const attn__half_rows rk = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)k, kf,
+                                    {s0->B, s0->Hkv, s0->Tk, s0->D},
+                                    {s0->k_s[0], s0->k_s[1], s0->k_s[2], s0->k_s[3]}};
+        const attn__half_rows rv = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)v, vf,
+                                    {s0->B, s0->Hkv, s0->Tk, s0->Dv},
+                                    {s0->v_s[0], s0->v_s[1], s0->v_s[2], s0->v_s[3]}};
+        attn__half_rows_run(&rk, threads);
+        attn__half_rows_run(&rv, threads);
+        attn__parallel_for(threads, n_items, kern->item, &job);
+    }
     const int64_t G = st.group;
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
                     lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
-    if (!job.row_path) {
-        /* The tile path loads whole key tiles from a multiple of bc, and pads the
-         * last with the last key, masking what lies outside the rows' ranges: those
-         * keys are read, though they never count, so they must be widened too. */
-        g.lo = 0;
-        g.hi = st.Tk;
-    }
-    for (int64_t b = 0; b < st.B; b++)
+    for (int64_t b = 0; b < st.B && !whole; b++)
         for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
             g.kb16 = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
             g.vb16 = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
@@ -347,15 +364,8 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
                 attn__parallel_for(blocks < threads ? (int)blocks : threads, blocks,
                                    half_kv_item, &g);
             }
-            int64_t count;
-            if (job.row_path) {
-                g.first = bh0;
-                count = G;
-            } else {
-                g.first = bh0 * job.n_qt;
-                count = G * job.n_qt;
-            }
-            attn__parallel_for(count < threads ? (int)count : threads, count, half_group_item, &g);
+            g.first = bh0;
+            attn__parallel_for(G < threads ? (int)G : threads, G, half_group_item, &g);
         }
     if (job.n_chunks) {
         /* The merges read what every chunk wrote, so they start after the last. */
