@@ -4,7 +4,7 @@ shapes, in the same run, and the ratios.
 
     python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
                                    [--shapes S1,S2,...] [--skip-plain-above 2e9]
-                                   [--shapes-only] [--cpu-time]
+                                   [--shapes-only] [--cpu-time] [--dtype f32|bf16|f16]
     python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128]
                                    [--repeat 3] [--attn build/attn] [--threads 2]
 
@@ -40,6 +40,11 @@ instead of the wall clock (attn through ATTN_BENCH_CLOCK=cpu, PyTorch and numpy
 through time.thread_time, with their own thread pools at one thread, so their work
 runs in the calling thread): on a machine shared with other jobs, wall-clock
 figures measure the queue for a core as much as the code, and this does not.
+--dtype bf16|f16 stores q, k, v and the output in 16 bits on both sides: `attn bench
+--dtype` and torch SDPA (and plain) on tensors of that dtype (the window's float
+mask in it too), and attn's own float32 run of the shape beside them, so each row
+also says how 16-bit attn compares with float32 attn in the same run
+(docs/half-precision.md). It implies --shapes-only.
 
 --decode compares the decoding loop instead: `attn bench --decode` (a KV cache
 prefilled with --prefill tokens per sequence, then --steps steps that append one
@@ -175,12 +180,14 @@ def attn_json(attn, args):
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def torch_inputs(B, H, Hkv, Tq, Tk, D, mask, window, softcap):
-    """q, k, v and the boolean mask (None when nothing is hidden)."""
+def torch_inputs(B, H, Hkv, Tq, Tk, D, mask, window, softcap, dtype=None):
+    """q, k, v (in dtype, float32 by default) and the boolean mask (None when
+    nothing is hidden)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.rand(B, H, Tq, D, generator=g) * 2 - 1
-    k = torch.rand(B, Hkv, Tk, D, generator=g) * 2 - 1
-    v = torch.rand(B, Hkv, Tk, D, generator=g) * 2 - 1
+    dt = dtype or torch.float32
+    q = (torch.rand(B, H, Tq, D, generator=g) * 2 - 1).to(dt)
+    k = (torch.rand(B, Hkv, Tk, D, generator=g) * 2 - 1).to(dt)
+    v = (torch.rand(B, Hkv, Tk, D, generator=g) * 2 - 1).to(dt)
     m = None
     if mask == "padding":
         m = torch.ones(B, 1, 1, Tk, dtype=torch.bool)
@@ -203,7 +210,7 @@ class Case:
         self.is_causal = mask == "causal" and window is None
         self.fmask = None
         if window is not None:
-            self.fmask = torch.zeros(m.shape).masked_fill(~m, float("-inf"))
+            self.fmask = torch.zeros(m.shape, dtype=q.dtype).masked_fill(~m, float("-inf"))
         group = q.shape[1] // k.shape[1]
         self.kr = k.repeat_interleave(group, dim=1) if self.gqa else k
         self.vr = v.repeat_interleave(group, dim=1) if self.gqa else v
@@ -312,6 +319,8 @@ def main():
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3,
                     help="--decode: rounds of attn then torch; the best of each is kept")
+    ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32",
+                    help="storage of q, k, v and the output on both sides")
     a = ap.parse_args()
     if a.cpu_time:
         global CLOCK
@@ -319,6 +328,12 @@ def main():
             ap.error("--cpu-time times the calling thread only: it needs --threads 1 "
                      "and no --decode")
         CLOCK = time.thread_time
+    half = a.dtype != "f32"
+    tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
+    if half and a.decode:
+        ap.error("--decode runs attn's KV cache, which stores float32 only")
+    if half:
+        a.shapes_only = True
     torch.set_num_threads(a.threads)
     if a.decode:
         return decode_main(a)
@@ -329,11 +344,15 @@ def main():
     print(f"# torch {torch.__version__}, numpy {np.__version__}, {a.threads} threads; "
           f"FP32 FMA peak {peak:.1f} GFLOP/s (attn bench --peak)")
     rows = []
+    f32_ms = {}
     for name in a.shapes.split(","):
         shape = SHAPES[name]
-        mine = [r for r in attn_json(a.attn, attn_args(name) + common)
+        if half:  # attn's float32 run of the same shape, in the same run
+            f32_ms[name] = [r for r in attn_json(a.attn, attn_args(name) + common)
+                            if r.get("kind") == "sdpa"][0]["median_ms"]
+        mine = [r for r in attn_json(a.attn, attn_args(name) + common + ["--dtype", a.dtype])
                 if r.get("kind") == "sdpa"][0]
-        c = Case(*torch_inputs(*shape), shape[6], shape[7], shape[8])
+        c = Case(*torch_inputs(*shape, dtype=tdtype), shape[6], shape[7], shape[8])
         with torch.inference_mode():
             sdpa = None
             if HAVE_SDPA:
@@ -346,8 +365,11 @@ def main():
         rows.append((name, mine, sdpa, plain))
         del c
 
+    if half:
+        print(f"# dtype {a.dtype}: attn and torch both store q, k, v and out in it; "
+              f"'vs f32' is attn's float32 time over its {a.dtype} time")
     print(f"{'shape':6} {'attn ms':>10} {'GFLOP/s':>8} {'%peak':>6} {'SDPA ms':>10} "
-          f"{'plain ms':>10} {'vs SDPA':>8} {'vs plain':>9}")
+          f"{'plain ms':>10} {'vs SDPA':>8} {'vs plain':>9}" + (f" {'vs f32':>7}" if half else ""))
     for name, mine, sdpa, plain in rows:
         ms = mine["median_ms"]
         nan = float("nan")
@@ -356,9 +378,12 @@ def main():
                 f"{plain if plain is not None else nan:10.4f} "
                 f"{(sdpa / ms if sdpa is not None else nan):7.2f}x "
                 f"{(plain / ms if plain is not None else float('nan')):8.2f}x")
+        if half:
+            line += f" {f32_ms[name] / ms:6.2f}x"
         print(line)
         if a.json:
-            print(json.dumps({"shape": name, "attn_ms": ms, "torch_sdpa_ms": sdpa,
+            print(json.dumps({"shape": name, "dtype": a.dtype, "attn_ms": ms,
+                              "attn_f32_ms": f32_ms.get(name), "torch_sdpa_ms": sdpa,
                               "torch_plain_ms": plain,
                               "vs_sdpa": (sdpa / ms) if sdpa else None,
                               "vs_plain": (plain / ms) if plain else None}))

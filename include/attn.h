@@ -162,7 +162,9 @@ typedef enum attn_dtype {
     ATTN_DTYPE_F32 = 0,  /* float */
     ATTN_DTYPE_BOOL = 1, /* one byte, nonzero = true */
     ATTN_DTYPE_I64 = 2,  /* int64_t, e.g. token ids */
-    ATTN_DTYPE_I32 = 3   /* int32_t, e.g. token ids */
+    ATTN_DTYPE_I32 = 3,  /* int32_t, e.g. token ids */
+    ATTN_DTYPE_BF16 = 4, /* bfloat16 in a uint16_t: the top half of a float32 */
+    ATTN_DTYPE_F16 = 5   /* IEEE binary16 (float16) in a uint16_t */
 } attn_dtype;
 
 typedef struct attn_tensor {
@@ -173,9 +175,9 @@ typedef struct attn_tensor {
     int64_t stride[ATTN_MAX_DIMS]; /* in elements; entries past ndim are 1 */
 } attn_tensor;
 
-/* Bytes per element of a dtype (4, 1, 8, 4), or 0 for an unknown one. */
+/* Bytes per element of a dtype (4, 1, 8, 4, 2, 2), or 0 for an unknown one. */
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
-/* "float32", "bool", "int64", "int32". */
+/* "float32", "bool", "int64", "int32", "bfloat16", "float16". */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 
 /* Describes `data` as a C-contiguous (row-major) array of the given shape.
@@ -211,6 +213,13 @@ ATTN_API int attn_tensor_narrow(attn_ctx *ctx, const attn_tensor *t, int axis, i
  * Aliasing: dst may be src itself (the same view: nothing changes); a dst that
  * overlaps src otherwise is refused (INVALID_ARGUMENT, naming both). */
 ATTN_API int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst);
+/* Copies src into dst converting between the floating dtypes float32, bfloat16 and
+ * float16 (same shape, any strides; src and dst may have the same dtype). Widening
+ * is exact; narrowing rounds to nearest, ties to even, keeps a NaN a NaN and
+ * overflows to infinity (float16 from 65520 up). Aliasing as attn_tensor_copy; a
+ * dst that overlaps src is refused unless it is src itself with the same dtype.
+ * DTYPE for any other dtype, naming it. */
+ATTN_API int attn_tensor_convert(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst);
 
 /* Writes a shape as a Python tuple: "(2, 5, 16)", "(5,)", "()".
  * Returns the length it needed (like snprintf). */
@@ -379,6 +388,11 @@ ATTN_API int attn_alibi_slopes(attn_ctx *ctx, int64_t num_heads, float *slopes);
  * Hkv = 1 is multi-query attention); query head h reads key/value head
  * h / (H / Hkv), in place - no repeated k or v is ever built.
  * Tensors with fewer than 4 dims are read as if they had leading sizes of 1.
+ * Half precision (SPEC section 10): q, k, v and out may instead all be bfloat16
+ * (ATTN_DTYPE_BF16) or all float16 (ATTN_DTYPE_F16); every product and sum is
+ * then still float32, out is rounded once to nearest even, and weights, lse, bias,
+ * sinks and slopes stay float32. Any other mix (a 16-bit q with a float32 k, bf16
+ * with f16, ...) is a DTYPE error naming every dtype.
  * p may be NULL for the defaults.
  * Aliasing: out may be q itself (the same view, D == Dv: each query row is read
  * before its output is written); no other output (out, weights, p->lse) may share
@@ -1009,8 +1023,18 @@ ATTN_API void attn_array_free(attn_ctx *ctx, attn_array *a);
  * refused (Python keeps the last). */
 ATTN_API int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out);
 
-/* Saves t (float32, int32, int64 or bool; any strides) as a little-endian, C-order
- * .npy file, format version 1 (version 2 only when the header needs it). */
+/* Flags of the loaders below. ATTN_LOAD_HALF: a float16 array (.npy '<f2',
+ * safetensors F16) loads as ATTN_DTYPE_F16 and a safetensors BF16 one as
+ * ATTN_DTYPE_BF16, bit for bit, instead of being widened to float32. */
+#define ATTN_LOAD_HALF 1u
+/* attn_npy_load with flags (0 or ATTN_LOAD_HALF; others INVALID_ARGUMENT). */
+ATTN_API int attn_npy_load_flags(attn_ctx *ctx, const char *path, unsigned flags,
+                                 attn_array *out);
+
+/* Saves t (float32, int32, int64, bool or float16; any strides) as a little-endian,
+ * C-order .npy file, format version 1 (version 2 only when the header needs it). A
+ * bfloat16 tensor is saved as float32 (numpy has no bfloat16; the values are
+ * exact). */
 ATTN_API int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t);
 
 /* An open .safetensors file: the header is parsed and checked at open time; tensor
@@ -1038,9 +1062,13 @@ ATTN_API int attn_safetensors_has(const attn_safetensors *st, const char *name);
  * of 0 or above ATTN_MAX_DIMS, or a size of 0, with ATTN_STATUS_UNSUPPORTED. */
 ATTN_API int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                          attn_array *out);
+/* attn_safetensors_get with flags (0 or ATTN_LOAD_HALF: F16 and BF16 kept in 16
+ * bits; other flags INVALID_ARGUMENT). */
+ATTN_API int attn_safetensors_get_flags(attn_ctx *ctx, const attn_safetensors *st,
+                                        const char *name, unsigned flags, attn_array *out);
 
-/* Saves n named tensors (float32, int32, int64 or bool; any strides) as one
- * .safetensors file, data in the order given. Names must be unique, non-empty, not
+/* Saves n named tensors (float32, int32, int64, bool, bfloat16 (BF16) or float16
+ * (F16); any strides) as one .safetensors file, data in the order given. Names must be unique, non-empty, not
  * "__metadata__", and valid UTF-8 (Python's safetensors refuses a file whose header
  * is not); anything else fails with ATTN_STATUS_INVALID_ARGUMENT and writes nothing. */
 ATTN_API int attn_safetensors_save(attn_ctx *ctx, const char *path, const char *const *names,
@@ -1189,6 +1217,21 @@ ATTN_API attn_arch attn_arch_selected(const attn_ctx *ctx);
  * "forced by ATTN_ARCH=avx2" or "auto: best path for this CPU (cpuid ...)".
  * The string is the library's (static); do not free it. */
 ATTN_API const char *attn_arch_reason(const attn_ctx *ctx);
+
+/* CPU features beyond the paths above, as attn_cpu_features reports them: each is
+ * set only when cpuid lists it and the OS enables its register state (xgetbv; for
+ * AMX also Linux's arch_prctl(ARCH_REQ_XCOMP_PERM) granting the tile data). attn
+ * uses F16C for float16 conversion on the avx2 path; the other three are detected
+ * and reported only: no kernel uses them yet (docs/half-precision.md). */
+#define ATTN_CPU_F16C 1u        /* vcvtph2ps / vcvtps2ph on XMM/YMM */
+#define ATTN_CPU_AVX512_BF16 2u /* vdpbf16ps, vcvtneps2bf16 */
+#define ATTN_CPU_AVX512_FP16 4u /* float16 arithmetic on ZMM */
+#define ATTN_CPU_AMX_BF16 8u    /* AMX tiles with bfloat16 products */
+/* The ATTN_CPU_* bits of this CPU, decided once per process. */
+ATTN_API unsigned attn_cpu_features(void);
+/* The features as words, e.g. "f16c avx512-bf16:no avx512-fp16:no amx-bf16:no"
+ * (static; do not free). */
+ATTN_API const char *attn_cpu_features_string(void);
 
 /* Online CPU cores (at least 1). */
 ATTN_API int attn_threads_online(void);

@@ -189,6 +189,8 @@ static attn_tensor spoil(const attn_tensor *t, int v, int k, attn_dtype wrong)
         b.stride[0] = (int64_t)1 << 62; /* offset 2^62 fits; 2^62 * 4 bytes does not */
         if (attn_dtype_size(b.dtype) == 1) /* one byte each: the offset itself */
             b.stride[0] = INT64_MAX;
+        if (attn_dtype_size(b.dtype) == 2) /* two bytes each: (2^63 - 1 + 1) * 2 = 2^64 */
+            b.stride[0] = INT64_MAX;
         break;
     case V_WRONG_DTYPE: b.dtype = wrong; break;
     }
@@ -269,7 +271,7 @@ static void test_dtype(void)
     TEST("an unknown dtype has size 0 and the name \"unknown\"");
     covers("attn_dtype_size");
     covers("attn_dtype_name");
-    const int odd[] = {-1, 4, 99, INT_MAX};
+    const int odd[] = {-1, 6, 99, INT_MAX}; /* 4 and 5 are bfloat16 and float16 */
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
         CHECK_INT(attn_dtype_size((attn_dtype)odd[i]), 0);
         CHECK_STR_EQ(attn_dtype_name((attn_dtype)odd[i]), "unknown");
@@ -307,7 +309,7 @@ static void test_tensor_init_alloc(void)
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
                     attn_tensor_alloc(C, &t, ATTN_DTYPE_F32, ndims[i], ok));
     }
-    const int dts[] = {-1, 4, 99};
+    const int dts[] = {-1, 6, 99}; /* 4 and 5 are bfloat16 and float16 */
     for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
         EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_init(C, &t, (attn_dtype)dts[i], buf, 3, ok));
         EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_alloc(C, &t, (attn_dtype)dts[i], 3, ok));
@@ -480,6 +482,22 @@ static void test_tensor_views(void)
     EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_tensor_copy(C, &t, &d2));
     FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_copy(C, &t, &d));
     FOR_EACH_VARIANT(&d, NO_WRONG_DTYPE, attn_tensor_copy(C, &t, &d));
+
+    /* attn_tensor_convert: float32 into bfloat16 (half of buf2's bytes); integer
+     * dtypes, other shapes and overlap refused. */
+    covers("attn_tensor_convert");
+    attn_tensor dh = make(ATTN_DTYPE_BF16, buf2, 3, 2, 3, 4, 1);
+    EXPECT_OK(attn_tensor_convert(C, &t, &dh));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_convert(C, NULL, &dh));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_convert(C, &t, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_convert(C, &t, &di));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_tensor_convert(C, &di, &dh));
+    attn_tensor dhs = make(ATTN_DTYPE_F16, buf2, 3, 3, 2, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_SHAPE_MISMATCH, attn_tensor_convert(C, &t, &dhs));
+    attn_tensor self_h = make(ATTN_DTYPE_BF16, t.data, 3, 2, 3, 4, 1);
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_tensor_convert(C, &t, &self_h));
+    FOR_EACH_VARIANT(&t, NO_WRONG_DTYPE, attn_tensor_convert(C, &t, &dh));
+    FOR_EACH_VARIANT(&dh, NO_WRONG_DTYPE, attn_tensor_convert(C, &t, &dh));
 }
 
 static void test_shapes(void)
@@ -1507,6 +1525,13 @@ static void test_files(void)
     EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, missing, &a));
     EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, dir, &a));
     EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load(C, "", &a));
+    covers("attn_npy_load_flags");
+    EXPECT_OK((attn_npy_load_flags(C, good_npy, ATTN_LOAD_HALF, &a), attn_array_free(C, &a), ATTN_OK));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, good_npy, 2u, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, good_npy, ~0u, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, NULL, 0, &a));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_npy_load_flags(C, good_npy, 0, NULL));
+    EXPECT_FAIL(ATTN_STATUS_IO, attn_npy_load_flags(C, missing, ATTN_LOAD_HALF, &a));
 
     float buf[6] = {1, 2, 3, 4, 5, 6};
     attn_tensor t = make(ATTN_DTYPE_F32, buf, 2, 2, 3, 1, 1);
@@ -1549,6 +1574,13 @@ static void test_files(void)
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get(C, st, "", &a));
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
                     attn_safetensors_get(C, st, "no such tensor\n\x01", &a));
+        covers("attn_safetensors_get_flags");
+        EXPECT_OK((attn_safetensors_get_flags(C, st, first, ATTN_LOAD_HALF, &a),
+                   attn_array_free(C, &a), ATTN_OK));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, st, first, 4u, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, NULL, first, 0, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, st, NULL, 0, &a));
+        EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_safetensors_get_flags(C, st, first, 0, NULL));
         attn_safetensors_close(NULL, st);
     } else {
         CHECK(!"test_args: cannot open the reference .safetensors file");
@@ -2071,6 +2103,14 @@ static void test_dispatch_threads(void)
     covers("attn_arch_reason");
     covers("attn_threads_online");
     covers("attn_threads_resolve");
+    covers("attn_cpu_features");
+    covers("attn_cpu_features_string");
+    /* No arguments to get wrong: the bits are ATTN_CPU_* only, and the words name
+     * each of the four features whether present or not. */
+    CHECK((attn_cpu_features() & ~(ATTN_CPU_F16C | ATTN_CPU_AVX512_BF16 | ATTN_CPU_AVX512_FP16 |
+                                   ATTN_CPU_AMX_BF16)) == 0);
+    CHECK_STR_CONTAINS(attn_cpu_features_string(), "avx512-bf16");
+    CHECK_STR_CONTAINS(attn_cpu_features_string(), "amx-bf16");
     const int odd[] = {-1, 5, 42, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
         CHECK_STR_EQ(attn_arch_name((attn_arch)odd[i]), "unknown");

@@ -39,6 +39,7 @@ typedef struct bench_opts {
     void *stream;        /* the bandwidth probe's copies, kept for the paired runs
                             (tools/bench_probes.h), or NULL */
     const char *default_arch; /* the path attn_sdpa picks, and why (JSON-escaped) */
+    attn_dtype dtype;    /* --dtype: q, k, v and out of the attention benchmarks */
     char reason_json[1024];
 } bench_opts;
 

@@ -73,8 +73,8 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
     const double frac = o->peakn > 0 ? gf / o->peakn : 0;
     /* Bytes of K and V read once: what bounds a decoding step such as S5 or S7
      * (with grouped-query heads, K and V have Hkv heads, each read once). */
-    const double kv_gbs =
-        2.0 * (double)(s->B * bench_kv_heads(s) * s->Tk * s->D) * 4 / t.median_s / 1e9;
+    const double kv_gbs = 2.0 * (double)(s->B * bench_kv_heads(s) * s->Tk * s->D) *
+                          (double)attn_dtype_size(o->dtype) / t.median_s / 1e9;
     const bench_fields f = {"sdpa", impl, s->B, s->H, s->Tq, s->Tk, s->D, bench_mask_name(s),
                             threads, t.median_s * 1e3, gf};
     bench_pair pr;
@@ -114,6 +114,7 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
             printf(",\"softcap\":%.9g", (double)s->softcap);
         else
             printf(",\"softcap\":null");
+        printf(",\"dtype\":\"%s\"", attn_dtype_name(o->dtype));
         bench_json_end();
     } else {
         /* The options, when any, after the table's columns. */
@@ -126,7 +127,9 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
             n += (size_t)snprintf(extra + n, sizeof extra - n, " window=%lld,%lld",
                                   (long long)s->window_left, (long long)s->window_right);
         if (s->softcap > 0)
-            snprintf(extra + n, sizeof extra - n, " softcap=%g", (double)s->softcap);
+            n += (size_t)snprintf(extra + n, sizeof extra - n, " softcap=%g", (double)s->softcap);
+        if (o->dtype != ATTN_DTYPE_F32)
+            snprintf(extra + n, sizeof extra - n, " dtype=%s", attn_dtype_name(o->dtype));
         printf("%-6s %-14s %5lld %4lld %6lld %6lld %5lld %-8s %3d %10.4f %9.2f %5.1f%% %8.1f%s\n",
                s->name, impl, (long long)s->B, (long long)s->H, (long long)s->Tq,
                (long long)s->Tk, (long long)s->D, bench_mask_name(s), threads, t.median_s * 1e3, gf,
@@ -148,7 +151,7 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
     if ((rc = attn_tensor_alloc(&a.ctx, &a.q, ATTN_DTYPE_F32, 4, qs)) ||
         (rc = attn_tensor_alloc(&a.ctx, &a.k, ATTN_DTYPE_F32, 4, ks)) ||
         (rc = attn_tensor_alloc(&a.ctx, &a.v, ATTN_DTYPE_F32, 4, ks)) ||
-        (rc = attn_tensor_alloc(&a.ctx, &a.out, ATTN_DTYPE_F32, 4, qs)) ||
+        (rc = attn_tensor_alloc(&a.ctx, &a.out, o->dtype, 4, qs)) ||
         (s->padding && (rc = attn_tensor_alloc(&a.ctx, &a.mask, ATTN_DTYPE_BOOL, 4, ms)))) {
         fprintf(stderr, "attn bench: %s\n", a.ctx.message);
         sdpa_arg_free(&a);
@@ -157,8 +160,24 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
     bench_fill_uniform(a.q.data, B * H * Tq * D, 1);
     bench_fill_uniform(a.k.data, B * Hkv * Tk * D, 2);
     bench_fill_uniform(a.v.data, B * Hkv * Tk * D, 3);
+    /* --dtype bf16|f16: the same values rounded to 16 bits, stored as such. */
+    attn_tensor *f32s[3] = {&a.q, &a.k, &a.v};
+    for (int i = 0; i < 3 && o->dtype != ATTN_DTYPE_F32; i++) {
+        attn_tensor h;
+        if ((rc = attn_tensor_alloc(&a.ctx, &h, o->dtype, 4, f32s[i]->shape)) ||
+            (rc = attn_tensor_convert(&a.ctx, f32s[i], &h))) {
+            fprintf(stderr, "attn bench: %s\n", a.ctx.message);
+            attn_tensor_free(&a.ctx, &h);
+            sdpa_arg_free(&a);
+            return 1;
+        }
+        attn_tensor_free(&a.ctx, f32s[i]);
+        *f32s[i] = h;
+    }
     if (o->stream_gbs > 0) {
-        const int64_t n = B * Hkv * Tk * D;
+        /* In float units: a 16-bit K holds n / 2 floats' bytes (D is even on every
+         * shape), which is what the copies and the rotation move. */
+        const int64_t n = B * Hkv * Tk * D * (int64_t)attn_dtype_size(o->dtype) / 4;
         a.copies = bench_cold_copies(2.0 * (double)n * sizeof(float));
         a.kv_floats = n;
         a.k0 = a.k.data, a.v0 = a.v.data;

@@ -32,7 +32,7 @@ static const char HELP[] =
     "               --query-len Tq [--key-len Tk] --head-dim D\n"
     "               [--causal | --causal-bottom-right] [--padding]\n"
     "               [--window LEFT,RIGHT] [--softcap C]]\n"
-    "               [--threads N] [--impl NAME] [--runs N] [--json]\n"
+    "               [--threads N] [--impl NAME] [--runs N] [--dtype f32|bf16|f16] [--json]\n"
     "    attn bench --peak [--threads N] [--json]\n"
     "    attn bench --mha [--seq-len T] [--embed-dim E] [--num-heads H] [--causal]\n"
     "               [--threads N] [--impl default|ref|all] [--runs N] [--json]\n"
@@ -133,6 +133,11 @@ static const char HELP[] =
     "        to attn_kv_cache_workspace_size bytes (0 is the target).\n"
     "    --prefill N, --steps N\n"
     "        The decoding loop's sizes, 1..1048576 each (only with --decode).\n"
+    "    --dtype f32|bf16|f16\n"
+    "        How q, k, v and the output are stored (default f32): bfloat16 or\n"
+    "        float16 inputs hold the same values rounded to 16 bits, and attention\n"
+    "        still computes in float32 (docs/half-precision.md). Applies to the\n"
+    "        attention shapes and --bandwidth; S9 (the KV cache) is float32 only.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -196,6 +201,9 @@ int cmd_bench(int argc, char **argv)
     int shape_ix = BENCH_N_SPEC_SHAPES + 1, impl_ix = 0; /* "all" */
     int64_t prefill = 4096, steps = 128;
     int want_decode = 0;
+    static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
+    static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    int dtype_ix = 0;
     int causal = 0, causal_br = 0, padding = 0;
     int want_peak = 0, want_mha = 0, want_gemm = 0, want_bw = 0;
     const char *window = NULL;
@@ -228,6 +236,7 @@ int cmd_bench(int argc, char **argv)
         {"decode", CLI_FLAG, &want_decode, NULL, 0, 0, 0},
         {"prefill", CLI_INT, &prefill, NULL, 1, BENCH_MAX_SIZE, 0},
         {"steps", CLI_INT, &steps, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"dtype", CLI_CHOICE, &dtype_ix, dtype_names, 0, 0, 0},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
@@ -283,6 +292,16 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error(PROG, "--%s runs --impl default, ref or all, not '%s'",
                                want_mha ? "mha" : "gemm", impl_names[impl_ix]);
 
+    if (dtype_ix != 0 && (want_peak || want_mha || want_gemm || want_decode))
+        return cli_usage_error(PROG, "--dtype %s applies to the attention shapes (and "
+                               "--bandwidth's), not to --%s", dtype_names[dtype_ix],
+                               want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
+                                                                      : "decode");
+    if (dtype_ix != 0 && shape_ix == BENCH_N_SPEC_SHAPES)
+        return cli_usage_error(PROG, "S9 runs through the KV cache, which stores float32 "
+                               "only: --dtype %s does not apply", dtype_names[dtype_ix]);
+
+    o.dtype = dtypes[dtype_ix];
     o.threads = (int)threads;
     o.runs = (int)runs;
     o.impl = impl_names[impl_ix];
@@ -305,8 +324,10 @@ int cmd_bench(int argc, char **argv)
         return bench_gemm(gemm_n, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (want_bw) {
         /* S5 and S7 are the decode steps: their K and V against the bandwidth. */
+        /* S9 runs through the KV cache, which stores float32 only. */
         const int bad = bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
-                        bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o);
+                        bench_sdpa(&bench_spec_shapes[6], &o) ||
+                        (o.dtype == ATTN_DTYPE_F32 && bench_kv_s9(&o));
         bench_stream_free(&o);
         return bad ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
@@ -335,7 +356,7 @@ int cmd_bench(int argc, char **argv)
     for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
         if (all || shape_ix == x)
             status |= bench_sdpa(&bench_spec_shapes[x], &o);
-    if (all || shape_ix == BENCH_N_SPEC_SHAPES) /* S9, through the KV cache */
-        status |= bench_kv_s9(&o);
+    if ((all || shape_ix == BENCH_N_SPEC_SHAPES) && o.dtype == ATTN_DTYPE_F32)
+        status |= bench_kv_s9(&o); /* S9, through the KV cache (float32 only) */
     return status ? CLI_EXIT_ERROR : CLI_EXIT_OK;
 }

@@ -37,6 +37,7 @@ static const char HELP[] =
     "              [--softcap C] [--alibi | --alibi-slopes S.npy] [--bias B.npy]\n"
     "              [--sinks S.npy] [--scale S] [--empty-rows error|zero]\n"
     "              [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
+    "              [--dtype f32|bf16|f16]\n"
     "              --output O.npy [--attention A.npy] [--lse L.npy]\n"
     "              [--grad-output DO.npy --grad-query DQ.npy --grad-key DK.npy\n"
     "               --grad-value DV.npy [--grad-bias DB.npy] [--grad-sinks DS.npy]]\n"
@@ -141,6 +142,14 @@ static const char HELP[] =
     "        (summed over the axes it was broadcast along).\n"
     "    --grad-sinks DS.npy\n"
     "        With --sinks: the sinks' gradient, float32 [H].\n"
+    "    --dtype f32|bf16|f16\n"
+    "        Store q, k, v and the output in this dtype (default f32): the inputs\n"
+    "        are rounded to it (to nearest, ties to even; a float16 file's values\n"
+    "        are kept exactly), attention computes in float32 as always, and the\n"
+    "        output is rounded once. --output is then float16 for f16, and float32\n"
+    "        holding the bfloat16 values exactly for bf16 (numpy has no bfloat16).\n"
+    "        The weights and --lse stay float32. Not with --grad-output (the\n"
+    "        backward is float32 only). See docs/half-precision.md.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -224,6 +233,9 @@ int cmd_sdpa(int argc, char **argv)
     memset(&so, 0, sizeof so);
     memset(&ro, 0, sizeof ro);
     static const char *const empty_choices[] = {"error", "zero", NULL};
+    static const char *const dtype_choices[] = {"f32", "bf16", "f16", NULL};
+    static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    int dtype_ix = 0;
     cli_opt opts[] = {
         {"query", CLI_STRING, &qp, NULL, 0, 0, 0},
         {"key", CLI_STRING, &kp, NULL, 0, 0, 0},
@@ -241,6 +253,7 @@ int cmd_sdpa(int argc, char **argv)
         {"grad-value", CLI_STRING, &g[3], NULL, 0, 0, 0},
         {"grad-bias", CLI_STRING, &g[4], NULL, 0, 0, 0},
         {"grad-sinks", CLI_STRING, &g[5], NULL, 0, 0, 0},
+        {"dtype", CLI_CHOICE, &dtype_ix, dtype_choices, 0, 0, 0},
     };
     const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
@@ -261,10 +274,16 @@ int cmd_sdpa(int argc, char **argv)
         (rc = check_grad_flags(g, &so)) != CLI_PARSED ||
         (rc = cli_rope_options_get(PROG, opts, nopts, &ro, &rope, &use_rope)) != CLI_PARSED)
         return rc;
+    if (dtype_ix != 0 && g[0])
+        return cli_usage_error(PROG, "--dtype %s with --grad-output: the backward runs in "
+                                     "float32 only",
+                               dtype_choices[dtype_ix]);
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
     attn_array q = {0}, k = {0}, v = {0}, m = {0}, dout = {0};
+    attn_tensor q16 = {0}, k16 = {0}, v16 = {0}; /* --dtype bf16|f16: the stored inputs */
+    const attn_dtype dt = dtypes[dtype_ix];
     attn_tensor out = {0}, att = {0}, lse = {0};
     attn_tensor dq = {0}, dk = {0}, dv = {0}, dbias = {0}, dsinks = {0};
     int status = CLI_EXIT_ERROR;
@@ -326,7 +345,20 @@ int cmd_sdpa(int argc, char **argv)
         s_out[i] = s_att[i] = q.tensor.shape[i];
     s_out[nd - 1] = v.tensor.shape[nd - 1];
     s_att[nd - 1] = k.tensor.shape[nd - 2];
-    if (attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, nd, s_out) ||
+    /* --dtype: q, k and v rounded to 16 bits once, here, after any rotation. */
+    const attn_tensor *qt = &q.tensor, *kt = &k.tensor, *vt = &v.tensor;
+    if (dt != ATTN_DTYPE_F32) {
+        attn_tensor *const dst[3] = {&q16, &k16, &v16};
+        const attn_tensor *const src[3] = {&q.tensor, &k.tensor, &v.tensor};
+        for (int i = 0; i < 3; i++)
+            if (attn_tensor_alloc(&ctx, dst[i], dt, src[i]->ndim, src[i]->shape) ||
+                attn_tensor_convert(&ctx, src[i], dst[i])) {
+                cli_fail(PROG, &ctx);
+                goto done;
+            }
+        qt = &q16, kt = &k16, vt = &v16;
+    }
+    if (attn_tensor_alloc(&ctx, &out, dt, nd, s_out) ||
         (attention && attn_tensor_alloc(&ctx, &att, ATTN_DTYPE_F32, nd, s_att)) ||
         ((so.lse || g[0]) &&
          attn_tensor_alloc(&ctx, &lse, ATTN_DTYPE_F32, nd - 1, q.tensor.shape)) ||
@@ -343,7 +375,7 @@ int cmd_sdpa(int argc, char **argv)
     p.has_scale = cli_seen(opts, nopts, "scale");
     p.scale = scale;
     p.empty_rows = empty_rows ? ATTN_EMPTY_ROWS_ZERO : ATTN_EMPTY_ROWS_ERROR;
-    if (attn_sdpa(&ctx, &q.tensor, &k.tensor, &v.tensor, &p, &out, attention ? &att : NULL)) {
+    if (attn_sdpa(&ctx, qt, kt, vt, &p, &out, attention ? &att : NULL)) {
         cli_fail_sdpa(PROG, &ctx, &so, mask_path);
         goto done;
     }
@@ -395,6 +427,9 @@ done:
     attn_array_free(&ctx, &q);
     attn_array_free(&ctx, &k);
     attn_array_free(&ctx, &v);
+    attn_tensor_free(&ctx, &q16);
+    attn_tensor_free(&ctx, &k16);
+    attn_tensor_free(&ctx, &v16);
     attn_array_free(&ctx, &m);
     attn_tensor_free(&ctx, &out);
     attn_tensor_free(&ctx, &att);

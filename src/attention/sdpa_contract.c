@@ -10,6 +10,7 @@
  */
 #include "sdpa_contract.h"
 #include "dispatch.h"
+#include "half_stage.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,6 +31,32 @@ static int check_f32(attn_ctx *ctx, const attn_tensor *t, const char *name)
     if (t->dtype != ATTN_DTYPE_F32)
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s must be float32, not %s", name,
                           attn_dtype_name(t->dtype));
+    return ATTN_OK;
+}
+
+/* q, k, v and out: all float32, all bfloat16 or all float16 (SPEC section 10). A
+ * mix would need a rule for which precision wins; none is asked for, so it is
+ * refused with every dtype named. */
+static int check_storage(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                         const attn_tensor *v, const attn_tensor *out)
+{
+    int rc;
+    if ((rc = attn_tensor_check(ctx, q, "q")) || (rc = attn_tensor_check(ctx, k, "k")) ||
+        (rc = attn_tensor_check(ctx, v, "v")) || (rc = attn_tensor_check(ctx, out, "out")))
+        return rc;
+    const attn_dtype dt = q->dtype;
+    if (dt != ATTN_DTYPE_BF16 && dt != ATTN_DTYPE_F16) {
+        if ((rc = check_f32(ctx, q, "q")) || (rc = check_f32(ctx, k, "k")) ||
+            (rc = check_f32(ctx, v, "v")) || (rc = check_f32(ctx, out, "out")))
+            return rc;
+        return ATTN_OK;
+    }
+    if (k->dtype != dt || v->dtype != dt || out->dtype != dt)
+        return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                          "q, k, v and out must share one dtype (float32, bfloat16 or "
+                          "float16), not q %s, k %s, v %s, out %s",
+                          attn_dtype_name(q->dtype), attn_dtype_name(k->dtype),
+                          attn_dtype_name(v->dtype), attn_dtype_name(out->dtype));
     return ATTN_OK;
 }
 
@@ -222,11 +249,11 @@ int attn__sdpa_prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_te
         attn_sdpa_params_init(&defaults);
         p = &defaults;
     }
-    if ((rc = check_f32(ctx, q, "q")) || (rc = check_f32(ctx, k, "k")) ||
-        (rc = check_f32(ctx, v, "v")) || (rc = check_f32(ctx, out, "out")) ||
+    if ((rc = check_storage(ctx, q, k, v, out)) ||
         (weights && (rc = check_f32(ctx, weights, "weights"))))
         return rc;
     memset(s, 0, sizeof *s);
+    s->dtype = q->dtype;
     int64_t qs[4], ks[4], vs[4], os[4], ws[4];
     attn__as4d(q, qs, s->q_s);
     attn__as4d(k, ks, s->k_s);
@@ -320,12 +347,22 @@ int attn__sdpa_plan_make(attn_ctx *ctx, const attn__sdpa_shapes *s, int use_ref,
     plan->threads = 1;
     if (!use_ref)
         return attn__sdpa_fused_plan(ctx, plan);
-    /* The reference keeps one [Tq, Tk] score block. */
+    /* The reference keeps one [Tq, Tk] score block, and in 16 bits float32 copies
+     * of q, k, v and out after it (src/kernels/half_stage.h). */
     int64_t n;
     if (!attn__mul_i64(s->Tq, s->Tk, &n) || !attn__bytes(n, sizeof(float), &plan->scratch_bytes))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "a [%lld, %lld] score block does not fit in memory",
                           (long long)s->Tq, (long long)s->Tk);
+    if (s->dtype != ATTN_DTYPE_F32) {
+        const size_t scores = attn__align64(plan->scratch_bytes), stage = attn__half_ref_bytes(s);
+        if (!stage || scores > SIZE_MAX - stage)
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                              "float32 copies of %s q, k and v for the reference do not fit "
+                              "in memory",
+                              attn_dtype_name(s->dtype));
+        plan->scratch_bytes = scores + stage;
+    }
     return ATTN_OK;
 }
 
@@ -344,9 +381,14 @@ int attn__sdpa_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_shapes *s, attn__sdp
     return attn__sdpa_plan_make(ctx, s, 0, arch, plan);
 }
 
-int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
-                   const float *k, const float *v, float *out, float *weights, void *scratch)
+int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,
+                   const void *k, const void *v, void *out, float *weights, void *scratch)
 {
+    if (plan->use_ref && plan->s.dtype != ATTN_DTYPE_F32) {
+        const size_t scores = attn__align64((size_t)plan->s.Tq * (size_t)plan->s.Tk * sizeof(float));
+        return attn__half_ref_run(ctx, &plan->s, q, k, v, out, weights, (float *)scratch,
+                                  (unsigned char *)scratch + scores);
+    }
     if (plan->use_ref)
         return attn__sdpa_ref_run(ctx, &plan->s, q, k, v, out, weights, (float *)scratch);
     return attn__sdpa_fused_run(ctx, plan, q, k, v, out, weights, scratch);
@@ -454,6 +496,11 @@ int attn__sdpa_backward_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_
     int rc = attn__sdpa_prepare_shapes(ctx, q, k, v, p, out, NULL, &bs->s);
     if (rc != ATTN_OK)
         return rc;
+    /* The forward takes 16-bit storage (SPEC section 10); the backward does not. */
+    if (bs->s.dtype != ATTN_DTYPE_F32)
+        return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                          "the attention backward takes float32 q, k, v and out, not %s",
+                          attn_dtype_name(bs->s.dtype));
     const attn__sdpa_shapes *s = &bs->s;
     const int64_t want_lse[4] = {1, s->B, s->H, s->Tq};
     const int64_t want_do[4] = {s->B, s->H, s->Tq, s->Dv};

@@ -25,6 +25,7 @@
 
 /* Sizes, strides and options of one checked attn_sdpa call. */
 typedef struct attn__sdpa_shapes {
+    attn_dtype dtype;     /* of q, k, v and out: F32, BF16 or F16 (one for all four) */
     int64_t B, H, Tq, Tk, D, Dv;
     int64_t Hkv;          /* key/value heads; H is a multiple */
     int64_t group;        /* H / Hkv: query head h reads key/value head h / group */
@@ -152,11 +153,12 @@ int attn__sdpa_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_shapes *s,
                             attn__sdpa_plan *plan);
 
 /* Runs a planned call on already checked data: q, k, v, out and weights (NULL when
- * not wanted) are the tensors' first elements, read through plan->s's strides;
+ * not wanted) are the tensors' first elements, read through plan->s's strides
+ * (q, k, v and out of plan->s.dtype: float32, or uint16_t for 16 bits);
  * scratch holds plan->scratch_bytes, 64-byte aligned. Allocates nothing. Fails only
  * with EMPTY_ROW. */
-int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
-                   const float *k, const float *v, float *out, float *weights,
+int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,
+                   const void *k, const void *v, void *out, float *weights,
                    void *scratch);
 
 /* The reference and the fused kernel behind attn__sdpa_run. */
@@ -164,8 +166,8 @@ int attn__sdpa_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *s, const float *q
                        const float *k, const float *v, float *out, float *weights,
                        float *scores);
 int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan);
-int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
-                         const float *k, const float *v, float *out, float *weights,
+int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,
+                         const void *k, const void *v, void *out, float *weights,
                          void *scratch);
 
 /* ---- the backward (SPEC section 8) -------------------------------------------- */

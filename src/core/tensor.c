@@ -6,6 +6,7 @@
  * the same memory (how the chapter's `view` + `transpose(1, 2)` works in PyTorch).
  */
 #include "attn_internal.h"
+#include "half.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +18,8 @@ size_t attn_dtype_size(attn_dtype dtype)
     case ATTN_DTYPE_BOOL: return 1;
     case ATTN_DTYPE_I64: return 8;
     case ATTN_DTYPE_I32: return 4;
+    case ATTN_DTYPE_BF16: return 2;
+    case ATTN_DTYPE_F16: return 2;
     }
     return 0;
 }
@@ -28,6 +31,8 @@ const char *attn_dtype_name(attn_dtype dtype)
     case ATTN_DTYPE_BOOL: return "bool";
     case ATTN_DTYPE_I64: return "int64";
     case ATTN_DTYPE_I32: return "int32";
+    case ATTN_DTYPE_BF16: return "bfloat16";
+    case ATTN_DTYPE_F16: return "float16";
     }
     return "unknown";
 }
@@ -314,6 +319,70 @@ int attn_tensor_copy(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst)
                 for (int64_t i3 = 0; i3 < sh[3]; i3++)
                     memcpy(d + (size_t)attn__off4(ds, i0, i1, i2, i3) * es,
                            s + (size_t)attn__off4(ss, i0, i1, i2, i3) * es, es);
+    return ATTN_OK;
+}
+
+static int is_floating(attn_dtype dt)
+{
+    return dt == ATTN_DTYPE_F32 || dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16;
+}
+
+/* One element of a floating dtype, widened to float32. */
+static float load_floating(const void *p, attn_dtype dt)
+{
+    uint16_t h;
+    if (dt == ATTN_DTYPE_F32) {
+        float x;
+        memcpy(&x, p, sizeof x);
+        return x;
+    }
+    memcpy(&h, p, sizeof h);
+    return dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+}
+
+static void store_floating(void *p, attn_dtype dt, float x)
+{
+    if (dt == ATTN_DTYPE_F32) {
+        memcpy(p, &x, sizeof x);
+        return;
+    }
+    const uint16_t h = dt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(x) : attn__f32_to_f16(x);
+    memcpy(p, &h, sizeof h);
+}
+
+int attn_tensor_convert(attn_ctx *ctx, const attn_tensor *src, attn_tensor *dst)
+{
+    int rc;
+    if ((rc = attn_tensor_check(ctx, src, "source")) || (rc = attn_tensor_check(ctx, dst, "destination")))
+        return rc;
+    if (!is_floating(src->dtype) || !is_floating(dst->dtype))
+        return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                          "attn_tensor_convert converts float32, bfloat16 and float16 only, "
+                          "not %s into %s",
+                          attn_dtype_name(src->dtype), attn_dtype_name(dst->dtype));
+    if (src->dtype == dst->dtype)
+        return attn_tensor_copy(ctx, src, dst);
+    char a[128], b[128];
+    if (src->ndim != dst->ndim || memcmp(src->shape, dst->shape, sizeof src->shape) != 0)
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH, "cannot convert shape %s into shape %s",
+                          attn__shape_str(src, a, sizeof a), attn__shape_str(dst, b, sizeof b));
+    /* Elements of different sizes: any shared byte would be overwritten before it
+     * is read, or read after, depending on the order, so no overlap is allowed. */
+    if ((rc = attn__no_overlap(ctx, "attn_tensor_convert", dst, "destination", src, "source", 0)))
+        return rc;
+    int64_t sh[4], ss[4], ds[4];
+    attn__as4d(src, sh, ss);
+    attn__as4d(dst, sh, ds);
+    const size_t se = attn_dtype_size(src->dtype), de = attn_dtype_size(dst->dtype);
+    const char *s = src->data;
+    char *d = dst->data;
+    for (int64_t i0 = 0; i0 < sh[0]; i0++)
+        for (int64_t i1 = 0; i1 < sh[1]; i1++)
+            for (int64_t i2 = 0; i2 < sh[2]; i2++)
+                for (int64_t i3 = 0; i3 < sh[3]; i3++)
+                    store_floating(d + (size_t)attn__off4(ds, i0, i1, i2, i3) * de, dst->dtype,
+                                   load_floating(s + (size_t)attn__off4(ss, i0, i1, i2, i3) * se,
+                                                 src->dtype));
     return ATTN_OK;
 }
 

@@ -4,6 +4,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include "half.h"
 #include "io_internal.h"
 
 #include <errno.h>
@@ -131,7 +132,7 @@ int attn__rfile_read_elems(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, attn
     }
     /* Same layout as the host: read straight into the result. */
     if ((e == ATTN__EL_F32 || e == ATTN__EL_I32 || e == ATTN__EL_I64 ||
-         e == ATTN__EL_U8) &&
+         e == ATTN__EL_U8 || e == ATTN__EL_F16_KEEP || e == ATTN__EL_BF16_KEEP) &&
         big_endian == host_big)
         return attn__rfile_read(ctx, rf, offset, dst, (uint64_t)n * es, "array data");
 
@@ -165,49 +166,13 @@ void attn__rfile_close(attn__rfile *rf)
 
 /* ---- numbers ------------------------------------------------------------------ */
 
-float attn__f16_to_f32(uint16_t h)
-{
-    /* binary16: 1 sign bit, 5 exponent bits (bias 15), 10 fraction bits. */
-    uint32_t sign = (uint32_t)(h >> 15) << 31;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t frac = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (frac << 13); /* inf or NaN (payload kept) */
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (frac << 13); /* 127 - 15 = 112 */
-    } else if (frac == 0) {
-        bits = sign; /* signed zero */
-    } else {
-        /* A subnormal half is a normal float: shift the fraction up until its
-         * leading one reaches the hidden-bit position. */
-        int e = -1;
-        do {
-            frac <<= 1;
-            e++;
-        } while (!(frac & 0x400));
-        frac &= 0x3ff;
-        bits = sign | ((uint32_t)(112 - e) << 23) | (frac << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-
-float attn__bf16_to_f32(uint16_t h)
-{
-    /* bfloat16 is the top half of a float32. */
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-
 size_t attn__elem_size(attn__elem e)
 {
     switch (e) {
     case ATTN__EL_F16:
     case ATTN__EL_BF16:
+    case ATTN__EL_F16_KEEP:
+    case ATTN__EL_BF16_KEEP:
         return 2;
     case ATTN__EL_F32:
     case ATTN__EL_I32:
@@ -230,6 +195,10 @@ attn_dtype attn__elem_dtype(attn__elem e)
         return ATTN_DTYPE_I64;
     case ATTN__EL_U8:
         return ATTN_DTYPE_BOOL;
+    case ATTN__EL_F16_KEEP:
+        return ATTN_DTYPE_F16;
+    case ATTN__EL_BF16_KEEP:
+        return ATTN_DTYPE_BF16;
     default:
         return ATTN_DTYPE_F32;
     }
@@ -281,6 +250,10 @@ void attn__elem_convert(attn__elem e, int big_endian, const unsigned char *src,
         }
         case ATTN__EL_I64:
             memcpy((int64_t *)dst + i, &v, 8);
+            break;
+        case ATTN__EL_F16_KEEP:
+        case ATTN__EL_BF16_KEEP:
+            ((uint16_t *)dst)[i] = (uint16_t)v;
             break;
         case ATTN__EL_U8:
             break;

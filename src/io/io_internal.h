@@ -67,9 +67,6 @@ int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *n
 
 /* ---- numbers ---------------------------------------------------------------- */
 
-/* IEEE 754 binary16 and bfloat16 to float32 (exact: every value is representable). */
-float attn__f16_to_f32(uint16_t h);
-float attn__bf16_to_f32(uint16_t h);
 
 static inline uint16_t attn__load_le16(const unsigned char *p)
 {
@@ -94,12 +91,28 @@ typedef enum attn__elem {
     ATTN__EL_F64,
     ATTN__EL_I32,
     ATTN__EL_I64,
-    ATTN__EL_U8  /* bool and uint8: one byte each, copied as they are */
+    ATTN__EL_U8, /* bool and uint8: one byte each, copied as they are */
+    ATTN__EL_F16_KEEP, /* float16 and bfloat16 loaded as they are (ATTN_LOAD_HALF): */
+    ATTN__EL_BF16_KEEP /* ATTN_DTYPE_F16 / ATTN_DTYPE_BF16, bytes in host order */
 } attn__elem;
+
+/* The element kind to load e as under the loaders' flags (ATTN_LOAD_HALF keeps
+ * float16 and bfloat16 in 16 bits). */
+static inline attn__elem attn__elem_for_flags(attn__elem e, unsigned flags)
+{
+    if (flags & ATTN_LOAD_HALF) {
+        if (e == ATTN__EL_F16)
+            return ATTN__EL_F16_KEEP;
+        if (e == ATTN__EL_BF16)
+            return ATTN__EL_BF16_KEEP;
+    }
+    return e;
+}
 
 /* Bytes per element of a file element kind. */
 size_t attn__elem_size(attn__elem e);
-/* The attn dtype an element kind loads as: floats -> F32, I32, I64, U8 -> BOOL. */
+/* The attn dtype an element kind loads as: floats -> F32 (the _KEEP kinds -> F16,
+ * BF16), I32, I64, U8 -> BOOL. */
 attn_dtype attn__elem_dtype(attn__elem e);
 /* Converts n elements from src (file bytes, big_endian or little) into dst (host
  * array of attn__elem_dtype(e)). */

@@ -169,9 +169,18 @@ static int npy_descr(attn_ctx *ctx, const char *path, const char *descr, attn__e
 
 int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
 {
+    return attn_npy_load_flags(ctx, path, 0, out);
+}
+
+int attn_npy_load_flags(attn_ctx *ctx, const char *path, unsigned flags, attn_array *out)
+{
     if (!out)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "attn_npy_load: out is NULL");
     memset(out, 0, sizeof(*out));
+    if (flags & ~(unsigned)ATTN_LOAD_HALF)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_npy_load_flags: unknown flags 0x%x (ATTN_LOAD_HALF is 0x%x)",
+                          flags, (unsigned)ATTN_LOAD_HALF);
     attn__rfile rf;
     int st = attn__rfile_open(ctx, &rf, path);
     if (st)
@@ -257,6 +266,7 @@ int attn_npy_load(attn_ctx *ctx, const char *path, attn_array *out)
     const char *file_dtype = NULL;
     if ((st = npy_descr(ctx, path, h.descr, &e, &big_endian, &file_dtype)))
         goto done;
+    e = attn__elem_for_flags(e, flags);
 
     char shape_s[NPY_PARSE_DIMS * 22 + 8];
     attn_shape_format(shape_s, sizeof(shape_s), h.ndim, h.shape);
@@ -374,6 +384,13 @@ int attn__npy_write(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t)
     case ATTN_DTYPE_BOOL:
         descr = "|b1";
         break;
+    case ATTN_DTYPE_F16:
+        descr = "<f2";
+        break;
+    case ATTN_DTYPE_BF16:
+        /* numpy has no bfloat16: the values go out as float32, exactly. */
+        descr = "<f4";
+        break;
     default:
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s: cannot save dtype %d as .npy",
                           path ? path : "(null)", (int)t->dtype);
@@ -402,7 +419,15 @@ int attn__npy_write(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *t)
     if ((st = attn__wfile_write(ctx, wf, pre, sizeof(pre))) ||
         (st = attn__wfile_write(ctx, wf, header, hlen)))
         return st;
-    return attn__wfile_write_tensor(ctx, wf, t);
+    if (t->dtype != ATTN_DTYPE_BF16)
+        return attn__wfile_write_tensor(ctx, wf, t);
+    attn_tensor wide;
+    if ((st = attn_tensor_alloc(ctx, &wide, ATTN_DTYPE_F32, t->ndim, t->shape)))
+        return st;
+    if (!(st = attn_tensor_convert(ctx, t, &wide)))
+        st = attn__wfile_write_tensor(ctx, wf, &wide);
+    attn_tensor_free(ctx, &wide);
+    return st;
 }
 
 int attn_npy_save(attn_ctx *ctx, const char *path, const attn_tensor *t)

@@ -531,6 +531,12 @@ int attn_safetensors_has(const attn_safetensors *st, const char *name)
 int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                          attn_array *out)
 {
+    return attn_safetensors_get_flags(ctx, st, name, 0, out);
+}
+
+int attn_safetensors_get_flags(attn_ctx *ctx, const attn_safetensors *st, const char *name,
+                               unsigned flags, attn_array *out)
+{
     if (!out)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                           "attn_safetensors_get: out is NULL");
@@ -543,8 +549,14 @@ int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *
     if (idx < 0)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s: no tensor named '%s'",
                           st->path, attn__printable(name, nb, sizeof(nb)));
+    if (flags & ~(unsigned)ATTN_LOAD_HALF)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "attn_safetensors_get_flags: unknown flags 0x%x (ATTN_LOAD_HALF is "
+                          "0x%x)",
+                          flags, (unsigned)ATTN_LOAD_HALF);
     const st_entry *e = &st->entries[idx];
     const st_dtype *dt = &st_dtypes[e->dtype];
+    const attn__elem elem = attn__elem_for_flags(dt->elem, flags);
     const char *nm = attn__printable(name, nb, sizeof(nb));
     if (!dt->readable)
         return attn__fail(ctx, ATTN_STATUS_DTYPE,
@@ -559,12 +571,12 @@ int attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *
         return attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
                           "%s: tensor '%s' is empty; attn needs every size >= 1", st->path,
                           nm);
-    int rc = attn__array_alloc(ctx, out, attn__elem_dtype(dt->elem), e->ndim, e->shape,
+    int rc = attn__array_alloc(ctx, out, attn__elem_dtype(elem), e->ndim, e->shape,
                                st->path);
     if (rc)
         return rc;
     attn__rfile rf = st->rf; /* reading moves the stream, not the handle's facts */
-    rc = attn__rfile_read_elems(ctx, &rf, st->data_start + e->begin, dt->elem, 0,
+    rc = attn__rfile_read_elems(ctx, &rf, st->data_start + e->begin, elem, 0,
                                 e->numel, out->buffer);
     if (rc)
         attn_array_free(ctx, out);
@@ -618,6 +630,8 @@ static const char *st_save_dtype(attn_dtype d)
     case ATTN_DTYPE_I32: return "I32";
     case ATTN_DTYPE_I64: return "I64";
     case ATTN_DTYPE_BOOL: return "BOOL";
+    case ATTN_DTYPE_BF16: return "BF16";
+    case ATTN_DTYPE_F16: return "F16";
     }
     return NULL;
 }

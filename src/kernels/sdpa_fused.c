@@ -15,6 +15,7 @@
 #define FK_MK 4
 #define FK_NQV 4
 #include "fused_kernel.h"
+#include "half_stage.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -99,14 +100,67 @@ static int part_floats(const attn__sdpa_shapes *s, const attn__fused_job *job, i
            attn__mul_i64(*n, job->n_chunks, n) && attn__mul_i64(*n, job->pst, n);
 }
 
+/* The 16-bit layout: job_layout on the staged shapes, and on the row path (no
+ * weights asked for) always the split-key form with chunks whose widened K and V
+ * take at most HALF_CHUNK_BYTES, so that each chunk is widened and used while it
+ * stays in the worker's cache. Shapes only, as job_layout. */
+#define HALF_CHUNK_BYTES (256 * 1024)
+static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *st,
+                        int64_t tile_br, int64_t tile_bc, attn__fused_job *job,
+                        int64_t *n_items)
+{
+    job_layout(kern, st, tile_br, tile_bc, job, n_items);
+    if (!job->row_path || st->weights)
+        return;
+    int64_t chunk = HALF_CHUNK_BYTES / (4 * (st->D + st->Dv));
+    chunk = chunk < 64 ? 64 : chunk / 16 * 16;
+    if (st->Tk < 2 * chunk)
+        return;
+    job->chunk = chunk;
+    job->n_chunks = (st->Tk + chunk - 1) / chunk;
+    job->pst = 16 + round_up(job->dvp, 16);
+    *n_items = st->B * st->Hkv * job->n_chunks;
+}
+
+/* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
+ * each rounded up to 16; k and v of one key/value head on the row path, of all of
+ * them (whole) on the tile path; 0 on overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int whole, int64_t f[4])
+{
+    int64_t bh, heads = 1, tk;
+    if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh) ||
+        (whole && !attn__mul_i64(s->B, s->Hkv, &heads)) || !attn__mul_i64(heads, s->Tk, &tk))
+        return 0;
+    if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1]) ||
+        !attn__mul_i64(tk, s->D, &f[2]) || !attn__mul_i64(tk, s->Dv, &f[3]))
+        return 0;
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        if (f[i] > INT64_MAX / 2 - total)
+            return 0;
+        f[i] = round_up(f[i], 16);
+        total += f[i];
+    }
+    return 1;
+}
+
 int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
 {
-    const attn__sdpa_shapes *s = &plan->s;
+    /* A 16-bit call runs the float32 kernel on staged copies: it is planned on their
+     * shapes, and the copies go after the kernel's own scratch. */
+    attn__sdpa_shapes staged;
+    const int half = plan->s.dtype != ATTN_DTYPE_F32;
+    if (half)
+        attn__half_staged_shapes(&plan->s, 1, &staged);
+    const attn__sdpa_shapes *s = half ? &staged : &plan->s;
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
     int64_t n_items, tile_br, tile_bc;
     attn__fused_tiles(&tile_br, &tile_bc);
-    job_layout(kern, s, tile_br, tile_bc, &job, &n_items);
+    if (half)
+        half_layout(kern, s, tile_br, tile_bc, &job, &n_items);
+    else
+        job_layout(kern, s, tile_br, tile_bc, &job, &n_items);
 
     /* The work is that of the (query, key) pairs the causal alignment and the window
      * let through: summed over the rows' ranges, which costs Tq steps, nothing next
@@ -135,15 +189,215 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "fused attention scratch of %lld floats x %d threads overflows",
                           (long long)plan->ws_floats, plan->threads);
+    if (half) {
+        int64_t f[4];
+        size_t extra;
+        if (!half_floats(s, !job.row_path, f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
+            attn__align64(bytes) > SIZE_MAX - extra)
+            return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
+                              "float32 copies of %s q and out for fused attention do not fit "
+                              "in memory",
+                              attn_dtype_name(plan->s.dtype));
+        bytes = attn__align64(bytes) + extra;
+    }
     plan->scratch_bytes = bytes;
     return ATTN_OK;
 }
 
-int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const float *q,
-                         const float *k, const float *v, float *out, float *weights,
+/* One (batch, key/value head) of a 16-bit call: its work items are a contiguous
+ * range of the job's (first .. first + count - 1), and so are its split-key merges.
+ * kb16/vb16 are the head's 16-bit K and V, widened into kf/vf [Tk][D], [Tk][Dv]. */
+typedef struct half_group {
+    const attn__fused_kernel *kern;
+    const attn__half_kernels *hk;
+    attn__fused_job *job;
+    int64_t first;
+    attn_dtype dt;
+    const uint16_t *kb16, *vb16;
+    const int64_t *k_s, *v_s; /* the caller's strides */
+    float *kf, *vf;
+    int64_t lo, hi;           /* the keys any query row of the call may see */
+} half_group;
+
+/* Rows [j0, j1) of the head's K and V widened into kf and vf. */
+static void half_widen_kv(const half_group *g, int64_t j0, int64_t j1)
+{
+    const attn__sdpa_shapes *s = g->job->s;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint16_t *kr = g->kb16 + j * g->k_s[2], *vr = g->vb16 + j * g->v_s[2];
+        float *kd = g->kf + j * s->D, *vd = g->vf + j * s->Dv;
+        if (g->k_s[3] == 1) {
+            attn__half_widen(g->hk, g->dt, kr, kd, s->D);
+        } else {
+            for (int64_t d = 0; d < s->D; d++)
+                kd[d] = g->dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(kr[d * g->k_s[3]])
+                                                 : attn__f16_to_f32(kr[d * g->k_s[3]]);
+        }
+        if (g->v_s[3] == 1) {
+            attn__half_widen(g->hk, g->dt, vr, vd, s->Dv);
+        } else {
+            for (int64_t d = 0; d < s->Dv; d++)
+                vd[d] = g->dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(vr[d * g->v_s[3]])
+                                                 : attn__f16_to_f32(vr[d * g->v_s[3]]);
+        }
+    }
+}
+
+/* Rows per item when a head's K and V are widened before its items run. */
+#define HALF_KV_ROWS 64
+
+static void half_kv_item(void *arg, int64_t item, int worker)
+{
+    (void)worker;
+    const half_group *g = (const half_group *)arg;
+    const int64_t j0 = g->lo + item * HALF_KV_ROWS;
+    half_widen_kv(g, j0, fk_min(j0 + HALF_KV_ROWS, g->hi));
+}
+
+static void half_group_item(void *arg, int64_t item, int worker)
+{
+    const half_group *g = (const half_group *)arg;
+    g->kern->item(g->job, g->first + item, worker);
+}
+
+/* A split-key item widens its own chunk's keys (no other item reads them) and
+ * then runs: the head's keys are read once, by the worker that uses them, while
+ * they are in its cache, with no pass over the head before the items start. */
+static void half_split_item(void *arg, int64_t item, int worker)
+{
+    const half_group *g = (const half_group *)arg;
+    const int64_t c0 = item * g->job->chunk, c1 = c0 + g->job->chunk;
+    half_widen_kv(g, c0 > g->lo ? c0 : g->lo, fk_min(c1, g->hi));
+    g->kern->item(g->job, g->first + item, worker);
+}
+
+static void half_merge(void *arg, int64_t item, int worker)
+{
+    const half_group *g = (const half_group *)arg;
+    g->kern->merge(g->job, item, worker);
+}
+
+/* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path widens
+ * k and v whole and runs every item at once. The row path goes one (b, key/value
+ * head) at a time: its K and V rows are widened into one head's float32 copy (the
+ * staged shapes give k and v batch and head strides of 0, so every item of the head
+ * reads the copy), on the split-key form by each item for its own chunk. out is
+ * rounded once at the end. The groups and their items depend on the shapes only,
+ * so the bits do not depend on the thread count. */
+static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
+                           const void *v, void *out, float *weights, void *scratch,
+                           int64_t *empty)
+{
+    const attn__sdpa_shapes *s0 = &plan->s;
+    attn__sdpa_shapes st;
+    attn__half_staged_shapes(s0, 1, &st);
+    const attn__fused_kernel *kern = kernel_of(plan->arch);
+    const attn__half_kernels *hk = attn__half_for(plan->arch);
+    attn__fused_job job;
+    int64_t n_items, f[4];
+    half_layout(kern, &st, plan->br, plan->bc, &job, &n_items);
+    const int threads = plan->threads;
+    int64_t parts = 0;
+    part_floats(&st, &job, &parts);
+    job.ws_floats = plan->ws_floats;
+    job.empty_first = (int64_t *)scratch;
+    job.ws = (float *)scratch + 16 * (int64_t)threads;
+    job.part = job.ws + plan->ws_floats * (int64_t)threads;
+    for (int t = 0; t < threads; t++)
+        job.empty_first[t] = INT64_MAX;
+    /* The tile path widens all of K and V up front, so that its items (whose work
+     * differs: a causal mask gives later query tiles more keys) balance over the
+     * threads in one parallel pass, as in float32; the row path widens a head, or a
+     * chunk, at a time (below), since decoding streams K and V once. */
+    const int whole = !job.row_path;
+    if (whole)
+        attn__half_staged_shapes(s0, 0, &st); /* job.s is &st: k, v now [B][Hkv][Tk][.] */
+    half_floats(&st, whole, f);
+    const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
+                                     sizeof(float));
+    float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
+          *vf = kf + f[2];
+    job.q = qf;
+    job.k = kf;
+    job.v = vf;
+    job.out = of;
+    job.weights = weights;
+
+    const attn__half_rows rq = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)q, qf,
+                                {s0->B, s0->H, s0->Tq, s0->D},
+                                {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
+    attn__half_rows_run(&rq, threads);
+    /* The keys any row may see: rows' ranges only grow with i, so row 0's start
+     * and the last row's end bound them. Keys outside are never widened nor read. */
+    int64_t lo0, hi0, lo1, hi1;
+    fk_row_range(&st, 0, &lo0, &hi0);
+    fk_row_range(&st, st.Tq - 1, &lo1, &hi1);
+    if (whole) {
+        /* The tile path loads whole key tiles from a multiple of bc, and pads the
+         * last with the last key, masking what lies outside the rows' ranges: those
+         * keys are read, though they never count, so all of them are widened. */
+        const attn__half_rows rk = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)k, kf,
+                                    {s0->B, s0->Hkv, s0->Tk, s0->D},
+                                    {s0->k_s[0], s0->k_s[1], s0->k_s[2], s0->k_s[3]}};
+        const attn__half_rows rv = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)v, vf,
+                                    {s0->B, s0->Hkv, s0->Tk, s0->Dv},
+                                    {s0->v_s[0], s0->v_s[1], s0->v_s[2], s0->v_s[3]}};
+        attn__half_rows_run(&rk, threads);
+        attn__half_rows_run(&rv, threads);
+        attn__parallel_for(threads, n_items, kern->item, &job);
+    }
+    const int64_t G = st.group;
+    half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
+                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
+    for (int64_t b = 0; b < st.B && !whole; b++)
+        for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
+            g.kb16 = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
+            g.vb16 = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
+            const int64_t bh0 = b * st.H + kvh * G; /* the group's first query head */
+            if (job.row_path && job.n_chunks) {
+                g.first = (b * st.Hkv + kvh) * job.n_chunks;
+                const int64_t count = job.n_chunks;
+                attn__parallel_for(count < threads ? (int)count : threads, count,
+                                   half_split_item, &g);
+                continue;
+            }
+            if (g.hi > g.lo) {
+                const int64_t blocks = (g.hi - g.lo + HALF_KV_ROWS - 1) / HALF_KV_ROWS;
+                attn__parallel_for(blocks < threads ? (int)blocks : threads, blocks,
+                                   half_kv_item, &g);
+            }
+            g.first = bh0;
+            attn__parallel_for(G < threads ? (int)G : threads, G, half_group_item, &g);
+        }
+    if (job.n_chunks) {
+        /* The merges read what every chunk wrote, so they start after the last. */
+        const int64_t rows = st.B * st.H;
+        attn__parallel_for(rows < threads ? (int)rows : threads, rows, half_merge, &g);
+    }
+    const attn__half_rows ro = {hk, s0->dtype, 1, (uint16_t *)out, of,
+                                {s0->B, s0->H, s0->Tq, s0->Dv},
+                                {s0->o_s[0], s0->o_s[1], s0->o_s[2], s0->o_s[3]}};
+    attn__half_rows_run(&ro, threads);
+    *empty = INT64_MAX;
+    for (int t = 0; t < threads; t++)
+        if (job.empty_first[t] < *empty)
+            *empty = job.empty_first[t];
+}
+
+int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,
+                         const void *k, const void *v, void *out, float *weights,
                          void *scratch)
 {
     const attn__sdpa_shapes *s = &plan->s;
+    if (s->dtype != ATTN_DTYPE_F32) {
+        int64_t e;
+        fused_run_half(plan, q, k, v, out, weights, scratch, &e);
+        if (e != INT64_MAX && s->empty_rows == ATTN_EMPTY_ROWS_ERROR) {
+            const int64_t bh = e / s->Tq;
+            return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, e % s->Tq);
+        }
+        return ATTN_OK;
+    }
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
     int64_t n_items;

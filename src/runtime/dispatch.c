@@ -15,6 +15,8 @@
  * attn_arch_reason() returns the sentence the benchmark and the experiment's trace
  * print. The library itself never prints.
  */
+/* syscall() for arch_prctl is a GNU/BSD extension of unistd.h. */
+#define _DEFAULT_SOURCE 1
 #include "dispatch.h"
 
 #include <pthread.h>
@@ -26,17 +28,23 @@
 #if defined(ATTN_HAVE_X86) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #define ATTN_DISPATCH_X86 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 typedef struct cpu_features {
     int avx2;   /* AVX2 and FMA, with the YMM state enabled by the OS */
     int avx512; /* AVX-512 F, DQ, BW, VL, with the opmask and ZMM state enabled */
+    unsigned extra; /* ATTN_CPU_* bits (attn_cpu_features) */
     char detail[160];
     char vendor[13];      /* cpuid leaf 0: "GenuineIntel", "AuthenticAMD", ... */
     unsigned family;      /* display family and model (leaf 1, extended fields added) */
     unsigned model;
     int64_t l1d_kib;      /* data cache sizes (leaf 4, or 0x8000001D on AMD); 0 unknown */
     int64_t l2_kib;
+    char extra_words[96];
 } cpu_features;
 
 /* The fused kernel's tile sizes on this machine and the microarchitecture they were
@@ -119,6 +127,41 @@ static void detect_identity(cpu_features *f, unsigned eax1)
         __cpuid(0x80000006u, a, b, c, d);
         f->l2_kib = c >> 16;
     }
+/* The 16-bit features of ATTN_CPU_*: cpuid leaf 1 ecx bit 29 (F16C), leaf 7
+ * subleaf 0 edx bits 23 (AVX512-FP16), 22 (AMX-BF16) and 24 (AMX-TILE), leaf 7
+ * subleaf 1 eax bit 5 (AVX512-BF16), each only with the register state the OS
+ * enables in XCR0 (YMM for F16C, ZMM for the AVX-512 ones, bits 17 and 18 for the
+ * tiles). Linux also hands out the tile data state only on request, once per
+ * process (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)), so AMX counts as
+ * present only when that request succeeds. */
+static unsigned detect_extra(unsigned ecx1, uint64_t xcr0, int ymm_os, int zmm_os)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0, e7 = 0, a71 = 0, bits = 0;
+    const unsigned max = __get_cpuid_max(0, NULL);
+    if (max >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        e7 = d;
+        if (a >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            a71 = a;
+        }
+    }
+    if (((ecx1 >> 29) & 1) && ymm_os)
+        bits |= ATTN_CPU_F16C;
+    if (((a71 >> 5) & 1) && zmm_os)
+        bits |= ATTN_CPU_AVX512_BF16;
+    if (((e7 >> 23) & 1) && zmm_os)
+        bits |= ATTN_CPU_AVX512_FP16;
+    if (((e7 >> 22) & 1) && ((e7 >> 24) & 1) && (xcr0 & 0x60000) == 0x60000) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+        /* ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 (asm/prctl.h). */
+        if (syscall(SYS_arch_prctl, 0x1023, 18) == 0)
+            bits |= ATTN_CPU_AMX_BF16;
+#else
+        bits |= ATTN_CPU_AMX_BF16;
+#endif
+    }
+    return bits;
 }
 #endif
 
@@ -132,6 +175,7 @@ static void detect_cpu(cpu_features *f)
         return;
     }
     detect_identity(f, a);
+    const unsigned ecx1 = c;
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
     uint64_t xcr0 = osxsave ? read_xcr0() : 0;
     const int ymm_os = (xcr0 & 0x6) == 0x6;    /* XMM and YMM state */
@@ -146,6 +190,7 @@ static void detect_cpu(cpu_features *f)
                        ((b7 >> 31) & 1); /* F, DQ, BW, VL */
     f->avx2 = avx && avx2 && fma && ymm_os;
     f->avx512 = f->avx2 && avx512 && zmm_os;
+    f->extra = detect_extra(ecx1, xcr0, ymm_os, zmm_os);
     snprintf(f->detail, sizeof f->detail,
              "cpuid avx2=%d fma=%d avx512f/dq/bw/vl=%d, xgetbv XCR0=0x%llx (ymm %s, zmm %s)",
              avx2, fma, avx512, (unsigned long long)xcr0, ymm_os ? "on" : "off",
@@ -307,6 +352,11 @@ static void dispatch_decide(void)
 {
     detect_cpu(&dispatch_cpu);
     decide_tiles(&dispatch_cpu, &dispatch_tiles);
+    const unsigned x = dispatch_cpu.extra;
+    snprintf(dispatch_cpu.extra_words, sizeof dispatch_cpu.extra_words,
+             "f16c%s avx512-bf16%s avx512-fp16%s amx-bf16%s", x & ATTN_CPU_F16C ? "" : ":no",
+             x & ATTN_CPU_AVX512_BF16 ? "" : ":no", x & ATTN_CPU_AVX512_FP16 ? "" : ":no",
+             x & ATTN_CPU_AMX_BF16 ? "" : ":no");
     const attn_arch best = best_arch(&dispatch_cpu);
     const char *env = getenv("ATTN_ARCH");
     attn_arch forced = ATTN_ARCH_AUTO;
@@ -394,6 +444,20 @@ const char *attn_arch_reason(const attn_ctx *ctx)
                    ? "forced by the context (ctx->arch)"
                    : "forced by the context (ctx->arch), but this CPU or build cannot run it";
     return dispatch_reason;
+}
+
+unsigned attn__cpu_features(void)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    return dispatch_cpu.extra;
+}
+
+unsigned attn_cpu_features(void) { return attn__cpu_features(); }
+
+const char *attn_cpu_features_string(void)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    return dispatch_cpu.extra_words;
 }
 
 int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch)

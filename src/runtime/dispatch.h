@@ -18,5 +18,7 @@ int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
  * ATTN_TILE=BRxBC; br is a multiple of 32 and bc of 8. Never depends on the thread
  * count. */
 void attn__fused_tiles(int64_t *br, int64_t *bc);
+/* attn_cpu_features for the library's own use (decided once). */
+unsigned attn__cpu_features(void);
 
 #endif /* ATTN_DISPATCH_H */

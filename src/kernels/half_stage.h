@@ -1,0 +1,48 @@
+/*
+ * half_stage.h - how a 16-bit attention call (SPEC section 10) reaches the float32
+ * kernels: its arrays are widened to float32 in the plan's scratch and the output
+ * rounded back, in parallel blocks of rows (src/kernels/half_stage.c). Internal.
+ *
+ * The fused kernel's tile path widens q, k and v whole and runs every work item in
+ * one parallel pass, as in float32; its row path (decoding) widens q, then each
+ * chunk of keys of one (batch, key/value head) inside the work item that uses it,
+ * so K and V are read from the caller once, in 16 bits. Both round the output once
+ * to nearest even at the end (src/kernels/sdpa_fused.c). The reference widens
+ * everything up front: it is the proof, not the fast path.
+ */
+#ifndef ATTN_HALF_STAGE_H
+#define ATTN_HALF_STAGE_H
+
+#include "half.h"
+#include "sdpa_contract.h"
+
+/* Shapes for the float32 kernel on staged copies: q [B][H][Tq][D] and out
+ * [B][H][Tq][Dv] contiguous; k [Tk][D] and v [Tk][Dv] of one key/value head, so
+ * their batch and head strides are 0 (per_head), or contiguous [B][Hkv][Tk][.]
+ * (per_head 0). Everything else (masks, bias, options, lse) is s's. */
+void attn__half_staged_shapes(const attn__sdpa_shapes *s, int per_head, attn__sdpa_shapes *st);
+
+/* Rows of a 4-D array [n0][n1][n2][n3] at src strides ss (elements) to or from a
+ * contiguous float32 array, in blocks of rows over `threads` workers. */
+typedef struct attn__half_rows {
+    const attn__half_kernels *hk;
+    attn_dtype dt;
+    int narrow;       /* 0: 16-bit (strided) -> float32 (contiguous); 1: the reverse */
+    uint16_t *half;   /* the 16-bit array's first element (read when widening) */
+    float *f32;       /* the contiguous float32 array */
+    int64_t n[4];     /* sizes */
+    int64_t hs[4];    /* the 16-bit array's strides */
+} attn__half_rows;
+
+void attn__half_rows_run(const attn__half_rows *r, int threads);
+
+/* Bytes of scratch the reference needs beyond its score block to run s in 16 bits;
+ * 0 on overflow. */
+size_t attn__half_ref_bytes(const attn__sdpa_shapes *s);
+/* Runs the reference on 16-bit q, k, v, writing 16-bit out: widens into `stage`
+ * (attn__half_ref_bytes of it), runs, rounds. */
+int attn__half_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *s, const void *q,
+                       const void *k, const void *v, void *out, float *weights,
+                       float *scores, void *stage);
+
+#endif /* ATTN_HALF_STAGE_H */
