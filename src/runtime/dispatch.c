@@ -127,6 +127,8 @@ static void detect_identity(cpu_features *f, unsigned eax1)
         __cpuid(0x80000006u, a, b, c, d);
         f->l2_kib = c >> 16;
     }
+}
+
 /* The 16-bit features of ATTN_CPU_*: cpuid leaf 1 ecx bit 29 (F16C), leaf 7
  * subleaf 0 edx bits 23 (AVX512-FP16), 22 (AMX-BF16) and 24 (AMX-TILE), leaf 7
  * subleaf 1 eax bit 5 (AVX512-BF16), each only with the register state the OS
