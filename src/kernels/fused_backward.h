@@ -117,17 +117,19 @@ typedef struct fb_ws {
     float *dsx;  /* dS after it (the score product's gradient) [FB_R][bcp] */
     float *t;    /* tanh(x / c) under a softcap [FB_R][bcp] */
     float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
+    float *dqpad; /* where an unused slot's dQ goes (one-pass form) [dp] */
+    float *dqacc; /* dQ of the item's rows (one-pass form) [group][Tq][dp] */
 } fb_ws;
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* Floats of scratch one worker needs (the planner calls the portable build's). */
 static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
-                                      int64_t bcp, int64_t dp, int64_t dvp)
+                                      int64_t bcp, int64_t dp, int64_t dvp, int64_t dq_rows)
 {
     return fb_a16(D * bcp) + fb_a16(Dv * bcp) + fb_a16(bc * dp) +
            fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp) + fb_a16(FB_R * dp) +
-           fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp);
+           fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp) + fb_a16(dp) + dq_rows * dp;
 }
 
 static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
@@ -158,6 +160,10 @@ static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
     r.t = w;
     w += fb_a16(FB_R * job->bcp);
     r.vis = w;
+    w += fb_a16(FB_R * job->bcp);
+    r.dqpad = w;
+    w += fb_a16(job->dp);
+    r.dqacc = w;
     return r;
 }
 
@@ -354,6 +360,35 @@ static void fb_axpy_rows(float *acc, const float *a, int64_t stride, const float
     }
 }
 
+/* dV_j += sum_r P_rj dO_r and dK_j += sum_r dS_rj q_r (before the scale) for the
+ * tile's n keys, from the FB_R rows fb_rows_tile just scored. finite says every
+ * row's q and dO is finite. */
+static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int64_t n,
+                             int finite)
+{
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    for (int64_t j = 0; j < n; j++) {
+        int any = 0;
+        for (int u = 0; u < FB_R; u++)
+            any |= w->vis[u * bcp + j] != 0.0f;
+        if (!any)
+            continue;
+        if (finite) {
+            /* A hidden (i, j) adds 0 * a finite number: nothing. */
+            fb_axpy_rows(w->acc2 + j * dvp, w->p + j, bcp, w->doi, dvp, dvp);
+            fb_axpy_rows(w->acc1 + j * dp, w->dsx + j, bcp, w->qi, dp, dp);
+        } else {
+            /* A NaN or inf in a row's q or dO must not reach the keys that row
+             * cannot see: skip them, as the reference does. */
+            for (int u = 0; u < FB_R; u++)
+                if (w->vis[u * bcp + j] != 0.0f) {
+                    fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->doi + u * dvp, dvp);
+                    fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qi + u * dp, dp);
+                }
+        }
+    }
+}
+
 /* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
  * key) and whether each row sees a key; the first row that sees none is recorded
  * for the EMPTY_ROW error. */
@@ -407,7 +442,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     const int64_t kt = item % job->n_kt, bhk = item / job->n_kt;
     const int64_t b = bhk / s->Hkv, hk = bhk % s->Hkv;
     const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
-    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const int64_t dp = job->dp, dvp = job->dvp;
     const fb_ws w = fb_ws_of(job, worker);
 
     memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
@@ -436,26 +471,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
                 fb_load_row(job, b, h, -1, u, &w);
             }
             fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
-            for (int64_t j = 0; j < n; j++) {
-                int any = 0;
-                for (int u = 0; u < FB_R; u++)
-                    any |= w.vis[u * bcp + j] != 0.0f;
-                if (!any)
-                    continue;
-                if (finite) {
-                    /* A hidden (i, j) adds 0 * a finite number: nothing. */
-                    fb_axpy_rows(w.acc2 + j * dvp, w.p + j, bcp, w.doi, dvp, dvp);
-                    fb_axpy_rows(w.acc1 + j * dp, w.dsx + j, bcp, w.qi, dp, dp);
-                } else {
-                    /* A NaN or inf in a row's q or dO must not reach the keys that
-                     * row cannot see: skip them, as the reference does. */
-                    for (int u = 0; u < FB_R; u++)
-                        if (w.vis[u * bcp + j] != 0.0f) {
-                            fb_axpy(w.acc2 + j * dvp, w.p[u * bcp + j], w.doi + u * dvp, dvp);
-                            fb_axpy(w.acc1 + j * dp, w.dsx[u * bcp + j], w.qi + u * dp, dp);
-                        }
-                }
-            }
+            fb_kv_accumulate(job, &w, n, finite);
         }
     }
     for (int64_t j = 0; j < n; j++) {
@@ -464,6 +480,131 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
         for (int64_t d = 0; d < s->Dv; d++)
             job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
     }
+}
+
+/* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots 0 .. FB_R-1 into acc[u]
+ * (FB_R rows of dp floats each; an unused slot's dS row is all zeros and its acc
+ * row a scratch row), from the tile's n packed key rows w->krow. A key vector
+ * loaded feeds the FB_R rows, two vectors of d at a time; each element's sum runs
+ * over j in order, the same order as pass 2's, so both give the same bits. Only
+ * for a tile whose k is all finite (a hidden key then adds 0 * k = 0). */
+static void fb_dq_rows(float *const acc[FB_R], const float *dsx, int64_t bcp,
+                       const float *krow, int64_t dp, int64_t n)
+{
+    int64_t d = 0;
+    for (; d + 2 * SIMD_W <= dp; d += 2 * SIMD_W) {
+        simd_f32 a0[FB_R], a1[FB_R];
+        for (int u = 0; u < FB_R; u++) {
+            a0[u] = simd_load(acc[u] + d);
+            a1[u] = simd_load(acc[u] + d + SIMD_W);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const simd_f32 k0 = simd_load(krow + j * dp + d);
+            const simd_f32 k1 = simd_load(krow + j * dp + d + SIMD_W);
+            for (int u = 0; u < FB_R; u++) {
+                const simd_f32 g = simd_set1(dsx[u * bcp + j]);
+                a0[u] = simd_fma(g, k0, a0[u]);
+                a1[u] = simd_fma(g, k1, a1[u]);
+            }
+        }
+        for (int u = 0; u < FB_R; u++) {
+            simd_store(acc[u] + d, a0[u]);
+            simd_store(acc[u] + d + SIMD_W, a1[u]);
+        }
+    }
+    for (; d < dp; d += SIMD_W) {
+        simd_f32 a0[FB_R];
+        for (int u = 0; u < FB_R; u++)
+            a0[u] = simd_load(acc[u] + d);
+        for (int64_t j = 0; j < n; j++) {
+            const simd_f32 k0 = simd_load(krow + j * dp + d);
+            for (int u = 0; u < FB_R; u++)
+                a0[u] = simd_fma(simd_set1(dsx[u * bcp + j]), k0, a0[u]);
+        }
+        for (int u = 0; u < FB_R; u++)
+            simd_store(acc[u] + d, a0[u]);
+    }
+}
+
+/* The one-pass form, item (b, hk): every gradient of the key/value head hk of
+ * sample b and of its group's query heads. Key tiles run in order; for each, dK
+ * and dV of the tile as in pass 1, and, from the same P and dS, dQ of each row
+ * that sees the tile, added into the item's own rows of w->dqacc [group][Tq][dp]
+ * in key-tile order, as pass 2 would. Five products per visible pair instead of
+ * the two passes' seven; the planner chooses it (by the shapes alone, never the
+ * thread count) when there are enough (b, hk) items to share among threads and no
+ * dbias is wanted. */
+static void fb_head_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t b = item / s->Hkv, hk = item % s->Hkv;
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const fb_ws w = fb_ws_of(job, worker);
+    float *const dqacc = w.dqacc;
+    memset(dqacc, 0, (size_t)(s->group * s->Tq * dp) * sizeof(float));
+    memset(w.dqpad, 0, (size_t)dp * sizeof(float));
+
+    for (int64_t kt = 0; kt < job->n_kt; kt++) {
+        const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
+        int packed = 0, kfinite = 1;
+        memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
+        memset(w.acc2, 0, (size_t)(n * dvp) * sizeof(float));
+        for (int64_t g = 0; g < s->group; g++) {
+            const int64_t h = hk * s->group + g;
+            const float slope = attn__alibi_slope(s, h);
+            int64_t i = 0;
+            while (i < s->Tq) {
+                /* The next FB_R rows, in order, that see a key of this tile. */
+                int64_t rows[FB_R];
+                float *dqrow[FB_R];
+                int r = 0, finite = 1;
+                for (; i < s->Tq && r < FB_R; i++) {
+                    int64_t lo, hi;
+                    fb_row_range(s, i, &lo, &hi);
+                    if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
+                        continue;
+                    if (!packed) {
+                        kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
+                        packed = 1;
+                    }
+                    rows[r] = i;
+                    dqrow[r] = dqacc + (g * s->Tq + i) * dp;
+                    finite &= fb_load_row(job, b, h, i, r, &w);
+                    r++;
+                }
+                if (r == 0)
+                    break;
+                for (int u = r; u < FB_R; u++) {
+                    rows[u] = -1;
+                    dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
+                    fb_load_row(job, b, h, -1, u, &w);
+                }
+                fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+                fb_kv_accumulate(job, &w, n, finite);
+                if (kfinite) {
+                    fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, n);
+                } else {
+                    for (int u = 0; u < r; u++)
+                        for (int64_t j = 0; j < n; j++)
+                            if (w.vis[u * bcp + j] != 0.0f)
+                                fb_axpy(dqrow[u], w.dsx[u * bcp + j], w.krow + j * dp, dp);
+                }
+            }
+        }
+        for (int64_t j = 0; j < n; j++) {
+            for (int64_t d = 0; d < s->D; d++)
+                job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * dp + d];
+            for (int64_t d = 0; d < s->Dv; d++)
+                job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
+        }
+    }
+    for (int64_t g = 0; g < s->group; g++)
+        for (int64_t i = 0; i < s->Tq; i++)
+            for (int64_t d = 0; d < s->D; d++)
+                job->dq[attn__off4(bs->dq_s, b, hk * s->group + g, i, d)] =
+                    s->scale * dqacc[(g * s->Tq + i) * dp + d];
 }
 
 /* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their
