@@ -99,8 +99,15 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 }
 
 /* Query rows processed together against one key tile: each packed K^T (V^T) vector
- * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms. */
-#define FB_R 4
+ * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms.
+ * FB_NV vectors side by side (of keys in the scores, of d in the products) keep
+ * FB_R x FB_NV accumulators in registers: 16 of AVX-512's 32, 8 of AVX2's 16. */
+#define FB_R 8
+#if defined(ATTN_SIMD_AVX512)
+#define FB_NV 2
+#else
+#define FB_NV 1
+#endif
 
 /* The per-worker scratch, carved from job->ws in this order (each part a multiple
  * of 16 floats, so every part starts on a 64-byte boundary). */
@@ -239,14 +246,32 @@ static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int
     return simd_hsum(z) == 0.0f;
 }
 
+/* vis[0 .. bcp-1] = 1 for a <= j < e, else 0: whole vectors where they lie on one
+ * side of both ends, element by element only in the vectors an end cuts. */
+static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t bcp)
+{
+    const simd_f32 one = simd_set1(1.0f), zero = simd_zero();
+    for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+        if (jv >= a && jv + SIMD_W <= e)
+            simd_store(vis + jv, one);
+        else if (jv + SIMD_W <= a || jv >= e)
+            simd_store(vis + jv, zero);
+        else
+            for (int64_t j = jv; j < jv + SIMD_W; j++)
+                vis[j] = j >= a && j < e ? 1.0f : 0.0f;
+    }
+}
+
 /* For the FB_R rows rows[0 .. FB_R-1] of (b, h) (already in w->qi, w->doi; a row
  * of -1 is an unused slot) against the packed key tile j0 .. j0+n-1: in slot r,
  * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
  * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
- * selection, never by a product, so a NaN score there stays out. */
+ * selection, never by a product, so a NaN score there stays out. [*jlo, *jhi) is
+ * the tile's keys (0-based in the tile) that some row's range reaches; outside
+ * it every slot's p, ds and dsx are 0. */
 static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                          const int64_t *rows, int64_t j0, int64_t n, float slope,
-                         const fb_ws *w)
+                         const fb_ws *w, int64_t *jlo, int64_t *jhi)
 {
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
@@ -254,42 +279,68 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const simd_f32 vscale = simd_set1(s->scale);
     const int cap = s->softcap > 0.0f;
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
+    const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
 
-    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, a vector of keys
-     * for FB_R rows at a time. The softcap's tanh is kept for its derivative. */
-    for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
-        simd_f32 x[FB_R], dpv[FB_R];
+    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
+     * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
+     * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
+     * (dO_i[d]) FB_NV. The softcap's tanh is kept for its derivative. */
+    for (int64_t jv = 0; jv < bcp; jv += FB_NV * SIMD_W) {
+        simd_f32 x[FB_R][FB_NV];
         for (int r = 0; r < FB_R; r++)
-            x[r] = dpv[r] = simd_zero();
+            for (int c = 0; c < FB_NV; c++)
+                x[r][c] = simd_zero();
         for (int64_t d = 0; d < s->D; d++) {
-            const simd_f32 kv = simd_load(w->kt + d * bcp + jv);
-            for (int r = 0; r < FB_R; r++)
-                x[r] = simd_fma(simd_set1(w->qi[r * dp + d]), kv, x[r]);
-        }
-        for (int64_t d = 0; d < s->Dv; d++) {
-            const simd_f32 vv = simd_load(w->vt + d * bcp + jv);
-            for (int r = 0; r < FB_R; r++)
-                dpv[r] = simd_fma(simd_set1(w->doi[r * dvp + d]), vv, dpv[r]);
-        }
-        for (int r = 0; r < FB_R; r++) {
-            simd_f32 xr = simd_mul(x[r], vscale);
-            if (cap) {
-                const simd_f32 t = simd_tanh(simd_div(xr, vc));
-                simd_store(w->t + r * bcp + jv, t);
-                xr = simd_mul(vc, t);
+            simd_f32 kv[FB_NV];
+            for (int c = 0; c < FB_NV; c++)
+                kv[c] = simd_load(w->kt + d * bcp + jv + c * SIMD_W);
+            for (int r = 0; r < FB_R; r++) {
+                const simd_f32 g = simd_set1(w->qi[r * dp + d]);
+                for (int c = 0; c < FB_NV; c++)
+                    x[r][c] = simd_fma(g, kv[c], x[r][c]);
             }
-            simd_store(w->p + r * bcp + jv, xr);     /* the score so far */
-            simd_store(w->ds + r * bcp + jv, dpv[r]); /* dP for now */
         }
+        for (int r = 0; r < FB_R; r++)
+            for (int c = 0; c < FB_NV; c++) {
+                const int64_t at = r * bcp + jv + c * SIMD_W;
+                simd_f32 xr = simd_mul(x[r][c], vscale);
+                if (cap) {
+                    const simd_f32 t = simd_tanh(simd_div(xr, vc));
+                    simd_store(w->t + at, t);
+                    xr = simd_mul(vc, t);
+                }
+                simd_store(w->p + at, xr); /* the score so far */
+            }
+        for (int r = 0; r < FB_R; r++)
+            for (int c = 0; c < FB_NV; c++)
+                x[r][c] = simd_zero();
+        for (int64_t d = 0; d < s->Dv; d++) {
+            simd_f32 vv[FB_NV];
+            for (int c = 0; c < FB_NV; c++)
+                vv[c] = simd_load(w->vt + d * bcp + jv + c * SIMD_W);
+            for (int r = 0; r < FB_R; r++) {
+                const simd_f32 g = simd_set1(w->doi[r * dvp + d]);
+                for (int c = 0; c < FB_NV; c++)
+                    x[r][c] = simd_fma(g, vv[c], x[r][c]);
+            }
+        }
+        for (int r = 0; r < FB_R; r++)
+            for (int c = 0; c < FB_NV; c++)
+                simd_store(w->ds + r * bcp + jv + c * SIMD_W, x[r][c]); /* dP for now */
     }
     const int check = s->mask.data != NULL || s->bias != NULL;
+    int64_t ulo = n, uhi = 0;
     for (int r = 0; r < FB_R; r++) {
         const int64_t i = rows[r];
         float *p = w->p + r * bcp, *ds = w->ds + r * bcp, *dsx = w->dsx + r * bcp;
         float *vis = w->vis + r * bcp;
         if (i < 0) {
-            for (int64_t j = 0; j < bcp; j++)
-                vis[j] = p[j] = ds[j] = dsx[j] = 0.0f;
+            for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+                simd_store(vis + jv, zero);
+                simd_store(p + jv, zero);
+                simd_store(ds + jv, zero);
+                simd_store(dsx + jv, zero);
+            }
             continue;
         }
         /* Which keys are visible: the range [a, e) of the tile that the causal
@@ -298,8 +349,9 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         int64_t lo, hi;
         fb_row_range(s, i, &lo, &hi);
         const int64_t a = fb_max(0, fb_min(n, lo - j0)), e = fb_max(a, fb_min(n, hi - j0));
-        for (int64_t j = 0; j < bcp; j++)
-            vis[j] = j >= a && j < e ? 1.0f : 0.0f;
+        ulo = fb_min(ulo, a);
+        uhi = fb_max(uhi, e);
+        fb_fill_range(vis, a, e, bcp);
         if (check || s->alibi)
             for (int64_t j = a; j < e; j++) {
                 const int64_t jj = j0 + j;
@@ -314,11 +366,13 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                     p[j] -= slope * (float)(dist < 0 ? -dist : dist);
                 }
             }
-        /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2. */
+        /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2; a
+         * hidden key's three are 0, chosen, not multiplied. */
         const simd_f32 vL = simd_set1(job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] +
                                                i * bs->lse_s[2]]);
         const simd_f32 vdelta = simd_set1(job->delta[(b * s->H + h) * s->Tq + i]);
         for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+            const simd_f32 vv = simd_load(vis + jv);
             const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
             const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
             simd_f32 dsxv = dsv;
@@ -326,14 +380,13 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 const simd_f32 t = simd_load(w->t + r * bcp + jv);
                 dsxv = simd_mul(dsv, simd_sub(one, simd_mul(t, t)));
             }
-            simd_store(p + jv, pv);
-            simd_store(ds + jv, dsv);
-            simd_store(dsx + jv, dsxv);
+            simd_store(p + jv, simd_select_lt(vv, half, zero, pv));
+            simd_store(ds + jv, simd_select_lt(vv, half, zero, dsv));
+            simd_store(dsx + jv, simd_select_lt(vv, half, zero, dsxv));
         }
-        for (int64_t j = 0; j < bcp; j++)
-            if (vis[j] == 0.0f)
-                p[j] = ds[j] = dsx[j] = 0.0f;
     }
+    *jlo = ulo;
+    *jhi = fb_max(ulo, uhi);
 }
 
 /* acc[0 .. len-1] += a * x[0 .. len-1]; len a multiple of the vector width. */
@@ -344,49 +397,80 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
         simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
 }
 
-/* acc[0 .. len-1] += sum over r of a[r * stride] * x[r * xs + 0 .. len-1], the FB_R
- * rows' terms in order r = 0, 1, ...; len a multiple of the vector width. */
-static void fb_axpy_rows(float *acc, const float *a, int64_t stride, const float *x,
-                         int64_t xs, int64_t len)
+/* For the keys j of [j0, j1): acc[j * ld + d] += sum over the FB_R slots u, in
+ * order, of a[u * bcp + j] * x[u * xs + d], d < len (a multiple of the vector
+ * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_NV vectors
+ * of d stay in registers while the FB_R rows stream past, so each loaded x vector
+ * feeds four FMAs and each accumulator is loaded and stored once per FB_R rows. */
+static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp, const float *x,
+                         int64_t xs, int64_t len, int64_t j0, int64_t j1)
 {
-    simd_f32 va[FB_R];
-    for (int r = 0; r < FB_R; r++)
-        va[r] = simd_set1(a[r * stride]);
-    for (int64_t d = 0; d < len; d += SIMD_W) {
-        simd_f32 acc_v = simd_load(acc + d);
-        for (int r = 0; r < FB_R; r++)
-            acc_v = simd_fma(va[r], simd_load(x + r * xs + d), acc_v);
-        simd_store(acc + d, acc_v);
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+        int64_t d = 0;
+        for (; d + FB_NV * SIMD_W <= len; d += FB_NV * SIMD_W) {
+            simd_f32 c[4][FB_NV];
+            for (int q = 0; q < 4; q++)
+                for (int v = 0; v < FB_NV; v++)
+                    c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
+            for (int u = 0; u < FB_R; u++) {
+                simd_f32 xv[FB_NV];
+                for (int v = 0; v < FB_NV; v++)
+                    xv[v] = simd_load(x + u * xs + d + v * SIMD_W);
+                for (int q = 0; q < 4; q++) {
+                    const simd_f32 g = simd_set1(a[u * bcp + j + q]);
+                    for (int v = 0; v < FB_NV; v++)
+                        c[q][v] = simd_fma(g, xv[v], c[q][v]);
+                }
+            }
+            for (int q = 0; q < 4; q++)
+                for (int v = 0; v < FB_NV; v++)
+                    simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
+        }
+        for (; d < len; d += SIMD_W) {
+            simd_f32 c[4];
+            for (int q = 0; q < 4; q++)
+                c[q] = simd_load(acc + (j + q) * ld + d);
+            for (int u = 0; u < FB_R; u++) {
+                const simd_f32 xv = simd_load(x + u * xs + d);
+                for (int q = 0; q < 4; q++)
+                    c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
+            }
+            for (int q = 0; q < 4; q++)
+                simd_store(acc + (j + q) * ld + d, c[q]);
+        }
     }
+    for (; j < j1; j++)
+        for (int64_t d = 0; d < len; d += SIMD_W) {
+            simd_f32 c = simd_load(acc + j * ld + d);
+            for (int u = 0; u < FB_R; u++)
+                c = simd_fma(simd_set1(a[u * bcp + j]), simd_load(x + u * xs + d), c);
+            simd_store(acc + j * ld + d, c);
+        }
 }
 
 /* dV_j += sum_r P_rj dO_r and dK_j += sum_r dS_rj q_r (before the scale) for the
- * tile's n keys, from the FB_R rows fb_rows_tile just scored. finite says every
- * row's q and dO is finite. */
-static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int64_t n,
-                             int finite)
+ * tile's keys [jlo, jhi), from the FB_R rows fb_rows_tile just scored (outside
+ * that range every row's P and dS are 0). finite says every row's q and dO is
+ * finite. */
+static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int64_t jlo,
+                             int64_t jhi, int finite)
 {
     const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
-    for (int64_t j = 0; j < n; j++) {
-        int any = 0;
-        for (int u = 0; u < FB_R; u++)
-            any |= w->vis[u * bcp + j] != 0.0f;
-        if (!any)
-            continue;
-        if (finite) {
-            /* A hidden (i, j) adds 0 * a finite number: nothing. */
-            fb_axpy_rows(w->acc2 + j * dvp, w->p + j, bcp, w->doi, dvp, dvp);
-            fb_axpy_rows(w->acc1 + j * dp, w->dsx + j, bcp, w->qi, dp, dp);
-        } else {
-            /* A NaN or inf in a row's q or dO must not reach the keys that row
-             * cannot see: skip them, as the reference does. */
-            for (int u = 0; u < FB_R; u++)
-                if (w->vis[u * bcp + j] != 0.0f) {
-                    fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->doi + u * dvp, dvp);
-                    fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qi + u * dp, dp);
-                }
-        }
+    if (finite) {
+        /* A hidden (i, j) adds 0 * a finite number: nothing. */
+        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->doi, dvp, dvp, jlo, jhi);
+        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qi, dp, dp, jlo, jhi);
+        return;
     }
+    /* A NaN or inf in a row's q or dO must not reach the keys that row cannot
+     * see: skip them, as the reference does. */
+    for (int64_t j = jlo; j < jhi; j++)
+        for (int u = 0; u < FB_R; u++)
+            if (w->vis[u * bcp + j] != 0.0f) {
+                fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->doi + u * dvp, dvp);
+                fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qi + u * dp, dp);
+            }
 }
 
 /* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
@@ -470,8 +554,9 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
                 rows[u] = -1;
                 fb_load_row(job, b, h, -1, u, &w);
             }
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
-            fb_kv_accumulate(job, &w, n, finite);
+            int64_t jlo, jhi;
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
+            fb_kv_accumulate(job, &w, jlo, jhi, finite);
         }
     }
     for (int64_t j = 0; j < n; j++) {
@@ -482,47 +567,47 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     }
 }
 
-/* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots 0 .. FB_R-1 into acc[u]
- * (FB_R rows of dp floats each; an unused slot's dS row is all zeros and its acc
- * row a scratch row), from the tile's n packed key rows w->krow. A key vector
- * loaded feeds the FB_R rows, two vectors of d at a time; each element's sum runs
- * over j in order, the same order as pass 2's, so both give the same bits. Only
- * for a tile whose k is all finite (a hidden key then adds 0 * k = 0). */
+/* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots into acc[u] (dp floats each;
+ * an unused slot's dS row is all zeros and its acc a scratch row), over the keys
+ * [j0, j1) of the tile's packed rows w->krow (outside them every dS is 0). Each
+ * loaded key vector feeds the FB_R rows, FB_NV vectors of d at a time; each
+ * element's sum runs over j in order, the order of pass 2, and the zero terms it
+ * leaves out could only add +0 to a sum that is never -0: both give the same
+ * bits. Only for a tile whose k is all finite (a hidden key then adds 0 * k). */
 static void fb_dq_rows(float *const acc[FB_R], const float *dsx, int64_t bcp,
-                       const float *krow, int64_t dp, int64_t n)
+                       const float *krow, int64_t dp, int64_t j0, int64_t j1)
 {
     int64_t d = 0;
-    for (; d + 2 * SIMD_W <= dp; d += 2 * SIMD_W) {
-        simd_f32 a0[FB_R], a1[FB_R];
-        for (int u = 0; u < FB_R; u++) {
-            a0[u] = simd_load(acc[u] + d);
-            a1[u] = simd_load(acc[u] + d + SIMD_W);
-        }
-        for (int64_t j = 0; j < n; j++) {
-            const simd_f32 k0 = simd_load(krow + j * dp + d);
-            const simd_f32 k1 = simd_load(krow + j * dp + d + SIMD_W);
+    for (; d + FB_NV * SIMD_W <= dp; d += FB_NV * SIMD_W) {
+        simd_f32 c[FB_R][FB_NV];
+        for (int u = 0; u < FB_R; u++)
+            for (int v = 0; v < FB_NV; v++)
+                c[u][v] = simd_load(acc[u] + d + v * SIMD_W);
+        for (int64_t j = j0; j < j1; j++) {
+            simd_f32 kv[FB_NV];
+            for (int v = 0; v < FB_NV; v++)
+                kv[v] = simd_load(krow + j * dp + d + v * SIMD_W);
             for (int u = 0; u < FB_R; u++) {
                 const simd_f32 g = simd_set1(dsx[u * bcp + j]);
-                a0[u] = simd_fma(g, k0, a0[u]);
-                a1[u] = simd_fma(g, k1, a1[u]);
+                for (int v = 0; v < FB_NV; v++)
+                    c[u][v] = simd_fma(g, kv[v], c[u][v]);
             }
         }
-        for (int u = 0; u < FB_R; u++) {
-            simd_store(acc[u] + d, a0[u]);
-            simd_store(acc[u] + d + SIMD_W, a1[u]);
-        }
+        for (int u = 0; u < FB_R; u++)
+            for (int v = 0; v < FB_NV; v++)
+                simd_store(acc[u] + d + v * SIMD_W, c[u][v]);
     }
     for (; d < dp; d += SIMD_W) {
-        simd_f32 a0[FB_R];
+        simd_f32 c[FB_R];
         for (int u = 0; u < FB_R; u++)
-            a0[u] = simd_load(acc[u] + d);
-        for (int64_t j = 0; j < n; j++) {
-            const simd_f32 k0 = simd_load(krow + j * dp + d);
+            c[u] = simd_load(acc[u] + d);
+        for (int64_t j = j0; j < j1; j++) {
+            const simd_f32 kv = simd_load(krow + j * dp + d);
             for (int u = 0; u < FB_R; u++)
-                a0[u] = simd_fma(simd_set1(dsx[u * bcp + j]), k0, a0[u]);
+                c[u] = simd_fma(simd_set1(dsx[u * bcp + j]), kv, c[u]);
         }
         for (int u = 0; u < FB_R; u++)
-            simd_store(acc[u] + d, a0[u]);
+            simd_store(acc[u] + d, c[u]);
     }
 }
 
@@ -581,10 +666,11 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
                     fb_load_row(job, b, h, -1, u, &w);
                 }
-                fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
-                fb_kv_accumulate(job, &w, n, finite);
+                int64_t jlo, jhi;
+                fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
+                fb_kv_accumulate(job, &w, jlo, jhi, finite);
                 if (kfinite) {
-                    fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, n);
+                    fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, jlo, jhi);
                 } else {
                     for (int u = 0; u < r; u++)
                         for (int64_t j = 0; j < n; j++)
@@ -653,7 +739,8 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 rows[u] = -1;
                 fb_load_row(job, b, h, -1, u, &w);
             }
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+            int64_t jlo, jhi;
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
             for (int u = 0; u < r; u++) {
                 float *acc = w.acc1 + slot[u] * dp;
                 const float *dsx = w.dsx + u * bcp, *vis = w.vis + u * bcp;

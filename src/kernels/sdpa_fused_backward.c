@@ -12,7 +12,7 @@
 #include <string.h>
 
 const attn__fused_bwd_kernel attn__fused_bwd_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, fb_delta_item, fb_kv_item, fb_q_item, fb_head_item,
+    ATTN_ARCH_SCALAR, SIMD_W, FB_NV * SIMD_W, fb_delta_item, fb_kv_item, fb_q_item, fb_head_item,
 };
 
 const attn__fused_bwd_kernel *attn__fused_bwd_kernel_for(attn_arch arch)
@@ -47,7 +47,7 @@ static void job_layout(const attn__fused_bwd_kernel *kern, const attn__sdpa_bwd_
     job->bc = s->Tk < ATTN__FUSED_BWD_BC ? s->Tk : ATTN__FUSED_BWD_BC;
     job->n_qt = (s->Tq + job->br - 1) / job->br;
     job->n_kt = (s->Tk + job->bc - 1) / job->bc;
-    job->bcp = round_up(job->bc, kern->width);
+    job->bcp = round_up(job->bc, kern->key_step);
     job->dp = round_up(s->D, kern->width);
     job->dvp = round_up(s->Dv, kern->width);
     /* The one-pass form needs (b, hk) items for the threads to share (two keep

@@ -43,7 +43,8 @@ typedef struct attn__fused_bwd_job {
 /* What one instruction set's build of the body provides: the three passes' items. */
 typedef struct attn__fused_bwd_kernel {
     attn_arch arch;
-    int width; /* floats per vector */
+    int width;    /* floats per vector */
+    int key_step; /* keys scored at once: the key tile is padded to a multiple */
     /* Pass 0, item (b, h): Delta and which rows see a key. */
     void (*delta_item)(void *job, int64_t item, int worker);
     /* Pass 1, item (b, key/value head, key tile): that tile's rows of dK and dV. */
