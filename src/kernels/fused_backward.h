@@ -117,8 +117,8 @@ typedef struct fb_ws {
     float *krow; /* the key tile's rows, padded [bc][dp] (pass 2) */
     float *acc1; /* dK [bc][dp] (pass 1) or dQ [br][dp] (pass 2) */
     float *acc2; /* dV [bc][dvp] (pass 1) */
-    float *qi;   /* FB_R query rows [FB_R][dp] */
-    float *doi;  /* FB_R rows of dO [FB_R][dvp] */
+    float *qi;   /* FB_R query rows, when copied (padded) [FB_R][dp] */
+    float *doi;  /* FB_R rows of dO, when copied [FB_R][dvp] */
     float *p;    /* the rows' weights along the tile [FB_R][bcp] */
     float *ds;   /* dS before the softcap's factor [FB_R][bcp] */
     float *dsx;  /* dS after it (the score product's gradient) [FB_R][bcp] */
@@ -126,9 +126,16 @@ typedef struct fb_ws {
     float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
     float *dqpad; /* where an unused slot's dQ goes (one-pass form) [dp] */
     float *dqacc; /* dQ of the item's rows (one-pass form) [group][Tq][dp] */
+    /* The block's rows of q (dp floats readable) and dO (dvp): in place in the
+     * arguments when a row is contiguous and needs no padding, else in qi, doi. */
+    const float *qrow[FB_R], *drow[FB_R];
 } fb_ws;
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* job->sees[row]'s bits: the row sees a key; its q and dO are all finite. */
+#define FB_ROW_SEES 1
+#define FB_ROW_FINITE 2
 
 /* Floats of scratch one worker needs (the planner calls the portable build's). */
 static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
@@ -211,47 +218,47 @@ static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int
     return finite;
 }
 
-/* Gathers row i of (b, h)'s q and dO into slot r of w->qi and w->doi, zero-padded;
- * i < 0 fills the slot with zeros (an unused slot). Returns 1 when both rows are
- * finite. */
+/* Points slot r of w->qrow and w->drow at row i of (b, h)'s q and dO: in place
+ * when the row is contiguous and D (Dv) is a whole number of vectors, else
+ * gathered into w->qi (w->doi) and zero-padded; i < 0 makes the slot a row of
+ * zeros (an unused slot). Returns 1 when both rows are finite (pass 0 looked). */
 static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
-                       int r, const fb_ws *w)
+                       int r, fb_ws *w)
 {
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
     float *qi = w->qi + r * job->dp, *doi = w->doi + r * job->dvp;
-    memset(qi, 0, (size_t)job->dp * sizeof(float));
-    memset(doi, 0, (size_t)job->dvp * sizeof(float));
-    if (i < 0)
+    w->qrow[r] = qi;
+    w->drow[r] = doi;
+    if (i < 0) {
+        memset(qi, 0, (size_t)job->dp * sizeof(float));
+        memset(doi, 0, (size_t)job->dvp * sizeof(float));
         return 1;
-    if (s->q_s[3] == 1)
-        memcpy(qi, job->q + attn__off4(s->q_s, b, h, i, 0), (size_t)s->D * sizeof(float));
-    else
+    }
+    if (s->q_s[3] == 1 && s->D == job->dp) {
+        w->qrow[r] = job->q + attn__off4(s->q_s, b, h, i, 0);
+    } else {
+        memset(qi, 0, (size_t)job->dp * sizeof(float));
         for (int64_t d = 0; d < s->D; d++)
             qi[d] = job->q[attn__off4(s->q_s, b, h, i, d)];
-    if (bs->do_s[3] == 1)
-        memcpy(doi, job->dout + attn__off4(bs->do_s, b, h, i, 0),
-               (size_t)s->Dv * sizeof(float));
-    else
+    }
+    if (bs->do_s[3] == 1 && s->Dv == job->dvp) {
+        w->drow[r] = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+    } else {
+        memset(doi, 0, (size_t)job->dvp * sizeof(float));
         for (int64_t d = 0; d < s->Dv; d++)
             doi[d] = job->dout[attn__off4(bs->do_s, b, h, i, d)];
-    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0 exactly
-     * when every element is finite. */
-    simd_f32 z = simd_zero();
-    const simd_f32 zero = simd_zero();
-    for (int64_t d = 0; d < job->dp; d += SIMD_W)
-        z = simd_fma(simd_load(qi + d), zero, z);
-    for (int64_t d = 0; d < job->dvp; d += SIMD_W)
-        z = simd_fma(simd_load(doi + d), zero, z);
-    return simd_hsum(z) == 0.0f;
+    }
+    return (job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_FINITE) != 0;
 }
 
-/* vis[0 .. bcp-1] = 1 for a <= j < e, else 0: whole vectors where they lie on one
- * side of both ends, element by element only in the vectors an end cuts. */
-static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t bcp)
+/* vis[jv0 .. jv1-1] = 1 for a <= j < e, else 0 (jv0, jv1 multiples of the vector
+ * width): whole vectors where they lie on one side of both ends, element by
+ * element only in the vectors an end cuts. */
+static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t jv0, int64_t jv1)
 {
     const simd_f32 one = simd_set1(1.0f), zero = simd_zero();
-    for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+    for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
         if (jv >= a && jv + SIMD_W <= e)
             simd_store(vis + jv, one);
         else if (jv + SIMD_W <= a || jv >= e)
@@ -267,15 +274,34 @@ static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t bcp)
  * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
  * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
  * selection, never by a product, so a NaN score there stays out. [*jlo, *jhi) is
- * the tile's keys (0-based in the tile) that some row's range reaches; outside
- * it every slot's p, ds and dsx are 0. */
+ * the tile's keys (0-based in the tile) that some row's range reaches: only they
+ * are scored (rounded out to whole key steps: the diagonal tiles of a causal mask
+ * cost about half), and only they may be read afterwards. */
 static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                          const int64_t *rows, int64_t j0, int64_t n, float slope,
                          const fb_ws *w, int64_t *jlo, int64_t *jhi)
 {
+    const attn__sdpa_shapes *s0 = &job->bs->s;
+    int64_t ra[FB_R], re[FB_R], ulo = n, uhi = 0;
+    for (int r = 0; r < FB_R; r++) {
+        ra[r] = re[r] = 0;
+        if (rows[r] < 0)
+            continue;
+        int64_t lo, hi;
+        fb_row_range(s0, rows[r], &lo, &hi);
+        ra[r] = fb_max(0, fb_min(n, lo - j0));
+        re[r] = fb_max(ra[r], fb_min(n, hi - j0));
+        ulo = fb_min(ulo, ra[r]);
+        uhi = fb_max(uhi, re[r]);
+    }
+    uhi = fb_max(ulo, uhi);
+    *jlo = ulo;
+    *jhi = uhi;
+    const int64_t step = FB_NV * SIMD_W;
+    const int64_t jv0 = ulo / step * step, jv1 = fb_min(job->bcp, (uhi + step - 1) / step * step);
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
-    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const int64_t bcp = job->bcp;
     const simd_f32 vscale = simd_set1(s->scale);
     const int cap = s->softcap > 0.0f;
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
@@ -285,7 +311,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
      * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
      * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
      * (dO_i[d]) FB_NV. The softcap's tanh is kept for its derivative. */
-    for (int64_t jv = 0; jv < bcp; jv += FB_NV * SIMD_W) {
+    for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
         simd_f32 x[FB_R][FB_NV];
         for (int r = 0; r < FB_R; r++)
             for (int c = 0; c < FB_NV; c++)
@@ -295,7 +321,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
             for (int c = 0; c < FB_NV; c++)
                 kv[c] = simd_load(w->kt + d * bcp + jv + c * SIMD_W);
             for (int r = 0; r < FB_R; r++) {
-                const simd_f32 g = simd_set1(w->qi[r * dp + d]);
+                const simd_f32 g = simd_set1(w->qrow[r][d]);
                 for (int c = 0; c < FB_NV; c++)
                     x[r][c] = simd_fma(g, kv[c], x[r][c]);
             }
@@ -319,7 +345,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
             for (int c = 0; c < FB_NV; c++)
                 vv[c] = simd_load(w->vt + d * bcp + jv + c * SIMD_W);
             for (int r = 0; r < FB_R; r++) {
-                const simd_f32 g = simd_set1(w->doi[r * dvp + d]);
+                const simd_f32 g = simd_set1(w->drow[r][d]);
                 for (int c = 0; c < FB_NV; c++)
                     x[r][c] = simd_fma(g, vv[c], x[r][c]);
             }
@@ -329,13 +355,12 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 simd_store(w->ds + r * bcp + jv + c * SIMD_W, x[r][c]); /* dP for now */
     }
     const int check = s->mask.data != NULL || s->bias != NULL;
-    int64_t ulo = n, uhi = 0;
     for (int r = 0; r < FB_R; r++) {
         const int64_t i = rows[r];
         float *p = w->p + r * bcp, *ds = w->ds + r * bcp, *dsx = w->dsx + r * bcp;
         float *vis = w->vis + r * bcp;
         if (i < 0) {
-            for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+            for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
                 simd_store(vis + jv, zero);
                 simd_store(p + jv, zero);
                 simd_store(ds + jv, zero);
@@ -346,12 +371,8 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         /* Which keys are visible: the range [a, e) of the tile that the causal
          * alignment and the window let through, then, element by element within
          * it, the mask and a -inf bias; the bias and ALiBi are added there. */
-        int64_t lo, hi;
-        fb_row_range(s, i, &lo, &hi);
-        const int64_t a = fb_max(0, fb_min(n, lo - j0)), e = fb_max(a, fb_min(n, hi - j0));
-        ulo = fb_min(ulo, a);
-        uhi = fb_max(uhi, e);
-        fb_fill_range(vis, a, e, bcp);
+        const int64_t a = ra[r], e = re[r];
+        fb_fill_range(vis, a, e, jv0, jv1);
         if (check || s->alibi)
             for (int64_t j = a; j < e; j++) {
                 const int64_t jj = j0 + j;
@@ -371,7 +392,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         const simd_f32 vL = simd_set1(job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] +
                                                i * bs->lse_s[2]]);
         const simd_f32 vdelta = simd_set1(job->delta[(b * s->H + h) * s->Tq + i]);
-        for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+        for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
             const simd_f32 vv = simd_load(vis + jv);
             const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
             const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
@@ -385,8 +406,6 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
             simd_store(dsx + jv, simd_select_lt(vv, half, zero, dsxv));
         }
     }
-    *jlo = ulo;
-    *jhi = fb_max(ulo, uhi);
 }
 
 /* acc[0 .. len-1] += a * x[0 .. len-1]; len a multiple of the vector width. */
@@ -398,12 +417,12 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
 }
 
 /* For the keys j of [j0, j1): acc[j * ld + d] += sum over the FB_R slots u, in
- * order, of a[u * bcp + j] * x[u * xs + d], d < len (a multiple of the vector
+ * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector
  * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_NV vectors
  * of d stay in registers while the FB_R rows stream past, so each loaded x vector
  * feeds four FMAs and each accumulator is loaded and stored once per FB_R rows. */
-static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp, const float *x,
-                         int64_t xs, int64_t len, int64_t j0, int64_t j1)
+static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
+                         const float *const *x, int64_t len, int64_t j0, int64_t j1)
 {
     int64_t j = j0;
     for (; j + 4 <= j1; j += 4) {
@@ -416,7 +435,7 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp, co
             for (int u = 0; u < FB_R; u++) {
                 simd_f32 xv[FB_NV];
                 for (int v = 0; v < FB_NV; v++)
-                    xv[v] = simd_load(x + u * xs + d + v * SIMD_W);
+                    xv[v] = simd_load(x[u] + d + v * SIMD_W);
                 for (int q = 0; q < 4; q++) {
                     const simd_f32 g = simd_set1(a[u * bcp + j + q]);
                     for (int v = 0; v < FB_NV; v++)
@@ -432,7 +451,7 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp, co
             for (int q = 0; q < 4; q++)
                 c[q] = simd_load(acc + (j + q) * ld + d);
             for (int u = 0; u < FB_R; u++) {
-                const simd_f32 xv = simd_load(x + u * xs + d);
+                const simd_f32 xv = simd_load(x[u] + d);
                 for (int q = 0; q < 4; q++)
                     c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
             }
@@ -444,7 +463,7 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp, co
         for (int64_t d = 0; d < len; d += SIMD_W) {
             simd_f32 c = simd_load(acc + j * ld + d);
             for (int u = 0; u < FB_R; u++)
-                c = simd_fma(simd_set1(a[u * bcp + j]), simd_load(x + u * xs + d), c);
+                c = simd_fma(simd_set1(a[u * bcp + j]), simd_load(x[u] + d), c);
             simd_store(acc + j * ld + d, c);
         }
 }
@@ -459,8 +478,8 @@ static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int
     const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
     if (finite) {
         /* A hidden (i, j) adds 0 * a finite number: nothing. */
-        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->doi, dvp, dvp, jlo, jhi);
-        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qi, dp, dp, jlo, jhi);
+        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, dvp, jlo, jhi);
+        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, dp, jlo, jhi);
         return;
     }
     /* A NaN or inf in a row's q or dO must not reach the keys that row cannot
@@ -468,8 +487,8 @@ static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int
     for (int64_t j = jlo; j < jhi; j++)
         for (int u = 0; u < FB_R; u++)
             if (w->vis[u * bcp + j] != 0.0f) {
-                fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->doi + u * dvp, dvp);
-                fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qi + u * dp, dp);
+                fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->drow[u], dvp);
+                fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qrow[u], dp);
             }
 }
 
@@ -493,7 +512,13 @@ static void fb_delta_item(void *arg, int64_t item, int worker)
             for (int64_t j = lo; j < hi && !sees; j++)
                 sees = attn__may_attend(s, b, h, i, j);
         }
-        job->sees[row] = (unsigned char)sees;
+        /* x * 0 is 0 for a finite x and NaN for an inf or a NaN. */
+        float z = 0.0f;
+        for (int64_t d = 0; d < s->D; d++)
+            z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
+        for (int64_t d = 0; d < s->Dv; d++)
+            z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
+        job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
         float dl = 0.0f;
         if (sees) {
             /* Gathered, then summed a vector at a time; the reference's order is
@@ -527,7 +552,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     const int64_t b = bhk / s->Hkv, hk = bhk % s->Hkv;
     const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
     const int64_t dp = job->dp, dvp = job->dvp;
-    const fb_ws w = fb_ws_of(job, worker);
+    fb_ws w = fb_ws_of(job, worker);
 
     memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
     memset(w.acc2, 0, (size_t)(n * dvp) * sizeof(float));
@@ -542,7 +567,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             for (; i < s->Tq && r < FB_R; i++) {
                 int64_t lo, hi;
                 fb_row_range(s, i, &lo, &hi);
-                if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
+                if (hi <= j0 || lo >= j0 + n || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
                     continue;
                 rows[r] = i;
                 finite &= fb_load_row(job, b, h, i, r, &w);
@@ -626,7 +651,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
     const attn__sdpa_shapes *s = &bs->s;
     const int64_t b = item / s->Hkv, hk = item % s->Hkv;
     const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
-    const fb_ws w = fb_ws_of(job, worker);
+    fb_ws w = fb_ws_of(job, worker);
     float *const dqacc = w.dqacc;
     memset(dqacc, 0, (size_t)(s->group * s->Tq * dp) * sizeof(float));
     memset(w.dqpad, 0, (size_t)dp * sizeof(float));
@@ -648,7 +673,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                 for (; i < s->Tq && r < FB_R; i++) {
                     int64_t lo, hi;
                     fb_row_range(s, i, &lo, &hi);
-                    if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
+                    if (hi <= j0 || lo >= j0 + n || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
                         continue;
                     if (!packed) {
                         kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
@@ -673,7 +698,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, jlo, jhi);
                 } else {
                     for (int u = 0; u < r; u++)
-                        for (int64_t j = 0; j < n; j++)
+                        for (int64_t j = jlo; j < jhi; j++)
                             if (w.vis[u * bcp + j] != 0.0f)
                                 fb_axpy(dqrow[u], w.dsx[u * bcp + j], w.krow + j * dp, dp);
                 }
@@ -705,9 +730,10 @@ static void fb_q_item(void *arg, int64_t item, int worker)
     const int64_t i0 = qt * job->br, m = fb_min(job->br, s->Tq - i0);
     const int64_t bcp = job->bcp, dp = job->dp;
     const float slope = attn__alibi_slope(s, h);
-    const fb_ws w = fb_ws_of(job, worker);
+    fb_ws w = fb_ws_of(job, worker);
 
     memset(w.acc1, 0, (size_t)(m * dp) * sizeof(float));
+    memset(w.dqpad, 0, (size_t)dp * sizeof(float));
     int64_t lo, hi, lo_last, hi_last;
     fb_row_range(s, i0, &lo, &hi);
     fb_row_range(s, i0 + m - 1, &lo_last, &hi_last);
@@ -722,7 +748,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 const int64_t i = i0 + r0;
                 int64_t a, e;
                 fb_row_range(s, i, &a, &e);
-                if (e <= j0 || a >= j0 + n || !job->sees[bh * s->Tq + i])
+                if (e <= j0 || a >= j0 + n || !(job->sees[bh * s->Tq + i] & FB_ROW_SEES))
                     continue;
                 if (!packed) {
                     kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
@@ -741,25 +767,21 @@ static void fb_q_item(void *arg, int64_t item, int worker)
             }
             int64_t jlo, jhi;
             fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
+            if (kfinite) {
+                /* A hidden key adds 0 * a finite k: nothing. */
+                float *dqrow[FB_R];
+                for (int u = 0; u < FB_R; u++)
+                    dqrow[u] = u < r ? w.acc1 + slot[u] * dp : w.dqpad;
+                fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, jlo, jhi);
+            }
             for (int u = 0; u < r; u++) {
-                float *acc = w.acc1 + slot[u] * dp;
                 const float *dsx = w.dsx + u * bcp, *vis = w.vis + u * bcp;
-                if (kfinite) {
-                    /* dQ_i += sum_j dS_ij k_j, a vector of dQ_i in registers while
-                     * the keys stream; a hidden key adds 0 * a finite k: nothing. */
-                    for (int64_t d = 0; d < dp; d += SIMD_W) {
-                        simd_f32 a = simd_load(acc + d);
-                        for (int64_t j = 0; j < n; j++)
-                            a = simd_fma(simd_set1(dsx[j]), simd_load(w.krow + j * dp + d), a);
-                        simd_store(acc + d, a);
-                    }
-                } else {
-                    for (int64_t j = 0; j < n; j++)
+                if (!kfinite)
+                    for (int64_t j = jlo; j < jhi; j++)
                         if (vis[j] != 0.0f)
-                            fb_axpy(acc, dsx[j], w.krow + j * dp, dp);
-                }
+                            fb_axpy(w.acc1 + slot[u] * dp, dsx[j], w.krow + j * dp, dp);
                 if (bs->dbias)
-                    for (int64_t j = 0; j < n; j++)
+                    for (int64_t j = jlo; j < jhi; j++)
                         if (vis[j] != 0.0f)
                             bs->dbias[attn__off4(bs->dbias_s, b, h, rows[u], j0 + j)] +=
                                 w.ds[u * bcp + j];
