@@ -108,6 +108,15 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #else
 #define FB_NV 1
 #endif
+/* Vectors of d in the dK and dV tiles of four keys: 4 x FB_ND accumulators (16 of
+ * AVX-512's registers, 8 of AVX2's), each broadcast weight feeding FB_ND FMAs. */
+#if defined(ATTN_SIMD_AVX512)
+#define FB_ND 4
+#elif defined(ATTN_SIMD_AVX2)
+#define FB_ND 2
+#else
+#define FB_ND 1
+#endif
 
 /* The per-worker scratch, carved from job->ws in this order (each part a multiple
  * of 16 floats, so every part starts on a 64-byte boundary). */
@@ -418,7 +427,7 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
 
 /* For the keys j of [j0, j1): acc[j * ld + d] += sum over the FB_R slots u, in
  * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector
- * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_NV vectors
+ * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_ND vectors
  * of d stay in registers while the FB_R rows stream past, so each loaded x vector
  * feeds four FMAs and each accumulator is loaded and stored once per FB_R rows. */
 static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
@@ -427,23 +436,23 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
     int64_t j = j0;
     for (; j + 4 <= j1; j += 4) {
         int64_t d = 0;
-        for (; d + FB_NV * SIMD_W <= len; d += FB_NV * SIMD_W) {
-            simd_f32 c[4][FB_NV];
+        for (; d + FB_ND * SIMD_W <= len; d += FB_ND * SIMD_W) {
+            simd_f32 c[4][FB_ND];
             for (int q = 0; q < 4; q++)
-                for (int v = 0; v < FB_NV; v++)
+                for (int v = 0; v < FB_ND; v++)
                     c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
             for (int u = 0; u < FB_R; u++) {
-                simd_f32 xv[FB_NV];
-                for (int v = 0; v < FB_NV; v++)
+                simd_f32 xv[FB_ND];
+                for (int v = 0; v < FB_ND; v++)
                     xv[v] = simd_load(x[u] + d + v * SIMD_W);
                 for (int q = 0; q < 4; q++) {
                     const simd_f32 g = simd_set1(a[u * bcp + j + q]);
-                    for (int v = 0; v < FB_NV; v++)
+                    for (int v = 0; v < FB_ND; v++)
                         c[q][v] = simd_fma(g, xv[v], c[q][v]);
                 }
             }
             for (int q = 0; q < 4; q++)
-                for (int v = 0; v < FB_NV; v++)
+                for (int v = 0; v < FB_ND; v++)
                     simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
         }
         for (; d < len; d += SIMD_W) {
