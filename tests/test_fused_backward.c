@@ -630,8 +630,58 @@ static void test_forms_agree(void)
         }
 }
 
+/* A NaN in one row of dO, with D = Dv = 64 (rows read in place, not copied, on
+ * AVX-512 and AVX2), in both forms of the fused backward. */
+static void test_nan_in_dout_wide(void)
+{
+    TEST("a NaN in dO (row 40 of batch 0, head 0, feature 0, causal, D=64, Tq=Tk=113) "
+         "makes NaN exactly dq of that row, dk of keys 0..40 and feature 0 of their dv, "
+         "in one pass (B=2) and two (B=1), on every instruction set");
+    for (int64_t B = 1; B <= 2; B++) {
+        problem P;
+        memset(&P, 0, sizeof P);
+        P.B = B;
+        P.H = P.Hkv = 1;
+        P.Tq = P.Tk = 113;
+        P.D = P.Dv = 64;
+        P.opt = OPT_CAUSAL_TL;
+        problem_make(&P, 777);
+        const int64_t i0 = 40;
+        float *out = calloc((size_t)(P.B * P.Tq * P.Dv), sizeof(float));
+        float *lse = calloc((size_t)(P.B * P.Tq), sizeof(float));
+        CHECK_INT(forward(&P, out, lse), ATTN_OK);
+        P.dout[i0 * P.Dv] = NAN;
+        for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+            if (!attn_arch_supported(fused_archs[a]))
+                continue;
+            grads g;
+            grads_alloc(&P, &g);
+            CHECK_INT(backward(&P, out, lse, fused_archs[a], 2, &g), ATTN_OK);
+            int64_t wrong = 0;
+            for (int64_t b = 0; b < P.B; b++)
+                for (int64_t i = 0; i < P.Tq; i++)
+                    for (int64_t d = 0; d < P.D; d++) {
+                        const int64_t at = (b * P.Tq + i) * P.D + d;
+                        wrong += isnan(g.dq[at]) != (b == 0 && i == i0);
+                        wrong += isnan(g.dk[at]) != (b == 0 && i <= i0);
+                        wrong += isnan(g.dv[at]) != (b == 0 && i <= i0 && d == 0);
+                    }
+            if (wrong)
+                fprintf(stderr, "   B=%lld on %s: %lld gradients NaN where they should not "
+                        "be or finite where they should be NaN (0 expected)\n",
+                        (long long)B, attn_arch_name(fused_archs[a]), (long long)wrong);
+            CHECK_INT(wrong, 0);
+            grads_free(&g);
+        }
+        free(out);
+        free(lse);
+        problem_free(&P);
+    }
+}
+
 int main(void)
 {
+    test_nan_in_dout_wide();
     test_forms_agree();
     test_hidden_key_exact_zero();
     test_threads_used();

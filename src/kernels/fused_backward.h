@@ -521,11 +521,25 @@ static void fb_delta_item(void *arg, int64_t item, int worker)
             for (int64_t j = lo; j < hi && !sees; j++)
                 sees = attn__may_attend(s, b, h, i, j);
         }
-        /* x * 0 is 0 for a finite x and NaN for an inf or a NaN. */
-        float z = 0.0f;
-        for (int64_t d = 0; d < s->D; d++)
+        /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0
+         * exactly when both rows are finite. */
+        simd_f32 zv = simd_zero();
+        const simd_f32 zero = simd_zero();
+        int64_t dq0 = 0, dd0 = 0;
+        if (s->q_s[3] == 1) {
+            const float *pq = job->q + attn__off4(s->q_s, b, h, i, 0);
+            for (; dq0 + SIMD_W <= s->D; dq0 += SIMD_W)
+                zv = simd_fma(simd_load(pq + dq0), zero, zv);
+        }
+        if (bs->do_s[3] == 1) {
+            const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+            for (; dd0 + SIMD_W <= s->Dv; dd0 += SIMD_W)
+                zv = simd_fma(simd_load(pd + dd0), zero, zv);
+        }
+        float z = simd_hsum(zv);
+        for (int64_t d = dq0; d < s->D; d++)
             z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
-        for (int64_t d = 0; d < s->Dv; d++)
+        for (int64_t d = dd0; d < s->Dv; d++)
             z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
         job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
         float dl = 0.0f;
