@@ -119,16 +119,22 @@ def main():
     print(f"{'function':24} {'FMAs':>4} {'insns':>5} " +
           " ".join(f"{c + ' cyc':>19} {'FMA/c':>5}" for c in CPUS))
     for name in sorted(funcs):
-        # The loops with the most FMAs per iteration: the kernels' main bodies
-        # (the others are the tails for the last vector of d or the last keys).
-        loops = sorted(inner_loops(funcs[name]), key=lambda t: -t[0])
-        top = [lp for lp in loops if lp[0] == loops[0][0]] if loops else []
-        for fmas, insns in top[:2]:
+        # Every distinct loop with eight FMAs or more: the products' main bodies
+        # (and, in fb_rows_tile, the exp polynomial's loop); the tails for the
+        # last vector of d or the last keys have fewer.
+        seen = set()
+        for fmas, insns in sorted(inner_loops(funcs[name]), key=lambda t: -t[0]):
+            key = "\n".join(insns)
+            if fmas < 8 or key in seen:
+                continue
+            seen.add(key)
             cells = []
             for cpu in CPUS:
                 cyc = mca(a.mca, cpu, insns)
                 cells.append(f"{cyc:19.2f} {fmas / cyc:5.2f}")
-            print(f"{name:24} {fmas:4d} {len(insns):5d} " + " ".join(cells))
+            exp = any("vcvtps2dq" in x or "vscalefps" in x or "vpslld" in x for x in insns)
+            print(f"{name + (' (exp)' if exp else ''):24} {fmas:4d} {len(insns):5d} " +
+                  " ".join(cells))
     return 0
 
 
