@@ -136,9 +136,9 @@ static const char HELP[] =
     "        forward's output and log-sum-exp made once beforehand (kind\n"
     "        sdpa_backward, FLOPs 2.5 times the forward's, FlashAttention-2's\n"
     "        count), then forward with log-sum-exp + backward (kind sdpa_fwd_bwd,\n"
-    "        3.5 times; '+fwd' in the table). --impl as for the forward, 'all'\n"
-    "        without the reference. The resident memory is the process's: run\n"
-    "        --shape S4 alone for S4's.\n"
+    "        3.5 times; the table's last column says which). --impl as for the\n"
+    "        forward (ref: attn_sdpa_backward_ref). The resident memory is the\n"
+    "        process's: run --shape S4 alone for S4's.\n"
     "    --prefill N, --steps N\n"
     "        The decoding loop's sizes, 1..1048576 each (only with --decode).\n"
     "    -h, --help\n"
@@ -259,6 +259,8 @@ int cmd_bench(int argc, char **argv)
                                                     : want_bw ? "bandwidth" : "decode");
     if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps")))
         return cli_usage_error(PROG, "--prefill and --steps apply to --decode");
+    if (want_backward && shape_ix == BENCH_N_SPEC_SHAPES)
+        return cli_usage_error(PROG, "--backward runs S1 .. S8, not S9 (a decode step)");
     if (is_custom && cli_seen(opts, nopts, "shape"))
         return cli_usage_error(PROG, "--shape and a custom shape exclude each other");
     if (is_custom && (!Tq || !D))
@@ -345,8 +347,6 @@ int cmd_bench(int argc, char **argv)
     int status = 0;
     const int all = shape_ix == BENCH_N_SPEC_SHAPES + 1;
     if (want_backward) {
-        if (shape_ix == BENCH_N_SPEC_SHAPES)
-            return cli_usage_error(PROG, "--backward runs S1 .. S8, not S9 (a decode step)");
         /* The training shapes (S2, S3, S4, S8) unless one shape is named. */
         for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
             if (all ? (x == 1 || x == 2 || x == 3 || x == 7) : shape_ix == x)
