@@ -10,10 +10,24 @@
  * computes, in FlashAttention-2's way (Dao, arXiv 2307.08691, section 3.2,
  * Algorithm 2): the weights are never stored; each tile recomputes its scores from
  * q and k and its weights from the forward's log-sum-exp L, P_ij = exp(S_ij - L_i),
- * so memory is O(T): no [Tq, Tk] block exists anywhere. Three passes:
+ * so memory is O(T): no [Tq, Tk] block exists anywhere. Pass 0, then one of two
+ * forms:
  *
- *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), and whether row i sees a
- *                            key (a row that sees none gives and gets nothing).
+ *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), whether row i sees a key
+ *                            (a row that sees none gives and gets nothing) and
+ *                            whether its q and dO are all finite.
+ *
+ * The one-pass form (fb_head_item), item (b, hk): for each key tile j0 .. j1-1 in
+ * order, for each query head h of the group of hk in order, each row i in order,
+ * the S, P, dP and dS below once, then dV_j += P_ij dO_i, dK_j += dS_ij q_i and
+ * dQ_i += dS_ij k_j. The item owns dK and dV of (b, hk) and dQ of its group's query
+ * heads (accumulated in its own scratch rows, key tile by key tile): five products
+ * of Q K^T's size per visible pair, FlashAttention-2's count. The planner takes it
+ * when there are two or more (b, hk) items and no dbias is wanted.
+ *
+ * The two-pass form, for a single (b, hk) item (nothing to share among threads)
+ * or a dbias (which a broadcast bias would have several items write):
+ *
  *   pass 1, item (b, hk, key tile j0 .. j1-1): for each query head h of the group
  *                            of hk in order, each row i in order:
  *                              S_ij, P_ij = exp(S_ij - L_i), dP_ij = dO_i . v_j,
@@ -31,8 +45,10 @@
  * Every sum runs in an order fixed by the shapes (tile boundaries never depend on
  * the thread count), and no two items write the same float, so the result has
  * the same bits for any number of threads: no atomics, no reductions across
- * threads. The price is that pass 2 recomputes S and dP (seven products of the
- * size of Q K^T instead of FlashAttention-2's five). A dbias broadcast along b, h
+ * threads. The two-pass form pays for it by recomputing S and dP in pass 2 (seven
+ * products instead of five). Both forms add each element's terms in the same
+ * order (dQ_i over key tiles, then keys, in order; dK_j and dV_j over query heads,
+ * then rows, in order), so they give the same bits. A dbias broadcast along b, h
  * or the query axis would be written by several items; then pass 2 runs on one
  * thread (the planner in sdpa_fused_backward.c decides), which keeps the bits.
  * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken after pass 0
