@@ -119,6 +119,8 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
  * FB_NV vectors side by side (of keys in the scores, of d in the products) keep
  * FB_R x FB_NV accumulators in registers: 16 of AVX-512's 32, 8 of AVX2's 16. */
 #define FB_R 8
+/* Key tiles the one-pass form holds at once (see fb_head_item). */
+#define FB_KC 4
 #if defined(ATTN_SIMD_AVX512)
 #define FB_NV 2
 #else
@@ -150,6 +152,7 @@ typedef struct fb_ws {
     float *t;    /* tanh(x / c) under a softcap [FB_R][bcp] */
     float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
     float *dqpad; /* where an unused slot's dQ goes (one-pass form) [dp] */
+    float *more;  /* tiles 1 .. FB_KC-1's kt, vt, krow, acc1, acc2 (one-pass form) */
     float *dqacc; /* dQ of the item's rows (one-pass form) [group][Tq][dp] */
     /* The block's rows of q (dp floats readable) and dO (dvp): in place in the
      * arguments when a row is contiguous and needs no padding, else in qi, doi. */
@@ -163,12 +166,21 @@ static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
 #define FB_ROW_FINITE 2
 
 /* Floats of scratch one worker needs (the planner calls the portable build's). */
+static inline int64_t fb_tile_floats(int64_t D, int64_t Dv, int64_t br, int64_t bc,
+                                     int64_t bcp, int64_t dp, int64_t dvp)
+{
+    return fb_a16(D * bcp) + fb_a16(Dv * bcp) + fb_a16(bc * dp) +
+           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp);
+}
+
+/* dq_rows is 0 for the two-pass form, else group x Tq (the one-pass form, which
+ * also keeps FB_KC key tiles at once). */
 static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
                                       int64_t bcp, int64_t dp, int64_t dvp, int64_t dq_rows)
 {
-    return fb_a16(D * bcp) + fb_a16(Dv * bcp) + fb_a16(bc * dp) +
-           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp) + fb_a16(FB_R * dp) +
-           fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp) + fb_a16(dp) + dq_rows * dp;
+    const int64_t tile = fb_tile_floats(D, Dv, br, bc, bcp, dp, dvp);
+    return tile + fb_a16(FB_R * dp) + fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp) +
+           fb_a16(dp) + (dq_rows ? (FB_KC - 1) * tile + dq_rows * dp : 0);
 }
 
 static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
@@ -202,7 +214,33 @@ static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
     w += fb_a16(FB_R * job->bcp);
     r.dqpad = w;
     w += fb_a16(job->dp);
+    r.more = w;
+    if (job->one_pass) /* the two-pass form has neither part */
+        w += (FB_KC - 1) * fb_tile_floats(s->D, s->Dv, job->br, job->bc, job->bcp, job->dp,
+                                          job->dvp);
     r.dqacc = w;
+    return r;
+}
+
+/* w with its key tile's buffers (kt, vt, krow, acc1, acc2) those of tile c of the
+ * one-pass form's FB_KC (tile 0 is w's own). */
+static fb_ws fb_ws_tile(const attn__fused_bwd_job *job, const fb_ws *w, int c)
+{
+    const attn__sdpa_shapes *s = &job->bs->s;
+    fb_ws r = *w;
+    if (c == 0)
+        return r;
+    float *t = w->more + (int64_t)(c - 1) * fb_tile_floats(s->D, s->Dv, job->br, job->bc,
+                                                            job->bcp, job->dp, job->dvp);
+    r.kt = t;
+    t += fb_a16(s->D * job->bcp);
+    r.vt = t;
+    t += fb_a16(s->Dv * job->bcp);
+    r.krow = t;
+    t += fb_a16(job->bc * job->dp);
+    r.acc1 = t;
+    t += fb_a16(fb_max(job->bc, job->br) * job->dp);
+    r.acc2 = t;
     return r;
 }
 
@@ -695,29 +733,40 @@ static void fb_head_item(void *arg, int64_t item, int worker)
     memset(dqacc, 0, (size_t)(s->group * s->Tq * dp) * sizeof(float));
     memset(w.dqpad, 0, (size_t)dp * sizeof(float));
 
-    for (int64_t kt = 0; kt < job->n_kt; kt++) {
-        const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
-        int packed = 0, kfinite = 1;
-        memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
-        memset(w.acc2, 0, (size_t)(n * dvp) * sizeof(float));
+    /* FB_KC key tiles at a time: a block of rows loaded (q, dO, its dQ rows) serves
+     * all of them, so the rows stream from memory FB_KC times less often while the
+     * tiles' packed K, V and dK, dV accumulators stay in the core's cache. Each
+     * tile still sees the heads and rows in order, and each dQ row the tiles in
+     * order: the sums are the same as one tile at a time. */
+    for (int64_t kc = 0; kc < job->n_kt; kc += FB_KC) {
+        const int nt = (int)fb_min(FB_KC, job->n_kt - kc);
+        fb_ws wt[FB_KC];
+        int64_t j0[FB_KC], n[FB_KC];
+        int packed[FB_KC], kfinite[FB_KC];
+        for (int c = 0; c < nt; c++) {
+            wt[c] = fb_ws_tile(job, &w, c);
+            j0[c] = (kc + c) * job->bc;
+            n[c] = fb_min(job->bc, s->Tk - j0[c]);
+            packed[c] = 0;
+            kfinite[c] = 1;
+            memset(wt[c].acc1, 0, (size_t)(n[c] * dp) * sizeof(float));
+            memset(wt[c].acc2, 0, (size_t)(n[c] * dvp) * sizeof(float));
+        }
+        const int64_t J0 = j0[0], J1 = j0[nt - 1] + n[nt - 1];
         for (int64_t g = 0; g < s->group; g++) {
             const int64_t h = hk * s->group + g;
             const float slope = attn__alibi_slope(s, h);
             int64_t i = 0;
             while (i < s->Tq) {
-                /* The next FB_R rows, in order, that see a key of this tile. */
-                int64_t rows[FB_R];
+                /* The next FB_R rows, in order, that see a key of these tiles. */
+                int64_t rows[FB_R], lo[FB_R], hi[FB_R];
                 float *dqrow[FB_R];
                 int r = 0, finite = 1;
                 for (; i < s->Tq && r < FB_R; i++) {
-                    int64_t lo, hi;
-                    fb_row_range(s, i, &lo, &hi);
-                    if (hi <= j0 || lo >= j0 + n || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
+                    fb_row_range(s, i, &lo[r], &hi[r]);
+                    if (hi[r] <= J0 || lo[r] >= J1 ||
+                        !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
                         continue;
-                    if (!packed) {
-                        kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
-                        packed = 1;
-                    }
                     rows[r] = i;
                     dqrow[r] = dqacc + (g * s->Tq + i) * dp;
                     finite &= fb_load_row(job, b, h, i, r, &w);
@@ -730,25 +779,42 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
                     fb_load_row(job, b, h, -1, u, &w);
                 }
-                int64_t jlo, jhi;
-                fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
-                fb_kv_accumulate(job, &w, jlo, jhi, finite);
-                if (kfinite) {
-                    fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, jlo, jhi);
-                } else {
+                for (int c = 0; c < nt; c++) {
+                    /* Only the tiles some row of the block reaches. */
+                    int reach = 0;
                     for (int u = 0; u < r; u++)
-                        for (int64_t j = jlo; j < jhi; j++)
-                            if (w.vis[u * bcp + j] != 0.0f)
-                                fb_axpy(dqrow[u], w.dsx[u * bcp + j], w.krow + j * dp, dp);
+                        reach |= hi[u] > j0[c] && lo[u] < j0[c] + n[c];
+                    if (!reach)
+                        continue;
+                    if (!packed[c]) {
+                        kfinite[c] = fb_pack_kv(job, b, hk, j0[c], n[c], &wt[c], 1);
+                        packed[c] = 1;
+                    }
+                    fb_ws *v = &wt[c];
+                    memcpy(v->qrow, w.qrow, sizeof w.qrow);
+                    memcpy(v->drow, w.drow, sizeof w.drow);
+                    int64_t jlo, jhi;
+                    fb_rows_tile(job, b, h, rows, j0[c], n[c], slope, v, &jlo, &jhi);
+                    fb_kv_accumulate(job, v, jlo, jhi, finite);
+                    if (kfinite[c]) {
+                        fb_dq_rows(dqrow, v->dsx, bcp, v->krow, dp, jlo, jhi);
+                    } else {
+                        for (int u = 0; u < r; u++)
+                            for (int64_t j = jlo; j < jhi; j++)
+                                if (v->vis[u * bcp + j] != 0.0f)
+                                    fb_axpy(dqrow[u], v->dsx[u * bcp + j], v->krow + j * dp, dp);
+                    }
                 }
             }
         }
-        for (int64_t j = 0; j < n; j++) {
-            for (int64_t d = 0; d < s->D; d++)
-                job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * dp + d];
-            for (int64_t d = 0; d < s->Dv; d++)
-                job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
-        }
+        for (int c = 0; c < nt; c++)
+            for (int64_t j = 0; j < n[c]; j++) {
+                for (int64_t d = 0; d < s->D; d++)
+                    job->dk[attn__off4(bs->dk_s, b, hk, j0[c] + j, d)] =
+                        s->scale * wt[c].acc1[j * dp + d];
+                for (int64_t d = 0; d < s->Dv; d++)
+                    job->dv[attn__off4(bs->dv_s, b, hk, j0[c] + j, d)] = wt[c].acc2[j * dvp + d];
+            }
     }
     for (int64_t g = 0; g < s->group; g++)
         for (int64_t i = 0; i < s->Tq; i++)
