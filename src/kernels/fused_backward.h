@@ -17,10 +17,10 @@
  *                            (a row that sees none gives and gets nothing) and
  *                            whether its q and dO are all finite.
  *
- * The one-pass form (fb_head_item), item (b, hk): for each key tile j0 .. j1-1 in
- * order, for each query head h of the group of hk in order, each row i in order,
- * the S, P, dP and dS below once, then dV_j += P_ij dO_i, dK_j += dS_ij q_i and
- * dQ_i += dS_ij k_j. The item owns dK and dV of (b, hk) and dQ of its group's query
+ * The one-pass form (fb_head_item), item (b, hk): for each group of FB_KC key
+ * tiles in order, for each query head h of the group of hk in order, each block
+ * of rows i in order, each of the key tiles j0 .. j1-1 in order, the S, P, dP and
+ * dS below once, then dV_j += P_ij dO_i, dK_j += dS_ij q_i and dQ_i += dS_ij k_j. The item owns dK and dV of (b, hk) and dQ of its group's query
  * heads (accumulated in its own scratch rows, key tile by key tile): five products
  * of Q K^T's size per visible pair, FlashAttention-2's count. The planner takes it
  * when there are two or more (b, hk) items and no dbias is wanted.
