@@ -54,7 +54,10 @@ through scaled_dot_product_attention (is_causal=True; S8's grouped-query heads
 with enable_gqa=True, or K and V repeated per query head where that switch is
 missing): the backward alone is out.backward(dO) on a kept graph, forward +
 backward builds the graph and runs it. --repeat rounds alternate attn and torch
-per shape; each side's best median is reported, with torch's time over attn's.
+per shape; each side's best median is reported, with torch's time over attn's. The
+%peak column is the chosen attn line's peak_frac: of the FMA peak that attn bench
+process measured at its start, which a loaded machine moves from one process to the
+next (the header's peak is the first one's).
 Before timing, torch SDPA's gradients are checked against plain autograd
 (matmul, softmax, matmul) on a small causal grouped-query shape. No memory column:
 a process started from Python inherits Python's peak resident size (getrusage
