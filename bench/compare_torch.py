@@ -7,6 +7,8 @@ shapes, in the same run, and the ratios.
                                    [--shapes-only] [--cpu-time] [--dtype f32|bf16|f16]
     python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128]
                                    [--repeat 3] [--attn build/attn] [--threads 2]
+    python3 bench/compare_torch.py --backward [--shapes S2,S3,S4,S8] [--repeat 3]
+                                   [--attn build/attn] [--threads 2] [--runs 10]
 
 What it runs, each figure the median of --runs timed calls after two warm-up calls
 (the same method as `attn bench`), with --threads threads for everybody:
@@ -56,6 +58,22 @@ mask: a single query row at the end of its sequence sees every key; enable_gqa
 for S7), also timed per step, median. Both sides time the append and the
 attention, and both read the same bytes of K and V. --repeat rounds (default 3)
 alternate attn and torch; each side's best median step is reported.
+
+--backward compares the gradients: `attn bench --backward` (attn_sdpa_backward
+alone, and forward with log-sum-exp + backward) against PyTorch 2.x's CPU autograd
+through scaled_dot_product_attention (is_causal=True; S8's grouped-query heads
+with enable_gqa=True, or K and V repeated per query head where that switch is
+missing): the backward alone is out.backward(dO) on a kept graph, forward +
+backward builds the graph and runs it. --repeat rounds alternate attn and torch
+per shape; each side's best median is reported, with torch's time over attn's. The
+%peak column is the chosen attn line's peak_frac: of the FMA peak that attn bench
+process measured at its start, which a loaded machine moves from one process to the
+next (the header's peak is the first one's).
+Before timing, torch SDPA's gradients are checked against plain autograd
+(matmul, softmax, matmul) on a small causal grouped-query shape. No memory column:
+a process started from Python inherits Python's peak resident size (getrusage
+keeps ru_maxrss across exec), so S4's memory is measured by running `attn bench
+--backward --shape S4` from a shell.
 
 Ratios are "times faster than the peer": peer_ms / attn_ms. Shapes are measured
 interleaved (attn, then the peers, shape by shape), so drift on a shared machine
@@ -300,6 +318,100 @@ def decode_main(a):
     return 0
 
 
+BACKWARD = ("S2", "S3", "S4", "S8")
+
+
+def torch_backward_ms(B, H, Hkv, Tq, Tk, D, runs):
+    """Median ms of torch's SDPA backward alone and of forward + backward, causal."""
+    q, k, v, _ = torch_inputs(B, H, Hkv, Tq, Tk, D, "causal", None, None)
+    gqa = H != Hkv
+    native = gqa and "enable_gqa" in F.scaled_dot_product_attention.__doc__
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dout = torch.rand(B, H, Tq, D, generator=torch.Generator().manual_seed(1)) * 2 - 1
+
+    def forward():
+        kk, vv = k, v
+        kw = {}
+        if gqa and native:
+            kw["enable_gqa"] = True
+        elif gqa:
+            kk = k.repeat_interleave(H // Hkv, dim=1)
+            vv = v.repeat_interleave(H // Hkv, dim=1)
+        return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw)
+
+    out = forward()
+
+    def backward():
+        q.grad = k.grad = v.grad = None
+        out.backward(dout, retain_graph=True)
+
+    def both():
+        q.grad = k.grad = v.grad = None
+        forward().backward(dout)
+
+    return median_ms(backward, runs), median_ms(both, runs)
+
+
+def backward_check():
+    """torch SDPA's gradients against plain autograd on a small shape: the largest
+    absolute difference over dq, dk and dv."""
+    B, H, Hkv, T, D = 2, 4, 2, 37, 16
+    q, k, v, m = torch_inputs(B, H, Hkv, T, T, D, "causal", None, None)
+    dout = torch.rand(B, H, T, D, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    grads = []
+    for fn in ("sdpa", "plain"):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        kr, vr = kk.repeat_interleave(H // Hkv, dim=1), vv.repeat_interleave(H // Hkv, dim=1)
+        if fn == "sdpa":
+            out = F.scaled_dot_product_attention(qq, kr, vr, is_causal=True)
+        else:
+            s = (qq @ kr.transpose(-2, -1)) / math.sqrt(D)
+            out = torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1) @ vr
+        out.backward(dout)
+        grads.append([qq.grad, kk.grad, vv.grad])
+    return max(float((a - b).abs().max()) for a, b in zip(*grads))
+
+
+def backward_main(a):
+    if not HAVE_SDPA:
+        print("compare_torch.py --backward needs PyTorch 2.x (scaled_dot_product_attention)")
+        return 1
+    common = ["--threads", str(a.threads), "--runs", str(a.runs)]
+    setup = attn_json(a.attn, ["--peak"] + common)[0]
+    print(f"# torch {torch.__version__}, {a.threads} threads; FP32 FMA peak "
+          f"{setup['peak_gflops']:.1f} GFLOP/s (attn bench --peak); best of {a.repeat} "
+          f"rounds of medians of {a.runs}")
+    print(f"# check: torch SDPA's gradients vs plain autograd, max |diff| "
+          f"{backward_check():.2e}")
+    names = [n for n in a.shapes.split(",") if n in BACKWARD] if a.shapes_given else BACKWARD
+    print(f"{'shape':6} {'attn bwd':>9} {'%peak':>6} {'torch bwd':>10} {'vs torch':>9} "
+          f"{'attn f+b':>9} {'torch f+b':>10} {'vs torch':>9}")
+    for name in names:
+        B, H, Hkv, Tq, Tk, D = SHAPES[name][:6]
+        best = {}
+        for _ in range(a.repeat):
+            for r in attn_json(a.attn, ["--backward", "--shape", name] + common):
+                if r.get("kind") in ("sdpa_backward", "sdpa_fwd_bwd"):
+                    kind = r["kind"]
+                    if kind not in best or r["median_ms"] < best[kind]["median_ms"]:
+                        best[kind] = r
+            tb, tfb = torch_backward_ms(B, H, Hkv, Tq, Tk, D, a.runs)
+            best["torch_bwd"] = min(best.get("torch_bwd", float("inf")), tb)
+            best["torch_fwd_bwd"] = min(best.get("torch_fwd_bwd", float("inf")), tfb)
+        ab, afb = best["sdpa_backward"], best["sdpa_fwd_bwd"]
+        tb, tfb = best["torch_bwd"], best["torch_fwd_bwd"]
+        print(f"{name:6} {ab['median_ms']:9.3f} {100 * ab['peak_frac']:5.1f}% {tb:10.3f} "
+              f"{tb / ab['median_ms']:8.2f}x {afb['median_ms']:9.3f} {tfb:10.3f} "
+              f"{tfb / afb['median_ms']:8.2f}x")
+        if a.json:
+            print(json.dumps({"backward": name, "attn_bwd_ms": ab["median_ms"],
+                              "attn_bwd_peak_frac": ab["peak_frac"],
+                              "torch_bwd_ms": tb, "vs_torch_bwd": tb / ab["median_ms"],
+                              "attn_fwd_bwd_ms": afb["median_ms"], "torch_fwd_bwd_ms": tfb,
+                              "vs_torch_fwd_bwd": tfb / afb["median_ms"]}))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--attn", default=os.path.join("build", "attn"))
@@ -318,10 +430,14 @@ def main():
     ap.add_argument("--prefill", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3,
-                    help="--decode: rounds of attn then torch; the best of each is kept")
+                    help="--decode, --backward: rounds of attn then torch; the best of "
+                    "each is kept")
     ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32",
                     help="storage of q, k, v and the output on both sides")
+    ap.add_argument("--backward", action="store_true",
+                    help="compare the backward (and forward + backward) on S2, S3, S4, S8")
     a = ap.parse_args()
+    a.shapes_given = "--shapes" in sys.argv or any(x.startswith("--shapes=") for x in sys.argv)
     if a.cpu_time:
         global CLOCK
         if a.threads != 1 or a.decode:
@@ -330,13 +446,16 @@ def main():
         CLOCK = time.thread_time
     half = a.dtype != "f32"
     tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
-    if half and a.decode:
-        ap.error("--decode runs attn's KV cache, which stores float32 only")
+    if half and (a.decode or a.backward):
+        ap.error("--decode and --backward run float32 only (attn's KV cache and backward "
+                 "store float32)")
     if half:
         a.shapes_only = True
     torch.set_num_threads(a.threads)
     if a.decode:
         return decode_main(a)
+    if a.backward:
+        return backward_main(a)
     common = ["--threads", str(a.threads), "--runs", str(a.runs)]
 
     setup = attn_json(a.attn, ["--peak"] + common)[0]

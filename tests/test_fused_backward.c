@@ -562,8 +562,127 @@ static void test_hidden_key_exact_zero(void)
     problem_free(&P);
 }
 
+/* The fused backward has two forms (src/kernels/fused_backward.h): one pass over
+ * (b, key/value head) items when there are two or more, two passes (key tiles,
+ * then query tiles) for a single one. They sum every element in the same order,
+ * so the first sample of a B = 2 problem (one pass) and the same sample alone
+ * (B = 1, Hkv = 1: two passes) must agree bit for bit. */
+static void test_forms_agree(void)
+{
+    TEST("sample 0 of a B=2 problem (the one-pass form) and the same sample alone (the "
+         "two-pass form) get the same bits of dq, dk and dv, on every instruction set "
+         "and option without a bias, Tq=Tk=113 and 17 x 130");
+    static const int opts[] = {OPT_NONE,  OPT_CAUSAL_TL, OPT_CAUSAL_BR, OPT_WINDOW,
+                               OPT_SOFTCAP, OPT_ALIBI,   OPT_SINKS,     OPT_MASK};
+    static const int64_t sizes[2][2] = {{113, 113}, {17, 130}};
+    for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++)
+        for (int z = 0; z < 2; z++) {
+            problem P2;
+            memset(&P2, 0, sizeof P2);
+            P2.B = 2;
+            P2.H = 2;
+            P2.Hkv = 1;
+            P2.Tq = sizes[z][0];
+            P2.Tk = sizes[z][1];
+            P2.D = 64;
+            P2.Dv = z ? 17 : 64;
+            P2.opt = opts[o];
+            problem_make(&P2, 500 + 17 * (uint64_t)o + (uint64_t)z);
+            /* The first sample is the prefix of every [B, ...] array. */
+            problem P1 = P2;
+            P1.B = 1;
+            if (P2.mask) {
+                const int64_t sh[4] = {1, 1, P2.Tq, P2.Tk};
+                attn_tensor_init(NULL, &P1.tmask, ATTN_DTYPE_BOOL, P2.mask, 4, sh);
+                P1.p.mask = &P1.tmask;
+            }
+            if (P2.sinks)
+                P1.p.sinks = &P1.tsinks;
+            const int64_t nq = P2.H * P2.Tq * P2.D, nk = P2.Hkv * P2.Tk * P2.D;
+            const int64_t nv = P2.Hkv * P2.Tk * P2.Dv;
+            float *out = calloc((size_t)(2 * P2.H * P2.Tq * P2.Dv), sizeof(float));
+            float *lse = calloc((size_t)(2 * P2.H * P2.Tq), sizeof(float));
+            CHECK_INT(forward(&P2, out, lse), ATTN_OK);
+            for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+                if (!attn_arch_supported(fused_archs[a]))
+                    continue;
+                grads g1, g2;
+                grads_alloc(&P1, &g1);
+                grads_alloc(&P2, &g2);
+                CHECK_INT(backward(&P1, out, lse, fused_archs[a], 2, &g1), ATTN_OK);
+                CHECK_INT(backward(&P2, out, lse, fused_archs[a], 2, &g2), ATTN_OK);
+                const int same = same_bits(g1.dq, g2.dq, nq) && same_bits(g1.dk, g2.dk, nk) &&
+                                 same_bits(g1.dv, g2.dv, nv);
+                if (!same)
+                    fprintf(stderr,
+                            "   %s, %s, Tq=%lld Tk=%lld: one pass dq[0] %.9g dk[0] %.9g "
+                            "dv[0] %.9g; two passes %.9g %.9g %.9g\n",
+                            opt_names[opts[o]], attn_arch_name(fused_archs[a]),
+                            (long long)P2.Tq, (long long)P2.Tk, g2.dq[0], g2.dk[0], g2.dv[0],
+                            g1.dq[0], g1.dk[0], g1.dv[0]);
+                CHECK(same);
+                grads_free(&g1);
+                grads_free(&g2);
+            }
+            free(out);
+            free(lse);
+            problem_free(&P2);
+        }
+}
+
+/* A NaN in one row of dO, with D = Dv = 64 (rows read in place, not copied, on
+ * AVX-512 and AVX2), in both forms of the fused backward. */
+static void test_nan_in_dout_wide(void)
+{
+    TEST("a NaN in dO (row 40 of batch 0, head 0, feature 0, causal, D=64, Tq=Tk=113) "
+         "makes NaN exactly dq of that row, dk of keys 0..40 and feature 0 of their dv, "
+         "in one pass (B=2) and two (B=1), on every instruction set");
+    for (int64_t B = 1; B <= 2; B++) {
+        problem P;
+        memset(&P, 0, sizeof P);
+        P.B = B;
+        P.H = P.Hkv = 1;
+        P.Tq = P.Tk = 113;
+        P.D = P.Dv = 64;
+        P.opt = OPT_CAUSAL_TL;
+        problem_make(&P, 777);
+        const int64_t i0 = 40;
+        float *out = calloc((size_t)(P.B * P.Tq * P.Dv), sizeof(float));
+        float *lse = calloc((size_t)(P.B * P.Tq), sizeof(float));
+        CHECK_INT(forward(&P, out, lse), ATTN_OK);
+        P.dout[i0 * P.Dv] = NAN;
+        for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+            if (!attn_arch_supported(fused_archs[a]))
+                continue;
+            grads g;
+            grads_alloc(&P, &g);
+            CHECK_INT(backward(&P, out, lse, fused_archs[a], 2, &g), ATTN_OK);
+            int64_t wrong = 0;
+            for (int64_t b = 0; b < P.B; b++)
+                for (int64_t i = 0; i < P.Tq; i++)
+                    for (int64_t d = 0; d < P.D; d++) {
+                        const int64_t at = (b * P.Tq + i) * P.D + d;
+                        wrong += isnan(g.dq[at]) != (b == 0 && i == i0);
+                        wrong += isnan(g.dk[at]) != (b == 0 && i <= i0);
+                        wrong += isnan(g.dv[at]) != (b == 0 && i <= i0 && d == 0);
+                    }
+            if (wrong)
+                fprintf(stderr, "   B=%lld on %s: %lld gradients NaN where they should not "
+                        "be or finite where they should be NaN (0 expected)\n",
+                        (long long)B, attn_arch_name(fused_archs[a]), (long long)wrong);
+            CHECK_INT(wrong, 0);
+            grads_free(&g);
+        }
+        free(out);
+        free(lse);
+        problem_free(&P);
+    }
+}
+
 int main(void)
 {
+    test_nan_in_dout_wide();
+    test_forms_agree();
     test_hidden_key_exact_zero();
     test_threads_used();
     test_sweep();

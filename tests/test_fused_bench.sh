@@ -128,6 +128,17 @@ if "$ATTN" bench --decode --prefill 40 --steps 5 --threads 2 --json >"$tmp/dec" 
         ok "--decode: S5, S7 and S9's head shapes, a median step each, zero allocations per step"
     else bad "--decode lines: $(cat "$tmp/dec")"; fi
 else bad "--decode run: $(cat "$tmp/err")"; fi
+# --backward: two lines per path, the backward alone (2.5 x the forward's FLOPs)
+# and forward + backward (3.5 x), with SPEC's fields and positive times.
+if "$ATTN" bench --backward --batch 2 --heads 4 --kv-heads 2 --query-len 17 --head-dim 8 --causal \
+    --runs 2 --threads 2 --json >"$tmp/bwd" 2>"$tmp/err"; then
+    every_line_has_spec_fields "--backward --json" "$tmp/bwd"
+    if grep -q '"kind":"sdpa_backward",.*"B":2,"H":4,"Tq":17,"Tk":17,"D":8,"mask":"causal",.*"median_ms":[0-9.]*[1-9].*"kv_heads":2,"flop_factor":2.5' "$tmp/bwd" &&
+        grep -q '"kind":"sdpa_fwd_bwd",.*"median_ms":[0-9.]*[1-9].*"flop_factor":3.5' "$tmp/bwd" &&
+        [ "$(wc -l <"$tmp/bwd")" -eq 2 ]; then
+        ok "--backward: the backward and forward + backward, 2.5x and 3.5x the forward's FLOPs"
+    else bad "--backward lines: $(cat "$tmp/bwd")"; fi
+else bad "--backward run: $(cat "$tmp/err")"; fi
 
 refuse() { # name, args...
     local name=$1; shift
@@ -152,6 +163,8 @@ refuse "an unknown option" --frobnicate
 refuse "more threads than 64 bits hold" --threads 99999999999999999999
 refuse "two benchmarks at once" --peak --mha
 refuse "--decode with --bandwidth" --decode --bandwidth
+refuse "--backward with --peak" --backward --peak
+refuse "--backward on S9 (a decode step)" --backward --shape S9
 refuse "--decode with a shape" --decode --shape S5
 refuse "--prefill without --decode" --prefill 16
 refuse "--steps without --decode" --shape S1 --steps 4

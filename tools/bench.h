@@ -11,6 +11,7 @@
  *   tools/bench_gemm.c     the projection GEMM alone (y = x W^T)
  *   tools/bench_decode.c   decoding through the KV cache: S9's batched step, and a
  *                          decode loop (--decode) with its allocations counted
+ *   tools/bench_backward.c the backward (--backward) alone and after the forward
  *
  * Method: inputs are filled once (uniform in [-1, 1)), each measurement does two
  * warm-up calls and then at least `runs` timed samples; a sample of a very short
@@ -113,5 +114,6 @@ int bench_mha(int64_t T, int64_t E, int64_t H, int causal, const bench_opts *o);
 int bench_gemm(int64_t n, const bench_opts *o);                                   /* bench_gemm.c */
 int bench_kv_s9(const bench_opts *o);                                             /* bench_decode.c */
 int bench_decode(int64_t prefill, int64_t steps, const bench_opts *o);            /* bench_decode.c */
+int bench_backward(const bench_shape *s, const bench_opts *o);                    /* bench_backward.c */
 
 #endif /* TOOLS_BENCH_H */

@@ -3,7 +3,8 @@
  * options, measures the machine's FMA peak (every figure is read against it) and
  * runs one benchmark: attention on SPEC section 5's shapes or a custom one
  * (bench_sdpa.c), multi-head attention (bench_mha.c), the GEMM (bench_gemm.c), or
- * a probe alone (bench_probes.c). bench.h says how they measure.
+ * a probe alone (bench_probes.c), or the backward (bench_backward.c). bench.h says
+ * how they measure.
  */
 #include "attn.h"
 #include "bench.h"
@@ -40,6 +41,8 @@ static const char HELP[] =
     "               [--json]\n"
     "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N] [--json]\n"
     "    attn bench --decode [--prefill N] [--steps N] [--threads N] [--json]\n"
+    "    attn bench --backward [--shape NAME | a custom shape] [--threads N]\n"
+    "               [--impl NAME] [--runs N] [--json]\n"
     "\n"
     "DESCRIPTION\n"
     "    Times scaled dot-product attention and reports, for each measurement, the\n"
@@ -131,6 +134,15 @@ static const char HELP[] =
     "        K/V bytes a middle step reads per second, and the allocations the\n"
     "        steps made under a counting allocator with the context's workspace set\n"
     "        to attn_kv_cache_workspace_size bytes (0 is the target).\n"
+    "    --backward\n"
+    "        The gradients (attn_sdpa_backward) instead of the forward, on S2, S3,\n"
+    "        S4 and S8 (or --shape, or a custom shape): the backward alone, with the\n"
+    "        forward's output and log-sum-exp made once beforehand (kind\n"
+    "        sdpa_backward, FLOPs 2.5 times the forward's, FlashAttention-2's\n"
+    "        count), then forward with log-sum-exp + backward (kind sdpa_fwd_bwd,\n"
+    "        3.5 times; the table's last column says which). --impl as for the\n"
+    "        forward (ref: attn_sdpa_backward_ref). The resident memory is the\n"
+    "        process's: run --shape S4 alone for S4's.\n"
     "    --prefill N, --steps N\n"
     "        The decoding loop's sizes, 1..1048576 each (only with --decode).\n"
     "    --dtype f32|bf16|f16\n"
@@ -141,8 +153,8 @@ static const char HELP[] =
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
-    "    --peak, --mha, --gemm, --bandwidth and --decode exclude each other and a\n"
-    "    shape.\n"
+    "    --peak, --mha, --gemm, --bandwidth and --decode exclude each other, a\n"
+    "    shape and --backward.\n"
     "    Options take their value as the next argument or after '=' (--threads=2).\n"
     "\n"
     "JSON OUTPUT\n"
@@ -155,7 +167,8 @@ static const char HELP[] =
     "    for mha; M, N, K for gemm; kv_gbs, stream_gbs, fraction for kv_stream; gbs\n"
     "    and bytes for bandwidth; shape, kv_heads, prefill, steps, min_ms, kv_gbs,\n"
     "    allocs and allocs_per_step for decode, whose Tk is the cache's capacity;\n"
-    "    lengths and kv_gbs on S9's sdpa line). A field that means nothing for a kind is null:\n"
+    "    lengths and kv_gbs on S9's sdpa line; the sdpa fields and flop_factor for\n"
+    "    sdpa_backward and sdpa_fwd_bwd). A field that means nothing for a kind is null:\n"
     "    the attention shape and mask of gemm, peak and bandwidth, the time of peak,\n"
     "    the GFLOP/s of bandwidth.\n"
     "\n"
@@ -200,7 +213,7 @@ int cmd_bench(int argc, char **argv)
     int64_t kv_heads = 0;
     int shape_ix = BENCH_N_SPEC_SHAPES + 1, impl_ix = 0; /* "all" */
     int64_t prefill = 4096, steps = 128;
-    int want_decode = 0;
+    int want_decode = 0, want_backward = 0;
     static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
     static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     int dtype_ix = 0;
@@ -237,6 +250,7 @@ int cmd_bench(int argc, char **argv)
         {"prefill", CLI_INT, &prefill, NULL, 1, BENCH_MAX_SIZE, 0},
         {"steps", CLI_INT, &steps, NULL, 1, BENCH_MAX_SIZE, 0},
         {"dtype", CLI_CHOICE, &dtype_ix, dtype_names, 0, 0, 0},
+        {"backward", CLI_FLAG, &want_backward, NULL, 0, 0, 0},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
@@ -248,9 +262,9 @@ int cmd_bench(int argc, char **argv)
                           cli_seen(opts, nopts, "query-len") ||
                           cli_seen(opts, nopts, "key-len") || cli_seen(opts, nopts, "head-dim") ||
                           cli_seen(opts, nopts, "kv-heads");
-    if (want_peak + want_mha + want_gemm + want_bw + want_decode > 1)
-        return cli_usage_error(PROG, "--peak, --mha, --gemm, --bandwidth and --decode exclude "
-                               "each other");
+    if (want_peak + want_mha + want_gemm + want_bw + want_decode + want_backward > 1)
+        return cli_usage_error(PROG, "--peak, --mha, --gemm, --bandwidth, --decode and "
+                               "--backward exclude each other");
     if ((want_peak || want_mha || want_gemm || want_bw || want_decode) &&
         (is_custom || cli_seen(opts, nopts, "shape")))
         return cli_usage_error(PROG, "--%s takes no shape (--shape or custom sizes)",
@@ -258,6 +272,8 @@ int cmd_bench(int argc, char **argv)
                                                     : want_bw ? "bandwidth" : "decode");
     if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps")))
         return cli_usage_error(PROG, "--prefill and --steps apply to --decode");
+    if (want_backward && shape_ix == BENCH_N_SPEC_SHAPES)
+        return cli_usage_error(PROG, "--backward runs S1 .. S8, not S9 (a decode step)");
     if (is_custom && cli_seen(opts, nopts, "shape"))
         return cli_usage_error(PROG, "--shape and a custom shape exclude each other");
     if (is_custom && (!Tq || !D))
@@ -292,11 +308,14 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error(PROG, "--%s runs --impl default, ref or all, not '%s'",
                                want_mha ? "mha" : "gemm", impl_names[impl_ix]);
 
-    if (dtype_ix != 0 && (want_peak || want_mha || want_gemm || want_decode))
+    if (dtype_ix != 0 && (want_peak || want_mha || want_gemm || want_decode || want_backward))
         return cli_usage_error(PROG, "--dtype %s applies to the attention shapes (and "
                                "--bandwidth's), not to --%s", dtype_names[dtype_ix],
-                               want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
-                                                                      : "decode");
+                               want_peak     ? "peak"
+                               : want_mha    ? "mha"
+                               : want_gemm   ? "gemm"
+                               : want_decode ? "decode"
+                                             : "backward");
     if (dtype_ix != 0 && shape_ix == BENCH_N_SPEC_SHAPES)
         return cli_usage_error(PROG, "S9 runs through the KV cache, which stores float32 "
                                "only: --dtype %s does not apply", dtype_names[dtype_ix]);
@@ -349,10 +368,19 @@ int cmd_bench(int argc, char **argv)
                                     window_left,
                                     window_right,
                                     softcap};
-        return bench_sdpa(&custom, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+        return (want_backward ? bench_backward(&custom, &o) : bench_sdpa(&custom, &o))
+                   ? CLI_EXIT_ERROR
+                   : CLI_EXIT_OK;
     }
     int status = 0;
     const int all = shape_ix == BENCH_N_SPEC_SHAPES + 1;
+    if (want_backward) {
+        /* The training shapes (S2, S3, S4, S8) unless one shape is named. */
+        for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
+            if (all ? (x == 1 || x == 2 || x == 3 || x == 7) : shape_ix == x)
+                status |= bench_backward(&bench_spec_shapes[x], &o);
+        return status ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+    }
     for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
         if (all || shape_ix == x)
             status |= bench_sdpa(&bench_spec_shapes[x], &o);

@@ -10,10 +10,24 @@
  * computes, in FlashAttention-2's way (Dao, arXiv 2307.08691, section 3.2,
  * Algorithm 2): the weights are never stored; each tile recomputes its scores from
  * q and k and its weights from the forward's log-sum-exp L, P_ij = exp(S_ij - L_i),
- * so memory is O(T): no [Tq, Tk] block exists anywhere. Three passes:
+ * so memory is O(T): no [Tq, Tk] block exists anywhere. Pass 0, then one of two
+ * forms:
  *
- *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), and whether row i sees a
- *                            key (a row that sees none gives and gets nothing).
+ *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), whether row i sees a key
+ *                            (a row that sees none gives and gets nothing) and
+ *                            whether its q and dO are all finite.
+ *
+ * The one-pass form (fb_head_item), item (b, hk): for each group of FB_KC key
+ * tiles in order, for each query head h of the group of hk in order, each block
+ * of rows i in order, each of the key tiles j0 .. j1-1 in order, the S, P, dP and
+ * dS below once, then dV_j += P_ij dO_i, dK_j += dS_ij q_i and dQ_i += dS_ij k_j. The item owns dK and dV of (b, hk) and dQ of its group's query
+ * heads (accumulated in its own scratch rows, key tile by key tile): five products
+ * of Q K^T's size per visible pair, FlashAttention-2's count. The planner takes it
+ * when there are two or more (b, hk) items and no dbias is wanted.
+ *
+ * The two-pass form, for a single (b, hk) item (nothing to share among threads)
+ * or a dbias (which a broadcast bias would have several items write):
+ *
  *   pass 1, item (b, hk, key tile j0 .. j1-1): for each query head h of the group
  *                            of hk in order, each row i in order:
  *                              S_ij, P_ij = exp(S_ij - L_i), dP_ij = dO_i . v_j,
@@ -31,8 +45,10 @@
  * Every sum runs in an order fixed by the shapes (tile boundaries never depend on
  * the thread count), and no two items write the same float, so the result has
  * the same bits for any number of threads: no atomics, no reductions across
- * threads. The price is that pass 2 recomputes S and dP (seven products of the
- * size of Q K^T instead of FlashAttention-2's five). A dbias broadcast along b, h
+ * threads. The two-pass form pays for it by recomputing S and dP in pass 2 (seven
+ * products instead of five). Both forms add each element's terms in the same
+ * order (dQ_i over key tiles, then keys, in order; dK_j and dV_j over query heads,
+ * then rows, in order), so they give the same bits. A dbias broadcast along b, h
  * or the query axis would be written by several items; then pass 2 runs on one
  * thread (the planner in sdpa_fused_backward.c decides), which keeps the bits.
  * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken after pass 0
@@ -99,8 +115,26 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 }
 
 /* Query rows processed together against one key tile: each packed K^T (V^T) vector
- * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms. */
-#define FB_R 4
+ * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms.
+ * FB_NV vectors side by side (of keys in the scores, of d in the products) keep
+ * FB_R x FB_NV accumulators in registers: 16 of AVX-512's 32, 8 of AVX2's 16. */
+#define FB_R 8
+/* Key tiles the one-pass form holds at once (see fb_head_item). */
+#define FB_KC 4
+#if defined(ATTN_SIMD_AVX512)
+#define FB_NV 2
+#else
+#define FB_NV 1
+#endif
+/* Vectors of d in the dK and dV tiles of four keys: 4 x FB_ND accumulators (16 of
+ * AVX-512's registers, 8 of AVX2's), each broadcast weight feeding FB_ND FMAs. */
+#if defined(ATTN_SIMD_AVX512)
+#define FB_ND 4
+#elif defined(ATTN_SIMD_AVX2)
+#define FB_ND 2
+#else
+#define FB_ND 1
+#endif
 
 /* The per-worker scratch, carved from job->ws in this order (each part a multiple
  * of 16 floats, so every part starts on a 64-byte boundary). */
@@ -110,24 +144,43 @@ typedef struct fb_ws {
     float *krow; /* the key tile's rows, padded [bc][dp] (pass 2) */
     float *acc1; /* dK [bc][dp] (pass 1) or dQ [br][dp] (pass 2) */
     float *acc2; /* dV [bc][dvp] (pass 1) */
-    float *qi;   /* FB_R query rows [FB_R][dp] */
-    float *doi;  /* FB_R rows of dO [FB_R][dvp] */
+    float *qi;   /* FB_R query rows, when copied (padded) [FB_R][dp] */
+    float *doi;  /* FB_R rows of dO, when copied [FB_R][dvp] */
     float *p;    /* the rows' weights along the tile [FB_R][bcp] */
     float *ds;   /* dS before the softcap's factor [FB_R][bcp] */
     float *dsx;  /* dS after it (the score product's gradient) [FB_R][bcp] */
     float *t;    /* tanh(x / c) under a softcap [FB_R][bcp] */
     float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
+    float *dqpad; /* where an unused slot's dQ goes (one-pass form) [dp] */
+    float *more;  /* tiles 1 .. FB_KC-1's kt, vt, krow, acc1, acc2 (one-pass form) */
+    float *dqacc; /* dQ of the item's rows (one-pass form) [group][Tq][dp] */
+    /* The block's rows of q (dp floats readable) and dO (dvp): in place in the
+     * arguments when a row is contiguous and needs no padding, else in qi, doi. */
+    const float *qrow[FB_R], *drow[FB_R];
 } fb_ws;
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
 
+/* job->sees[row]'s bits: the row sees a key; its q and dO are all finite. */
+#define FB_ROW_SEES 1
+#define FB_ROW_FINITE 2
+
 /* Floats of scratch one worker needs (the planner calls the portable build's). */
-static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
-                                      int64_t bcp, int64_t dp, int64_t dvp)
+static inline int64_t fb_tile_floats(int64_t D, int64_t Dv, int64_t br, int64_t bc,
+                                     int64_t bcp, int64_t dp, int64_t dvp)
 {
     return fb_a16(D * bcp) + fb_a16(Dv * bcp) + fb_a16(bc * dp) +
-           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp) + fb_a16(FB_R * dp) +
-           fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp);
+           fb_a16(fb_max(bc, br) * dp) + fb_a16(bc * dvp);
+}
+
+/* dq_rows is 0 for the two-pass form, else group x Tq (the one-pass form, which
+ * also keeps FB_KC key tiles at once). */
+static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t bc,
+                                      int64_t bcp, int64_t dp, int64_t dvp, int64_t dq_rows)
+{
+    const int64_t tile = fb_tile_floats(D, Dv, br, bc, bcp, dp, dvp);
+    return tile + fb_a16(FB_R * dp) + fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp) +
+           fb_a16(dp) + (dq_rows ? (FB_KC - 1) * tile + dq_rows * dp : 0);
 }
 
 static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
@@ -158,6 +211,36 @@ static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
     r.t = w;
     w += fb_a16(FB_R * job->bcp);
     r.vis = w;
+    w += fb_a16(FB_R * job->bcp);
+    r.dqpad = w;
+    w += fb_a16(job->dp);
+    r.more = w;
+    if (job->one_pass) /* the two-pass form has neither part */
+        w += (FB_KC - 1) * fb_tile_floats(s->D, s->Dv, job->br, job->bc, job->bcp, job->dp,
+                                          job->dvp);
+    r.dqacc = w;
+    return r;
+}
+
+/* w with its key tile's buffers (kt, vt, krow, acc1, acc2) those of tile c of the
+ * one-pass form's FB_KC (tile 0 is w's own). */
+static fb_ws fb_ws_tile(const attn__fused_bwd_job *job, const fb_ws *w, int c)
+{
+    const attn__sdpa_shapes *s = &job->bs->s;
+    fb_ws r = *w;
+    if (c == 0)
+        return r;
+    float *t = w->more + (int64_t)(c - 1) * fb_tile_floats(s->D, s->Dv, job->br, job->bc,
+                                                            job->bcp, job->dp, job->dvp);
+    r.kt = t;
+    t += fb_a16(s->D * job->bcp);
+    r.vt = t;
+    t += fb_a16(s->Dv * job->bcp);
+    r.krow = t;
+    t += fb_a16(job->bc * job->dp);
+    r.acc1 = t;
+    t += fb_a16(fb_max(job->bc, job->br) * job->dp);
+    r.acc2 = t;
     return r;
 }
 
@@ -198,83 +281,141 @@ static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int
     return finite;
 }
 
-/* Gathers row i of (b, h)'s q and dO into slot r of w->qi and w->doi, zero-padded;
- * i < 0 fills the slot with zeros (an unused slot). Returns 1 when both rows are
- * finite. */
+/* Points slot r of w->qrow and w->drow at row i of (b, h)'s q and dO: in place
+ * when the row is contiguous and D (Dv) is a whole number of vectors, else
+ * gathered into w->qi (w->doi) and zero-padded; i < 0 makes the slot a row of
+ * zeros (an unused slot). Returns 1 when both rows are finite (pass 0 looked). */
 static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
-                       int r, const fb_ws *w)
+                       int r, fb_ws *w)
 {
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
     float *qi = w->qi + r * job->dp, *doi = w->doi + r * job->dvp;
-    memset(qi, 0, (size_t)job->dp * sizeof(float));
-    memset(doi, 0, (size_t)job->dvp * sizeof(float));
-    if (i < 0)
+    w->qrow[r] = qi;
+    w->drow[r] = doi;
+    if (i < 0) {
+        memset(qi, 0, (size_t)job->dp * sizeof(float));
+        memset(doi, 0, (size_t)job->dvp * sizeof(float));
         return 1;
-    if (s->q_s[3] == 1)
-        memcpy(qi, job->q + attn__off4(s->q_s, b, h, i, 0), (size_t)s->D * sizeof(float));
-    else
+    }
+    if (s->q_s[3] == 1 && s->D == job->dp) {
+        w->qrow[r] = job->q + attn__off4(s->q_s, b, h, i, 0);
+    } else {
+        memset(qi, 0, (size_t)job->dp * sizeof(float));
         for (int64_t d = 0; d < s->D; d++)
             qi[d] = job->q[attn__off4(s->q_s, b, h, i, d)];
-    if (bs->do_s[3] == 1)
-        memcpy(doi, job->dout + attn__off4(bs->do_s, b, h, i, 0),
-               (size_t)s->Dv * sizeof(float));
-    else
+    }
+    if (bs->do_s[3] == 1 && s->Dv == job->dvp) {
+        w->drow[r] = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+    } else {
+        memset(doi, 0, (size_t)job->dvp * sizeof(float));
         for (int64_t d = 0; d < s->Dv; d++)
             doi[d] = job->dout[attn__off4(bs->do_s, b, h, i, d)];
-    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0 exactly
-     * when every element is finite. */
-    simd_f32 z = simd_zero();
-    const simd_f32 zero = simd_zero();
-    for (int64_t d = 0; d < job->dp; d += SIMD_W)
-        z = simd_fma(simd_load(qi + d), zero, z);
-    for (int64_t d = 0; d < job->dvp; d += SIMD_W)
-        z = simd_fma(simd_load(doi + d), zero, z);
-    return simd_hsum(z) == 0.0f;
+    }
+    return (job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_FINITE) != 0;
+}
+
+/* vis[jv0 .. jv1-1] = 1 for a <= j < e, else 0 (jv0, jv1 multiples of the vector
+ * width): whole vectors where they lie on one side of both ends, element by
+ * element only in the vectors an end cuts. */
+static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t jv0, int64_t jv1)
+{
+    const simd_f32 one = simd_set1(1.0f), zero = simd_zero();
+    for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
+        if (jv >= a && jv + SIMD_W <= e)
+            simd_store(vis + jv, one);
+        else if (jv + SIMD_W <= a || jv >= e)
+            simd_store(vis + jv, zero);
+        else
+            for (int64_t j = jv; j < jv + SIMD_W; j++)
+                vis[j] = j >= a && j < e ? 1.0f : 0.0f;
+    }
 }
 
 /* For the FB_R rows rows[0 .. FB_R-1] of (b, h) (already in w->qi, w->doi; a row
  * of -1 is an unused slot) against the packed key tile j0 .. j0+n-1: in slot r,
  * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
  * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
- * selection, never by a product, so a NaN score there stays out. */
+ * selection, never by a product, so a NaN score there stays out. [*jlo, *jhi) is
+ * the tile's keys (0-based in the tile) that some row's range reaches: only they
+ * are scored (rounded out to whole key steps: the diagonal tiles of a causal mask
+ * cost about half), and only they may be read afterwards. */
 static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                          const int64_t *rows, int64_t j0, int64_t n, float slope,
-                         const fb_ws *w)
+                         const fb_ws *w, int64_t *jlo, int64_t *jhi)
 {
+    const attn__sdpa_shapes *s0 = &job->bs->s;
+    int64_t ra[FB_R], re[FB_R], ulo = n, uhi = 0;
+    for (int r = 0; r < FB_R; r++) {
+        ra[r] = re[r] = 0;
+        if (rows[r] < 0)
+            continue;
+        int64_t lo, hi;
+        fb_row_range(s0, rows[r], &lo, &hi);
+        ra[r] = fb_max(0, fb_min(n, lo - j0));
+        re[r] = fb_max(ra[r], fb_min(n, hi - j0));
+        ulo = fb_min(ulo, ra[r]);
+        uhi = fb_max(uhi, re[r]);
+    }
+    uhi = fb_max(ulo, uhi);
+    *jlo = ulo;
+    *jhi = uhi;
+    const int64_t step = FB_NV * SIMD_W;
+    const int64_t jv0 = ulo / step * step, jv1 = fb_min(job->bcp, (uhi + step - 1) / step * step);
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
-    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    const int64_t bcp = job->bcp;
     const simd_f32 vscale = simd_set1(s->scale);
     const int cap = s->softcap > 0.0f;
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
+    const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
 
-    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, a vector of keys
-     * for FB_R rows at a time. The softcap's tanh is kept for its derivative. */
-    for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
-        simd_f32 x[FB_R], dpv[FB_R];
+    /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
+     * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
+     * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
+     * (dO_i[d]) FB_NV. The softcap's tanh is kept for its derivative. */
+    for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
+        simd_f32 x[FB_R][FB_NV];
         for (int r = 0; r < FB_R; r++)
-            x[r] = dpv[r] = simd_zero();
+            for (int c = 0; c < FB_NV; c++)
+                x[r][c] = simd_zero();
         for (int64_t d = 0; d < s->D; d++) {
-            const simd_f32 kv = simd_load(w->kt + d * bcp + jv);
-            for (int r = 0; r < FB_R; r++)
-                x[r] = simd_fma(simd_set1(w->qi[r * dp + d]), kv, x[r]);
-        }
-        for (int64_t d = 0; d < s->Dv; d++) {
-            const simd_f32 vv = simd_load(w->vt + d * bcp + jv);
-            for (int r = 0; r < FB_R; r++)
-                dpv[r] = simd_fma(simd_set1(w->doi[r * dvp + d]), vv, dpv[r]);
-        }
-        for (int r = 0; r < FB_R; r++) {
-            simd_f32 xr = simd_mul(x[r], vscale);
-            if (cap) {
-                const simd_f32 t = simd_tanh(simd_div(xr, vc));
-                simd_store(w->t + r * bcp + jv, t);
-                xr = simd_mul(vc, t);
+            simd_f32 kv[FB_NV];
+            for (int c = 0; c < FB_NV; c++)
+                kv[c] = simd_load(w->kt + d * bcp + jv + c * SIMD_W);
+            for (int r = 0; r < FB_R; r++) {
+                const simd_f32 g = simd_set1(w->qrow[r][d]);
+                for (int c = 0; c < FB_NV; c++)
+                    x[r][c] = simd_fma(g, kv[c], x[r][c]);
             }
-            simd_store(w->p + r * bcp + jv, xr);     /* the score so far */
-            simd_store(w->ds + r * bcp + jv, dpv[r]); /* dP for now */
         }
+        for (int r = 0; r < FB_R; r++)
+            for (int c = 0; c < FB_NV; c++) {
+                const int64_t at = r * bcp + jv + c * SIMD_W;
+                simd_f32 xr = simd_mul(x[r][c], vscale);
+                if (cap) {
+                    const simd_f32 t = simd_tanh(simd_div(xr, vc));
+                    simd_store(w->t + at, t);
+                    xr = simd_mul(vc, t);
+                }
+                simd_store(w->p + at, xr); /* the score so far */
+            }
+        for (int r = 0; r < FB_R; r++)
+            for (int c = 0; c < FB_NV; c++)
+                x[r][c] = simd_zero();
+        for (int64_t d = 0; d < s->Dv; d++) {
+            simd_f32 vv[FB_NV];
+            for (int c = 0; c < FB_NV; c++)
+                vv[c] = simd_load(w->vt + d * bcp + jv + c * SIMD_W);
+            for (int r = 0; r < FB_R; r++) {
+                const simd_f32 g = simd_set1(w->drow[r][d]);
+                for (int c = 0; c < FB_NV; c++)
+                    x[r][c] = simd_fma(g, vv[c], x[r][c]);
+            }
+        }
+        for (int r = 0; r < FB_R; r++)
+            for (int c = 0; c < FB_NV; c++)
+                simd_store(w->ds + r * bcp + jv + c * SIMD_W, x[r][c]); /* dP for now */
     }
     const int check = s->mask.data != NULL || s->bias != NULL;
     for (int r = 0; r < FB_R; r++) {
@@ -282,18 +423,19 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         float *p = w->p + r * bcp, *ds = w->ds + r * bcp, *dsx = w->dsx + r * bcp;
         float *vis = w->vis + r * bcp;
         if (i < 0) {
-            for (int64_t j = 0; j < bcp; j++)
-                vis[j] = p[j] = ds[j] = dsx[j] = 0.0f;
+            for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
+                simd_store(vis + jv, zero);
+                simd_store(p + jv, zero);
+                simd_store(ds + jv, zero);
+                simd_store(dsx + jv, zero);
+            }
             continue;
         }
         /* Which keys are visible: the range [a, e) of the tile that the causal
          * alignment and the window let through, then, element by element within
          * it, the mask and a -inf bias; the bias and ALiBi are added there. */
-        int64_t lo, hi;
-        fb_row_range(s, i, &lo, &hi);
-        const int64_t a = fb_max(0, fb_min(n, lo - j0)), e = fb_max(a, fb_min(n, hi - j0));
-        for (int64_t j = 0; j < bcp; j++)
-            vis[j] = j >= a && j < e ? 1.0f : 0.0f;
+        const int64_t a = ra[r], e = re[r];
+        fb_fill_range(vis, a, e, jv0, jv1);
         if (check || s->alibi)
             for (int64_t j = a; j < e; j++) {
                 const int64_t jj = j0 + j;
@@ -308,11 +450,13 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                     p[j] -= slope * (float)(dist < 0 ? -dist : dist);
                 }
             }
-        /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2. */
+        /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2; a
+         * hidden key's three are 0, chosen, not multiplied. */
         const simd_f32 vL = simd_set1(job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] +
                                                i * bs->lse_s[2]]);
         const simd_f32 vdelta = simd_set1(job->delta[(b * s->H + h) * s->Tq + i]);
-        for (int64_t jv = 0; jv < bcp; jv += SIMD_W) {
+        for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
+            const simd_f32 vv = simd_load(vis + jv);
             const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
             const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
             simd_f32 dsxv = dsv;
@@ -320,13 +464,10 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 const simd_f32 t = simd_load(w->t + r * bcp + jv);
                 dsxv = simd_mul(dsv, simd_sub(one, simd_mul(t, t)));
             }
-            simd_store(p + jv, pv);
-            simd_store(ds + jv, dsv);
-            simd_store(dsx + jv, dsxv);
+            simd_store(p + jv, simd_select_lt(vv, half, zero, pv));
+            simd_store(ds + jv, simd_select_lt(vv, half, zero, dsv));
+            simd_store(dsx + jv, simd_select_lt(vv, half, zero, dsxv));
         }
-        for (int64_t j = 0; j < bcp; j++)
-            if (vis[j] == 0.0f)
-                p[j] = ds[j] = dsx[j] = 0.0f;
     }
 }
 
@@ -338,20 +479,80 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
         simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
 }
 
-/* acc[0 .. len-1] += sum over r of a[r * stride] * x[r * xs + 0 .. len-1], the FB_R
- * rows' terms in order r = 0, 1, ...; len a multiple of the vector width. */
-static void fb_axpy_rows(float *acc, const float *a, int64_t stride, const float *x,
-                         int64_t xs, int64_t len)
+/* For the keys j of [j0, j1): acc[j * ld + d] += sum over the FB_R slots u, in
+ * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector
+ * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_ND vectors
+ * of d stay in registers while the FB_R rows stream past, so each loaded x vector
+ * feeds four FMAs and each accumulator is loaded and stored once per FB_R rows. */
+static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
+                         const float *const *x, int64_t len, int64_t j0, int64_t j1)
 {
-    simd_f32 va[FB_R];
-    for (int r = 0; r < FB_R; r++)
-        va[r] = simd_set1(a[r * stride]);
-    for (int64_t d = 0; d < len; d += SIMD_W) {
-        simd_f32 acc_v = simd_load(acc + d);
-        for (int r = 0; r < FB_R; r++)
-            acc_v = simd_fma(va[r], simd_load(x + r * xs + d), acc_v);
-        simd_store(acc + d, acc_v);
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+        int64_t d = 0;
+        for (; d + FB_ND * SIMD_W <= len; d += FB_ND * SIMD_W) {
+            simd_f32 c[4][FB_ND];
+            for (int q = 0; q < 4; q++)
+                for (int v = 0; v < FB_ND; v++)
+                    c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
+            for (int u = 0; u < FB_R; u++) {
+                simd_f32 xv[FB_ND];
+                for (int v = 0; v < FB_ND; v++)
+                    xv[v] = simd_load(x[u] + d + v * SIMD_W);
+                for (int q = 0; q < 4; q++) {
+                    const simd_f32 g = simd_set1(a[u * bcp + j + q]);
+                    for (int v = 0; v < FB_ND; v++)
+                        c[q][v] = simd_fma(g, xv[v], c[q][v]);
+                }
+            }
+            for (int q = 0; q < 4; q++)
+                for (int v = 0; v < FB_ND; v++)
+                    simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
+        }
+        for (; d < len; d += SIMD_W) {
+            simd_f32 c[4];
+            for (int q = 0; q < 4; q++)
+                c[q] = simd_load(acc + (j + q) * ld + d);
+            for (int u = 0; u < FB_R; u++) {
+                const simd_f32 xv = simd_load(x[u] + d);
+                for (int q = 0; q < 4; q++)
+                    c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
+            }
+            for (int q = 0; q < 4; q++)
+                simd_store(acc + (j + q) * ld + d, c[q]);
+        }
     }
+    for (; j < j1; j++)
+        for (int64_t d = 0; d < len; d += SIMD_W) {
+            simd_f32 c = simd_load(acc + j * ld + d);
+            for (int u = 0; u < FB_R; u++)
+                c = simd_fma(simd_set1(a[u * bcp + j]), simd_load(x[u] + d), c);
+            simd_store(acc + j * ld + d, c);
+        }
+}
+
+/* dV_j += sum_r P_rj dO_r and dK_j += sum_r dS_rj q_r (before the scale) for the
+ * tile's keys [jlo, jhi), from the FB_R rows fb_rows_tile just scored (outside
+ * that range every row's P and dS are 0). finite says every row's q and dO is
+ * finite. */
+static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int64_t jlo,
+                             int64_t jhi, int finite)
+{
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    if (finite) {
+        /* A hidden (i, j) adds 0 * a finite number: nothing. */
+        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, dvp, jlo, jhi);
+        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, dp, jlo, jhi);
+        return;
+    }
+    /* A NaN or inf in a row's q or dO must not reach the keys that row cannot
+     * see: skip them, as the reference does. */
+    for (int64_t j = jlo; j < jhi; j++)
+        for (int u = 0; u < FB_R; u++)
+            if (w->vis[u * bcp + j] != 0.0f) {
+                fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->drow[u], dvp);
+                fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qrow[u], dp);
+            }
 }
 
 /* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
@@ -374,7 +575,27 @@ static void fb_delta_item(void *arg, int64_t item, int worker)
             for (int64_t j = lo; j < hi && !sees; j++)
                 sees = attn__may_attend(s, b, h, i, j);
         }
-        job->sees[row] = (unsigned char)sees;
+        /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0
+         * exactly when both rows are finite. */
+        simd_f32 zv = simd_zero();
+        const simd_f32 zero = simd_zero();
+        int64_t dq0 = 0, dd0 = 0;
+        if (s->q_s[3] == 1) {
+            const float *pq = job->q + attn__off4(s->q_s, b, h, i, 0);
+            for (; dq0 + SIMD_W <= s->D; dq0 += SIMD_W)
+                zv = simd_fma(simd_load(pq + dq0), zero, zv);
+        }
+        if (bs->do_s[3] == 1) {
+            const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+            for (; dd0 + SIMD_W <= s->Dv; dd0 += SIMD_W)
+                zv = simd_fma(simd_load(pd + dd0), zero, zv);
+        }
+        float z = simd_hsum(zv);
+        for (int64_t d = dq0; d < s->D; d++)
+            z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
+        for (int64_t d = dd0; d < s->Dv; d++)
+            z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
+        job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
         float dl = 0.0f;
         if (sees) {
             /* Gathered, then summed a vector at a time; the reference's order is
@@ -407,8 +628,8 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     const int64_t kt = item % job->n_kt, bhk = item / job->n_kt;
     const int64_t b = bhk / s->Hkv, hk = bhk % s->Hkv;
     const int64_t j0 = kt * job->bc, n = fb_min(job->bc, s->Tk - j0);
-    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
-    const fb_ws w = fb_ws_of(job, worker);
+    const int64_t dp = job->dp, dvp = job->dvp;
+    fb_ws w = fb_ws_of(job, worker);
 
     memset(w.acc1, 0, (size_t)(n * dp) * sizeof(float));
     memset(w.acc2, 0, (size_t)(n * dvp) * sizeof(float));
@@ -423,7 +644,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             for (; i < s->Tq && r < FB_R; i++) {
                 int64_t lo, hi;
                 fb_row_range(s, i, &lo, &hi);
-                if (hi <= j0 || lo >= j0 + n || !job->sees[(b * s->H + h) * s->Tq + i])
+                if (hi <= j0 || lo >= j0 + n || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
                     continue;
                 rows[r] = i;
                 finite &= fb_load_row(job, b, h, i, r, &w);
@@ -435,27 +656,9 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
                 rows[u] = -1;
                 fb_load_row(job, b, h, -1, u, &w);
             }
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
-            for (int64_t j = 0; j < n; j++) {
-                int any = 0;
-                for (int u = 0; u < FB_R; u++)
-                    any |= w.vis[u * bcp + j] != 0.0f;
-                if (!any)
-                    continue;
-                if (finite) {
-                    /* A hidden (i, j) adds 0 * a finite number: nothing. */
-                    fb_axpy_rows(w.acc2 + j * dvp, w.p + j, bcp, w.doi, dvp, dvp);
-                    fb_axpy_rows(w.acc1 + j * dp, w.dsx + j, bcp, w.qi, dp, dp);
-                } else {
-                    /* A NaN or inf in a row's q or dO must not reach the keys that
-                     * row cannot see: skip them, as the reference does. */
-                    for (int u = 0; u < FB_R; u++)
-                        if (w.vis[u * bcp + j] != 0.0f) {
-                            fb_axpy(w.acc2 + j * dvp, w.p[u * bcp + j], w.doi + u * dvp, dvp);
-                            fb_axpy(w.acc1 + j * dp, w.dsx[u * bcp + j], w.qi + u * dp, dp);
-                        }
-                }
-            }
+            int64_t jlo, jhi;
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
+            fb_kv_accumulate(job, &w, jlo, jhi, finite);
         }
     }
     for (int64_t j = 0; j < n; j++) {
@@ -464,6 +667,160 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
         for (int64_t d = 0; d < s->Dv; d++)
             job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
     }
+}
+
+/* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots into acc[u] (dp floats each;
+ * an unused slot's dS row is all zeros and its acc a scratch row), over the keys
+ * [j0, j1) of the tile's packed rows w->krow (outside them every dS is 0). Each
+ * loaded key vector feeds the FB_R rows, FB_NV vectors of d at a time; each
+ * element's sum runs over j in order, the order of pass 2, and the zero terms it
+ * leaves out could only add +0 to a sum that is never -0: both give the same
+ * bits. Only for a tile whose k is all finite (a hidden key then adds 0 * k). */
+static void fb_dq_rows(float *const acc[FB_R], const float *dsx, int64_t bcp,
+                       const float *krow, int64_t dp, int64_t j0, int64_t j1)
+{
+    int64_t d = 0;
+    for (; d + FB_NV * SIMD_W <= dp; d += FB_NV * SIMD_W) {
+        simd_f32 c[FB_R][FB_NV];
+        for (int u = 0; u < FB_R; u++)
+            for (int v = 0; v < FB_NV; v++)
+                c[u][v] = simd_load(acc[u] + d + v * SIMD_W);
+        for (int64_t j = j0; j < j1; j++) {
+            simd_f32 kv[FB_NV];
+            for (int v = 0; v < FB_NV; v++)
+                kv[v] = simd_load(krow + j * dp + d + v * SIMD_W);
+            for (int u = 0; u < FB_R; u++) {
+                const simd_f32 g = simd_set1(dsx[u * bcp + j]);
+                for (int v = 0; v < FB_NV; v++)
+                    c[u][v] = simd_fma(g, kv[v], c[u][v]);
+            }
+        }
+        for (int u = 0; u < FB_R; u++)
+            for (int v = 0; v < FB_NV; v++)
+                simd_store(acc[u] + d + v * SIMD_W, c[u][v]);
+    }
+    for (; d < dp; d += SIMD_W) {
+        simd_f32 c[FB_R];
+        for (int u = 0; u < FB_R; u++)
+            c[u] = simd_load(acc[u] + d);
+        for (int64_t j = j0; j < j1; j++) {
+            const simd_f32 kv = simd_load(krow + j * dp + d);
+            for (int u = 0; u < FB_R; u++)
+                c[u] = simd_fma(simd_set1(dsx[u * bcp + j]), kv, c[u]);
+        }
+        for (int u = 0; u < FB_R; u++)
+            simd_store(acc[u] + d, c[u]);
+    }
+}
+
+/* The one-pass form, item (b, hk): every gradient of the key/value head hk of
+ * sample b and of its group's query heads. Key tiles run in order; for each, dK
+ * and dV of the tile as in pass 1, and, from the same P and dS, dQ of each row
+ * that sees the tile, added into the item's own rows of w->dqacc [group][Tq][dp]
+ * in key-tile order, as pass 2 would. Five products per visible pair instead of
+ * the two passes' seven; the planner chooses it (by the shapes alone, never the
+ * thread count) when there are enough (b, hk) items to share among threads and no
+ * dbias is wanted. */
+static void fb_head_item(void *arg, int64_t item, int worker)
+{
+    const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t b = item / s->Hkv, hk = item % s->Hkv;
+    const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
+    fb_ws w = fb_ws_of(job, worker);
+    float *const dqacc = w.dqacc;
+    memset(dqacc, 0, (size_t)(s->group * s->Tq * dp) * sizeof(float));
+    memset(w.dqpad, 0, (size_t)dp * sizeof(float));
+
+    /* FB_KC key tiles at a time: a block of rows loaded (q, dO, its dQ rows) serves
+     * all of them, so the rows stream from memory FB_KC times less often while the
+     * tiles' packed K, V and dK, dV accumulators stay in the core's cache. Each
+     * tile still sees the heads and rows in order, and each dQ row the tiles in
+     * order: the sums are the same as one tile at a time. */
+    for (int64_t kc = 0; kc < job->n_kt; kc += FB_KC) {
+        const int nt = (int)fb_min(FB_KC, job->n_kt - kc);
+        fb_ws wt[FB_KC];
+        int64_t j0[FB_KC], n[FB_KC];
+        int packed[FB_KC], kfinite[FB_KC];
+        for (int c = 0; c < nt; c++) {
+            wt[c] = fb_ws_tile(job, &w, c);
+            j0[c] = (kc + c) * job->bc;
+            n[c] = fb_min(job->bc, s->Tk - j0[c]);
+            packed[c] = 0;
+            kfinite[c] = 1;
+            memset(wt[c].acc1, 0, (size_t)(n[c] * dp) * sizeof(float));
+            memset(wt[c].acc2, 0, (size_t)(n[c] * dvp) * sizeof(float));
+        }
+        const int64_t J0 = j0[0], J1 = j0[nt - 1] + n[nt - 1];
+        for (int64_t g = 0; g < s->group; g++) {
+            const int64_t h = hk * s->group + g;
+            const float slope = attn__alibi_slope(s, h);
+            int64_t i = 0;
+            while (i < s->Tq) {
+                /* The next FB_R rows, in order, that see a key of these tiles. */
+                int64_t rows[FB_R], lo[FB_R], hi[FB_R];
+                float *dqrow[FB_R];
+                int r = 0, finite = 1;
+                for (; i < s->Tq && r < FB_R; i++) {
+                    fb_row_range(s, i, &lo[r], &hi[r]);
+                    if (hi[r] <= J0 || lo[r] >= J1 ||
+                        !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
+                        continue;
+                    rows[r] = i;
+                    dqrow[r] = dqacc + (g * s->Tq + i) * dp;
+                    finite &= fb_load_row(job, b, h, i, r, &w);
+                    r++;
+                }
+                if (r == 0)
+                    break;
+                for (int u = r; u < FB_R; u++) {
+                    rows[u] = -1;
+                    dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
+                    fb_load_row(job, b, h, -1, u, &w);
+                }
+                for (int c = 0; c < nt; c++) {
+                    /* Only the tiles some row of the block reaches. */
+                    int reach = 0;
+                    for (int u = 0; u < r; u++)
+                        reach |= hi[u] > j0[c] && lo[u] < j0[c] + n[c];
+                    if (!reach)
+                        continue;
+                    if (!packed[c]) {
+                        kfinite[c] = fb_pack_kv(job, b, hk, j0[c], n[c], &wt[c], 1);
+                        packed[c] = 1;
+                    }
+                    fb_ws *v = &wt[c];
+                    memcpy(v->qrow, w.qrow, sizeof w.qrow);
+                    memcpy(v->drow, w.drow, sizeof w.drow);
+                    int64_t jlo, jhi;
+                    fb_rows_tile(job, b, h, rows, j0[c], n[c], slope, v, &jlo, &jhi);
+                    fb_kv_accumulate(job, v, jlo, jhi, finite);
+                    if (kfinite[c]) {
+                        fb_dq_rows(dqrow, v->dsx, bcp, v->krow, dp, jlo, jhi);
+                    } else {
+                        for (int u = 0; u < r; u++)
+                            for (int64_t j = jlo; j < jhi; j++)
+                                if (v->vis[u * bcp + j] != 0.0f)
+                                    fb_axpy(dqrow[u], v->dsx[u * bcp + j], v->krow + j * dp, dp);
+                    }
+                }
+            }
+        }
+        for (int c = 0; c < nt; c++)
+            for (int64_t j = 0; j < n[c]; j++) {
+                for (int64_t d = 0; d < s->D; d++)
+                    job->dk[attn__off4(bs->dk_s, b, hk, j0[c] + j, d)] =
+                        s->scale * wt[c].acc1[j * dp + d];
+                for (int64_t d = 0; d < s->Dv; d++)
+                    job->dv[attn__off4(bs->dv_s, b, hk, j0[c] + j, d)] = wt[c].acc2[j * dvp + d];
+            }
+    }
+    for (int64_t g = 0; g < s->group; g++)
+        for (int64_t i = 0; i < s->Tq; i++)
+            for (int64_t d = 0; d < s->D; d++)
+                job->dq[attn__off4(bs->dq_s, b, hk * s->group + g, i, d)] =
+                    s->scale * dqacc[(g * s->Tq + i) * dp + d];
 }
 
 /* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their
@@ -478,9 +835,10 @@ static void fb_q_item(void *arg, int64_t item, int worker)
     const int64_t i0 = qt * job->br, m = fb_min(job->br, s->Tq - i0);
     const int64_t bcp = job->bcp, dp = job->dp;
     const float slope = attn__alibi_slope(s, h);
-    const fb_ws w = fb_ws_of(job, worker);
+    fb_ws w = fb_ws_of(job, worker);
 
     memset(w.acc1, 0, (size_t)(m * dp) * sizeof(float));
+    memset(w.dqpad, 0, (size_t)dp * sizeof(float));
     int64_t lo, hi, lo_last, hi_last;
     fb_row_range(s, i0, &lo, &hi);
     fb_row_range(s, i0 + m - 1, &lo_last, &hi_last);
@@ -495,7 +853,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 const int64_t i = i0 + r0;
                 int64_t a, e;
                 fb_row_range(s, i, &a, &e);
-                if (e <= j0 || a >= j0 + n || !job->sees[bh * s->Tq + i])
+                if (e <= j0 || a >= j0 + n || !(job->sees[bh * s->Tq + i] & FB_ROW_SEES))
                     continue;
                 if (!packed) {
                     kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
@@ -512,26 +870,23 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 rows[u] = -1;
                 fb_load_row(job, b, h, -1, u, &w);
             }
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w);
+            int64_t jlo, jhi;
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
+            if (kfinite) {
+                /* A hidden key adds 0 * a finite k: nothing. */
+                float *dqrow[FB_R];
+                for (int u = 0; u < FB_R; u++)
+                    dqrow[u] = u < r ? w.acc1 + slot[u] * dp : w.dqpad;
+                fb_dq_rows(dqrow, w.dsx, bcp, w.krow, dp, jlo, jhi);
+            }
             for (int u = 0; u < r; u++) {
-                float *acc = w.acc1 + slot[u] * dp;
                 const float *dsx = w.dsx + u * bcp, *vis = w.vis + u * bcp;
-                if (kfinite) {
-                    /* dQ_i += sum_j dS_ij k_j, a vector of dQ_i in registers while
-                     * the keys stream; a hidden key adds 0 * a finite k: nothing. */
-                    for (int64_t d = 0; d < dp; d += SIMD_W) {
-                        simd_f32 a = simd_load(acc + d);
-                        for (int64_t j = 0; j < n; j++)
-                            a = simd_fma(simd_set1(dsx[j]), simd_load(w.krow + j * dp + d), a);
-                        simd_store(acc + d, a);
-                    }
-                } else {
-                    for (int64_t j = 0; j < n; j++)
+                if (!kfinite)
+                    for (int64_t j = jlo; j < jhi; j++)
                         if (vis[j] != 0.0f)
-                            fb_axpy(acc, dsx[j], w.krow + j * dp, dp);
-                }
+                            fb_axpy(w.acc1 + slot[u] * dp, dsx[j], w.krow + j * dp, dp);
                 if (bs->dbias)
-                    for (int64_t j = 0; j < n; j++)
+                    for (int64_t j = jlo; j < jhi; j++)
                         if (vis[j] != 0.0f)
                             bs->dbias[attn__off4(bs->dbias_s, b, h, rows[u], j0 + j)] +=
                                 w.ds[u * bcp + j];

@@ -12,7 +12,7 @@
 #include <string.h>
 
 const attn__fused_bwd_kernel attn__fused_bwd_kernel_scalar = {
-    ATTN_ARCH_SCALAR, SIMD_W, fb_delta_item, fb_kv_item, fb_q_item,
+    ATTN_ARCH_SCALAR, SIMD_W, FB_NV * SIMD_W, fb_delta_item, fb_kv_item, fb_q_item, fb_head_item,
 };
 
 const attn__fused_bwd_kernel *attn__fused_bwd_kernel_for(attn_arch arch)
@@ -47,10 +47,19 @@ static void job_layout(const attn__fused_bwd_kernel *kern, const attn__sdpa_bwd_
     job->bc = s->Tk < ATTN__FUSED_BWD_BC ? s->Tk : ATTN__FUSED_BWD_BC;
     job->n_qt = (s->Tq + job->br - 1) / job->br;
     job->n_kt = (s->Tk + job->bc - 1) / job->bc;
-    job->bcp = round_up(job->bc, kern->width);
+    job->bcp = round_up(job->bc, kern->key_step);
     job->dp = round_up(s->D, kern->width);
     job->dvp = round_up(s->Dv, kern->width);
-    job->ws_floats = fb_ws_floats_of(s->D, s->Dv, job->br, job->bc, job->bcp, job->dp, job->dvp);
+    /* The one-pass form needs (b, hk) items for the threads to share (two keep
+     * two cores busy on causal shapes, whose heads all cost the same), a dQ
+     * accumulator of group * Tq rows per worker that stays small (at most 4 Mi
+     * floats), and no dbias (a broadcast dbias would be written by several
+     * items). The choice depends on the shapes alone; both forms sum every
+     * element in the same order anyway. */
+    const int64_t dq_rows = s->group * s->Tq;
+    job->one_pass = !bs->dbias && s->B * s->Hkv >= 2 && dq_rows <= (INT64_C(4) << 20) / job->dp;
+    job->ws_floats = fb_ws_floats_of(s->D, s->Dv, job->br, job->bc, job->bcp, job->dp, job->dvp,
+                                     job->one_pass ? dq_rows : 0);
 }
 
 /* 1 when dbias is wanted and broadcast along b, h or the query axis: then items of
@@ -70,8 +79,9 @@ int attn__sdpa_fused_backward_plan(attn_ctx *ctx, attn__sdpa_bwd_plan *plan)
     attn__fused_bwd_job job;
     job_layout(kern, bs, &job);
 
-    /* Seven products of Q K^T's size per visible pair (S and dP twice, dV, dK, dQ);
-     * the count need only be good enough to choose the thread count. */
+    /* Seven products of Q K^T's size per visible pair in two passes (S and dP
+     * twice, dV, dK, dQ), five in one; the count need only be good enough to
+     * choose the thread count. */
     double pairs = 0.0;
     for (int64_t i = 0; i < s->Tq; i++) {
         int64_t lo, hi;
@@ -79,10 +89,13 @@ int attn__sdpa_fused_backward_plan(attn_ctx *ctx, attn__sdpa_bwd_plan *plan)
         pairs += (double)(hi - lo);
     }
     const double flops = 2.0 * (double)s->B * (double)s->H * pairs *
-                         (3.0 * (double)s->D + 4.0 * (double)s->Dv);
+                         (job.one_pass ? 3.0 * (double)s->D + 2.0 * (double)s->Dv
+                                       : 3.0 * (double)s->D + 4.0 * (double)s->Dv);
     int64_t items = s->B * s->Hkv * job.n_kt;
     if (s->B * s->H * job.n_qt > items)
         items = s->B * s->H * job.n_qt;
+    if (job.one_pass)
+        items = s->B * s->Hkv;
     plan->threads = attn__threads_for(ctx, flops, items);
     plan->ws_floats = job.ws_floats;
 
@@ -169,6 +182,10 @@ int attn__sdpa_fused_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan
                     for (int64_t j = 0; j < s->Tk; j++)
                         bs->dbias[attn__off4(bs->dbias_s, b, h, i, j)] = 0.0f;
 
+    if (job.one_pass) {
+        attn__parallel_for(threads, s->B * s->Hkv, kern->head_item, &job);
+        return ATTN_OK;
+    }
     attn__parallel_for(threads, s->B * s->Hkv * job.n_kt, kern->kv_item, &job);
     attn__parallel_for(dbias_shared(bs) ? 1 : threads, s->B * s->H * job.n_qt, kern->q_item,
                        &job);

@@ -32,6 +32,8 @@ typedef struct attn__fused_bwd_job {
     int64_t n_qt, n_kt;    /* query tiles, key tiles per head */
     int64_t bcp;           /* bc rounded up to the vector width */
     int64_t dp, dvp;       /* D and Dv rounded up to the vector width */
+    int one_pass;          /* 1: fb_head_item's one pass over (b, hk) items;
+                              0: pass 1 over key tiles, then pass 2 over query tiles */
     int64_t ws_floats;     /* floats of scratch per worker */
     float *ws;             /* workers * ws_floats */
     int64_t *empty_first;  /* per worker: smallest flat row b*H*Tq + h*Tq + i that
@@ -41,13 +43,17 @@ typedef struct attn__fused_bwd_job {
 /* What one instruction set's build of the body provides: the three passes' items. */
 typedef struct attn__fused_bwd_kernel {
     attn_arch arch;
-    int width; /* floats per vector */
+    int width;    /* floats per vector */
+    int key_step; /* keys scored at once: the key tile is padded to a multiple */
     /* Pass 0, item (b, h): Delta and which rows see a key. */
     void (*delta_item)(void *job, int64_t item, int worker);
     /* Pass 1, item (b, key/value head, key tile): that tile's rows of dK and dV. */
     void (*kv_item)(void *job, int64_t item, int worker);
     /* Pass 2, item (b, h, query tile): that tile's rows of dQ (and dbias). */
     void (*q_item)(void *job, int64_t item, int worker);
+    /* The one-pass form, item (b, key/value head): dQ, dK and dV of that head's
+     * group, in place of passes 1 and 2. */
+    void (*head_item)(void *job, int64_t item, int worker);
 } attn__fused_bwd_kernel;
 
 extern const attn__fused_bwd_kernel attn__fused_bwd_kernel_scalar;

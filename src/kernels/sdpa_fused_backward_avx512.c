@@ -8,5 +8,5 @@
 #include "fused_backward.h"
 
 const attn__fused_bwd_kernel attn__fused_bwd_kernel_avx512 = {
-    ATTN_ARCH_AVX512, SIMD_W, fb_delta_item, fb_kv_item, fb_q_item,
+    ATTN_ARCH_AVX512, SIMD_W, FB_NV * SIMD_W, fb_delta_item, fb_kv_item, fb_q_item, fb_head_item,
 };
