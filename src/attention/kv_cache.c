@@ -524,9 +524,11 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
             return rc;
         if (plan.scratch_bytes > most)
             most = plan.scratch_bytes;
+        /* The reference runs one call per sequence, unbatched: its plan has no
+         * fused layout (no tiles) to add to a batch. */
         if (plan.use_ref)
             a->batched = 0;
-        if (i >= 0)
+        else if (i >= 0)
             attn__fused_batch_add(&now, &plan);
         else
             for (int64_t j = 0; j < a->Bn; j++)
