@@ -51,6 +51,7 @@ for src in "$root"/src/*/*.c; do
     name=$(basename "$src" .c)
     flags="$CFLAGS $INC"
     case "$name" in
+    half_avx2) [ $X86 = 1 ] || continue; flags="$flags -mavx2 -mfma -mf16c" ;;
     *_avx2) [ $X86 = 1 ] || continue; flags="$flags -mavx2 -mfma" ;;
     *_avx512) [ $X86 = 1 ] || continue
               flags="$flags -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma" ;;
