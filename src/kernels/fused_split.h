@@ -169,6 +169,82 @@ FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const
     }
 }
 
+/* Vectors of value columns the four-row weighted sum keeps in registers: four rows
+ * of them, the four rows' weights broadcast and a value vector, 4 * 4 + 4 + 1 = 21
+ * of AVX-512's 32 vectors, 4 * 2 + 4 + 1 = 13 of AVX2's 16. */
+#if SIMD_W >= 16
+#define FK_SPLIT_NV4 4
+#else
+#define FK_SPLIT_NV4 2
+#endif
+
+/* acc_r[c] += sum_j p_r[j] v[j][c] for the four rows r = 0..3 (p[r], acc[r]) over
+ * nkeys keys, nv vectors of columns (the last holding `last`): fk_row_pv2 for four
+ * rows, each value vector loaded once for the four (a GQA group of four query heads
+ * reads its value rows once instead of twice). Each row's sums run in fk_row_pv's
+ * order, so its bits are the same. */
+FK_INLINE void fk_row_pv4(const float *const *p, int64_t nkeys, const float *v, int64_t ldv,
+                          float *const *acc, const int nv, int64_t last)
+{
+    simd_f32 a[FK_SPLIT_NV4], b[FK_SPLIT_NV4], c2[FK_SPLIT_NV4], d[FK_SPLIT_NV4];
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    for (int c = 0; c < nv; c++) {
+        a[c] = simd_load(acc[0] + c * SIMD_W), b[c] = simd_load(acc[1] + c * SIMD_W);
+        c2[c] = simd_load(acc[2] + c * SIMD_W), d[c] = simd_load(acc[3] + c * SIMD_W);
+    }
+    for (int64_t j = 0; j < nkeys; j++) {
+        const simd_f32 x0 = simd_set1(p0[j]), x1 = simd_set1(p1[j]);
+        const simd_f32 x2 = simd_set1(p2[j]), x3 = simd_set1(p3[j]);
+        const float *vrow = v + j * ldv;
+        for (int c = 0; c < nv - 1; c++) {
+            const simd_f32 vv = simd_load(vrow + c * SIMD_W);
+            a[c] = simd_fma(x0, vv, a[c]), b[c] = simd_fma(x1, vv, b[c]);
+            c2[c] = simd_fma(x2, vv, c2[c]), d[c] = simd_fma(x3, vv, d[c]);
+        }
+        const float *vlast = vrow + (nv - 1) * SIMD_W;
+        const simd_f32 vv = last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f);
+        a[nv - 1] = simd_fma(x0, vv, a[nv - 1]), b[nv - 1] = simd_fma(x1, vv, b[nv - 1]);
+        c2[nv - 1] = simd_fma(x2, vv, c2[nv - 1]), d[nv - 1] = simd_fma(x3, vv, d[nv - 1]);
+    }
+    for (int c = 0; c < nv; c++) {
+        simd_store(acc[0] + c * SIMD_W, a[c]), simd_store(acc[1] + c * SIMD_W, b[c]);
+        simd_store(acc[2] + c * SIMD_W, c2[c]), simd_store(acc[3] + c * SIMD_W, d[c]);
+    }
+}
+
+/* fk_row_pv4 over all Dv columns: blocks of FK_SPLIT_NV4 vectors, then the rest in
+ * one pass with a constant vector count for the registers. */
+FK_INLINE void fk_split_pv4(const float *const *p, int64_t nkeys, const float *v, int64_t ldv,
+                            float *const *acc, int64_t Dv)
+{
+    int64_t e0 = 0;
+    for (; e0 + FK_SPLIT_NV4 * SIMD_W <= Dv; e0 += FK_SPLIT_NV4 * SIMD_W) {
+        float *const a[4] = {acc[0] + e0, acc[1] + e0, acc[2] + e0, acc[3] + e0};
+        fk_row_pv4(p, nkeys, v + e0, ldv, a, FK_SPLIT_NV4, SIMD_W);
+    }
+    if (e0 < Dv) {
+        const int64_t cols = Dv - e0;
+        const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
+        const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
+        float *const a[4] = {acc[0] + e0, acc[1] + e0, acc[2] + e0, acc[3] + e0};
+        switch (nv) {
+        case 1:
+            fk_row_pv4(p, nkeys, v + e0, ldv, a, 1, last);
+            break;
+#if FK_SPLIT_NV4 > 2
+        case 2:
+            fk_row_pv4(p, nkeys, v + e0, ldv, a, 2, last);
+            break;
+        case 3:
+            fk_row_pv4(p, nkeys, v + e0, ldv, a, 3, last);
+            break;
+#endif
+        default:
+            break; /* fewer than FK_SPLIT_NV4 vectors remain */
+        }
+    }
+}
+
 /* Scratch floats one worker needs on the split path: the group's query rows
  * [R][align(D)] and their scores over one chunk [R][align(chunk)], R = group * Tq,
  * and a row of dvp for the merge. The scores are sized for at least
@@ -310,6 +386,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     }
 
     const int pair_pv = !s->mask.data && !s->bias;
+    const int64_t quad_heads = s->group / 4 * 4;
     /* Phase 3, over V, a block of keys at a time for every row that saw a key:
      * O_c += p_j v_j in key order (the block boundaries do not change the order of
      * any sum). */
@@ -322,10 +399,26 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             fk_split_range(s, i, j0, j1, &lo, &hi);
             if (part[2] == 0.0f || lo >= hi)
                 continue;
-            /* Without a mask or a bias, the same query of the next head of the
-             * group sees exactly these keys: both rows take one pass over V. Its
-             * turn (r + Tq) is then skipped below. */
-            if (pair_pv && (r / Tq) % 2 == 1)
+            /* Without a mask or a bias, the same query of the other heads of the
+             * group sees exactly these keys: the first quad_heads heads go four at
+             * a time through one pass over V, the rest two at a time; a row that
+             * another took along is skipped here. A row whose chunk saw no key
+             * has part[2] = 0 and then all its group's rows (same keys, no mask,
+             * no bias) have it too, so a quad or pair never writes such a row. */
+            const int64_t g = r / Tq;
+            if (pair_pv && g < quad_heads) {
+                if (g % 4 != 0)
+                    continue;
+                const float *p0 = scores + r * ldsc - c0 + lo;
+                const float *const pq[4] = {p0, p0 + Tq * ldsc, p0 + 2 * Tq * ldsc,
+                                            p0 + 3 * Tq * ldsc};
+                float *const aq[4] = {part + 16, fk_split_part(job, b, h + 1, i, c) + 16,
+                                      fk_split_part(job, b, h + 2, i, c) + 16,
+                                      fk_split_part(job, b, h + 3, i, c) + 16};
+                fk_split_pv4(pq, hi - lo, vb + lo * ldv, ldv, aq, Dv);
+                continue;
+            }
+            if (pair_pv && (g - quad_heads) % 2 == 1)
                 continue;
             if (pair_pv && r / Tq + 1 < s->group) {
                 float *part1 = fk_split_part(job, b, h + 1, i, c);
