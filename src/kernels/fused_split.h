@@ -454,6 +454,13 @@ static void fk_split_item(void *arg, int64_t item, int worker)
      * any sum). */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
+        /* The next block's V, from L2 (or memory, where phase 1's prefetch did not
+         * stay) into L1, while this block is summed. */
+        for (int64_t r = j1; r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
+            const char *vr = (const char *)(vb + r * ldv);
+            for (int64_t x = 0; x < vbytes; x += 64)
+                FK_PREFETCH_L2(vr + x);
+        }
         for (int64_t r = 0; r < R; r++) {
             const int64_t h = kvh * s->group + r / Tq, i = r % Tq;
             float *part = fk_split_part(job, b, h, i, c);
