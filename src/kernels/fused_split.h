@@ -354,8 +354,9 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     /* Phase 1, over K, a block of keys at a time for every row. */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
-        /* Rows r and r + Tq (the same query of two heads of the group) see the
-         * same keys: they go in pairs through fk_dot4x2. */
+        /* Rows r, r + Tq, ... (the same query of the group's heads) see the same
+         * keys: they go four at a time through fk_dot4x4 (AVX-512), then in pairs
+         * through fk_dot4x2, then alone. */
         for (int64_t i = 0; i < Tq; i++) {
             int64_t lo, hi;
             fk_split_range(s, i, j0, j1, &lo, &hi);
@@ -454,8 +455,10 @@ static void fk_split_item(void *arg, int64_t item, int worker)
      * any sum). */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
-        /* The next block's V, from L2 (or memory, where phase 1's prefetch did not
-         * stay) into L1, while this block is summed. */
+        /* The next block's V into L2 while this block is summed: phase 1's
+         * prefetch does not keep all of a chunk's V there (S7 read about 5% more
+         * of the bandwidth with this one), and where it did, asking again costs
+         * little. */
         for (int64_t r = j1; r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
             const char *vr = (const char *)(vb + r * ldv);
             for (int64_t x = 0; x < vbytes; x += 64)
