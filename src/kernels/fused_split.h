@@ -455,11 +455,12 @@ static void fk_split_item(void *arg, int64_t item, int worker)
      * any sum). */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
-        /* The next block's V into L2 while this block is summed: phase 1's
-         * prefetch does not keep all of a chunk's V there (S7 read about 5% more
-         * of the bandwidth with this one), and where it did, asking again costs
-         * little. */
-        for (int64_t r = j1; r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
+        /* The next block's V into L2 while this block is summed, where heads go
+         * four at a time: phase 1's prefetch does not keep all of a chunk's V
+         * there (S7 read about 5% more of the bandwidth with this one). With
+         * fewer heads the phase has little arithmetic per value line for the 8
+         * prefetches a key to hide in, and S5 did not gain from them. */
+        for (int64_t r = j1; quad_heads > 0 && r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
             const char *vr = (const char *)(vb + r * ldv);
             for (int64_t x = 0; x < vbytes; x += 64)
                 FK_PREFETCH_L2(vr + x);
