@@ -322,70 +322,6 @@ static float *fk_split_part(const attn__fused_job *job, int64_t b, int64_t h, in
     return job->part + (((b * s->H + h) * s->Tq + i) * job->n_chunks + c) * job->pst;
 }
 
-/* Phase 1 for the keys [j0, j1) of the chunk [c0, c1): every row's scores (times the
- * scale) into scores[r * ldsc + j - c0], with the block's prefetches. */
-static void fk_split_score_block(const attn__sdpa_shapes *s, const float *qrows, int64_t ldq,
-                                 float *scores, int64_t ldsc, int64_t c0, int64_t c1,
-                                 const float *kb, int64_t ldk, const float *vb, int64_t ldv,
-                                 int64_t j0, int64_t j1)
-{
-    const int64_t D = s->D, Tq = s->Tq;
-    const int64_t kbytes = D * (int64_t)sizeof(float), vbytes = s->Dv * (int64_t)sizeof(float);
-    /* Rows r, r + Tq, ... (the same query of the group's heads) see the same
-     * keys: they go four at a time through fk_dot4x4 (AVX-512), then in pairs
-     * through fk_dot4x2, then alone. */
-    for (int64_t i = 0; i < Tq; i++) {
-        int64_t lo, hi;
-        fk_split_range(s, i, j0, j1, &lo, &hi);
-        for (int64_t g = 0; g < s->group; g += 2) {
-            const int64_t r = g * Tq + i;
-            const int pair = g + 1 < s->group;
-            const float *qrow = qrows + r * ldq, *qrow1 = qrow + Tq * ldq;
-            float *sc = scores + r * ldsc - c0, *sc1 = sc + Tq * ldsc;
-            int64_t j = lo;
-            /* The first row of a block prefetches for every row after it. */
-            const int fetch = i == 0 && g == 0;
-#if SIMD_W >= 16
-            /* Four heads of the group at a time where four remain. */
-            if (g + 3 < s->group) {
-                for (; j + 4 <= hi; j += 4) {
-                    if (fetch)
-                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
-                    fk_dot4x4(qrow, Tq * ldq, kb + j * ldk, ldk, D, s->scale, sc + j,
-                              Tq * ldsc);
-                }
-                if (fetch)
-                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
-                for (; j < hi; j++)
-                    for (int64_t u = 0; u < 4; u++)
-                        sc[u * Tq * ldsc + j] =
-                            fk_dot(qrow + u * Tq * ldq, kb + j * ldk, D) * s->scale;
-                g += 2; /* with the loop's own 2: the next four heads */
-                continue;
-            }
-#endif
-            if (pair)
-                for (; j + 4 <= hi; j += 4) {
-                    if (fetch)
-                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
-                    fk_dot4x2(qrow, qrow1, kb + j * ldk, ldk, D, s->scale, sc + j, sc1 + j);
-                }
-            for (; j + 4 <= hi; j += 4) {
-                if (fetch)
-                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
-                fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
-            }
-            if (fetch)
-                fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
-            for (; j < hi; j++) {
-                sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
-                if (pair)
-                    sc1[j] = fk_dot(qrow1, kb + j * ldk, D) * s->scale;
-            }
-        }
-    }
-}
-
 /* One (b, key/value head, chunk) on the split path: the partials of every query
  * row of the group for the chunk's keys. */
 static void fk_split_item(void *arg, int64_t item, int worker)
@@ -412,13 +348,66 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             qrows[r * ldq + d] = qsrc[d * s->q_s[3]];
     }
 
-    /* Rows of V in bytes, for phase 3's prefetch. */
-    const int64_t vbytes = Dv * (int64_t)sizeof(float);
+    /* Rows of K and V in bytes, for the prefetches. */
+    const int64_t kbytes = D * (int64_t)sizeof(float), vbytes = Dv * (int64_t)sizeof(float);
 
     /* Phase 1, over K, a block of keys at a time for every row. */
-    for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB)
-        fk_split_score_block(s, qrows, ldq, scores, ldsc, c0, c1, kb, ldk, vb, ldv, j0,
-                             fk_min(j0 + FK_SPLIT_KB, c1));
+    for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
+        const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
+        /* Rows r, r + Tq, ... (the same query of the group's heads) see the same
+         * keys: they go four at a time through fk_dot4x4 (AVX-512), then in pairs
+         * through fk_dot4x2, then alone. */
+        for (int64_t i = 0; i < Tq; i++) {
+            int64_t lo, hi;
+            fk_split_range(s, i, j0, j1, &lo, &hi);
+            for (int64_t g = 0; g < s->group; g += 2) {
+                const int64_t r = g * Tq + i;
+                const int pair = g + 1 < s->group;
+                const float *qrow = qrows + r * ldq, *qrow1 = qrow + Tq * ldq;
+                float *sc = scores + r * ldsc - c0, *sc1 = sc + Tq * ldsc;
+                int64_t j = lo;
+                /* The first row of a block prefetches for every row after it. */
+                const int fetch = i == 0 && g == 0;
+#if SIMD_W >= 16
+                /* Four heads of the group at a time where four remain. */
+                if (g + 3 < s->group) {
+                    for (; j + 4 <= hi; j += 4) {
+                        if (fetch)
+                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
+                        fk_dot4x4(qrow, Tq * ldq, kb + j * ldk, ldk, D, s->scale, sc + j,
+                                  Tq * ldsc);
+                    }
+                    if (fetch)
+                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
+                    for (; j < hi; j++)
+                        for (int64_t u = 0; u < 4; u++)
+                            sc[u * Tq * ldsc + j] =
+                                fk_dot(qrow + u * Tq * ldq, kb + j * ldk, D) * s->scale;
+                    g += 2; /* with the loop's own 2: the next four heads */
+                    continue;
+                }
+#endif
+                if (pair)
+                    for (; j + 4 <= hi; j += 4) {
+                        if (fetch)
+                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
+                        fk_dot4x2(qrow, qrow1, kb + j * ldk, ldk, D, s->scale, sc + j, sc1 + j);
+                    }
+                for (; j + 4 <= hi; j += 4) {
+                    if (fetch)
+                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
+                    fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
+                }
+                if (fetch)
+                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
+                for (; j < hi; j++) {
+                    sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
+                    if (pair)
+                        sc1[j] = fk_dot(qrow1, kb + j * ldk, D) * s->scale;
+                }
+            }
+        }
+    }
 
     /* Phase 2, per row: the score modifications in the contract's order, the keys
      * the mask or a -inf bias hide, the chunk's max and its softmax numerators
