@@ -783,6 +783,56 @@ static void split_sweep(const attn_arch *archs, int n_archs)
     CHECK(split > 0);
 }
 
+/* The split path takes a GQA group's query heads four at a time, then two at a time,
+ * then one (fused_split.h): groups of 2, 3, 6 and 12 put heads on every one of those
+ * boundaries. Each runs with no mask or bias (where the heads share their passes over
+ * K and V) and with bottom-right causal, against the double oracle within the
+ * sweep's bound, on every path with 1 and 2 threads. */
+static void split_groups(const attn_arch *archs, int n_archs)
+{
+    TEST("split-key decoding with GQA groups of 2, 3, 6 and 12 query heads per key/value "
+         "head (four, two and one at a time) matches the double oracle on every path");
+    static const int64_t groups[][2] = {{4, 2}, {3, 1}, {6, 1}, {12, 1}};
+    static const int64_t dims[][2] = {{128, 128}, {113, 17}};
+    int runs = 0, split = 0;
+    for (int gi = 0; gi < 4; gi++)
+        for (int n = 0; n < 4; n++) {
+            opt_problem pb;
+            memset(&pb, 0, sizeof pb);
+            pb.B = 1, pb.H = groups[gi][0], pb.Hkv = groups[gi][1];
+            pb.Tq = n % 2 ? 3 : 1;
+            pb.Tk = 1031;
+            pb.D = dims[n / 2][0], pb.Dv = dims[n / 2][1];
+            pb.causal = n % 2 ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+            opt_fixture f;
+            opt_fixture_make(&f, &pb);
+            const opt_result ref = opt_run(&f, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1,
+                                           ATTN_EMPTY_ROWS_ERROR);
+            CHECK_INT(ref.status, ATTN_OK);
+            const double bo = 2 * ref.err_out + FLOOR, bl = 2 * ref.err_lse + FLOOR;
+            for (int a = 0; a < n_archs; a++)
+                for (int t = 1; t <= 2; t++) {
+                    int64_t chunks = -1;
+                    const opt_result fu = opt_run_chunks(&f, ATTN_IMPL_FUSED, archs[a], t,
+                                                         ATTN_EMPTY_ROWS_ERROR, &chunks);
+                    CHECK_INT(fu.status, ATTN_OK);
+                    runs++, split += chunks >= 2;
+                    if (!(fu.err_out <= bo) || !(fu.err_lse <= bl))
+                        fprintf(stderr, "  H=%lld Hkv=%lld Tq=%lld D=%lld Dv=%lld causal=%d "
+                                        "arch=%s threads=%d: out err %.3g (bound %.3g), lse "
+                                        "err %.3g (bound %.3g)\n",
+                                (long long)pb.H, (long long)pb.Hkv, (long long)pb.Tq,
+                                (long long)pb.D, (long long)pb.Dv, pb.causal,
+                                attn_arch_name(archs[a]), t, fu.err_out, bo, fu.err_lse, bl);
+                    CHECK(fu.err_out <= bo);
+                    CHECK(fu.err_lse <= bl);
+                }
+            opt_fixture_free(&f);
+        }
+    fprintf(stderr, "%d grouped runs, %d split\n", runs, split);
+    CHECK_INT(split, runs);
+}
+
 int main(void)
 {
     static const int64_t Bs[] = {1, 3}, Hs[] = {1, 2, 5};
@@ -875,5 +925,6 @@ int main(void)
             worst);
     options_sweep(archs, n_archs);
     split_sweep(archs, n_archs);
+    split_groups(archs, n_archs);
     return check_summary("test_fused_sweep");
 }

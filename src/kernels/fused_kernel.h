@@ -216,4 +216,12 @@ static void fk_tanh(const float *x, float *y, int64_t n)
         simd_store_n(y + i, simd_tanh(simd_load_n(x + i, n - i, 0.0f)), n - i);
 }
 
+/* out[r] = sum of the r-th vector of x, times scale, with this build's four-way
+ * reduction (for tests/test_simd_hsum4.c). */
+static void fk_hsum4(const float *x, float scale, float *out)
+{
+    simd_hsum4_scaled(out, simd_load(x), simd_load(x + SIMD_W), simd_load(x + 2 * SIMD_W),
+                      simd_load(x + 3 * SIMD_W), scale);
+}
+
 #endif /* ATTN_FUSED_KERNEL_H */

@@ -103,7 +103,11 @@ FK_INLINE void fk_split_prefetch(const float *kb, int64_t ldk, int64_t kbytes, c
 /* Four dot products of q0 and four of q1 with the same consecutive rows of k (row
  * stride ldk), times the scale, into o0[0..3] and o1[0..3]: each key row is loaded
  * once for both query rows, which halves the loads per multiply-add of fk_dot4
- * (two query heads of a GQA group share their key/value head). */
+ * (two query heads of a GQA group share their key/value head). Each sum is one
+ * accumulator over the head dim reduced by simd_hsum4_scaled, whose order is not
+ * fk_dot's: a row paired here and the same row scored alone (an odd group's last
+ * row, the keys after the last four) may differ in the last bit, but the pairing
+ * depends on the shapes alone, never on the thread count. */
 FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64_t ldk,
                          int64_t n, float scale, float *o0, float *o1)
 {
@@ -130,11 +134,54 @@ FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64
         a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
         a3 = simd_fma(x, k3, a3), b3 = simd_fma(y, k3, b3);
     }
-    o0[0] = simd_hsum(a0) * scale, o0[1] = simd_hsum(a1) * scale;
-    o0[2] = simd_hsum(a2) * scale, o0[3] = simd_hsum(a3) * scale;
-    o1[0] = simd_hsum(b0) * scale, o1[1] = simd_hsum(b1) * scale;
-    o1[2] = simd_hsum(b2) * scale, o1[3] = simd_hsum(b3) * scale;
+    /* The eight sums reduced four at a time (one horizontal sum each took about a
+     * third of the phase's instructions on S7). */
+    simd_hsum4_scaled(o0, a0, a1, a2, a3, scale);
+    simd_hsum4_scaled(o1, b0, b1, b2, b3, scale);
 }
+
+#if SIMD_W >= 16
+/* Four dot products of each of the four query rows q, q + ldq, q + 2 ldq, q + 3 ldq
+ * with the same consecutive rows of k, times the scale, into o + r * ldo for row r:
+ * fk_dot4x2 for a GQA group of four query heads, each key vector loaded once for the
+ * four (16 accumulators, 4 query and 4 key vectors: 24 of AVX-512's 32 registers).
+ * Each sum takes fk_dot4x2's steps, so its bits are the same. Besides the loads,
+ * this puts the group's four rows in one pass over a block of keys, so that the
+ * block's prefetches spread over all of the phase's arithmetic, where two passes
+ * of fk_dot4x2 left the second one without any. */
+FK_INLINE void fk_dot4x4(const float *q, int64_t ldq, const float *k, int64_t ldk, int64_t n,
+                         float scale, float *o, int64_t ldo)
+{
+    simd_f32 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++)
+            acc[r][j] = simd_zero();
+    int64_t d = 0;
+    for (; d + SIMD_W <= n; d += SIMD_W) {
+        simd_f32 kv[4];
+        for (int j = 0; j < 4; j++)
+            kv[j] = simd_load(k + j * ldk + d);
+        for (int r = 0; r < 4; r++) {
+            const simd_f32 x = simd_load(q + r * ldq + d);
+            for (int j = 0; j < 4; j++)
+                acc[r][j] = simd_fma(x, kv[j], acc[r][j]);
+        }
+    }
+    if (d < n) {
+        const int64_t rest = n - d;
+        simd_f32 kv[4];
+        for (int j = 0; j < 4; j++)
+            kv[j] = simd_load_n(k + j * ldk + d, rest, 0.0f);
+        for (int r = 0; r < 4; r++) {
+            const simd_f32 x = simd_load_n(q + r * ldq + d, rest, 0.0f);
+            for (int j = 0; j < 4; j++)
+                acc[r][j] = simd_fma(x, kv[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        simd_hsum4_scaled(o + r * ldo, acc[r][0], acc[r][1], acc[r][2], acc[r][3], scale);
+}
+#endif
 
 /* acc0[c] += sum_j p0[j] v[j][c] and acc1[c] += sum_j p1[j] v[j][c] over nkeys keys,
  * for nv vectors of columns (the last holding `last` columns): fk_row_pv for two
@@ -162,6 +209,82 @@ FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const
     for (int c = 0; c < nv; c++) {
         simd_store(acc0 + c * SIMD_W, a[c]);
         simd_store(acc1 + c * SIMD_W, b[c]);
+    }
+}
+
+/* Vectors of value columns the four-row weighted sum keeps in registers: four rows
+ * of them, the four rows' weights broadcast and a value vector, 4 * 4 + 4 + 1 = 21
+ * of AVX-512's 32 vectors, 4 * 2 + 4 + 1 = 13 of AVX2's 16. */
+#if SIMD_W >= 16
+#define FK_SPLIT_NV4 4
+#else
+#define FK_SPLIT_NV4 2
+#endif
+
+/* acc_r[c] += sum_j p_r[j] v[j][c] for the four rows r = 0..3 (p[r], acc[r]) over
+ * nkeys keys, nv vectors of columns (the last holding `last`): fk_row_pv2 for four
+ * rows, each value vector loaded once for the four (a GQA group of four query heads
+ * reads its value rows once instead of twice). Each row's sums run in fk_row_pv's
+ * order, so its bits are the same. */
+FK_INLINE void fk_row_pv4(const float *const *p, int64_t nkeys, const float *v, int64_t ldv,
+                          float *const *acc, const int nv, int64_t last)
+{
+    simd_f32 a[FK_SPLIT_NV4], b[FK_SPLIT_NV4], c2[FK_SPLIT_NV4], d[FK_SPLIT_NV4];
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    for (int c = 0; c < nv; c++) {
+        a[c] = simd_load(acc[0] + c * SIMD_W), b[c] = simd_load(acc[1] + c * SIMD_W);
+        c2[c] = simd_load(acc[2] + c * SIMD_W), d[c] = simd_load(acc[3] + c * SIMD_W);
+    }
+    for (int64_t j = 0; j < nkeys; j++) {
+        const simd_f32 x0 = simd_set1(p0[j]), x1 = simd_set1(p1[j]);
+        const simd_f32 x2 = simd_set1(p2[j]), x3 = simd_set1(p3[j]);
+        const float *vrow = v + j * ldv;
+        for (int c = 0; c < nv - 1; c++) {
+            const simd_f32 vv = simd_load(vrow + c * SIMD_W);
+            a[c] = simd_fma(x0, vv, a[c]), b[c] = simd_fma(x1, vv, b[c]);
+            c2[c] = simd_fma(x2, vv, c2[c]), d[c] = simd_fma(x3, vv, d[c]);
+        }
+        const float *vlast = vrow + (nv - 1) * SIMD_W;
+        const simd_f32 vv = last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f);
+        a[nv - 1] = simd_fma(x0, vv, a[nv - 1]), b[nv - 1] = simd_fma(x1, vv, b[nv - 1]);
+        c2[nv - 1] = simd_fma(x2, vv, c2[nv - 1]), d[nv - 1] = simd_fma(x3, vv, d[nv - 1]);
+    }
+    for (int c = 0; c < nv; c++) {
+        simd_store(acc[0] + c * SIMD_W, a[c]), simd_store(acc[1] + c * SIMD_W, b[c]);
+        simd_store(acc[2] + c * SIMD_W, c2[c]), simd_store(acc[3] + c * SIMD_W, d[c]);
+    }
+}
+
+/* fk_row_pv4 over all Dv columns: blocks of FK_SPLIT_NV4 vectors, then the rest in
+ * one pass with a constant vector count for the registers. */
+FK_INLINE void fk_split_pv4(const float *const *p, int64_t nkeys, const float *v, int64_t ldv,
+                            float *const *acc, int64_t Dv)
+{
+    int64_t e0 = 0;
+    for (; e0 + FK_SPLIT_NV4 * SIMD_W <= Dv; e0 += FK_SPLIT_NV4 * SIMD_W) {
+        float *const a[4] = {acc[0] + e0, acc[1] + e0, acc[2] + e0, acc[3] + e0};
+        fk_row_pv4(p, nkeys, v + e0, ldv, a, FK_SPLIT_NV4, SIMD_W);
+    }
+    if (e0 < Dv) {
+        const int64_t cols = Dv - e0;
+        const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
+        const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
+        float *const a[4] = {acc[0] + e0, acc[1] + e0, acc[2] + e0, acc[3] + e0};
+        switch (nv) {
+        case 1:
+            fk_row_pv4(p, nkeys, v + e0, ldv, a, 1, last);
+            break;
+#if FK_SPLIT_NV4 > 2
+        case 2:
+            fk_row_pv4(p, nkeys, v + e0, ldv, a, 2, last);
+            break;
+        case 3:
+            fk_row_pv4(p, nkeys, v + e0, ldv, a, 3, last);
+            break;
+#endif
+        default:
+            break; /* fewer than FK_SPLIT_NV4 vectors remain */
+        }
     }
 }
 
@@ -231,8 +354,9 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     /* Phase 1, over K, a block of keys at a time for every row. */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
-        /* Rows r and r + Tq (the same query of two heads of the group) see the
-         * same keys: they go in pairs through fk_dot4x2. */
+        /* Rows r, r + Tq, ... (the same query of the group's heads) see the same
+         * keys: they go four at a time through fk_dot4x4 (AVX-512), then in pairs
+         * through fk_dot4x2, then alone. */
         for (int64_t i = 0; i < Tq; i++) {
             int64_t lo, hi;
             fk_split_range(s, i, j0, j1, &lo, &hi);
@@ -244,6 +368,25 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 int64_t j = lo;
                 /* The first row of a block prefetches for every row after it. */
                 const int fetch = i == 0 && g == 0;
+#if SIMD_W >= 16
+                /* Four heads of the group at a time where four remain. */
+                if (g + 3 < s->group) {
+                    for (; j + 4 <= hi; j += 4) {
+                        if (fetch)
+                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
+                        fk_dot4x4(qrow, Tq * ldq, kb + j * ldk, ldk, D, s->scale, sc + j,
+                                  Tq * ldsc);
+                    }
+                    if (fetch)
+                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
+                    for (; j < hi; j++)
+                        for (int64_t u = 0; u < 4; u++)
+                            sc[u * Tq * ldsc + j] =
+                                fk_dot(qrow + u * Tq * ldq, kb + j * ldk, D) * s->scale;
+                    g += 2; /* with the loop's own 2: the next four heads */
+                    continue;
+                }
+#endif
                 if (pair)
                     for (; j + 4 <= hi; j += 4) {
                         if (fetch)
@@ -306,11 +449,22 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     }
 
     const int pair_pv = !s->mask.data && !s->bias;
+    const int64_t quad_heads = s->group / 4 * 4;
     /* Phase 3, over V, a block of keys at a time for every row that saw a key:
      * O_c += p_j v_j in key order (the block boundaries do not change the order of
      * any sum). */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
         const int64_t j1 = fk_min(j0 + FK_SPLIT_KB, c1);
+        /* The next block's V into L2 while this block is summed, where heads go
+         * four at a time: phase 1's prefetch does not keep all of a chunk's V
+         * there (S7 read about 5% more of the bandwidth with this one). With
+         * fewer heads the phase has little arithmetic per value line for the 8
+         * prefetches a key to hide in, and S5 did not gain from them. */
+        for (int64_t r = j1; quad_heads > 0 && r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
+            const char *vr = (const char *)(vb + r * ldv);
+            for (int64_t x = 0; x < vbytes; x += 64)
+                FK_PREFETCH_L2(vr + x);
+        }
         for (int64_t r = 0; r < R; r++) {
             const int64_t h = kvh * s->group + r / Tq, i = r % Tq;
             float *part = fk_split_part(job, b, h, i, c);
@@ -318,10 +472,26 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             fk_split_range(s, i, j0, j1, &lo, &hi);
             if (part[2] == 0.0f || lo >= hi)
                 continue;
-            /* Without a mask or a bias, the same query of the next head of the
-             * group sees exactly these keys: both rows take one pass over V. Its
-             * turn (r + Tq) is then skipped below. */
-            if (pair_pv && (r / Tq) % 2 == 1)
+            /* Without a mask or a bias, the same query of the other heads of the
+             * group sees exactly these keys: the first quad_heads heads go four at
+             * a time through one pass over V, the rest two at a time; a row that
+             * another took along is skipped here. A row whose chunk saw no key
+             * has part[2] = 0 and then all its group's rows (same keys, no mask,
+             * no bias) have it too, so a quad or pair never writes such a row. */
+            const int64_t g = r / Tq;
+            if (pair_pv && g < quad_heads) {
+                if (g % 4 != 0)
+                    continue;
+                const float *p0 = scores + r * ldsc - c0 + lo;
+                const float *const pq[4] = {p0, p0 + Tq * ldsc, p0 + 2 * Tq * ldsc,
+                                            p0 + 3 * Tq * ldsc};
+                float *const aq[4] = {part + 16, fk_split_part(job, b, h + 1, i, c) + 16,
+                                      fk_split_part(job, b, h + 2, i, c) + 16,
+                                      fk_split_part(job, b, h + 3, i, c) + 16};
+                fk_split_pv4(pq, hi - lo, vb + lo * ldv, ldv, aq, Dv);
+                continue;
+            }
+            if (pair_pv && (g - quad_heads) % 2 == 1)
                 continue;
             if (pair_pv && r / Tq + 1 < s->group) {
                 float *part1 = fk_split_part(job, b, h + 1, i, c);

@@ -68,6 +68,10 @@ typedef struct attn__fused_kernel {
     void (*exp_nonpos)(const float *x, float *y, int64_t n);
     /* y[i] = tanh(x[i]) with this build's vector tanh, softcap's (for the tests). */
     void (*tanh)(const float *x, float *y, int64_t n);
+    /* out[r] = (sum of x[r * width .. r * width + width - 1]) * scale, r = 0..3,
+     * by this build's simd_hsum4_scaled, the split path's reduction (for the
+     * tests). */
+    void (*hsum4)(const float *x, float scale, float *out);
 } attn__fused_kernel;
 
 extern const attn__fused_kernel attn__fused_kernel_scalar;
