@@ -123,12 +123,22 @@ static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes 
     *n_items = st->B * st->Hkv * job->n_chunks;
 }
 
-/* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
- * each rounded up to 16; k and v of one key/value head on the row path, of all of
- * them (whole) on the tile path; 0 on overflow. */
-static int half_floats(const attn__sdpa_shapes *s, int whole, int64_t f[4])
+/* Head-sized float32 copies of K and V the 16-bit row path keeps: on the split-key
+ * form one per worker, since every (b, key/value head, chunk) item runs in one
+ * parallel pass and widens its chunk into its own worker's copy; otherwise one,
+ * shared by the head's items. */
+static int half_kv_slots(const attn__fused_job *job, int threads)
 {
-    int64_t bh, heads = 1, tk;
+    return job->row_path && job->n_chunks ? threads : 1;
+}
+
+/* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
+ * each rounded up to 16; k and v of one key/value head (times `slots`, one per
+ * worker on the split-key form) on the row path, of all of
+ * them (whole) on the tile path; 0 on overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int whole, int slots, int64_t f[4])
+{
+    int64_t bh, heads = slots, tk;
     if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh) ||
         (whole && !attn__mul_i64(s->B, s->Hkv, &heads)) || !attn__mul_i64(heads, s->Tk, &tk))
         return 0;
@@ -193,7 +203,7 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     if (half) {
         int64_t f[4];
         size_t extra;
-        if (!half_floats(s, !job.row_path, f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
+        if (!half_floats(s, !job.row_path, half_kv_slots(&job, plan->threads), f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
             attn__align64(bytes) > SIZE_MAX - extra)
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                               "float32 copies of %s q and out for fused attention do not fit "
@@ -261,15 +271,31 @@ static void half_group_item(void *arg, int64_t item, int worker)
     g->kern->item(g->job, g->first + item, worker);
 }
 
-/* A split-key item widens its own chunk's keys (no other item reads them) and
- * then runs: the head's keys are read once, by the worker that uses them, while
- * they are in its cache, with no pass over the head before the items start. */
+/* A split-key item, any (b, key/value head, chunk) of the call: it widens its own
+ * chunk's keys into its worker's head-sized copy (no other item reads them) and
+ * runs the float32 item on a copy of the job that reads that worker's copy. The
+ * head's keys are read once, by the worker that uses them, while they are in its
+ * cache; all the call's items run in one parallel pass, so no head waits for the
+ * one before it. The values are those one shared copy would hold, so the bits are
+ * too. */
 static void half_split_item(void *arg, int64_t item, int worker)
 {
-    const half_group *g = (const half_group *)arg;
-    const int64_t c0 = item * g->job->chunk, c1 = c0 + g->job->chunk;
-    half_widen_kv(g, c0 > g->lo ? c0 : g->lo, fk_min(c1, g->hi));
-    g->kern->item(g->job, g->first + item, worker);
+    const half_group *g0 = (const half_group *)arg;
+    const attn__sdpa_shapes *s = g0->job->s;
+    const int64_t nc = g0->job->n_chunks, c = item % nc, kvh = (item / nc) % s->Hkv,
+                  b = item / (nc * s->Hkv);
+    half_group g = *g0;
+    attn__fused_job job = *g0->job;
+    g.job = &job;
+    g.kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
+    g.vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
+    g.kf = g0->kf + (int64_t)worker * s->Tk * s->D;
+    g.vf = g0->vf + (int64_t)worker * s->Tk * s->Dv;
+    job.k = g.kf;
+    job.v = g.vf;
+    const int64_t c0 = c * job.chunk, c1 = c0 + job.chunk;
+    half_widen_kv(&g, c0 > g.lo ? c0 : g.lo, fk_min(c1, g.hi));
+    g.kern->item(&job, item, worker);
 }
 
 static void half_merge(void *arg, int64_t item, int worker)
@@ -313,7 +339,7 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const int whole = !job.row_path;
     if (whole)
         attn__half_staged_shapes(s0, 0, &st); /* job.s is &st: k, v now [B][Hkv][Tk][.] */
-    half_floats(&st, whole, f);
+    half_floats(&st, whole, half_kv_slots(&job, threads), f);
     const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
                                      sizeof(float));
     float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
@@ -350,18 +376,18 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const int64_t G = st.group;
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
                     lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
-    for (int64_t b = 0; b < st.B && !whole; b++)
+    const int split = job.row_path && job.n_chunks;
+    if (split) {
+        g.kb16 = (const uint16_t *)k;
+        g.vb16 = (const uint16_t *)v;
+        attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, half_split_item,
+                           &g);
+    }
+    for (int64_t b = 0; b < st.B && !whole && !split; b++)
         for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
             g.kb16 = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
             g.vb16 = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
             const int64_t bh0 = b * st.H + kvh * G; /* the group's first query head */
-            if (job.row_path && job.n_chunks) {
-                g.first = (b * st.Hkv + kvh) * job.n_chunks;
-                const int64_t count = job.n_chunks;
-                attn__parallel_for(count < threads ? (int)count : threads, count,
-                                   half_split_item, &g);
-                continue;
-            }
             if (g.hi > g.lo) {
                 const int64_t blocks = (g.hi - g.lo + HALF_KV_ROWS - 1) / HALF_KV_ROWS;
                 attn__parallel_for(blocks < threads ? (int)blocks : threads, blocks,
