@@ -88,6 +88,14 @@
 #include <math.h>
 #include <string.h>
 
+/* The register-blocked helpers must be inlined into their loops, or their vector
+ * arrays would go through memory. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FB_INLINE static inline __attribute__((always_inline))
+#else
+#define FB_INLINE static inline
+#endif
+
 static int64_t fb_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t fb_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -332,6 +340,28 @@ static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t jv0, int64_t
     }
 }
 
+/* x[r][c] = sum over d < n of rows[r][d] * tile[d * bcp + c * SIMD_W], for the FB_R
+ * rows and FB_NV vectors of keys: the register block both of fb_rows_tile's
+ * products use (q K^T and dO V^T). Each loaded tile vector feeds FB_R FMAs, each
+ * broadcast row element FB_NV; the sums run in d order. */
+FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile, int64_t bcp,
+                               int64_t n, simd_f32 x[FB_R][FB_NV])
+{
+    for (int r = 0; r < FB_R; r++)
+        for (int c = 0; c < FB_NV; c++)
+            x[r][c] = simd_zero();
+    for (int64_t d = 0; d < n; d++) {
+        simd_f32 t[FB_NV];
+        for (int c = 0; c < FB_NV; c++)
+            t[c] = simd_load(tile + d * bcp + c * SIMD_W);
+        for (int r = 0; r < FB_R; r++) {
+            const simd_f32 g = simd_set1(rows[r][d]);
+            for (int c = 0; c < FB_NV; c++)
+                x[r][c] = simd_fma(g, t[c], x[r][c]);
+        }
+    }
+}
+
 /* For the FB_R rows rows[0 .. FB_R-1] of (b, h) (already in w->qi, w->doi; a row
  * of -1 is an unused slot) against the packed key tile j0 .. j0+n-1: in slot r,
  * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
@@ -376,19 +406,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
      * (dO_i[d]) FB_NV. The softcap's tanh is kept for its derivative. */
     for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
         simd_f32 x[FB_R][FB_NV];
-        for (int r = 0; r < FB_R; r++)
-            for (int c = 0; c < FB_NV; c++)
-                x[r][c] = simd_zero();
-        for (int64_t d = 0; d < s->D; d++) {
-            simd_f32 kv[FB_NV];
-            for (int c = 0; c < FB_NV; c++)
-                kv[c] = simd_load(w->kt + d * bcp + jv + c * SIMD_W);
-            for (int r = 0; r < FB_R; r++) {
-                const simd_f32 g = simd_set1(w->qrow[r][d]);
-                for (int c = 0; c < FB_NV; c++)
-                    x[r][c] = simd_fma(g, kv[c], x[r][c]);
-            }
-        }
+        fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x);
         for (int r = 0; r < FB_R; r++)
             for (int c = 0; c < FB_NV; c++) {
                 const int64_t at = r * bcp + jv + c * SIMD_W;
@@ -400,19 +418,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 }
                 simd_store(w->p + at, xr); /* the score so far */
             }
-        for (int r = 0; r < FB_R; r++)
-            for (int c = 0; c < FB_NV; c++)
-                x[r][c] = simd_zero();
-        for (int64_t d = 0; d < s->Dv; d++) {
-            simd_f32 vv[FB_NV];
-            for (int c = 0; c < FB_NV; c++)
-                vv[c] = simd_load(w->vt + d * bcp + jv + c * SIMD_W);
-            for (int r = 0; r < FB_R; r++) {
-                const simd_f32 g = simd_set1(w->drow[r][d]);
-                for (int c = 0; c < FB_NV; c++)
-                    x[r][c] = simd_fma(g, vv[c], x[r][c]);
-            }
-        }
+        fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x);
         for (int r = 0; r < FB_R; r++)
             for (int c = 0; c < FB_NV; c++)
                 simd_store(w->ds + r * bcp + jv + c * SIMD_W, x[r][c]); /* dP for now */
