@@ -117,7 +117,10 @@ typedef enum attn_arch {
     ATTN_ARCH_REF = 1,    /* the reference kernels only */
     ATTN_ARCH_SCALAR = 2, /* portable C fast kernels */
     ATTN_ARCH_AVX2 = 3,   /* AVX2 + FMA */
-    ATTN_ARCH_AVX512 = 4  /* AVX-512 F + DQ + BW + VL */
+    ATTN_ARCH_AVX512 = 4, /* AVX-512 F + DQ + BW + VL */
+    ATTN_ARCH_AVX512_BF16 = 5, /* avx512, plus vdpbf16ps for bfloat16 attention */
+    ATTN_ARCH_AMX = 6     /* avx512 and AVX512-BF16, plus AMX-BF16 tiles for bfloat16
+                             attention */
 } attn_arch;
 
 typedef struct attn_ctx {
@@ -1194,15 +1197,19 @@ ATTN_API void attn_output_remove_temporaries(void);
  * Fast paths: instruction-set dispatch, threads, the fused kernel by name
  *
  * The fused kernel and the GEMM come in three builds: portable C ("scalar"),
- * AVX2 + FMA ("avx2") and AVX-512 F + DQ + BW + VL ("avx512"). Which one runs is
- * decided once per process from cpuid and xgetbv (the CPU has the instructions and
- * the OS saves their registers); the environment variable
- * ATTN_ARCH=ref|scalar|avx2|avx512|auto forces a path for the whole process, and
- * ctx->arch (when not AUTO) for calls made with that context. "ref" makes
- * attn_sdpa run the reference.
+ * AVX2 + FMA ("avx2") and AVX-512 F + DQ + BW + VL ("avx512"). Two more paths
+ * are the avx512 build with a bfloat16 attention kernel of their own: "avx512bf16"
+ * (products by vdpbf16ps) and "amx" (products on AMX-BF16 tiles); float32 and
+ * float16 calls run the avx512 build on them unchanged. Which one runs is decided
+ * once per process from cpuid and xgetbv (the CPU has the instructions and the OS
+ * saves their registers; AMX also needs Linux's permission for the tile data); the
+ * environment variable ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx|auto forces
+ * a path for the whole process, and ctx->arch (when not AUTO) for calls made with
+ * that context. "ref" makes attn_sdpa run the reference.
  * ---------------------------------------------------------------------------- */
 
-/* "auto", "ref", "scalar", "avx2", "avx512" ("unknown" otherwise). */
+/* "auto", "ref", "scalar", "avx2", "avx512", "avx512bf16", "amx" ("unknown"
+ * otherwise). */
 ATTN_API const char *attn_arch_name(attn_arch arch);
 /* The inverse of attn_arch_name; INVALID_ARGUMENT for any other name. */
 ATTN_API int attn_arch_parse(const char *name, attn_arch *arch);

@@ -222,10 +222,15 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
     }
     if (!strcmp(impl, "fused"))
         status |= bench_sdpa_impl(s, o, &a, "fused", 0, ATTN_IMPL_FUSED, ATTN_ARCH_AUTO, o->runs);
-    static const attn_arch archs[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
-    for (int x = 0; x < 3; x++) {
+    /* avx512bf16 and amx differ from avx512 in bfloat16 only, so "all" times them
+     * there alone. */
+    static const attn_arch archs[5] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512,
+                                       ATTN_ARCH_AVX512_BF16, ATTN_ARCH_AMX};
+    for (int x = 0; x < 5; x++) {
         const char *n = attn_arch_name(archs[x]);
-        if (!(want_all || !strcmp(impl, n)) || !attn_arch_supported(archs[x]))
+        const int own_bf16 = archs[x] == ATTN_ARCH_AVX512_BF16 || archs[x] == ATTN_ARCH_AMX;
+        if (!(!strcmp(impl, n) || (want_all && (!own_bf16 || o->dtype == ATTN_DTYPE_BF16))) ||
+            !attn_arch_supported(archs[x]))
             continue;
         char name[32];
         snprintf(name, sizeof name, "fused:%s", n);

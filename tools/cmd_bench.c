@@ -101,9 +101,11 @@ static const char HELP[] =
     "    --impl NAME\n"
     "        default: the library's default path only (what attn_sdpa runs, see\n"
     "        ATTN_ARCH); ref: the reference; fused: the fused kernel on the selected\n"
-    "        ISA; scalar, avx2, avx512: the fused kernel on that ISA; all: the\n"
-    "        reference and every ISA this CPU runs. --mha and --gemm know default,\n"
-    "        ref and all.\n"
+    "        ISA; scalar, avx2, avx512: the fused kernel on that ISA; avx512bf16,\n"
+    "        amx: the avx512 build with its vdpbf16ps or AMX-BF16 kernel for\n"
+    "        --dtype bf16 (the avx512 kernel otherwise); all: the reference and\n"
+    "        every ISA this CPU runs (avx512bf16 and amx with --dtype bf16 only).\n"
+    "        --mha and --gemm know default, ref and all.\n"
     "    --runs N\n"
     "        Timed samples per measurement, 1..1000000 (default 10; the reference on\n"
     "        shapes over 2 GFLOP is capped at 3, which the runs field says).\n"
@@ -177,8 +179,9 @@ static const char HELP[] =
     CLI_HELP_EXIT
     "\n"
     "ENVIRONMENT\n"
-    "    ATTN_ARCH=ref|scalar|avx2|avx512 forces the default path; the header line\n"
-    "    (or the default_arch and reason fields) says which ran and why.\n"
+    "    ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx forces the default path;\n"
+    "    the header line (or the default_arch and reason fields) says which ran\n"
+    "    and why.\n"
     "\n"
     "EXAMPLE\n"
     "    attn bench --shape S2 --threads 2 --impl all --json\n";
@@ -204,8 +207,8 @@ int cmd_bench(int argc, char **argv)
 {
     static const char *const shape_names[] = {"S1", "S2", "S3", "S4", "S5",
                                               "S6", "S7", "S8", "S9", "all", NULL};
-    static const char *const impl_names[] = {"default", "ref",    "fused", "scalar",
-                                             "avx2",    "avx512", "all",   NULL};
+    static const char *const impl_names[] = {"default", "ref",    "fused",      "scalar", "avx2",
+                                             "avx512",  "all",    "avx512bf16", "amx",    NULL};
     bench_opts o;
     memset(&o, 0, sizeof o);
     int64_t threads = 0, runs = 10, B = 1, H = 1, Tq = 0, Tk = 0, D = 0;

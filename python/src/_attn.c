@@ -1394,7 +1394,8 @@ static PyObject *py_rng_fill(PyObject *self, PyObject *args)
 PyDoc_STRVAR(arch_doc,
 "arch()\n--\n\n"
 "The instruction set the fast kernels use, as a dict: 'selected' (ref, scalar,\n"
-"avx2 or avx512), 'reason' (why: the CPU, or the ATTN_ARCH variable), 'best'\n"
+"avx2, avx512, avx512bf16 or amx), 'reason' (why: the CPU, or the ATTN_ARCH\n"
+"variable), 'best'\n"
 "(what the CPU supports) and 'threads' (online cores, the default thread count).");
 
 static PyObject *py_arch(PyObject *self, PyObject *noargs)

@@ -148,7 +148,7 @@ def test_files_round_trip(tmp_path):
 def test_arch_says_what_runs():
     """arch() names the selected instruction set and the reason."""
     info = attn.arch()
-    assert info["selected"] in ("ref", "scalar", "avx2", "avx512")
+    assert info["selected"] in ("ref", "scalar", "avx2", "avx512", "avx512bf16", "amx")
     assert info["reason"] and info["threads"] >= 1
 
 

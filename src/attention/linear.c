@@ -130,7 +130,7 @@ int attn__packed_arch_check(attn_ctx *ctx, attn_arch packed, const char *what)
 {
     attn_arch arch;
     int rc = attn__arch_resolve(ctx, &arch);
-    if (rc != ATTN_OK || arch == packed)
+    if (rc != ATTN_OK || attn__arch_isa(arch) == attn__arch_isa(packed))
         return rc;
     return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                       "%s were packed for arch %s, but this call runs %s (%s); pack them "

@@ -20,6 +20,7 @@ const attn__gemm_kernel attn__gemm_kernel_scalar = {
 
 static const attn__gemm_kernel *gemm_kernel_for(attn_arch arch)
 {
+    arch = attn__arch_isa(arch);
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
         return &attn__gemm_kernel_avx512;

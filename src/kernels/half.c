@@ -37,6 +37,7 @@ const attn__half_kernels attn__half_scalar = {
 
 const attn__half_kernels *attn__half_for(attn_arch arch)
 {
+    arch = attn__arch_isa(arch);
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
         return &attn__half_avx512;

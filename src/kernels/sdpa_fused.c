@@ -27,6 +27,7 @@ const attn__fused_kernel attn__fused_kernel_scalar = {
 
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch)
 {
+    arch = attn__arch_isa(arch);
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
         return &attn__fused_kernel_avx512;

@@ -6,7 +6,7 @@
  * (cpuid) AND the operating system saves the registers they use across context
  * switches (xgetbv: XCR0 bits for the SSE/AVX state, plus the opmask and the upper
  * ZMM state for AVX-512). The best such path is the default. The environment
- * variable ATTN_ARCH=ref|scalar|avx2|avx512 (or auto) forces one; a forced path the
+ * variable ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx (or auto) forces one; a forced path the
  * machine cannot run falls back to the best one, and the reason says so. A
  * context's ctx->arch, when not AUTO, wins over both for calls made with that
  * context; a ctx->arch the machine cannot run is an UNSUPPORTED error, since the
@@ -202,8 +202,24 @@ static void detect_cpu(cpu_features *f)
 #endif
 }
 
+/* The bfloat16 paths need the avx512 build and the features of their kernels: the
+ * AMX path also converts with AVX512-BF16 (vcvtne2ps2bf16), so it needs both. */
+static int has_avx512_bf16(const cpu_features *f)
+{
+    return f->avx512 && (f->extra & ATTN_CPU_AVX512_BF16);
+}
+
+static int has_amx(const cpu_features *f)
+{
+    return has_avx512_bf16(f) && (f->extra & ATTN_CPU_AMX_BF16);
+}
+
 static attn_arch best_arch(const cpu_features *f)
 {
+    if (has_amx(f))
+        return ATTN_ARCH_AMX;
+    if (has_avx512_bf16(f))
+        return ATTN_ARCH_AVX512_BF16;
     if (f->avx512)
         return ATTN_ARCH_AVX512;
     if (f->avx2)
@@ -325,7 +341,8 @@ static int parse_arch(const char *s, attn_arch *arch)
     static const struct { const char *name; attn_arch arch; } names[] = {
         {"auto", ATTN_ARCH_AUTO},     {"ref", ATTN_ARCH_REF},
         {"scalar", ATTN_ARCH_SCALAR}, {"avx2", ATTN_ARCH_AVX2},
-        {"avx512", ATTN_ARCH_AVX512},
+        {"avx512", ATTN_ARCH_AVX512}, {"avx512bf16", ATTN_ARCH_AVX512_BF16},
+        {"amx", ATTN_ARCH_AMX},
     };
     for (size_t n = 0; n < sizeof names / sizeof names[0]; n++)
         if (strcmp(s, names[n].name) == 0) {
@@ -346,6 +363,10 @@ static int cpu_supports(const cpu_features *f, attn_arch arch)
         return f->avx2;
     case ATTN_ARCH_AVX512:
         return f->avx512;
+    case ATTN_ARCH_AVX512_BF16:
+        return has_avx512_bf16(f);
+    case ATTN_ARCH_AMX:
+        return has_amx(f);
     }
     return 0;
 }
@@ -368,7 +389,7 @@ static void dispatch_decide(void)
                  dispatch_cpu.detail);
     } else if (!parse_arch(env, &forced)) {
         snprintf(dispatch_reason, sizeof dispatch_reason,
-                 "ATTN_ARCH=%.32s is not one of ref|scalar|avx2|avx512|auto, so auto: %s",
+                 "ATTN_ARCH=%.32s is not one of ref|scalar|avx2|avx512|avx512bf16|amx|auto, so auto: %s",
                  env, dispatch_cpu.detail);
     } else if (forced == ATTN_ARCH_AUTO) {
         snprintf(dispatch_reason, sizeof dispatch_reason, "ATTN_ARCH=auto: %s",
@@ -405,6 +426,10 @@ const char *attn_arch_name(attn_arch arch)
         return "avx2";
     case ATTN_ARCH_AVX512:
         return "avx512";
+    case ATTN_ARCH_AVX512_BF16:
+        return "avx512bf16";
+    case ATTN_ARCH_AMX:
+        return "amx";
     }
     return "unknown";
 }
@@ -433,7 +458,7 @@ attn_arch attn_arch_selected(const attn_ctx *ctx)
     pthread_once(&dispatch_once, dispatch_decide);
     /* An arch outside the enum is not a path: report the automatic choice (the
      * kernels themselves refuse such a context with INVALID_ARGUMENT). */
-    if (ctx && ctx->arch > ATTN_ARCH_AUTO && ctx->arch <= ATTN_ARCH_AVX512)
+    if (ctx && ctx->arch > ATTN_ARCH_AUTO && ctx->arch <= ATTN_ARCH_AMX)
         return ctx->arch;
     return dispatch_arch;
 }
@@ -466,7 +491,7 @@ int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch)
 {
     pthread_once(&dispatch_once, dispatch_decide);
     if (ctx && ctx->arch != ATTN_ARCH_AUTO) {
-        if ((int)ctx->arch < ATTN_ARCH_AUTO || (int)ctx->arch > ATTN_ARCH_AVX512)
+        if ((int)ctx->arch < ATTN_ARCH_AUTO || (int)ctx->arch > ATTN_ARCH_AMX)
             return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                               "ctx->arch = %d is not an attn_arch value", (int)ctx->arch);
         if (!cpu_supports(&dispatch_cpu, ctx->arch))

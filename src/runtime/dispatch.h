@@ -18,6 +18,15 @@ int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
  * ATTN_TILE=BRxBC; br is a multiple of 32 and bc of 8. Never depends on the thread
  * count. */
 void attn__fused_tiles(int64_t *br, int64_t *bc);
+/* The instruction-set build that runs arch's float32 kernels, GEMM and converters:
+ * avx512bf16 and amx are the avx512 build plus a bfloat16 attention kernel of
+ * their own (src/kernels/half_dot.h), so they map to ATTN_ARCH_AVX512; every other
+ * arch is its own build. Weights packed under any of the three fit the others. */
+static inline attn_arch attn__arch_isa(attn_arch arch)
+{
+    return arch == ATTN_ARCH_AVX512_BF16 || arch == ATTN_ARCH_AMX ? ATTN_ARCH_AVX512 : arch;
+}
+
 /* attn_cpu_features for the library's own use (decided once). */
 unsigned attn__cpu_features(void);
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip(
 import attn  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
-ORDER = ["ref", "scalar", "avx2", "avx512"]
+ORDER = ["ref", "scalar", "avx2", "avx512", "avx512bf16", "amx"]
 
 CHECK = '''
 import sys
