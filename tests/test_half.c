@@ -315,9 +315,12 @@ static void run_case(const char *name)
     const double floor_ = ldexp(amax, dt == ATTN_DTYPE_BF16 ? -8 : -11);
     const double bound = 2.0 * c.torch_err + floor_;
 
+    /* avx512bf16 and amx run bfloat16 calls of more than 8 query rows on their own
+     * kernels (src/kernels/sdpa_bf16.h), everything else as avx512 does. */
     const struct { attn_impl impl; attn_arch arch; } paths[] = {
-        {ATTN_IMPL_REF, ATTN_ARCH_AUTO}, {ATTN_IMPL_FUSED, ATTN_ARCH_SCALAR},
-        {ATTN_IMPL_FUSED, ATTN_ARCH_AVX2}, {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512}};
+        {ATTN_IMPL_REF, ATTN_ARCH_AUTO},      {ATTN_IMPL_FUSED, ATTN_ARCH_SCALAR},
+        {ATTN_IMPL_FUSED, ATTN_ARCH_AVX2},    {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512},
+        {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512_BF16}, {ATTN_IMPL_FUSED, ATTN_ARCH_AMX}};
     double worst = 0.0;
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         if (!attn_arch_supported(paths[pi].arch))
@@ -519,16 +522,22 @@ static void test_features(void)
         CHECK_INT(cpuinfo_has("amx_bf16"), 1);
 }
 
+/* Which bfloat16 kernels the golden sweep runs here, and which it cannot. */
 static void announce_missing(void)
 {
     const unsigned x = attn_cpu_features();
     fprintf(stderr, "-- CPU 16-bit features: %s\n", attn_cpu_features_string());
-    /* No kernel uses these yet (docs/half-precision.md); say so where they are absent,
-     * and that they are unused where present. */
-    if (!(x & ATTN_CPU_AVX512_BF16) || !(x & ATTN_CPU_AMX_BF16))
-        fprintf(stderr, "-- skipped: CPU has no AVX512-BF16/AMX (%s)\n", attn_cpu_features_string());
+    if (!attn_arch_supported(ATTN_ARCH_AVX512_BF16))
+        fprintf(stderr, "-- skipped: the avx512bf16 path (vdpbf16ps): this CPU or build has no "
+                        "AVX512-BF16 (ATTN_BF16_EMULATE=1 runs it emulated on AVX-512)\n");
+    else if (!(x & ATTN_CPU_AVX512_BF16))
+        fprintf(stderr, "-- the avx512bf16 path runs with vdpbf16ps emulated (ATTN_BF16_EMULATE=1)\n");
     else
-        fprintf(stderr, "-- skipped: AVX512-BF16/AMX present, but attn has no kernel for them yet\n");
+        fprintf(stderr, "-- the avx512bf16 path runs on this CPU's vdpbf16ps\n");
+    if (!attn_arch_supported(ATTN_ARCH_AMX))
+        fprintf(stderr, "-- skipped: the amx path: this CPU, OS or build has no AMX-BF16 tiles\n");
+    else
+        fprintf(stderr, "-- the amx path runs on this CPU's AMX-BF16 tiles\n");
 }
 
 int main(void)

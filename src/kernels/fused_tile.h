@@ -335,32 +335,15 @@ static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
     }
 }
 
-/* Step 2: ST [nkp][br] = (K Q^T) * scale for the nkp keys from j0 and the tile's
- * query rows, modified by the softcap, the bias and ALiBi (fk_score_mod), then, for
- * a PARTIAL tile, -inf at every hidden entry: keys past Tk, keys outside each row's
- * causal and window range, a false mask entry, a -inf bias. Hiding comes last, so a
- * hidden entry is -inf whatever its score was (even NaN), for any scale, as in the
- * reference. */
-static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
+/* Step 2c, for a PARTIAL tile: -inf at every hidden entry of ST's nkp keys from j0
+ * (keys past Tk, keys outside each row's causal and window range, a false mask
+ * entry, a -inf bias), after the score modifications, so that a hidden entry is
+ * -inf whatever its score was (even NaN), for any scale, as in the reference. */
+static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
 {
     const attn__sdpa_shapes *s = t->s;
-    const int64_t D = s->D, ldst = t->br, nr = t->nr, i0 = t->i0;
+    const int64_t ldst = t->br, nr = t->nr, i0 = t->i0;
     float *ST = t->ST;
-    const simd_f32 vscale = simd_set1(s->scale);
-    for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
-        const float *krow[FK_MK];
-        for (int kk = 0; kk < FK_MK; kk++) {
-            /* Keys past Tk repeat the last key (valid memory); they are masked below. */
-            const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
-            krow[kk] = t->kb + j * s->k_s[2];
-        }
-        for (int64_t rb = 0; rb < nr; rb += FK_QW)
-            fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
-    }
-    if (fk_has_score_mod(s))
-        fk_score_mod(t, j0, nkp);
-    if (kind != FK_PARTIAL)
-        return;
     const int64_t rows = t->i1 - i0; /* real query rows */
     const int by_position = s->causal || s->has_window;
     for (int64_t c = 0; c < nkp; c++) {
@@ -412,6 +395,34 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
     }
 }
 
+/* Step 2: ST [nkp][br] = (K Q^T) * scale for the nkp keys from j0 and the tile's
+ * query rows, modified by the softcap, the bias and ALiBi (fk_score_mod), then, for
+ * a PARTIAL tile, -inf at every hidden entry: keys past Tk, keys outside each row's
+ * causal and window range, a false mask entry, a -inf bias. Hiding comes last, so a
+ * hidden entry is -inf whatever its score was (even NaN), for any scale, as in the
+ * reference. */
+static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t D = s->D, ldst = t->br, nr = t->nr;
+    float *ST = t->ST;
+    const simd_f32 vscale = simd_set1(s->scale);
+    for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
+        const float *krow[FK_MK];
+        for (int kk = 0; kk < FK_MK; kk++) {
+            /* Keys past Tk repeat the last key (valid memory); they are masked below. */
+            const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
+            krow[kk] = t->kb + j * s->k_s[2];
+        }
+        for (int64_t rb = 0; rb < nr; rb += FK_QW)
+            fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+    }
+    if (fk_has_score_mod(s))
+        fk_score_mod(t, j0, nkp);
+    if (kind == FK_PARTIAL)
+        fk_hide(t, j0, nkp);
+}
+
 /* ---- Online-softmax update ------------------------------------------------------ */
 
 /* The running max with -inf (a row that has seen nothing yet) raised to -FLT_MAX,
@@ -424,14 +435,15 @@ FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
 }
 
 /* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
- * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P,
- * O = O * alpha. A vector of query rows at a time: every step runs along the key
- * axis, so no horizontal reduction is needed. The max may drop a NaN score (simd_max
+ * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P
+ * (fk_softmax_stats), then O = O * alpha (fk_softmax_update). A vector of query
+ * rows at a time: every step runs along the key axis, so no horizontal reduction
+ * is needed. The max may drop a NaN score (simd_max
  * returns its second operand when either is NaN); that row is NaN all the same,
  * since its P holds exp(NaN) = NaN, which reaches l and O. */
-static void fk_softmax_update(const fk_tile *t, int64_t nkp)
+static void fk_softmax_stats(const fk_tile *t, int64_t nkp)
 {
-    const int64_t br = t->br, nr = t->nr, dvp = t->dvp;
+    const int64_t br = t->br, nr = t->nr;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
     for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
         simd_f32 vmax = simd_set1(-INFINITY);
@@ -450,6 +462,13 @@ static void fk_softmax_update(const fk_tile *t, int64_t nkp)
         }
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
     }
+}
+
+static void fk_softmax_update(const fk_tile *t, int64_t nkp)
+{
+    const int64_t nr = t->nr, dvp = t->dvp;
+    const float *alpha = t->alpha;
+    fk_softmax_stats(t, nkp);
     for (int64_t r = 0; r < nr; r++)
         if (alpha[r] != 1.0f) {
             const simd_f32 va = simd_set1(alpha[r]);

@@ -16,6 +16,7 @@
 #define FK_NQV 4
 #include "fused_kernel.h"
 #include "half_stage.h"
+#include "sdpa_bf16.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -184,6 +185,9 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
         pairs += (double)(hi - lo);
     }
     double flops = 4.0 * (double)s->B * (double)s->H * pairs * (double)(s->D + s->Dv) / 2.0;
+    /* bfloat16 on an arch with a bfloat16 kernel: its own tile path (sdpa_bf16.h). */
+    if (attn__bf16_eligible(&plan->s, plan->arch))
+        return attn__bf16_plan(ctx, plan, flops, tile_br, tile_bc);
     plan->threads = attn__threads_for(ctx, flops, n_items);
     plan->br = job.br;
     plan->bc = job.bc;
@@ -419,7 +423,10 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void 
     const attn__sdpa_shapes *s = &plan->s;
     if (s->dtype != ATTN_DTYPE_F32) {
         int64_t e;
-        fused_run_half(plan, q, k, v, out, weights, scratch, &e);
+        if (attn__bf16_eligible(s, plan->arch))
+            attn__bf16_run(plan, q, k, v, out, scratch, &e);
+        else
+            fused_run_half(plan, q, k, v, out, weights, scratch, &e);
         if (e != INT64_MAX && s->empty_rows == ATTN_EMPTY_ROWS_ERROR) {
             const int64_t bh = e / s->Tq;
             return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, e % s->Tq);

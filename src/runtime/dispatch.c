@@ -204,6 +204,13 @@ static void detect_cpu(cpu_features *f)
 
 /* The bfloat16 paths need the avx512 build and the features of their kernels: the
  * AMX path also converts with AVX512-BF16 (vcvtne2ps2bf16), so it needs both. */
+/* ATTN_BF16_EMULATE=1 lets the avx512bf16 path run on an AVX-512 CPU without
+ * AVX512-BF16, its vdpbf16ps emulated by FMAs (src/kernels/sdpa_bf16_avx512.c), so
+ * that the tests check that path's packing, masking and softmax on any AVX-512
+ * machine. It is read once, with the rest of the decision, and never makes the
+ * emulation the automatic choice. */
+static int bf16_emulate;
+
 static int has_avx512_bf16(const cpu_features *f)
 {
     return f->avx512 && (f->extra & ATTN_CPU_AVX512_BF16);
@@ -364,7 +371,7 @@ static int cpu_supports(const cpu_features *f, attn_arch arch)
     case ATTN_ARCH_AVX512:
         return f->avx512;
     case ATTN_ARCH_AVX512_BF16:
-        return has_avx512_bf16(f);
+        return has_avx512_bf16(f) || (f->avx512 && bf16_emulate);
     case ATTN_ARCH_AMX:
         return has_amx(f);
     }
@@ -374,6 +381,8 @@ static int cpu_supports(const cpu_features *f, attn_arch arch)
 static void dispatch_decide(void)
 {
     detect_cpu(&dispatch_cpu);
+    const char *emu = getenv("ATTN_BF16_EMULATE");
+    bf16_emulate = emu && strcmp(emu, "1") == 0;
     decide_tiles(&dispatch_cpu, &dispatch_tiles);
     const unsigned x = dispatch_cpu.extra;
     snprintf(dispatch_cpu.extra_words, sizeof dispatch_cpu.extra_words,
