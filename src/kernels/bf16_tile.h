@@ -52,6 +52,25 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
 {
     const attn__sdpa_shapes *s0 = job->s0;
     const int64_t D = s0->D, groups = nr / 16, rows = fk_min(nr, s0->Tq - i0);
+    if (s0->q_s[3] == 1 && D % 32 == 0) {
+        /* Whole blocks of 32 along D, unit stride: each pair is one 32-bit word, so a
+         * (c, g) block is a 16 x 16 transpose of words. */
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t q = 0; q < 16; q++) {
+                const int64_t r = 16 * g + q;
+                const uint16_t *src = qb + (i0 + r) * s0->q_s[2];
+                for (int64_t c = 0; c < D / 32; c++) {
+                    uint32_t *dst = (uint32_t *)(void *)(qp + (c * groups + g) * 512) + q;
+                    for (int64_t p = 0; p < 16; p++) {
+                        uint32_t w = 0;
+                        if (r < rows)
+                            memcpy(&w, src + 32 * c + 2 * p, sizeof w);
+                        dst[16 * p] = w;
+                    }
+                }
+            }
+        return;
+    }
     for (int64_t c = 0; c < job->dp / 32; c++)
         for (int64_t g = 0; g < groups; g++) {
             uint16_t *dst = qp + (c * groups + g) * 512;
@@ -67,50 +86,79 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
         }
 }
 
-/* The weights P^T (ST [nkp][br], float32, key-major) rounded to bfloat16 as pairs
- * along the keys in B-operand layout:
- * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u]. */
-static void b16_pack_p(const float *ST, int64_t br, int64_t nkp, int64_t nr, uint16_t *pp)
-{
-    const int64_t groups = nr / 16;
+/* Two keys' weights for 16 query rows, rounded to bfloat16 as the pairs of one
+ * row of Pp: lane q holds (a[q], b[q]), a in the low word. */
 #ifdef B16_NATIVE_CVT
-    /* vcvtne2ps2bf16 puts the first key's 16 weights in words 0-15 and the second's
-     * in 16-31; vpermw interleaves them into pairs. */
+FK_INLINE __m512i b16_pairs(__m512 a, __m512 b, __m512i vidx)
+{
+    /* vcvtne2ps2bf16 puts a's 16 words in 0-15 and b's in 16-31; vpermw
+     * interleaves them. */
+    return _mm512_permutexvar_epi16(vidx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+#else
+FK_INLINE __m512i b16_round(__m512 x)
+{
+    /* As attn__f32_to_bf16: + 0x7fff + the lowest kept bit; a NaN gets its quiet
+     * bit instead, so that it stays a NaN. The result is in the top 16 bits. */
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i r = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                            _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u,
+                                _mm512_set1_epi32(0x00400000));
+}
+
+FK_INLINE __m512i b16_pairs(__m512 a, __m512 b, __m512i vidx)
+{
+    (void)vidx;
+    return _mm512_or_si512(_mm512_and_si512(b16_round(b), _mm512_set1_epi32((int)0xffff0000u)),
+                           _mm512_srli_epi32(b16_round(a), 16));
+}
+#endif
+
+/* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
+ * in ST ([nkp][br], key-major; `scaled` when they are already scaled, modified and
+ * hidden), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
+ * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
+ * bfloat16 straight into Pp's pairs:
+ * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
+ * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). */
+static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, uint16_t *pp)
+{
+    const int64_t br = t->br, nr = t->nr, groups = nr / 16;
+    float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
+    const __m512 vscale = _mm512_set1_ps(scaled ? 1.0f : t->s->scale);
     uint16_t idx[32];
     for (int q = 0; q < 16; q++) {
         idx[2 * q] = (uint16_t)q;
         idx[2 * q + 1] = (uint16_t)(16 + q);
     }
     const __m512i vidx = _mm512_loadu_si512(idx);
-#else
-    const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i quiet = _mm512_set1_epi32(0x00400000), hi = _mm512_set1_epi32((int)0xffff0000u);
-#endif
-    for (int64_t kp = 0; kp < nkp / 2; kp++) {
-        const float *r0 = ST + (2 * kp) * br, *r1 = r0 + br;
-        uint16_t *dst = pp + ((kp / 16) * groups) * 512 + (kp % 16) * 32;
-        for (int64_t g = 0; g < groups; g++) {
-            const __m512 a = _mm512_loadu_ps(r0 + 16 * g), b = _mm512_loadu_ps(r1 + 16 * g);
-#ifdef B16_NATIVE_CVT
-            const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(b, a);
-            _mm512_storeu_si512(dst + g * 512, _mm512_permutexvar_epi16(vidx, x));
-#else
-            /* As attn__f32_to_bf16: + 0x7fff + the lowest kept bit, then the top 16
-             * bits; a NaN gets its quiet bit instead, so it stays a NaN. */
-            __m512i ua = _mm512_castps_si512(a), ub = _mm512_castps_si512(b);
-            const __mmask16 na = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-            const __mmask16 nb = _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
-            ua = _mm512_mask_or_epi32(
-                _mm512_add_epi32(ua, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(ua, 16), one))),
-                na, ua, quiet);
-            ub = _mm512_mask_or_epi32(
-                _mm512_add_epi32(ub, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(ub, 16), one))),
-                nb, ub, quiet);
-            /* The pair (first key, second key) is one 32-bit lane: low word, high word. */
-            _mm512_storeu_si512(dst + g * 512,
-                                _mm512_or_si512(_mm512_and_si512(ub, hi), _mm512_srli_epi32(ua, 16)));
-#endif
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        simd_f32 vmax = simd_set1(-INFINITY);
+        for (int64_t c = 0; c < nkp; c++)
+            vmax = simd_max(vmax, _mm512_mul_ps(simd_load(ST + c * br + r0), vscale));
+        const simd_f32 mold = simd_load(m + r0);
+        const simd_f32 mnew = simd_max(mold, vmax);
+        const simd_f32 msafe = fk_max_for_exp(mnew);
+        simd_store(alpha + r0, simd_exp_nonpos(simd_sub(mold, msafe)));
+        simd_store(m + r0, mnew);
+        simd_f32 vsum = simd_zero();
+        uint16_t *dst = pp + (r0 / 16) * 512;
+        for (int64_t c = 0; c < nkp; c += 2) {
+            const simd_f32 p0 = simd_exp_nonpos(
+                simd_sub(_mm512_mul_ps(simd_load(ST + c * br + r0), vscale), msafe));
+            const simd_f32 p1 = simd_exp_nonpos(
+                simd_sub(_mm512_mul_ps(simd_load(ST + (c + 1) * br + r0), vscale), msafe));
+            vsum = simd_add(simd_add(vsum, p0), p1);
+            if (keep_p) {
+                simd_store(ST + c * br + r0, p0);
+                simd_store(ST + (c + 1) * br + r0, p1);
+            }
+            _mm512_storeu_si512(dst + ((c / 32) * groups) * 512 + ((c % 32) / 2) * 32,
+                                b16_pairs(p0, p1, vidx));
         }
+        simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
     }
 }
 
@@ -189,15 +237,25 @@ static void b16_item(void *arg, int64_t item, int worker)
         if (kind == FK_SKIP)
             continue;
         b16_scores(kp + j0 * dp, dp, qp, t.ST, br, nkp, nr, dp);
-        for (int64_t c = 0; c < nkp; c++)
-            for (int64_t r0 = 0; r0 < nr; r0 += 16)
-                _mm512_storeu_ps(t.ST + c * br + r0,
-                                 _mm512_mul_ps(_mm512_loadu_ps(t.ST + c * br + r0), vscale));
-        if (fk_has_score_mod(s))
-            fk_score_mod(&t, j0, nkp);
+        /* The scale is applied as the softmax reads the scores, unless the scores need
+         * work first (the options that change or hide them), which must see them
+         * scaled. */
+        const int mod = fk_has_score_mod(s) || kind == FK_PARTIAL;
+        if (mod) {
+            for (int64_t c = 0; c < nkp; c++)
+                for (int64_t r0 = 0; r0 < nr; r0 += 16)
+                    _mm512_storeu_ps(t.ST + c * br + r0,
+                                     _mm512_mul_ps(_mm512_loadu_ps(t.ST + c * br + r0), vscale));
+            if (fk_has_score_mod(s))
+                fk_score_mod(&t, j0, nkp);
+            if (kind == FK_PARTIAL)
+                fk_hide(&t, j0, nkp);
+        }
+        int bad = 0;
         if (kind == FK_PARTIAL)
-            fk_hide(&t, j0, nkp);
-        fk_softmax_stats(&t, nkp);
+            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
+                bad |= vbad[blk];
+        b16_softmax(&t, nkp, mod, bad, pp);
         /* O^T's columns are query rows: each scaled by its row's correction. */
         for (int64_t r0 = 0; r0 < nr; r0 += 16) {
             const __m512 va = _mm512_loadu_ps(t.alpha + r0);
@@ -206,16 +264,10 @@ static void b16_item(void *arg, int64_t item, int worker)
             for (int64_t e = 0; e < dvp; e++)
                 _mm512_storeu_ps(OT + e * br + r0, _mm512_mul_ps(_mm512_loadu_ps(OT + e * br + r0), va));
         }
-        int bad = 0;
-        if (kind == FK_PARTIAL)
-            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
-                bad |= vbad[blk];
-        if (bad) {
+        if (bad)
             b16_accumulate_visible(&t, vt, tkp, j0, nkp, OT);
-        } else {
-            b16_pack_p(t.ST, br, nkp, nr, pp);
+        else
             b16_pv(vt + j0, tkp, pp, OT, br, nkp, nr, dvp);
-        }
     }
     b16_end();
     for (int64_t r = 0; r < nr; r++)

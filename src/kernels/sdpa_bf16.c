@@ -138,14 +138,32 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
         for (; d < dp; d++)
             row[d] = 0;
     }
+    /* V^T through a block of the worker's stack: the 32 value rows copied as they
+     * are (zeros past Tk and Dv), then read down its columns into Vt's rows, each
+     * written whole (64 bytes). Writing Vt's columns straight from V would store 2
+     * bytes at a time into lines 2 * tkp bytes apart, which share a few cache sets. */
+    uint16_t blk[32][64];
     unsigned bad = 0;
-    for (int64_t e = 0; e < dvp; e++) {
-        uint16_t *dst = vt + e * tkp + j0;
+    for (int64_t e0 = 0; e0 < dvp; e0 += 64) {
+        const int64_t ne = dvp - e0 < 64 ? dvp - e0 : 64;
         for (int64_t c = 0; c < 32; c++) {
             const int64_t j = j0 + c;
-            const uint16_t x = j < s0->Tk && e < Dv ? vb[j * s0->v_s[2] + e * s0->v_s[3]] : 0;
-            bad |= (x & 0x7f80u) == 0x7f80u;
-            dst[c] = x;
+            int64_t e = 0;
+            if (j < s0->Tk) {
+                const uint16_t *src = vb + j * s0->v_s[2] + e0 * s0->v_s[3];
+                for (; e < ne && e0 + e < Dv; e++) {
+                    const uint16_t x = src[e * s0->v_s[3]];
+                    bad |= (x & 0x7f80u) == 0x7f80u;
+                    blk[c][e] = x;
+                }
+            }
+            for (; e < ne; e++)
+                blk[c][e] = 0;
+        }
+        for (int64_t e = 0; e < ne; e++) {
+            uint16_t *dst = vt + (e0 + e) * tkp + j0;
+            for (int64_t c = 0; c < 32; c++)
+                dst[c] = blk[c][e];
         }
     }
     job->vbad[hk * nb + j0 / 32] = (uint8_t)bad;
