@@ -30,13 +30,13 @@ static inline __m512i b16_pair(const uint16_t *p)
 
 /* acc[x][y] += sum over pairs of a[x] (rows of A, lda apart, from a0) times the B
  * pairs of 32 query rows (two 512-element groups from b0), over n32 blocks of 32
- * elements of the reduction axis; A's block kb starts at a0 + 32 kb and B's at
- * b0 + kb * bstride. */
-static inline void b16_block(__m512 acc[8][2], const uint16_t *a0, int64_t lda,
+ * elements of the reduction axis; A's block kb starts at a0 + kb * astride and B's
+ * at b0 + kb * bstride. */
+static inline void b16_block(__m512 acc[8][2], const uint16_t *a0, int64_t lda, int64_t astride,
                              const uint16_t *b0, int64_t bstride, int64_t n32)
 {
     for (int64_t kb = 0; kb < n32; kb++) {
-        const uint16_t *a = a0 + 32 * kb, *b = b0 + kb * bstride;
+        const uint16_t *a = a0 + kb * astride, *b = b0 + kb * bstride;
         for (int p = 0; p < 16; p++) {
             const __m512i q0 = _mm512_loadu_si512(b + p * 32);
             const __m512i q1 = _mm512_loadu_si512(b + 512 + p * 32);
@@ -62,7 +62,7 @@ static void b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, floa
             __m512 acc[8][2];
             for (int x = 0; x < 8; x++)
                 acc[x][0] = acc[x][1] = _mm512_setzero_ps();
-            b16_block(acc, kp + c0 * ldk, ldk, qp + g * 512, groups * 512, dp / 32);
+            b16_block(acc, kp + c0 * ldk, ldk, 32, qp + g * 512, groups * 512, dp / 32);
             for (int x = 0; x < 8; x++) {
                 _mm512_storeu_ps(ST + (c0 + x) * ldst + 16 * g, acc[x][0]);
                 _mm512_storeu_ps(ST + (c0 + x) * ldst + 16 * g + 16, acc[x][1]);
@@ -71,8 +71,8 @@ static void b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, floa
 }
 
 /* OT[e][r] += sum_c Vt[e][c] P[r][c], 8 value columns x 32 query rows at a time. */
-static void b16_pv(const uint16_t *vt, int64_t ldv, const uint16_t *pp, float *OT,
-                   int64_t ldo, int64_t nkp, int64_t nr, int64_t dvp)
+static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
+                   int64_t nkp, int64_t nr, int64_t dvp)
 {
     const int64_t groups = nr / 16;
     for (int64_t e0 = 0; e0 < dvp; e0 += 8)
@@ -82,7 +82,7 @@ static void b16_pv(const uint16_t *vt, int64_t ldv, const uint16_t *pp, float *O
                 acc[x][0] = _mm512_loadu_ps(OT + (e0 + x) * ldo + 16 * g);
                 acc[x][1] = _mm512_loadu_ps(OT + (e0 + x) * ldo + 16 * g + 16);
             }
-            b16_block(acc, vt + e0 * ldv, ldv, pp + g * 512, groups * 512, nkp / 32);
+            b16_block(acc, vt + e0 * 32, 32, dvp * 32, pp + g * 512, groups * 512, nkp / 32);
             for (int x = 0; x < 8; x++) {
                 _mm512_storeu_ps(OT + (e0 + x) * ldo + 16 * g, acc[x][0]);
                 _mm512_storeu_ps(OT + (e0 + x) * ldo + 16 * g + 16, acc[x][1]);

@@ -9,9 +9,10 @@
  *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp)
  *                    ST[c][r] = sum_d Kp[c][d] Q[r][d] for keys c < nkp (rows of kp,
  *                    ldk elements apart) and query rows r < nr, from Qp's pairs
- *   b16_pv(vt, ldv, pp, OT, ldo, nkp, nr, dvp)
+ *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp)
  *                    OT[e][r] += sum_c Vt[e][c] P[r][c] for e < dvp, c < nkp, r < nr,
- *                    from Pp's pairs
+ *                    from Pp's pairs; vt is the key tile's first block of Vt, the
+ *                    blocks [dvp][32] one after another
  *
  * and B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
@@ -166,7 +167,7 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, u
  * the visible (i, j) only, so that a masked key's value never reaches a row (its
  * weight is 0, but 0 * inf is NaN), with the weights rounded to bfloat16 as the
  * products see them. Such tiles are rare, so speed does not matter. */
-static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t tkp,
+static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t dvp,
                                    int64_t j0, int64_t nkp, float *OT)
 {
     const attn__sdpa_shapes *s = t->s;
@@ -176,7 +177,8 @@ static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t
                 continue;
             const float p = attn__bf16_to_f32(attn__f32_to_bf16(t->ST[c * t->br + r]));
             for (int64_t e = 0; e < s->Dv; e++)
-                OT[e * t->br + r] += p * attn__bf16_to_f32(vt[e * tkp + j0 + c]);
+                OT[e * t->br + r] +=
+                    p * attn__bf16_to_f32(vt[(j0 + c) / 32 * dvp * 32 + e * 32 + (j0 + c) % 32]);
         }
 }
 
@@ -265,9 +267,9 @@ static void b16_item(void *arg, int64_t item, int worker)
                 _mm512_storeu_ps(OT + e * br + r0, _mm512_mul_ps(_mm512_loadu_ps(OT + e * br + r0), va));
         }
         if (bad)
-            b16_accumulate_visible(&t, vt, tkp, j0, nkp, OT);
+            b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
         else
-            b16_pv(vt + j0, tkp, pp, OT, br, nkp, nr, dvp);
+            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp);
     }
     b16_end();
     for (int64_t r = 0; r < nr; r++)

@@ -139,9 +139,8 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
             row[d] = 0;
     }
     /* V^T through a block of the worker's stack: the 32 value rows copied as they
-     * are (zeros past Tk and Dv), then read down its columns into Vt's rows, each
-     * written whole (64 bytes). Writing Vt's columns straight from V would store 2
-     * bytes at a time into lines 2 * tkp bytes apart, which share a few cache sets. */
+     * are (zeros past Tk and Dv), then read down its columns into the block's rows
+     * of Vt, each written whole (64 bytes). */
     uint16_t blk[32][64];
     unsigned bad = 0;
     for (int64_t e0 = 0; e0 < dvp; e0 += 64) {
@@ -161,7 +160,7 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
                 blk[c][e] = 0;
         }
         for (int64_t e = 0; e < ne; e++) {
-            uint16_t *dst = vt + (e0 + e) * tkp + j0;
+            uint16_t *dst = vt + (j0 / 32) * dvp * 32 + (e0 + e) * 32;
             for (int64_t c = 0; c < 32; c++)
                 dst[c] = blk[c][e];
         }

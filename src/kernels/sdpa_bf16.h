@@ -15,7 +15,9 @@
  *
  *   1. pack, in parallel blocks of 32 keys of one (batch, key/value head):
  *        Kp [B*Hkv][Tkp][Dp]   K rows, unit stride, zeros past Tk and D
- *        Vt [B*Hkv][Dvp][Tkp]  V transposed, zeros past Tk and Dv
+ *        Vt [B*Hkv][Tkp/32][Dvp][32]  V transposed by blocks of 32 keys, so that
+ *                              16 columns of a block are 1 KiB in a row; zeros
+ *                              past Tk and Dv
  *        vbad [B*Hkv][Tkp/32]  1 where a block of values holds an inf or a NaN
  *      with Tkp, Dp, Dvp = Tk, D, Dv rounded up to 32;
  *   2. the items (b, h, query tile), as on the float32 tile path (bf16_tile.h):
@@ -52,7 +54,7 @@ typedef struct attn__bf16_job {
     const uint16_t *q, *k, *v;   /* the caller's arrays */
     int64_t dp, dvp, tkp;        /* D, Dv and Tk rounded up to 32 */
     uint16_t *kp;                /* [B*Hkv][tkp][dp] */
-    uint16_t *vt;                /* [B*Hkv][dvp][tkp] */
+    uint16_t *vt;                /* [B*Hkv][tkp/32][dvp][32] */
     uint8_t *vbad;               /* [B*Hkv][tkp/32] */
 } attn__bf16_job;
 

@@ -12,6 +12,9 @@
  * Pp's layout (bf16_tile.h), and A is 16 rows of Kp or Vt read in place. The eight
  * tile registers are used 2 x 2: C0-C3 the accumulators of 32 rows x 32 columns, A4
  * and A5 two row blocks, B6 and B7 two column blocks, every tile 16 rows of 64 bytes.
+ * Every A and B tile is 1 KiB in a row, but Kp's, whose rows are 2 * dp bytes apart
+ * (Vt is blocked by 32 keys for that: rows 2 * Tk bytes apart would fall in two of
+ * L1's 64 sets).
  * Each item loads the configuration once and releases the tiles at its end, so a
  * worker holds the tile state only while it computes.
  */
@@ -72,8 +75,8 @@ static void b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, floa
 /* OT[e][r] += sum_c Vt[e][c] P[r][c]: C(x, y) = rows of value columns e0 + 16x,
  * columns of query rows 16(g + y), loaded from OT, summed over the nkp / 32 blocks
  * of keys, stored back. */
-static void b16_pv(const uint16_t *vt, int64_t ldv, const uint16_t *pp, float *OT,
-                   int64_t ldo, int64_t nkp, int64_t nr, int64_t dvp)
+static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
+                   int64_t nkp, int64_t nr, int64_t dvp)
 {
     const int64_t groups = nr / 16;
     for (int64_t e0 = 0; e0 < dvp; e0 += 32)
@@ -84,10 +87,10 @@ static void b16_pv(const uint16_t *vt, int64_t ldv, const uint16_t *pp, float *O
             _tile_loadd(2, o + 16 * ldo, ldo * 4);
             _tile_loadd(3, o + 16 * ldo + 16, ldo * 4);
             for (int64_t kb = 0; kb < nkp / 32; kb++) {
-                const uint16_t *a = vt + e0 * ldv + 32 * kb;
+                const uint16_t *a = vt + (kb * dvp + e0) * 32;
                 const uint16_t *b = pp + (kb * groups + g) * 512;
-                _tile_loadd(4, a, ldv * 2);
-                _tile_loadd(5, a + 16 * ldv, ldv * 2);
+                _tile_loadd(4, a, 64);
+                _tile_loadd(5, a + 16 * 32, 64);
                 _tile_loadd(6, b, 64);
                 _tile_loadd(7, b + 512, 64);
                 _tile_dpbf16ps(0, 4, 6);
