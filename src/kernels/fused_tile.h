@@ -69,7 +69,17 @@ static int fk_tile_kind(const attn__sdpa_shapes *s, int64_t b, int64_t h, int64_
 {
     const int64_t all = (i1 - i0) * (j1 - j0);
     int64_t seen = all; /* pairs the causal alignment and the window let through */
-    if (s->causal || s->has_window) {
+    if (s->causal && !s->has_window) {
+        /* The causal alignment alone: every row's range starts at 0 and ends at
+         * hi(i), which grows with i, so the first and the last row decide. */
+        int64_t lo, hi_first, hi_last;
+        fk_row_range(s, i0, &lo, &hi_first);
+        fk_row_range(s, i1 - 1, &lo, &hi_last);
+        if (hi_last <= j0)
+            return FK_SKIP;
+        if (hi_first < j1)
+            seen = all - 1; /* some pair is hidden: the tile is PARTIAL */
+    } else if (s->causal || s->has_window) {
         seen = 0;
         for (int64_t i = i0; i < i1; i++) {
             int64_t lo, hi;
