@@ -145,6 +145,10 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
     memset(&a, 0, sizeof a);
     attn_ctx_init(&a.ctx);
     a.ctx.threads = o->threads;
+    /* The scratch is kept from call to call, as a model's loop keeps it (and as
+     * PyTorch's caching allocator does): a fresh one per call would time its page
+     * faults, several milliseconds for the 16-bit paths' copies on S4. */
+    a.ctx.keep_workspace = 1;
     const int64_t B = s->B, H = s->H, Hkv = bench_kv_heads(s), Tq = s->Tq, Tk = s->Tk, D = s->D;
     const int64_t qs[4] = {B, H, Tq, D}, ks[4] = {B, Hkv, Tk, D}, ms[4] = {B, 1, 1, Tk};
     int rc;

@@ -364,7 +364,15 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
                 strow[r] = -INFINITY;
             continue;
         }
-        if (by_position) {
+        if (by_position && !s->has_window) {
+            /* The causal alignment alone: the rows i with hi(i) <= j, i.e.
+             * i + off + 1 <= j (off = 0 top-left, Tk - Tq bottom-right), form a
+             * prefix of the tile, and no range starts after j. */
+            const int64_t off = s->causal == ATTN_CAUSAL_TOP_LEFT ? 0 : s->offset;
+            const int64_t n = fk_min(rows, j - off - i0 > 0 ? j - off - i0 : 0);
+            for (int64_t r = 0; r < n; r++)
+                strow[r] = -INFINITY;
+        } else if (by_position) {
             /* The rows whose range ends at or before j form a prefix of the tile,
              * and those whose range starts after j a suffix (fk_row_range's ends
              * grow with i). */
