@@ -205,6 +205,43 @@ static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t
         }
 }
 
+/* V^T of one whole block of 32 keys x 32 columns (attn__bf16_kernel.vblock): each
+ * pair of key rows interleaved into 32-bit words (vpermw: word e of both rows side
+ * by side), then the 16 x 16 words gathered down their columns, so that row e of
+ * the result holds keys 0..31 of column e in order. */
+static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
+{
+    uint16_t il[32], ih[32];
+    for (int e = 0; e < 16; e++) {
+        il[2 * e] = (uint16_t)e;
+        il[2 * e + 1] = (uint16_t)(32 + e);
+        ih[2 * e] = (uint16_t)(16 + e);
+        ih[2 * e + 1] = (uint16_t)(48 + e);
+    }
+    const __m512i vil = _mm512_loadu_si512(il), vih = _mm512_loadu_si512(ih);
+    const __m512i expo = _mm512_set1_epi16(0x7f80);
+    uint32_t words[2][16][16]; /* [half][key pair a][column e within the half] */
+    __mmask32 bad = 0;
+    for (int a = 0; a < 16; a++) {
+        const __m512i r0 = _mm512_loadu_si512(src + 2 * a * ld);
+        const __m512i r1 = _mm512_loadu_si512(src + (2 * a + 1) * ld);
+        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, expo), expo) |
+               _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, expo), expo);
+        _mm512_storeu_si512(words[0][a], _mm512_permutex2var_epi16(r0, vil, r1));
+        _mm512_storeu_si512(words[1][a], _mm512_permutex2var_epi16(r0, vih, r1));
+    }
+    int32_t col[16];
+    for (int a = 0; a < 16; a++)
+        col[a] = a * 16;
+    const __m512i vcol = _mm512_loadu_si512(col);
+    for (int half = 0; half < 2; half++)
+        for (int e = 0; e < 16; e++)
+            _mm512_storeu_si512(dst + (16 * half + e) * 32,
+                                _mm512_i32gather_epi32(_mm512_add_epi32(vcol, _mm512_set1_epi32(e)),
+                                                       (const void *)&words[half][0][0], 4));
+    return bad != 0;
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {

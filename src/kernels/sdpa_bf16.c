@@ -138,13 +138,19 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
         for (; d < dp; d++)
             row[d] = 0;
     }
-    /* V^T through a block of the worker's stack: the 32 value rows copied as they
-     * are (zeros past Tk and Dv), then read down its columns into the block's rows
-     * of Vt, each written whole (64 bytes). */
-    uint16_t blk[32][64];
+    /* V^T by blocks of 32 columns: a whole block by the kernel's vector transpose,
+     * any other through a block of the worker's stack, the 32 value rows copied as
+     * they are (zeros past Tk and Dv), then read down its columns into the block's
+     * rows of Vt, each written whole (64 bytes). */
+    uint16_t blk[32][32];
     unsigned bad = 0;
-    for (int64_t e0 = 0; e0 < dvp; e0 += 64) {
-        const int64_t ne = dvp - e0 < 64 ? dvp - e0 : 64;
+    uint16_t *vblk = vt + (j0 / 32) * dvp * 32;
+    for (int64_t e0 = 0; e0 < dvp; e0 += 32) {
+        const int64_t ne = 32;
+        if (job->kern->vblock && s0->v_s[3] == 1 && j0 + 32 <= s0->Tk && e0 + 32 <= Dv) {
+            bad |= job->kern->vblock(vb + j0 * s0->v_s[2] + e0, s0->v_s[2], vblk + e0 * 32);
+            continue;
+        }
         for (int64_t c = 0; c < 32; c++) {
             const int64_t j = j0 + c;
             int64_t e = 0;
@@ -160,7 +166,7 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
                 blk[c][e] = 0;
         }
         for (int64_t e = 0; e < ne; e++) {
-            uint16_t *dst = vt + (j0 / 32) * dvp * 32 + (e0 + e) * 32;
+            uint16_t *dst = vblk + (e0 + e) * 32;
             for (int64_t c = 0; c < 32; c++)
                 dst[c] = blk[c][e];
         }
@@ -179,6 +185,7 @@ void attn__bf16_run(const attn__sdpa_plan *plan, const void *q, const void *k, c
     bf16_layout(&st, plan->br, plan->bc, &job, &n_items);
     const attn__bf16_kernel *kern = attn__bf16_kernel_for(plan->arch);
     const int threads = plan->threads;
+    job.kern = kern;
     job.s0 = s0;
     job.q = (const uint16_t *)q;
     job.k = (const uint16_t *)k;

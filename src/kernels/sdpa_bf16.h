@@ -50,6 +50,7 @@ typedef struct attn__bf16_job {
     attn__fused_job f;           /* s: the staged float32 shapes (out contiguous);
                                     out: the float32 copy of out; br, bc, n_qt, dvp
                                     (= dvp32), ws, ws_floats, empty_first */
+    const struct attn__bf16_kernel *kern; /* the kernel that runs it */
     const attn__sdpa_shapes *s0; /* the caller's shapes (16-bit q, k, v strides) */
     const uint16_t *q, *k, *v;   /* the caller's arrays */
     int64_t dp, dvp, tkp;        /* D, Dv and Tk rounded up to 32 */
@@ -92,6 +93,10 @@ typedef struct attn__bf16_kernel {
     const char *products; /* "amx-bf16 tiles", "vdpbf16ps", "vdpbf16ps emulated" */
     /* Processes one work item (b, h, query tile). */
     void (*item)(void *job, int64_t item, int worker);
+    /* V^T of one whole block: 32 value rows of 32 columns from src (rows ld apart,
+     * unit stride) into dst's 32 rows of 32 keys; nonzero when a value is an inf or
+     * a NaN. */
+    unsigned (*vblock)(const uint16_t *src, int64_t ld, uint16_t *dst);
 } attn__bf16_kernel;
 
 #ifdef ATTN_HAVE_X86

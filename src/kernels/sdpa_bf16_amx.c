@@ -108,5 +108,5 @@ static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ld
 #include "bf16_tile.h"
 
 const attn__bf16_kernel attn__bf16_kernel_amx = {
-    ATTN_ARCH_AMX, "AMX-BF16 tiles", b16_item,
+    ATTN_ARCH_AMX, "AMX-BF16 tiles", b16_item, b16_vblock,
 };

@@ -24,5 +24,5 @@ static inline __m512 b16_dp_emulated(__m512 acc, __m512i a, __m512i b)
 #include "bf16_tile.h"
 
 const attn__bf16_kernel attn__bf16_kernel_emulated = {
-    ATTN_ARCH_AVX512_BF16, "vdpbf16ps emulated by AVX-512F", b16_item,
+    ATTN_ARCH_AVX512_BF16, "vdpbf16ps emulated by AVX-512F", b16_item, b16_vblock,
 };

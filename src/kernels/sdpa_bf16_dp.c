@@ -14,5 +14,5 @@
 #include "bf16_tile.h"
 
 const attn__bf16_kernel attn__bf16_kernel_dp = {
-    ATTN_ARCH_AVX512_BF16, "vdpbf16ps", b16_item,
+    ATTN_ARCH_AVX512_BF16, "vdpbf16ps", b16_item, b16_vblock,
 };
