@@ -168,6 +168,33 @@ static const char *want_words(unsigned want)
     }
 }
 
+/* The exception for an array whose buffer (with `flags`) was refused; called
+ * with none set. Read-only where a writable array is wanted is ValueError; a
+ * numpy dtype that the buffer protocol has no letter for (float8, or bfloat16
+ * when it is not ml_dtypes') is TypeError naming it; anything else, the
+ * exporter's own error, asked for again. */
+static void buffer_refused(PyObject *obj, const char *name, unsigned want, int flags)
+{
+    Py_buffer probe;
+    if ((flags & PyBUF_WRITABLE) &&
+        PyObject_GetBuffer(obj, &probe, flags & ~PyBUF_WRITABLE) == 0) {
+        PyBuffer_Release(&probe);
+        PyErr_Format(PyExc_ValueError, "%s must be a writable array, not a read-only one", name);
+        return;
+    }
+    PyErr_Clear();
+    if (PyObject_HasAttrString(obj, "dtype")) {
+        char got[64];
+        dtype_name_of(obj, NULL, got, sizeof got);
+        PyErr_Format(PyExc_TypeError, "%s must be %s, not %s", name, want_words(want), got);
+        return;
+    }
+    if (PyObject_GetBuffer(obj, &probe, flags) == 0) {
+        PyBuffer_Release(&probe); /* it worked this time: fail anyway, said plainly */
+        PyErr_Format(PyExc_BufferError, "%s: the array's buffer could not be read", name);
+    }
+}
+
 /* Describes obj's memory as an attn_tensor without copying it. `want` is a set
  * of dtypes; raw16 says what a uint16 array holds (ATTN_DTYPE_BF16 or
  * ATTN_DTYPE_F16: the call's dtype= keyword), or -1 when the call was not told,
@@ -197,36 +224,24 @@ static int get_tensor_ex(bufset *bs, PyObject *obj, const char *name, unsigned w
     if (PyObject_GetBuffer(obj, v, flags) < 0) {
         /* numpy exports no buffer of a dtype it does not know (ml_dtypes'
          * bfloat16); the same memory is read through a uint16 view, which keeps
-         * the array alive until the call ends. Anything else: ask again, so that
-         * the error raised is the exporter's own. */
+         * the array alive until the call ends. */
         PyErr_Clear();
         PyObject *u16 = is_ml_bfloat16(obj)
                             ? PyObject_CallMethod(obj, "view", "O", np_dtype[ATTN_DTYPE_BF16])
                             : NULL;
-        if (u16 && PyObject_GetBuffer(u16, v, flags) == 0) {
-            bs->hold[bs->n] = u16;
-            is_bf16 = 1;
-        } else {
-            Py_XDECREF(u16);
-            if (!PyErr_Occurred() && PyObject_GetBuffer(obj, v, flags) == 0) {
-                PyBuffer_Release(v); /* it worked this time: fail anyway, said plainly */
-                PyErr_Format(PyExc_BufferError, "%s: the array's buffer could not be read", name);
-            }
-            if (writable && PyErr_ExceptionMatches(PyExc_BufferError)) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_ValueError, "%s must be a writable array", name);
-            } else if (PyErr_ExceptionMatches(PyExc_ValueError) &&
-                       PyObject_HasAttrString(obj, "dtype")) {
-                /* numpy's "cannot include dtype 'x' in a buffer": a dtype the
-                 * buffer protocol has no letter for (float8, a structured dtype). */
-                char got[64];
-                PyErr_Clear();
-                dtype_name_of(obj, NULL, got, sizeof got);
-                PyErr_Format(PyExc_TypeError, "%s must be %s, not %s", name, want_words(want),
-                             got);
-            }
+        if (!u16) {
+            if (!PyErr_Occurred())
+                buffer_refused(obj, name, want, flags);
             return -1;
         }
+        if (PyObject_GetBuffer(u16, v, flags) < 0) {
+            PyErr_Clear();
+            buffer_refused(u16, name, want, flags);
+            Py_DECREF(u16);
+            return -1;
+        }
+        bs->hold[bs->n] = u16;
+        is_bf16 = 1;
     }
     bs->n++;
     int dt = is_bf16 ? ATTN_DTYPE_BF16 : format_dtype(v->format, v->itemsize);
