@@ -102,6 +102,8 @@ def check_rule(got64, oracle, dtype, torch_err, what):
     bound = 2.0 * torch_err + floor
     assert np.isfinite(err) and err <= bound, (
         "%s: attn's error %.4g > 2 x torch's %.4g + floor %.4g" % (what, err, torch_err, floor))
+    # Shown with pytest -s: the margins docs/python.md quotes.
+    print("%s: attn's error %.3g, torch's %.3g, bound %.3g" % (what, err, torch_err, bound))
     return err
 
 
