@@ -282,8 +282,7 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     Returns (output [..., query_len, value_dim], weights [..., query_len, key_len]),
     both differentiable. Raises ValueError as the chapter's module does.
     """
-    if (query.dtype in _HALF if isinstance(query, torch.Tensor) else False) and \
-            _same_half_dtype(query, key, value) and not _wants_grad(query, key, value):
+    if _half_call(query, key, value):
         # attn's 16-bit kernels on the tensors as they are (after the same device
         # checks); the float32 path otherwise.
         q, k, v = (_check_tensor(t, n, keep_half=True)
@@ -332,9 +331,13 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     return out, weights
 
 
-def _same_half_dtype(query, key, value):
-    return (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
-            and key.dtype == value.dtype == query.dtype)
+def _half_call(query, key, value):
+    """Whether query, key and value go to attn's 16-bit kernels as they are: all
+    bfloat16 or all float16 tensors, and no gradient wanted (attn's backward is
+    float32 only, so a call that wants one takes the float32 path)."""
+    return (all(isinstance(t, torch.Tensor) for t in (query, key, value))
+            and query.dtype in _HALF and key.dtype == value.dtype == query.dtype
+            and not _wants_grad(query, key, value))
 
 
 # ---------------------------------------------------------------------------

@@ -7,8 +7,9 @@
  * no copy. attn.sdpa also takes 16-bit arrays (SPEC section 10), in place too:
  * numpy's float16, ml_dtypes' bfloat16 (which numpy cannot export through the
  * buffer protocol, so its memory is read through a uint16 view of it), and
- * uint16 arrays of raw bits with dtype="bf16" or "f16". Outputs are numpy arrays made by numpy.empty (looked up once, at import)
- * or the caller's own `out=` array. The GIL is released while a kernel runs;
+ * uint16 arrays of raw bits with dtype="bf16" or "f16". Outputs are numpy arrays
+ * made by numpy.empty (looked up once, at import) or the caller's own `out=`
+ * array. The GIL is released while a kernel runs;
  * the Py_buffer views held for the call keep every array alive meanwhile.
  *
  * This module is the thin layer; attn/__init__.py holds the Python-side
@@ -589,7 +590,7 @@ static void small_ctx_init(attn_ctx *ctx, void *ws, size_t size)
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, *, mask=None, causal=False, scale=None, window=None, softcap=None,\n"
 "     alibi=None, bias=None, sinks=None, return_weights=False, return_lse=False,\n"
-"     empty_rows=\"error\", out=None)\n"
+"     empty_rows=\"error\", out=None, dtype=None)\n"
 "--\n\n"
 "Scaled dot-product attention: softmax(scale * q k^T [+ options]) v.\n\n"
 "q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], numpy arrays of one\n"
@@ -647,8 +648,8 @@ static int parse_raw16(PyObject *obj, int *raw16)
     return -1;
 }
 
-/* q, k and v of one dtype, and an out= of it too; and dtype= (when given)
- * agrees with every array that names its own dtype. TypeError naming them. */
+/* q, k and v of one dtype, which dtype= (when given) names: TypeError naming
+ * them otherwise. (out= is checked against q once it is read.) */
 static int check_one_dtype(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                            int raw16)
 {
