@@ -17,6 +17,7 @@ at most half the floor, and a wrong mask or a wrong head moves outputs by far mo
 """
 import gc
 import os
+import subprocess
 import sys
 import tracemalloc
 import zlib
@@ -111,6 +112,10 @@ def check_rule(got64, oracle, dtype, torch_err, what):
 def test_golden_half_cases_meet_the_accuracy_rule(folder):
     """Every golden 16-bit case (both dtypes, every option) is within twice PyTorch's
     error plus the floor, its output in the inputs' dtype and shape."""
+    run_golden(folder)
+
+
+def run_golden(folder):
     c, q, k, v, oracle = golden_inputs(folder)
     dtype = c["dtype"]
     args = [to_dtype(a, dtype) for a in (q, k, v)]
@@ -124,6 +129,43 @@ def test_golden_half_cases_meet_the_accuracy_rule(folder):
     assert out.dtype == args[0][0].dtype and out.shape == oracle.shape, (out.dtype, out.shape,
                                                                         oracle.shape)
     check_rule(widen(out, dtype), oracle, dtype, float(c["torch_err"]), folder.name)
+
+
+ORDER = ["ref", "scalar", "avx2", "avx512", "avx512bf16", "amx"]
+
+EVERY_CASE = '''
+import sys
+import attn
+import test_half
+
+assert attn.arch()["selected"] == sys.argv[1], attn.arch()
+n = 0
+for folder in sorted((test_half.DATA / "golden_half").iterdir()):
+    if (folder / "case.txt").is_file():
+        test_half.run_golden(folder)
+        n += 1
+print("ok", sys.argv[1], n)
+'''
+
+
+@pytest.mark.parametrize("arch", ORDER)
+def test_every_instruction_set_path_meets_the_accuracy_rule(arch):
+    """With ATTN_ARCH forcing each path this CPU has (the dispatch is decided once per
+    process, so each runs in its own interpreter), every golden 16-bit case meets the
+    rule."""
+    if not (DATA / "golden_half").is_dir():
+        pytest.skip("no %s here" % (DATA / "golden_half"))
+    best = attn.arch()["best"]
+    if ORDER.index(arch) > ORDER.index(best):
+        pytest.skip("this CPU's best path is %s, so %s cannot run here" % (best, arch))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, ATTN_ARCH=arch, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    r = subprocess.run([sys.executable, "-c", EVERY_CASE, arch], capture_output=True,
+                       text=True, env=env)
+    n = sum((f / "case.txt").is_file() for f in (DATA / "golden_half").iterdir())
+    last = r.stdout.strip().splitlines()[-1:] or [""]
+    assert r.returncode == 0 and last[0] == "ok %s %d" % (arch, n), \
+        "ATTN_ARCH=%s:\nstdout: %s\nstderr: %s" % (arch, r.stdout[-3000:], r.stderr[-3000:])
 
 
 # ---------------------------------------------------------------------------
