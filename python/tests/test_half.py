@@ -248,6 +248,33 @@ def test_16_bit_views_are_read_in_place_and_out_is_filled():
     assert np.array_equal(out.view(np.uint16), want.view(np.uint16)), (out, want)
 
 
+def test_16_bit_strided_inputs_are_read_without_a_copy():
+    """A strided view of 8 MB of float16 (and, where ml_dtypes is installed, bfloat16)
+    keys and values is read in place: Python allocates under 1 MB (tracemalloc sees
+    numpy's allocations, so a copy would show as a peak of at least 4 MB; the
+    library's own widening scratch is C malloc and not counted)."""
+    rng = np.random.default_rng(2)
+    kv = rng.standard_normal((1, 1, 32768, 128)).astype(np.float16)
+    q = rng.standard_normal((1, 1, 1, 64)).astype(np.float16)
+    kinds = [(kv, q)]
+    try:
+        import ml_dtypes
+        kinds.append((kv.astype(ml_dtypes.bfloat16), q.astype(ml_dtypes.bfloat16)))
+    except ImportError:
+        pass
+    for kv, q in kinds:
+        k, v = kv[..., :64], kv[..., 64:]  # row stride 128: not contiguous
+        assert not k.flags.c_contiguous
+        tracemalloc.start()
+        out = attn.sdpa(q, k, v)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 1 << 20, "peak Python allocation %d bytes for an 8 MB %s k/v" % (
+            peak, kv.dtype)
+        want = attn.sdpa(*(np.ascontiguousarray(a) for a in (q, k, v)))
+        assert np.array_equal(out.view(np.uint16), want.view(np.uint16)), kv.dtype
+
+
 def test_weights_and_lse_stay_float32_in_16_bits():
     """With 16-bit inputs the output is 16-bit, the weights and log-sum-exp float32,
     and they agree with the float32 call on the same (widened) values."""
