@@ -6,13 +6,17 @@
 #   debian (default)  a venv over Debian's python3 with --system-site-packages, so
 #                     Debian's numpy, pytest and python3-torch (PyTorch 1.13) are
 #                     the ones used; torch must import here, so attn.torch's tests
-#                     (python/tests/chapter) run and never skip;
-#   pypi              a venv of its own with numpy and pytest from PyPI and no
-#                     PyTorch: the numpy API's tests run on PyPI's numpy, and the
-#                     attn.torch tests skip, saying why.
+#                     (python/tests/chapter, test_torch_half.py) run and never
+#                     skip. Debian packages no ml_dtypes, so the 16-bit tests pass
+#                     bfloat16 as uint16 bits here and the ml_dtypes one skips;
+#   pypi              a venv of its own with numpy, pytest and ml_dtypes from PyPI
+#                     and no PyTorch: the numpy API's tests run on PyPI's numpy,
+#                     ml_dtypes must import, so the ml_dtypes.bfloat16 test runs,
+#                     and the attn.torch tests skip, saying why.
 #
 # pip takes only the build backend, scikit-build-core, and a CMake >= 3.26 when
-# the machine's is older, from PyPI (and in the pypi variant numpy and pytest).
+# the machine's is older, from PyPI (and in the pypi variant numpy, pytest and
+# ml_dtypes).
 #
 # Fails when the install fails, when any test fails, and when pytest collects no
 # test at all (its exit status 5 is a failure here, never a pass).
@@ -35,10 +39,14 @@ if [ "$variant" = debian ]; then
     "$py" -m venv --system-site-packages "$venv"
 else
     "$py" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet numpy pytest
+    "$venv/bin/python" -m pip install --quiet numpy pytest ml_dtypes
 fi
 venv=$(cd "$venv" && pwd)
 "$venv/bin/python" -c 'import numpy, pytest; print("numpy", numpy.__version__, numpy.__file__, "pytest", pytest.__version__)'
+if [ "$variant" = pypi ]; then
+    # Without it the ml_dtypes.bfloat16 test would skip in both variants.
+    "$venv/bin/python" -c 'import ml_dtypes; print("ml_dtypes", ml_dtypes.__version__)'
+fi
 if [ "$variant" = debian ]; then
     # .ci/run installs python3-torch; without it attn.torch would go untested.
     "$venv/bin/python" -c 'import torch; print("torch", torch.__version__, torch.__file__)'

@@ -6,6 +6,13 @@ while the C kernels run, so Python threads run attention in parallel. Library
 errors raise ValueError (shapes, masks, options), MemoryError or OSError, with
 the library's message; an argument that is not a float32 array raises TypeError.
 
+sdpa also takes q, k and v in 16 bits (SPEC section 10), read in place too:
+numpy float16 arrays, ml_dtypes.bfloat16 arrays (when the ml_dtypes package is
+installed; attn does not need it), or uint16 arrays of bfloat16 bits with
+dtype="bf16". Products and sums accumulate in float32; the output has the
+inputs' dtype, the weights and log-sum-exp stay float32. The other calls
+(multi-head attention, RoPE, the KV cache, the backward) take float32 only.
+
 Functions:
     sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,
          return_weights, return_lse, empty_rows, out)   scaled dot-product attention

@@ -31,9 +31,20 @@ chapter's module. float32 contiguous (or strided) CPU tensors are handed to the 
 library without a copy, as numpy views of the tensors' own memory.
 
 Differences a caller can see, all of them deliberate:
-- attn computes in float32. float64, float16 and bfloat16 tensors are converted
-  to float32 on the way in and the results back to the query's (or x's) dtype on
-  the way out, so a float64 caller gets float32 accuracy.
+- attn computes in float32. float64 tensors are converted to float32 on the way
+  in and the results back to float64 on the way out, so a float64 caller gets
+  float32 accuracy.
+- 16 bits (SPEC section 10): when query, key and value are all bfloat16 or all
+  float16 and no gradient is wanted (torch.no_grad(), torch.inference_mode(),
+  or tensors that do not require one), scaled_dot_product_attention runs attn's
+  16-bit kernels on the tensors as they are, without a float32 copy: products
+  and sums in float32, the output rounded once to the inputs' dtype. When a
+  gradient is wanted, it falls back to the float32 path instead, because attn's
+  backward is float32 only: the tensors are widened to float32 (exactly), the
+  forward and backward run in float32, and the output, weights and gradients
+  come back in the inputs' dtype. Both paths round the same float32 result once,
+  so they agree within the 16-bit accuracy rule (docs/python.md). 16-bit x in
+  MultiHeadSelfAttention, and mixed dtypes, always take the float32 path.
 - Tensors on another device than the CPU are refused (ValueError naming the
   device); integer tensors are refused (TypeError).
 - attention_mask (and pad_id) may also be passed by position; the chapter's
@@ -49,6 +60,7 @@ except ImportError as _error:  # pragma: no cover - exercised where torch is abs
 
 import math
 
+import numpy as _numpy
 from torch import nn
 
 from . import _attn
@@ -71,8 +83,9 @@ class AttnShapeError(ValueError, RuntimeError):
 # Arguments: the chapter's checks, with its messages
 # ---------------------------------------------------------------------------
 
-def _check_tensor(t, name):
-    """t as a float32 CPU tensor (converted from another floating dtype)."""
+def _check_tensor(t, name, keep_half=False):
+    """t as a float32 CPU tensor (converted from another floating dtype), or with
+    keep_half its bfloat16 or float16 self."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
     if t.device.type != "cpu":
@@ -81,7 +94,9 @@ def _check_tensor(t, name):
     if not t.is_floating_point():
         raise TypeError("%s must be a floating-point tensor (float32 is used as it is), "
                         "not %s" % (name, t.dtype))
-    return t if t.dtype == torch.float32 else t.float()
+    if t.dtype == torch.float32 or (keep_half and t.dtype in _HALF):
+        return t
+    return t.float()
 
 
 def _mask_broadcasts(mask_shape, target):
@@ -151,6 +166,28 @@ def _np(t):
     return t.detach().numpy()
 
 
+# The 16-bit dtypes attn's forward takes as they are, and the dtype= keyword of
+# attn.sdpa that says what their bits are.
+_HALF = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _np16(t):
+    # numpy has no bfloat16: a bfloat16 tensor goes to attn as a uint16 view of
+    # its own memory (a view of the same bits, strides kept, no copy), with
+    # dtype="bf16". A float16 tensor is numpy's float16 as it is.
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_numpy.uint16)
+    return t.numpy()
+
+
+def _from_np16(a, dtype):
+    # attn.sdpa's 16-bit output as a tensor of dtype, sharing its memory.
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(a.view(_numpy.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _call(fn, *args, **kwargs):
     """A C call whose empty-row error is reworded as the chapter words it."""
     try:
@@ -210,14 +247,25 @@ class _SDPAFunction(torch.autograd.Function):
 
 def _sdpa(q, k, v, mask):
     """(output, weights) through the autograd function when a gradient is wanted,
-    else straight from the C call (no graph to record, and less to do per call)."""
+    else straight from the C call (no graph to record, and less to do per call).
+    16-bit q, k, v (never with a gradient: see the module's docstring) go to
+    attn's 16-bit kernels; the output is in their dtype, the weights float32."""
     mask, causal = _split_causal(mask, q.shape[-2], k.shape[-2])
+    if q.dtype in _HALF:
+        out, weights = _call(_attn.sdpa, _np16(q), _np16(k), _np16(v),
+                             mask=None if mask is None else _np(mask), causal=causal,
+                             return_weights=True, dtype=_HALF[q.dtype])
+        return _from_np16(out, q.dtype), torch.from_numpy(weights)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _SDPAFunction.apply(q, k, v, mask, causal)
     out, weights = _call(_attn.sdpa, _np(q), _np(k), _np(v),
                          mask=None if mask is None else _np(mask), causal=causal,
                          return_weights=True)
     return torch.from_numpy(out), torch.from_numpy(weights)
+
+
+def _wants_grad(*tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def scaled_dot_product_attention(query, key, value, attention_mask=None):
@@ -234,9 +282,15 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     Returns (output [..., query_len, value_dim], weights [..., query_len, key_len]),
     both differentiable. Raises ValueError as the chapter's module does.
     """
-    q = _check_tensor(query, "query")
-    k = _check_tensor(key, "key")
-    v = _check_tensor(value, "value")
+    if _half_call(query, key, value):
+        # attn's 16-bit kernels on the tensors as they are (after the same device
+        # checks); the float32 path otherwise.
+        q, k, v = (_check_tensor(t, n, keep_half=True)
+                   for t, n in ((query, "query"), (key, "key"), (value, "value")))
+    else:
+        q = _check_tensor(query, "query")
+        k = _check_tensor(key, "key")
+        v = _check_tensor(value, "value")
     if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
         raise AttnShapeError("query, key and value need at least 2 axes ([..., len, dim]); "
                              "got %s, %s and %s" % (tuple(q.shape), tuple(k.shape),
@@ -275,6 +329,15 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     if query.dtype != torch.float32:
         out, weights = out.to(query.dtype), weights.to(query.dtype)
     return out, weights
+
+
+def _half_call(query, key, value):
+    """Whether query, key and value go to attn's 16-bit kernels as they are: all
+    bfloat16 or all float16 tensors, and no gradient wanted (attn's backward is
+    float32 only, so a call that wants one takes the float32 path)."""
+    return (all(isinstance(t, torch.Tensor) for t in (query, key, value))
+            and query.dtype in _HALF and key.dtype == value.dtype == query.dtype
+            and not _wants_grad(query, key, value))
 
 
 # ---------------------------------------------------------------------------

@@ -4,8 +4,12 @@
  * Arrays come in through the buffer protocol (PEP 3118), which numpy arrays speak:
  * a float32 array, contiguous or a strided view with non-negative strides, is
  * described to the library as an attn_tensor over the caller's own memory, with
- * no copy. Outputs are numpy arrays made by numpy.empty (looked up once, at import)
- * or the caller's own `out=` array. The GIL is released while a kernel runs;
+ * no copy. attn.sdpa also takes 16-bit arrays (SPEC section 10), in place too:
+ * numpy's float16, ml_dtypes' bfloat16 (which numpy cannot export through the
+ * buffer protocol, so its memory is read through a uint16 view of it), and
+ * uint16 arrays of raw bits with dtype="bf16" or "f16". Outputs are numpy arrays
+ * made by numpy.empty (looked up once, at import) or the caller's own `out=`
+ * array. The GIL is released while a kernel runs;
  * the Py_buffer views held for the call keep every array alive meanwhile.
  *
  * This module is the thin layer; attn/__init__.py holds the Python-side
@@ -20,13 +24,20 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "attn.h"
 
-/* numpy.empty and the four dtypes, looked up once at import. */
+/* numpy.empty, numpy.dtype and the dtypes, looked up once at import. */
 static PyObject *np_empty;
-static PyObject *np_dtype[4]; /* indexed by attn_dtype */
+static PyObject *np_dtype_type;
+/* Indexed by attn_dtype: float32, bool, int64, int32, then the storage of a
+ * bfloat16 array (uint16: numpy has no bfloat16) and float16. */
+static PyObject *np_dtype[6];
+/* numpy.dtype(ml_dtypes.bfloat16), found the first time a call meets an array
+ * that numpy cannot export (NULL until then, or while ml_dtypes is not imported). */
+static PyObject *ml_bf16_dtype;
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -51,22 +62,32 @@ static PyObject *raise_status(int status, const attn_ctx *ctx)
  * Arrays in: the buffer protocol
  * ------------------------------------------------------------------------- */
 
-/* Every buffer a call holds, released together when it ends. */
+/* Every buffer a call holds, released together when it ends; hold[i] is the
+ * uint16 view whose buffer view[i] is, for an ml_dtypes bfloat16 array (else
+ * NULL). */
 #define MAX_BUFS 16
 typedef struct bufset {
     Py_buffer view[MAX_BUFS];
+    PyObject *hold[MAX_BUFS];
     int n;
 } bufset;
 
 static void bufset_release(bufset *bs)
 {
-    for (int i = 0; i < bs->n; i++)
+    for (int i = 0; i < bs->n; i++) {
         PyBuffer_Release(&bs->view[i]);
+        Py_CLEAR(bs->hold[i]);
+    }
     bs->n = 0;
 }
 
-/* The attn dtype of a buffer's struct-module format, or -1. Only native or
- * little-endian formats are taken: attn reads memory in the machine's order. */
+/* A uint16 array: 16-bit values as raw bits, whose meaning the call's dtype=
+ * keyword gives (not an attn_dtype of its own). */
+#define DTYPE_RAW16 100
+
+/* The attn dtype of a buffer's struct-module format, DTYPE_RAW16, or -1. Only
+ * native or little-endian formats are taken: attn reads memory in the machine's
+ * order. */
 static int format_dtype(const char *fmt, Py_ssize_t itemsize)
 {
     if (!fmt)
@@ -77,6 +98,8 @@ static int format_dtype(const char *fmt, Py_ssize_t itemsize)
         return -1;
     switch (fmt[0]) {
     case 'f': return itemsize == 4 ? ATTN_DTYPE_F32 : -1;
+    case 'e': return itemsize == 2 ? ATTN_DTYPE_F16 : -1;
+    case 'H': return itemsize == 2 ? DTYPE_RAW16 : -1;
     case '?': return itemsize == 1 ? ATTN_DTYPE_BOOL : -1;
     case 'i': case 'l': case 'q':
         if (itemsize == 8) return ATTN_DTYPE_I64;
@@ -89,14 +112,103 @@ static int format_dtype(const char *fmt, Py_ssize_t itemsize)
 #define WANT_F32 (1u << ATTN_DTYPE_F32)
 #define WANT_BOOL (1u << ATTN_DTYPE_BOOL)
 #define WANT_INT ((1u << ATTN_DTYPE_I64) | (1u << ATTN_DTYPE_I32))
+#define WANT_HALF ((1u << ATTN_DTYPE_BF16) | (1u << ATTN_DTYPE_F16))
+/* What attn.sdpa takes for q, k, v and out. */
+#define WANT_ATTN (WANT_F32 | WANT_HALF)
+
+/* Whether obj is a numpy array of ml_dtypes.bfloat16. Such an array can only
+ * exist once ml_dtypes has been imported, so this looks in sys.modules and never
+ * imports it: attn does not need ml_dtypes, it reads its arrays when given them.
+ * Never leaves an exception set. */
+static int is_ml_bfloat16(PyObject *obj)
+{
+    if (!ml_bf16_dtype) {
+        PyObject *ml = PyDict_GetItemString(PyImport_GetModuleDict(), "ml_dtypes"); /* borrowed */
+        PyObject *type = ml ? PyObject_GetAttrString(ml, "bfloat16") : NULL;
+        if (type) {
+            ml_bf16_dtype = PyObject_CallFunctionObjArgs(np_dtype_type, type, NULL);
+            Py_DECREF(type);
+        }
+        PyErr_Clear();
+        if (!ml_bf16_dtype)
+            return 0;
+    }
+    PyObject *dt = PyObject_GetAttrString(obj, "dtype");
+    const int eq = dt ? PyObject_RichCompareBool(dt, ml_bf16_dtype, Py_EQ) : 0;
+    Py_XDECREF(dt);
+    PyErr_Clear();
+    return eq == 1;
+}
+
+/* numpy's name of obj's dtype ("float64"), for messages; the buffer's format
+ * when obj has no dtype. */
+static void dtype_name_of(PyObject *obj, const char *format, char *buf, size_t size)
+{
+    snprintf(buf, size, "an array of format '%s'", format ? format : "?");
+    PyObject *dt = PyObject_GetAttrString(obj, "dtype");
+    PyObject *str = dt ? PyObject_Str(dt) : NULL;
+    const char *name = str ? PyUnicode_AsUTF8AndSize(str, NULL) : NULL;
+    if (name)
+        snprintf(buf, size, "%s", name);
+    Py_XDECREF(str);
+    Py_XDECREF(dt);
+    PyErr_Clear();
+}
+
+/* What a set of dtypes reads as in a message. */
+static const char *want_words(unsigned want)
+{
+    switch (want) {
+    case WANT_F32: return "float32";
+    case WANT_BOOL: return "bool";
+    case WANT_INT: return "int64 or int32";
+    case WANT_ATTN:
+        return "float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 bits with "
+               "dtype=\"bf16\")";
+    default: return "of a supported dtype";
+    }
+}
+
+/* The exception for an array whose buffer (with `flags`) was refused; called
+ * with none set. Read-only where a writable array is wanted is ValueError; a
+ * numpy dtype that the buffer protocol has no letter for (float8, or bfloat16
+ * when it is not ml_dtypes') is TypeError naming it; anything else, the
+ * exporter's own error, asked for again. */
+static void buffer_refused(PyObject *obj, const char *name, unsigned want, int flags)
+{
+    Py_buffer probe;
+    if ((flags & PyBUF_WRITABLE) &&
+        PyObject_GetBuffer(obj, &probe, flags & ~PyBUF_WRITABLE) == 0) {
+        PyBuffer_Release(&probe);
+        PyErr_Format(PyExc_ValueError, "%s must be a writable array, not a read-only one", name);
+        return;
+    }
+    PyErr_Clear();
+    if (PyObject_HasAttrString(obj, "dtype")) {
+        char got[64];
+        dtype_name_of(obj, NULL, got, sizeof got);
+        PyErr_Format(PyExc_TypeError, "%s must be %s, not %s", name, want_words(want), got);
+        return;
+    }
+    if (PyObject_GetBuffer(obj, &probe, flags) == 0) {
+        PyBuffer_Release(&probe); /* it worked this time: fail anyway, said plainly */
+        PyErr_Format(PyExc_BufferError, "%s: the array's buffer could not be read", name);
+    }
+}
 
 /* Describes obj's memory as an attn_tensor without copying it. `want` is a set
- * of dtypes. A wrong type or dtype is TypeError; a rank outside 1..4, a negative
- * stride (a reversed view, which attn does not read) or a stride that is not a
- * whole number of elements is ValueError. On success the buffer is in bs. */
-static int get_tensor(bufset *bs, PyObject *obj, const char *name, unsigned want, int writable,
-                      attn_tensor *t)
+ * of dtypes; raw16 says what a uint16 array holds (ATTN_DTYPE_BF16 or
+ * ATTN_DTYPE_F16: the call's dtype= keyword), or -1 when the call was not told,
+ * and then a uint16 array is refused. *ml (when not NULL) becomes 1 for an
+ * ml_dtypes bfloat16 array, so that an output can be made of the same kind. A
+ * wrong type or dtype is TypeError; a rank outside 1..4, a negative stride (a
+ * reversed view, which attn does not read) or a stride that is not a whole number
+ * of elements is ValueError. On success the buffer is in bs. */
+static int get_tensor_ex(bufset *bs, PyObject *obj, const char *name, unsigned want,
+                         int writable, int raw16, attn_tensor *t, int *ml)
 {
+    if (ml)
+        *ml = 0;
     if (bs->n >= MAX_BUFS) {
         PyErr_SetString(PyExc_RuntimeError, "attn: too many arrays in one call");
         return -1;
@@ -107,24 +219,57 @@ static int get_tensor(bufset *bs, PyObject *obj, const char *name, unsigned want
         return -1;
     }
     Py_buffer *v = &bs->view[bs->n];
+    bs->hold[bs->n] = NULL;
     int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    int is_bf16 = 0;
     if (PyObject_GetBuffer(obj, v, flags) < 0) {
-        if (writable && PyErr_ExceptionMatches(PyExc_BufferError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "%s must be a writable array", name);
+        /* numpy exports no buffer of a dtype it does not know (ml_dtypes'
+         * bfloat16); the same memory is read through a uint16 view, which keeps
+         * the array alive until the call ends. */
+        PyErr_Clear();
+        PyObject *u16 = is_ml_bfloat16(obj)
+                            ? PyObject_CallMethod(obj, "view", "O", np_dtype[ATTN_DTYPE_BF16])
+                            : NULL;
+        if (!u16) {
+            if (!PyErr_Occurred())
+                buffer_refused(obj, name, want, flags);
+            return -1;
         }
-        return -1;
+        if (PyObject_GetBuffer(u16, v, flags) < 0) {
+            PyErr_Clear();
+            buffer_refused(u16, name, want, flags);
+            Py_DECREF(u16);
+            return -1;
+        }
+        bs->hold[bs->n] = u16;
+        is_bf16 = 1;
     }
     bs->n++;
-    const int dt = format_dtype(v->format, v->itemsize);
-    if (dt < 0 || !(want & (1u << dt))) {
-        PyErr_Format(PyExc_TypeError, "%s must be %s, not an array of format '%s' (%zd bytes)",
-                     name,
-                     want == WANT_F32    ? "float32"
-                     : want == WANT_BOOL ? "bool"
-                     : want == WANT_INT  ? "int64 or int32"
-                                         : "of a supported dtype",
-                     v->format ? v->format : "?", v->itemsize);
+    int dt = is_bf16 ? ATTN_DTYPE_BF16 : format_dtype(v->format, v->itemsize);
+    if (dt == DTYPE_RAW16 && raw16 >= 0 && (want & (1u << raw16)))
+        dt = raw16;
+    if (ml)
+        *ml = is_bf16;
+    if (dt < 0 || dt == DTYPE_RAW16 || !(want & (1u << dt))) {
+        char got[64];
+        if (is_bf16)
+            snprintf(got, sizeof got, "bfloat16");
+        else
+            dtype_name_of(obj, v->format, got, sizeof got);
+        if (dt == DTYPE_RAW16 && (want & WANT_HALF))
+            PyErr_Format(PyExc_TypeError,
+                         "%s is uint16: pass dtype=\"bf16\" (or \"f16\") to say that it holds "
+                         "bfloat16 (float16) bits, or pass float32, float16 or "
+                         "ml_dtypes.bfloat16 values",
+                         name);
+        else if ((dt == ATTN_DTYPE_F16 || dt == ATTN_DTYPE_BF16) && !(want & WANT_HALF))
+            PyErr_Format(PyExc_TypeError,
+                         "%s must be %s, not %s: of attn's calls only sdpa takes 16-bit "
+                         "arrays (the backward, multi-head attention, RoPE and the KV cache "
+                         "are float32 only)",
+                         name, want_words(want), got);
+        else
+            PyErr_Format(PyExc_TypeError, "%s must be %s, not %s", name, want_words(want), got);
         return -1;
     }
     if (v->ndim < 1 || v->ndim > ATTN_MAX_DIMS) {
@@ -153,6 +298,13 @@ static int get_tensor(bufset *bs, PyObject *obj, const char *name, unsigned want
         t->stride[i] = s / v->itemsize;
     }
     return 0;
+}
+
+/* get_tensor_ex for the float32, bool and integer arguments: no uint16 bits. */
+static int get_tensor(bufset *bs, PyObject *obj, const char *name, unsigned want, int writable,
+                      attn_tensor *t)
+{
+    return get_tensor_ex(bs, obj, name, want, writable, -1, t, NULL);
 }
 
 /* An optional array: None leaves *set 0. */
@@ -192,11 +344,24 @@ static PyObject *new_array(bufset *bs, int ndim, const int64_t *shape, attn_dtyp
     Py_DECREF(tuple);
     if (!arr)
         return NULL;
-    if (get_tensor(bs, arr, name, 1u << dtype, 1, t) < 0) {
+    if (get_tensor_ex(bs, arr, name, 1u << dtype, 1, dtype == ATTN_DTYPE_BF16 ? (int)dtype : -1,
+                      t, NULL) < 0) {
         Py_DECREF(arr);
         return NULL;
     }
     return arr;
+}
+
+/* A bfloat16 array made by new_array (uint16) as the caller's kind of bfloat16
+ * array: itself for uint16 bits, a view of it as ml_dtypes.bfloat16 when the
+ * inputs were that. Steals arr; returns a new reference or NULL. */
+static PyObject *as_ml_bfloat16(PyObject *arr, int ml)
+{
+    if (!ml || !arr)
+        return arr;
+    PyObject *view = PyObject_CallMethod(arr, "view", "O", ml_bf16_dtype);
+    Py_DECREF(arr);
+    return view;
 }
 
 /* ---------------------------------------------------------------------------
@@ -425,12 +590,15 @@ static void small_ctx_init(attn_ctx *ctx, void *ws, size_t size)
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, *, mask=None, causal=False, scale=None, window=None, softcap=None,\n"
 "     alibi=None, bias=None, sinks=None, return_weights=False, return_lse=False,\n"
-"     empty_rows=\"error\", out=None)\n"
+"     empty_rows=\"error\", out=None, dtype=None)\n"
 "--\n\n"
 "Scaled dot-product attention: softmax(scale * q k^T [+ options]) v.\n\n"
-"q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], float32 numpy arrays\n"
-"(fewer than 4 dimensions read as leading sizes of 1). Contiguous arrays and\n"
-"strided views with non-negative strides are read in place, without a copy.\n"
+"q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], numpy arrays of one\n"
+"dtype: float32, float16, or bfloat16 (ml_dtypes.bfloat16 arrays, or uint16\n"
+"arrays of bfloat16 bits with dtype=\"bf16\"); fewer than 4 dimensions read as\n"
+"leading sizes of 1. Contiguous arrays and strided views with non-negative\n"
+"strides are read in place, without a copy. 16-bit inputs accumulate in\n"
+"float32 and give an output of their own dtype and kind of array.\n"
 "Hkv may divide H (grouped-query attention; query head h reads key/value head\n"
 "h // (H // Hkv)).\n\n"
 "mask        bool, broadcasts to [B, H, Tq, Tk]; True means 'may attend'.\n"
@@ -444,25 +612,77 @@ PyDoc_STRVAR(sdpa_doc,
 "bias        float32, broadcasts to [B, H, Tq, Tk], added to the scores.\n"
 "sinks       float32 [H]: one logit per head in each row's softmax denominator.\n"
 "empty_rows  \"error\" (a row with every key masked raises ValueError) or \"zero\".\n"
-"out         optional float32 writable array [B, H, Tq, Dv] to write into.\n\n"
-"Returns out [B, H, Tq, Dv]; with return_weights and/or return_lse a tuple\n"
-"(out, weights [B, H, Tq, Tk], lse [B, H, Tq]) holding those asked for.\n"
-"Raises ValueError (shapes, masks, options), MemoryError, TypeError (not a\n"
-"float32 array). The GIL is released while the kernel runs.");
+"out         optional writable array [B, H, Tq, Dv] of q's dtype to write into.\n"
+"dtype       \"bf16\" or \"f16\": what uint16 arrays among q, k, v, out hold (raw\n"
+"            bits); None (the default) refuses uint16 arrays.\n\n"
+"Returns out [B, H, Tq, Dv] in q's dtype; with return_weights and/or return_lse\n"
+"a tuple (out, weights [B, H, Tq, Tk], lse [B, H, Tq]) holding those asked for;\n"
+"weights and lse are float32 whatever the inputs' dtype, as are mask, bias,\n"
+"sinks and alibi's slopes.\n"
+"Raises ValueError (shapes, masks, options), MemoryError, TypeError (an\n"
+"array of another dtype, q, k and v of different dtypes). The GIL is released\n"
+"while the kernel runs.");
+
+/* The dtype= keyword of sdpa: what uint16 arrays hold (-1: not given). */
+static int parse_raw16(PyObject *obj, int *raw16)
+{
+    *raw16 = -1;
+    if (!obj || obj == Py_None)
+        return 0;
+    if (PyUnicode_Check(obj)) {
+        if (PyUnicode_CompareWithASCIIString(obj, "bf16") == 0 ||
+            PyUnicode_CompareWithASCIIString(obj, "bfloat16") == 0) {
+            *raw16 = ATTN_DTYPE_BF16;
+            return 0;
+        }
+        if (PyUnicode_CompareWithASCIIString(obj, "f16") == 0 ||
+            PyUnicode_CompareWithASCIIString(obj, "float16") == 0) {
+            *raw16 = ATTN_DTYPE_F16;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "dtype must be None, \"bf16\" or \"f16\" (what uint16 arrays of raw bits "
+                 "hold), not %R",
+                 obj);
+    return -1;
+}
+
+/* q, k and v of one dtype, which dtype= (when given) names: TypeError naming
+ * them otherwise. (out= is checked against q once it is read.) */
+static int check_one_dtype(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                           int raw16)
+{
+    if (q->dtype != k->dtype || q->dtype != v->dtype) {
+        PyErr_Format(PyExc_TypeError,
+                     "q, k and v must share one dtype (float32, float16 or bfloat16), not "
+                     "q %s, k %s, v %s",
+                     attn_dtype_name(q->dtype), attn_dtype_name(k->dtype),
+                     attn_dtype_name(v->dtype));
+        return -1;
+    }
+    if (raw16 >= 0 && q->dtype != (attn_dtype)raw16) {
+        PyErr_Format(PyExc_TypeError,
+                     "dtype=\"%s\" says what uint16 arrays hold, but q, k and v are %s",
+                     raw16 == ATTN_DTYPE_BF16 ? "bf16" : "f16", attn_dtype_name(q->dtype));
+        return -1;
+    }
+    return 0;
+}
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
     static char *kwlist[] = {"q", "k", "v", "mask", "causal", "scale", "window", "softcap",
                              "alibi", "bias", "sinks", "return_weights", "return_lse",
-                             "empty_rows", "out", NULL};
+                             "empty_rows", "out", "dtype", NULL};
     PyObject *qo, *ko, *vo, *mask = NULL, *causal = NULL, *scale = NULL, *window = NULL,
                             *softcap = NULL, *alibi = NULL, *bias = NULL, *sinks = NULL,
-                            *empty_rows = NULL, *outo = NULL;
+                            *empty_rows = NULL, *outo = NULL, *dtypeo = NULL;
     int want_w = 0, want_lse = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$OOOOOOOOppOO", kwlist, &qo, &ko, &vo,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$OOOOOOOOppOOO", kwlist, &qo, &ko, &vo,
                                      &mask, &causal, &scale, &window, &softcap, &alibi, &bias,
-                                     &sinks, &want_w, &want_lse, &empty_rows, &outo))
+                                     &sinks, &want_w, &want_lse, &empty_rows, &outo, &dtypeo))
         return NULL;
     bufset bs;
     bs.n = 0;
@@ -470,23 +690,33 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
     sdpa_opts o;
     PyObject *out_arr = NULL, *w_arr = NULL, *lse_arr = NULL;
     int64_t shape[ATTN_MAX_DIMS];
+    int raw16 = -1, q_ml = 0;
     _Alignas(64) unsigned char small_ws[SMALL_WORKSPACE];
-    if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
-        get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
-        get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
+    if (parse_raw16(dtypeo, &raw16) < 0 ||
+        get_tensor_ex(&bs, qo, "q", WANT_ATTN, 0, raw16, &q, &q_ml) < 0 ||
+        get_tensor_ex(&bs, ko, "k", WANT_ATTN, 0, raw16, &k, NULL) < 0 ||
+        get_tensor_ex(&bs, vo, "v", WANT_ATTN, 0, raw16, &v, NULL) < 0 ||
+        check_one_dtype(&q, &k, &v, raw16) < 0 ||
         parse_opts(&bs, &o, mask, causal, scale, window, softcap, alibi, bias, sinks,
                    empty_rows) < 0)
         goto fail;
     const int64_t Dv = v.shape[v.ndim - 1];
     const int64_t Tk = k.ndim >= 2 ? k.shape[k.ndim - 2] : 1;
     if (outo && outo != Py_None) {
-        if (get_tensor(&bs, outo, "out", WANT_F32, 1, &out) < 0)
+        if (get_tensor_ex(&bs, outo, "out", WANT_ATTN, 1, raw16, &out, NULL) < 0)
             goto fail;
+        if (out.dtype != q.dtype) {
+            PyErr_Format(PyExc_TypeError, "out must be %s like q, k and v, not %s",
+                         attn_dtype_name(q.dtype), attn_dtype_name(out.dtype));
+            goto fail;
+        }
         Py_INCREF(outo);
         out_arr = outo;
     } else {
+        /* The output has the inputs' dtype, and q's kind of array for it. */
         int nd = shape_with_last(&q, Dv, 0, shape);
-        if (!(out_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "out", &out)))
+        if (!(out_arr = new_array(&bs, nd, shape, q.dtype, "out", &out)) ||
+            !(out_arr = as_ml_bfloat16(out_arr, q_ml)))
             goto fail;
     }
     if (new_weights_and_lse(&bs, &q, Tk, want_w, want_lse, &w_arr, &weights, &lse_arr, &lse,
@@ -1454,15 +1684,13 @@ PyMODINIT_FUNC PyInit__attn(void)
     Py_DECREF(np);
     if (!np_empty || !dtype)
         return NULL;
-    static const char *names[4] = {"float32", "bool", "int64", "int32"};
-    for (int i = 0; i < 4; i++) {
+    np_dtype_type = dtype;
+    static const char *names[6] = {"float32", "bool", "int64", "int32", "uint16", "float16"};
+    for (int i = 0; i < 6; i++) {
         np_dtype[i] = PyObject_CallFunction(dtype, "s", names[i]);
-        if (!np_dtype[i]) {
-            Py_DECREF(dtype);
+        if (!np_dtype[i])
             return NULL;
-        }
     }
-    Py_DECREF(dtype);
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddStringConstant(m, "__version__", ATTN_VERSION_STRING) < 0) {
         Py_DECREF(m);
