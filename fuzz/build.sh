@@ -43,6 +43,13 @@ INC="$TOOL_INC"
 for d in "$root"/src/*/; do INC="$INC -I${d%/}"; done
 X86=0
 case "$(uname -m)" in x86_64|amd64|i?86) X86=1 ;; esac
+# The bfloat16 kernels need a compiler that knows their instructions (CMakeLists.txt
+# checks the same flags).
+BF16=0
+if [ $X86 = 1 ] && echo 'int main(void){return 0;}' |
+    "$CC" -mavx512bf16 -mamx-tile -mamx-bf16 -x c - -o "$out/bf16probe" > /dev/null 2>&1; then
+    BF16=1
+fi
 
 # The library: every src/*/*.c, ISA files with their flags (as CMakeLists.txt does).
 objs=()
@@ -55,8 +62,12 @@ for src in "$root"/src/*/*.c; do
     *_avx2) [ $X86 = 1 ] || continue; flags="$flags -mavx2 -mfma" ;;
     *_avx512) [ $X86 = 1 ] || continue
               flags="$flags -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma" ;;
+    sdpa_bf16_dp|sdpa_bf16_amx) [ $X86 = 1 ] && [ $BF16 = 1 ] || continue
+              flags="$flags -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma -mavx512bf16"
+              [ $name = sdpa_bf16_amx ] && flags="$flags -mamx-tile -mamx-bf16" ;;
     esac
     [ $X86 = 1 ] && flags="$flags -DATTN_HAVE_X86=1"
+    [ $X86 = 1 ] && [ $BF16 = 1 ] && flags="$flags -DATTN_HAVE_BF16_KERNELS=1"
     obj="$out/obj/$name.o"
     objs+=("$obj")
     jobs+=("$CC $flags -c $src -o $obj")
