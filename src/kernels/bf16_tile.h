@@ -242,6 +242,31 @@ static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
     return bad != 0;
 }
 
+/* A key tile the item visits: keys j0 .. j0 + nkp - 1 (nkp rounded up to 32), and
+ * its kind (fk_tile_kind); nkp = 0 when there is none left. */
+typedef struct b16_ktile {
+    int64_t j0, nkp;
+    int kind;
+} b16_ktile;
+
+/* The first key tile from j0 on, before j_end, that the tile's rows do not skip. */
+static b16_ktile b16_next_tile(const fk_tile *t, int64_t j0, int64_t j_end)
+{
+    const attn__sdpa_shapes *s = t->s;
+    b16_ktile k = {0, 0, FK_SKIP};
+    for (; j0 < j_end; j0 += t->bc) {
+        const int64_t j1 = fk_min(j0 + t->bc, s->Tk), nkp = fk_round_up(j1 - j0, 32);
+        const int kind = fk_tile_kind(s, t->b, t->h, t->i0, t->i1, j0, j1, nkp);
+        if (kind != FK_SKIP) {
+            k.j0 = j0;
+            k.nkp = nkp;
+            k.kind = kind;
+            return k;
+        }
+    }
+    return k;
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -292,13 +317,24 @@ static void b16_item(void *arg, int64_t item, int worker)
     int64_t j_begin, j_end, lo, hi;
     fk_row_range(s, t.i0, &j_begin, &hi);
     fk_row_range(s, t.i1 - 1, &lo, &j_end);
-    for (int64_t j0 = j_begin / t.bc * t.bc; j0 < j_end; j0 += t.bc) {
-        const int64_t j1 = fk_min(j0 + t.bc, s->Tk);
-        const int64_t nkp = fk_round_up(j1 - j0, 32);
-        const int kind = fk_tile_kind(s, t.b, t.h, t.i0, t.i1, j0, j1, nkp);
-        if (kind == FK_SKIP)
-            continue;
-        b16_scores(kp + j0 * dp, dp, qp, t.ST, br, nkp, nr, dp);
+    /* Software pipelining: the product of the next key tile is issued into the other
+     * score buffer before this tile's softmax, so that the tile unit (AMX) works on
+     * it while the vector units compute the weights; the sums are those of the plain
+     * order, tile by tile. */
+    float *stbuf[2] = {ws + w.st, ws + w.st2};
+    int cur = 0;
+    b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
+    if (next.nkp)
+        b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp);
+    while (next.nkp) {
+        const b16_ktile this_tile = next;
+        const int64_t j0 = this_tile.j0, nkp = this_tile.nkp;
+        const int kind = this_tile.kind;
+        next = b16_next_tile(&t, j0 + t.bc, j_end);
+        if (next.nkp)
+            b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp);
+        t.ST = stbuf[cur];
+        cur ^= 1;
         /* The scale is applied as the softmax reads the scores, unless the scores need
          * work first (the options that change or hide them), which must see them
          * scaled. */

@@ -60,12 +60,13 @@ typedef struct attn__bf16_job {
 } attn__bf16_job;
 
 /* One worker's scratch, in floats from its start, each part 64-byte aligned:
- * ST [bc][br] scores then weights, key-major (the float32 path's layout); O [br][dvp]
+ * ST and ST2 [bc][br] scores then weights, key-major (the float32 path's layout), two
+ * so that the next key tile's product can start before this one's softmax; O [br][dvp]
  * the output accumulator for fk_finish; OT [dvp][br] the accumulator the products
  * update; m, l, alpha, inv [br]; Qp [dp][br] and Pp [bc][br] bfloat16 pairs; cfg, the
  * 64 bytes of an AMX tile configuration. */
 typedef struct attn__bf16_ws {
-    int64_t st, o, ot, m, l, alpha, inv, qp, pp, cfg, total;
+    int64_t st, st2, o, ot, m, l, alpha, inv, qp, pp, cfg, total;
 } attn__bf16_ws;
 
 static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws *w)
@@ -74,6 +75,7 @@ static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws
     int64_t at = 0;
 #define ATTN__BF16_PART(field, floats) (w->field = at, at += ((floats) + 15) / 16 * 16)
     ATTN__BF16_PART(st, bc * br);
+    ATTN__BF16_PART(st2, bc * br);
     ATTN__BF16_PART(o, br * job->dvp);
     ATTN__BF16_PART(ot, job->dvp * br);
     ATTN__BF16_PART(m, br);
