@@ -286,6 +286,40 @@ static void test_nonfinite(void)
     }
 }
 
+static void test_strided_out(void)
+{
+    TEST("out written through a transposed view (element stride Tq) gets the contiguous "
+         "out's bits, on every bfloat16 path");
+    const shape sh = {1, 2, 2, 40, 70, 64, 48};
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!attn_arch_supported(paths[pi]))
+            continue;
+        problem pr;
+        problem_make(&pr, &sh, OPT_CAUSAL);
+        const int64_t n = pr.n_out;
+        uint16_t *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
+        float lse[80];
+        CHECK_INT(run(&pr, ATTN_IMPL_FUSED, paths[pi], 2, want, lse), ATTN_OK);
+        attn_tensor store, view;
+        const int64_t ts[4] = {1, 2, 48, 40};
+        CHECK_INT(attn_tensor_alloc(&pr.ctx, &store, ATTN_DTYPE_BF16, 4, ts), ATTN_OK);
+        CHECK_INT(attn_tensor_transpose(&pr.ctx, &store, 2, 3, &view), ATTN_OK);
+        pr.ctx.arch = paths[pi];
+        CHECK_INT(attn_sdpa(&pr.ctx, &pr.q, &pr.k, &pr.v, &pr.p, &view, NULL), ATTN_OK);
+        const uint16_t *st = store.data;
+        for (int64_t h = 0; h < 2; h++)
+            for (int64_t i = 0; i < 40; i++)
+                for (int64_t e = 0; e < 48; e++)
+                    got[(h * 40 + i) * 48 + e] = st[(h * 48 + e) * 40 + i];
+        if (memcmp(want, got, (size_t)n * 2) != 0)
+            fprintf(stderr, "   %s: the strided out differs\n", attn_arch_name(paths[pi]));
+        CHECK(memcmp(want, got, (size_t)n * 2) == 0);
+        attn_tensor_free(&pr.ctx, &store);
+        free(want), free(got);
+        problem_free(&pr);
+    }
+}
+
 static void announce(void)
 {
     const unsigned x = attn_cpu_features();
@@ -308,5 +342,6 @@ int main(void)
     announce();
     test_against_reference();
     test_nonfinite();
+    test_strided_out();
     return check_summary("test_bf16_paths");
 }

@@ -96,7 +96,8 @@ FK_INLINE __m512i b16_pairs(__m512 a, __m512 b, __m512i vidx)
      * interleaves them. */
     return _mm512_permutexvar_epi16(vidx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
-#else
+#endif
+
 FK_INLINE __m512i b16_round(__m512 x)
 {
     /* As attn__f32_to_bf16: + 0x7fff + the lowest kept bit; a NaN gets its quiet
@@ -109,6 +110,7 @@ FK_INLINE __m512i b16_round(__m512 x)
                                 _mm512_set1_epi32(0x00400000));
 }
 
+#ifndef B16_NATIVE_CVT
 FK_INLINE __m512i b16_pairs(__m512 a, __m512 b, __m512i vidx)
 {
     (void)vidx;
@@ -267,6 +269,31 @@ static b16_ktile b16_next_tile(const fk_tile *t, int64_t j0, int64_t j_end)
     return k;
 }
 
+/* Step 5 for the bfloat16 path: out = O / l rounded to bfloat16 straight into the
+ * caller's out (as attn__f32_to_bf16 rounds: to nearest even, a NaN kept a NaN), with
+ * 1 / l, the log-sum-exp and the empty rows decided as on the float32 path. */
+static void b16_finish(const attn__bf16_job *job, const fk_tile *t, int worker)
+{
+    const attn__sdpa_shapes *s0 = job->s0;
+    const int64_t Dv = s0->Dv, dvp = t->dvp;
+    fk_finish_rows(&job->f, t, worker);
+    uint16_t *ob = (uint16_t *)job->out + t->b * s0->o_s[0] + t->h * s0->o_s[1];
+    for (int64_t r = 0; r < t->i1 - t->i0; r++) {
+        uint16_t *orow = ob + (t->i0 + r) * s0->o_s[2];
+        const float *acc = t->O + r * dvp;
+        const __m512 vinv = _mm512_set1_ps(t->inv[r]);
+        int64_t e = 0;
+        if (s0->o_s[3] == 1)
+            for (; e + 16 <= Dv; e += 16)
+                _mm256_storeu_si256(
+                    (__m256i *)(void *)(orow + e),
+                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+                        b16_round(_mm512_mul_ps(_mm512_loadu_ps(acc + e), vinv)), 16)));
+        for (; e < Dv; e++)
+            orow[e * s0->o_s[3]] = attn__f32_to_bf16(acc[e] * t->inv[r]);
+    }
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -297,7 +324,6 @@ static void b16_item(void *arg, int64_t item, int worker)
     t.inv = ws + w.inv;
     float *OT = ws + w.ot;
     uint16_t *qp = (uint16_t *)(ws + w.qp), *pp = (uint16_t *)(ws + w.pp);
-    t.ob = job->f.out + t.b * s->o_s[0] + t.h * s->o_s[1];
     t.slope = attn__alibi_slope(s, t.h);
     t.sink = attn__sink(s, t.h);
 
@@ -371,7 +397,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     for (int64_t r = 0; r < nr; r++)
         for (int64_t e = 0; e < dvp; e++)
             t.O[r * dvp + e] = OT[e * br + r];
-    fk_finish(&job->f, &t, worker);
+    b16_finish(job, &t, worker);
 }
 
 #endif /* ATTN_BF16_TILE_H */

@@ -575,11 +575,11 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, const fk_vt
  * reference's softmax is exp(-inf - -inf) = NaN; the mask tells them apart, as in
  * the reference. A row whose keys are all hidden has O = 0: with a sink it gives
  * zeros and a log-sum-exp of m + log(1) = sink, as the contract says, and no error;
- * without one, zeros (or the error) and -inf. */
-static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+ * without one, zeros (or the error) and -inf. fk_finish_rows decides 1 / l (inv),
+ * the log-sum-exp and the empty rows; fk_finish also writes out. */
+static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int worker)
 {
     const attn__sdpa_shapes *s = t->s;
-    const int64_t Dv = s->Dv, dvp = t->dvp;
     float *l = t->l, *inv = t->inv;
     int64_t empty = INT64_MAX;
     for (int64_t r = 0; r < t->nr; r++)
@@ -596,6 +596,19 @@ static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
         }
         if (s->lse)
             s->lse[t->b * s->lse_s[0] + t->h * s->lse_s[1] + i * s->lse_s[2]] = lse;
+    }
+    if (empty < job->empty_first[worker])
+        job->empty_first[worker] = empty;
+}
+
+static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t Dv = s->Dv, dvp = t->dvp;
+    const float *inv = t->inv;
+    fk_finish_rows(job, t, worker);
+    for (int64_t r = 0; r < t->i1 - t->i0; r++) {
+        const int64_t i = t->i0 + r;
         float *orow = t->ob + i * s->o_s[2];
         const float *acc = t->O + r * dvp;
         if (s->o_s[3] == 1) {
@@ -610,8 +623,6 @@ static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
                 orow[e * s->o_s[3]] = acc[e] * inv[r];
         }
     }
-    if (empty < job->empty_first[worker])
-        job->empty_first[worker] = empty;
 }
 
 /* ---- Write weights ------------------------------------------------------------------ */

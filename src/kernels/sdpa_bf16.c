@@ -1,11 +1,10 @@
 /*
  * sdpa_bf16.c - the bfloat16 tile path's plan and run (sdpa_bf16.h): which calls
- * take it, the scratch, the packing of K and V, the items, the rounding of out.
+ * take it, the scratch, the packing of K and V, the items.
  * Portable C; the items are the ISA builds' (bf16_tile.h).
  */
 #include "sdpa_bf16.h"
 #include "dispatch.h"
-#include "half_stage.h"
 
 #include <string.h>
 
@@ -66,18 +65,16 @@ static int bf16_packed(const attn__sdpa_shapes *s, const attn__bf16_job *job, in
            attn__mul_i64(heads, job->tkp / 32, flags);
 }
 
-/* The scratch after the workers' own: Kp, Vt, the flags and the float32 out, each
- * 64-byte aligned; 0 on overflow. */
+/* The scratch after the workers' own: Kp, Vt and the flags, each 64-byte aligned;
+ * 0 on overflow. */
 static int bf16_extra_bytes(const attn__sdpa_shapes *s, const attn__bf16_job *job,
-                            size_t part[4])
+                            size_t part[3])
 {
-    int64_t kp, vt, flags, outn;
-    if (!bf16_packed(s, job, &kp, &vt, &flags) || !attn__mul_i64(s->B, s->H, &outn) ||
-        !attn__mul_i64(outn, s->Tq, &outn) || !attn__mul_i64(outn, s->Dv, &outn) ||
-        !attn__bytes(kp, 2, &part[0]) || !attn__bytes(vt, 2, &part[1]) ||
-        !attn__bytes(flags, 1, &part[2]) || !attn__bytes(outn, sizeof(float), &part[3]))
+    int64_t kp, vt, flags;
+    if (!bf16_packed(s, job, &kp, &vt, &flags) || !attn__bytes(kp, 2, &part[0]) ||
+        !attn__bytes(vt, 2, &part[1]) || !attn__bytes(flags, 1, &part[2]))
         return 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 3; i++) {
         if (part[i] > SIZE_MAX - 64)
             return 0;
         part[i] = attn__align64(part[i]);
@@ -99,14 +96,13 @@ int attn__bf16_plan(attn_ctx *ctx, attn__sdpa_plan *plan, double flops, int64_t 
     plan->n_chunks = 0;
     plan->ws_floats = w.total;
     int64_t own;
-    size_t bytes, part[4];
+    size_t bytes, part[3];
     if (!attn__mul_i64(w.total + 16, plan->threads, &own) ||
         !attn__bytes(own, sizeof(float), &bytes) || !bf16_extra_bytes(&plan->s, &job, part) ||
-        attn__align64(bytes) > SIZE_MAX - part[0] - part[1] - part[2] - part[3])
+        attn__align64(bytes) > SIZE_MAX - part[0] - part[1] - part[2])
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
-                          "bfloat16 attention's packed K and V and float32 output do not fit "
-                          "in memory");
-    plan->scratch_bytes = attn__align64(bytes) + part[0] + part[1] + part[2] + part[3];
+                          "bfloat16 attention's packed K and V do not fit in memory");
+    plan->scratch_bytes = attn__align64(bytes) + part[0] + part[1] + part[2];
     return ATTN_OK;
 }
 
@@ -178,11 +174,9 @@ void attn__bf16_run(const attn__sdpa_plan *plan, const void *q, const void *k, c
                     void *out, void *scratch, int64_t *empty)
 {
     const attn__sdpa_shapes *s0 = &plan->s;
-    attn__sdpa_shapes st;
-    attn__half_staged_shapes(s0, 1, &st);
     attn__bf16_job job;
     int64_t n_items;
-    bf16_layout(&st, plan->br, plan->bc, &job, &n_items);
+    bf16_layout(s0, plan->br, plan->bc, &job, &n_items);
     const attn__bf16_kernel *kern = attn__bf16_kernel_for(plan->arch);
     const int threads = plan->threads;
     job.kern = kern;
@@ -190,27 +184,23 @@ void attn__bf16_run(const attn__sdpa_plan *plan, const void *q, const void *k, c
     job.q = (const uint16_t *)q;
     job.k = (const uint16_t *)k;
     job.v = (const uint16_t *)v;
+    job.out = out;
     job.f.ws_floats = plan->ws_floats;
     job.f.empty_first = (int64_t *)scratch;
     job.f.ws = (float *)scratch + 16 * (int64_t)threads;
     for (int t = 0; t < threads; t++)
         job.f.empty_first[t] = INT64_MAX;
-    size_t part[4];
+    size_t part[3];
     bf16_extra_bytes(s0, &job, part);
     unsigned char *at = (unsigned char *)scratch +
                         attn__align64((size_t)((plan->ws_floats + 16) * (int64_t)threads) * sizeof(float));
     job.kp = (uint16_t *)at;
     job.vt = (uint16_t *)(at + part[0]);
     job.vbad = at + part[0] + part[1];
-    job.f.out = (float *)(at + part[0] + part[1] + part[2]);
 
     const int64_t blocks = s0->B * s0->Hkv * (job.tkp / 32);
     attn__parallel_for(blocks < threads ? (int)blocks : threads, blocks, bf16_pack_item, &job);
     attn__parallel_for(threads, n_items, kern->item, &job);
-    const attn__half_rows ro = {attn__half_for(plan->arch), ATTN_DTYPE_BF16, 1, (uint16_t *)out,
-                                job.f.out, {s0->B, s0->H, s0->Tq, s0->Dv},
-                                {s0->o_s[0], s0->o_s[1], s0->o_s[2], s0->o_s[3]}};
-    attn__half_rows_run(&ro, threads);
     *empty = INT64_MAX;
     for (int t = 0; t < threads; t++)
         if (job.f.empty_first[t] < *empty)

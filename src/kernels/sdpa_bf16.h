@@ -28,9 +28,8 @@
  *                       P^T rounded to bfloat16 as pairs along the keys:
  *                                         Pp[bc/32][nr/16][16][16][2]
  *                       O^T = O^T * alpha + Vt P^T   (bfloat16 products)
- *        then O^T transposed and finished as on the float32 path (fk_finish)
- *        into a float32 copy of out;
- *   3. out rounded to bfloat16 once, in parallel rows.
+ *        then O^T transposed, divided by l as on the float32 path
+ *        (fk_finish_rows) and rounded to bfloat16 once into out.
  *
  * Both products read the same packed layouts: an AMX tile multiply takes A = 16
  * rows of Kp (or Vt) and B = 16 rows of pairs of Qp (or Pp), which is also what
@@ -47,12 +46,13 @@
 
 /* One call's plan and data for the bfloat16 tile path. */
 typedef struct attn__bf16_job {
-    attn__fused_job f;           /* s: the staged float32 shapes (out contiguous);
-                                    out: the float32 copy of out; br, bc, n_qt, dvp
-                                    (= dvp32), ws, ws_floats, empty_first */
+    attn__fused_job f;           /* s: the caller's shapes as float32 (for the
+                                    float32 path's steps); br, bc, n_qt, dvp (= dvp32),
+                                    ws, ws_floats, empty_first */
     const struct attn__bf16_kernel *kern; /* the kernel that runs it */
     const attn__sdpa_shapes *s0; /* the caller's shapes (16-bit q, k, v strides) */
     const uint16_t *q, *k, *v;   /* the caller's arrays */
+    void *out;
     int64_t dp, dvp, tkp;        /* D, Dv and Tk rounded up to 32 */
     uint16_t *kp;                /* [B*Hkv][tkp][dp] */
     uint16_t *vt;                /* [B*Hkv][tkp/32][dvp][32] */
