@@ -162,9 +162,7 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, u
     }
     const __m512i vidx = _mm512_loadu_si512(idx);
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-        simd_f32 vmax = simd_set1(-INFINITY);
-        for (int64_t c = 0; c < nkp; c++)
-            vmax = simd_max(vmax, simd_load(ST + c * br + r0));
+        const simd_f32 vmax = fk_col_max(ST + r0, br, nkp);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, _mm512_mul_ps(vmax, vscale));
         const simd_f32 msafe = fk_max_for_exp(mnew);

@@ -452,6 +452,25 @@ FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
     return simd_max(simd_set1(-FLT_MAX), m);
 }
 
+/* The max over keys c < nkp of ST[c * ld .. c * ld + SIMD_W - 1], in four chains: a
+ * max is exact in any order, and one chain would wait out the instruction's latency
+ * at every key. A NaN may be dropped or kept, in one order or another; its row is
+ * NaN all the same (see below). */
+FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
+{
+    simd_f32 m0 = simd_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t c = 0;
+    for (; c + 4 <= nkp; c += 4) {
+        m0 = simd_max(m0, simd_load(ST + c * ld));
+        m1 = simd_max(m1, simd_load(ST + (c + 1) * ld));
+        m2 = simd_max(m2, simd_load(ST + (c + 2) * ld));
+        m3 = simd_max(m3, simd_load(ST + (c + 3) * ld));
+    }
+    for (; c < nkp; c++)
+        m0 = simd_max(m0, simd_load(ST + c * ld));
+    return simd_max(simd_max(m0, m1), simd_max(m2, m3));
+}
+
 /* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
  * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P
  * (fk_softmax_stats), then O = O * alpha (fk_softmax_update). A vector of query
@@ -464,9 +483,7 @@ static void fk_softmax_stats(const fk_tile *t, int64_t nkp)
     const int64_t br = t->br, nr = t->nr;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
     for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
-        simd_f32 vmax = simd_set1(-INFINITY);
-        for (int64_t c = 0; c < nkp; c++)
-            vmax = simd_max(vmax, simd_load(ST + c * br + r0));
+        const simd_f32 vmax = fk_col_max(ST + r0, br, nkp);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, vmax);
         const simd_f32 msafe = fk_max_for_exp(mnew);
