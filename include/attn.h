@@ -1202,7 +1202,9 @@ ATTN_API void attn_output_remove_temporaries(void);
  * (products by vdpbf16ps) and "amx" (products on AMX-BF16 tiles); float32 and
  * float16 calls run the avx512 build on them unchanged. Which one runs is decided
  * once per process from cpuid and xgetbv (the CPU has the instructions and the OS
- * saves their registers; AMX also needs Linux's permission for the tile data); the
+ * saves their registers; AMX also needs Linux's permission for the tile data):
+ * amx where the CPU has it, else avx512, avx2 or scalar; avx512bf16 only when asked
+ * for (it measured slower than avx512 on the one AVX512-BF16 CPU it ran on); the
  * environment variable ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx|auto forces
  * a path for the whole process, and ctx->arch (when not AUTO) for calls made with
  * that context. "ref" makes attn_sdpa run the reference.
@@ -1228,8 +1230,9 @@ ATTN_API const char *attn_arch_reason(const attn_ctx *ctx);
 /* CPU features beyond the paths above, as attn_cpu_features reports them: each is
  * set only when cpuid lists it and the OS enables its register state (xgetbv; for
  * AMX also Linux's arch_prctl(ARCH_REQ_XCOMP_PERM) granting the tile data). attn
- * uses F16C for float16 conversion on the avx2 path; the other three are detected
- * and reported only: no kernel uses them yet (docs/half-precision.md). */
+ * uses F16C for float16 conversion on the avx2 path, AVX512-BF16 on the avx512bf16
+ * and amx paths and AMX-BF16 on the amx path; AVX512-FP16 is detected and reported
+ * only (docs/half-precision.md). */
 #define ATTN_CPU_F16C 1u        /* vcvtph2ps / vcvtps2ph on XMM/YMM */
 #define ATTN_CPU_AVX512_BF16 2u /* vdpbf16ps, vcvtneps2bf16 */
 #define ATTN_CPU_AVX512_FP16 4u /* float16 arithmetic on ZMM */

@@ -127,6 +127,13 @@ static void test_env(void)
     CHECK(child_check("nonsense", ATTN_ARCH_AUTO, "not one of"));
     CHECK(child_check("avx2", ATTN_ARCH_AVX2, "forced by ATTN_ARCH=avx2"));
     CHECK(child_check("avx512", ATTN_ARCH_AVX512, "forced by ATTN_ARCH=avx512"));
+    CHECK(child_check("avx512bf16", ATTN_ARCH_AVX512_BF16, "forced by ATTN_ARCH=avx512bf16"));
+    CHECK(child_check("amx", ATTN_ARCH_AMX, "forced by ATTN_ARCH=amx"));
+    /* ATTN_BF16_EMULATE=1 lets avx512bf16 run on any AVX-512 CPU, and says so; the
+     * children inherit it. */
+    setenv("ATTN_BF16_EMULATE", "1", 1);
+    CHECK(child_check("avx512bf16", ATTN_ARCH_AVX512_BF16, "forced by ATTN_ARCH=avx512bf16"));
+    unsetenv("ATTN_BF16_EMULATE");
 }
 
 int main(void)

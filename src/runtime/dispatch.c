@@ -221,12 +221,16 @@ static int has_amx(const cpu_features *f)
     return has_avx512_bf16(f) && (f->extra & ATTN_CPU_AMX_BF16);
 }
 
+/* The automatic choice. amx where the CPU has the tiles; never avx512bf16, which
+ * ATTN_ARCH or ctx->arch must ask for: on the Sapphire Rapids class its bfloat16
+ * kernel measured 0.61-0.73x the float32 kernel on widened copies (S2, S4, 2
+ * threads; docs/half-precision.md), and llvm-mca's Zen 4 model gives vdpbf16ps no
+ * more FLOP per cycle than a float32 FMA, so it is not the faster path anywhere it
+ * was measured or modelled. */
 static attn_arch best_arch(const cpu_features *f)
 {
     if (has_amx(f))
         return ATTN_ARCH_AMX;
-    if (has_avx512_bf16(f))
-        return ATTN_ARCH_AVX512_BF16;
     if (f->avx512)
         return ATTN_ARCH_AVX512;
     if (f->avx2)
@@ -409,7 +413,10 @@ static void dispatch_decide(void)
                  attn_arch_name(best), dispatch_cpu.detail);
     } else {
         dispatch_arch = forced;
-        snprintf(dispatch_reason, sizeof dispatch_reason, "forced by ATTN_ARCH=%s", env);
+        snprintf(dispatch_reason, sizeof dispatch_reason, "forced by ATTN_ARCH=%s%s", env,
+                 forced == ATTN_ARCH_AVX512_BF16 && !has_avx512_bf16(&dispatch_cpu)
+                     ? " (vdpbf16ps emulated by AVX-512F: ATTN_BF16_EMULATE=1)"
+                     : "");
     }
     /* The machine and the tiles, so that a benchmark line says what it ran with. */
     const size_t used = strlen(dispatch_reason);
