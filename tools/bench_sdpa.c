@@ -54,6 +54,7 @@ static void sdpa_arg_free(sdpa_arg *a)
     attn_tensor_free(&a->ctx, &a->v);
     attn_tensor_free(&a->ctx, &a->out);
     attn_tensor_free(&a->ctx, &a->mask);
+    attn_ctx_release(&a->ctx); /* the kept workspace */
 }
 
 /* Times one shape on one implementation; prints one line. */
