@@ -2228,17 +2228,17 @@ static void test_rope_and_kv_cache(void)
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &rp, &x1, &shifted));
 
     /* The cache: B 2, Hkv 1, capacity 4, D 4. */
-    attn_kv_cache_config cfg = {2, 1, 4, 4, 0};
+    attn_kv_cache_config cfg = {2, 1, 4, 4, 0, ATTN_DTYPE_F32};
     size_t bytes = 0;
     EXPECT_OK(attn_kv_cache_bytes(C, &cfg, &bytes));
     CHECK(bytes > 2 * 2 * 4 * 4 * sizeof(float));
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, NULL, &bytes));
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, &cfg, NULL));
     const attn_kv_cache_config bad[] = {
-        {0, 1, 4, 4, 0}, {2, 0, 4, 4, 0}, {2, 1, 0, 4, 0}, {2, 1, 4, -1, 0}, {2, 1, 4, 4, -3}};
+        {0, 1, 4, 4, 0, ATTN_DTYPE_F32}, {2, 0, 4, 4, 0, ATTN_DTYPE_F32}, {2, 1, 0, 4, 0, ATTN_DTYPE_F32}, {2, 1, 4, -1, 0, ATTN_DTYPE_F32}, {2, 1, 4, 4, -3, ATTN_DTYPE_F32}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, &bad[i], &bytes));
-    const attn_kv_cache_config ovf = {INT64_MAX / 2, 4, INT64_MAX / 4, 8, 0};
+    const attn_kv_cache_config ovf = {INT64_MAX / 2, 4, INT64_MAX / 4, 8, 0, ATTN_DTYPE_F32};
     EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_kv_cache_bytes(C, &ovf, &bytes));
     attn_kv_cache *kc = NULL;
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_create(C, &cfg, NULL, 0, NULL));

@@ -237,7 +237,7 @@ int cmd_decode(int argc, char **argv)
     const int64_t qr = H * D, kvr = Hkv * D, R = qr + 2 * kvr;
     const int64_t s_qkv[3] = {B, T, R}, s_merged[3] = {B, T, qr}, s3[3] = {B, T, E},
                   sa[4] = {B, H, T, T}, sl[3] = {B, H, T};
-    const attn_kv_cache_config cfg = {B, Hkv, T, D, 0};
+    const attn_kv_cache_config cfg = {B, Hkv, T, D, 0, ATTN_DTYPE_F32};
     if (attn_tensor_alloc(&ctx, &qkv, ATTN_DTYPE_F32, 3, s_qkv) ||
         attn_tensor_alloc(&ctx, &merged, ATTN_DTYPE_F32, 3, s_merged) ||
         attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3) ||
