@@ -2159,8 +2159,9 @@ static void test_rope_and_kv_cache(void)
          "number, a negative offset, an unknown pairing, another shape or dtype and an out "
          "that overlaps x; the KV cache refuses bad configs, small or misaligned memory, "
          "sequences out of range, shapes that do not fit, a full cache, a truncate that "
-         "grows, an empty view, a top-left causal attend, queries longer than a sequence "
-         "and a NULL bytes");
+         "grows, an empty view, a top-left causal attend, queries longer than a sequence, "
+         "a NULL bytes, and dtypes that are neither float32 nor the cache's (its config's, "
+         "k, v, q, out, weights)");
     covers("attn_rope_params_init");
     covers("attn_rope_apply");
     covers("attn_rope_backward");
