@@ -315,7 +315,8 @@ static void store_half_row(const attn__half_kernels *hk, attn_dtype cdt, const v
         return;
     }
     for (int64_t d = 0; d < n; d++)
-        dst[d] = cdt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(f[d * ss]) : attn__f32_to_f16(f[d * ss]);
+        dst[d] = cdt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(f[d * ss])
+                                        : attn__f32_to_f16(f[d * ss]);
 }
 
 /* One element of a 16-bit row of dtype dt, widened (exactly). */
@@ -340,7 +341,8 @@ static void append_half(attn_kv_cache *c, const attn__half_kernels *hk, int64_t 
     for (int64_t h = 0; h < c->Hkv; h++)
         for (int64_t t = 0; t < Tnew; t++) {
             const int64_t row = h * c->cap + t;
-            const unsigned char *vr = (const unsigned char *)vd + (size_t)(h * vst[0] + t * vst[1]) * ves;
+            const unsigned char *vr =
+                (const unsigned char *)vd + (size_t)(h * vst[0] + t * vst[1]) * ves;
             store_half_row(hk, c->dtype, vr, vdt, vst[2], cv + row * c->Dv, c->Dv);
             if (!rope) {
                 const unsigned char *kr =
@@ -353,8 +355,7 @@ static void append_half(attn_kv_cache *c, const attn__half_kernels *hk, int64_t 
     const int64_t ss[3] = {c->D, c->D, 1};
     for (int64_t t = 0; t < Tnew; t++) {
         if (kdt == ATTN_DTYPE_F32) {
-            const int64_t ks3[3] = {kst[0], kst[1], kst[2]};
-            attn__rope_run(rope, c->Hkv, 1, c->D, (const float *)kd + t * kst[1], ks3, c->stage,
+            attn__rope_run(rope, c->Hkv, 1, c->D, (const float *)kd + t * kst[1], kst, c->stage,
                            ss, len + t);
         } else {
             for (int64_t h = 0; h < c->Hkv; h++) {
@@ -430,10 +431,10 @@ int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
     for (int64_t i = 0; i < Bn; i++) {
         const int64_t b = first + i, len = c->len[b];
         if (hk) {
+            const size_t kes = attn_dtype_size(k->dtype), ves = attn_dtype_size(v->dtype);
             append_half(cache, hk, b, len, Tnew,
-                        (const unsigned char *)k->data + (size_t)(i * kst[0]) * attn_dtype_size(k->dtype),
-                        k->dtype, kst + 1,
-                        (const unsigned char *)v->data + (size_t)(i * vst[0]) * attn_dtype_size(v->dtype),
+                        (const unsigned char *)k->data + (size_t)(i * kst[0]) * kes, k->dtype,
+                        kst + 1, (const unsigned char *)v->data + (size_t)(i * vst[0]) * ves,
                         v->dtype, vst + 1, rope);
             continue;
         }
