@@ -34,7 +34,9 @@
 
 static const attn_dtype DTS[2] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
 
-/* The paths a call can take: the reference and the fused kernel per instruction set. */
+/* The paths a call can take: the reference and the fused kernel per instruction set
+ * (avx512bf16 and amx where the CPU and the OS allow them; announced as skipped
+ * where they do not). */
 static const struct {
     attn_impl impl;
     attn_arch arch;
@@ -42,7 +44,9 @@ static const struct {
 } PATHS[] = {{ATTN_IMPL_REF, ATTN_ARCH_AUTO, "ref"},
              {ATTN_IMPL_FUSED, ATTN_ARCH_SCALAR, "scalar"},
              {ATTN_IMPL_FUSED, ATTN_ARCH_AVX2, "avx2"},
-             {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512, "avx512"}};
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512, "avx512"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512_BF16, "avx512bf16"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AMX, "amx"}};
 #define N_PATHS (sizeof PATHS / sizeof PATHS[0])
 
 static uint16_t round_to(attn_dtype dt, float x)
@@ -728,6 +732,10 @@ static void test_loop(void)
 
 int main(void)
 {
+    for (size_t pi = 0; pi < N_PATHS; pi++)
+        if (!attn_arch_supported(PATHS[pi].arch))
+            fprintf(stderr, "-- skipped: the %s path (this CPU or OS cannot run it)\n",
+                    PATHS[pi].name);
     test_config();
     test_append();
     test_rope_append();
