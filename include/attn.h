@@ -835,7 +835,8 @@ ATTN_API int attn_rope_backward(attn_ctx *ctx, const attn_rope_params *p, const 
  * A cache holds, for B sequences, the keys [B, Hkv, capacity, D] and values
  * [B, Hkv, capacity, Dv] of up to `capacity` positions each (C-contiguous, stored
  * in the config's dtype: float32, or bfloat16 / float16 at half the bytes, SPEC
- * section 10), and one length per sequence: sequence b holds positions 0 .. length(b) - 1.
+ * section 10), and one length per sequence: sequence b holds positions
+ * 0 .. length(b) - 1.
  * Its memory is one block, allocated once at creation or handed in by the caller;
  * nothing after creation allocates except attend's scratch, which is taken as
  * attn_ctx says (ctx->workspace, or keep_workspace), so a decoding loop allocates
@@ -887,9 +888,10 @@ ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t seq);
  * copied bit for bit (anything else: DTYPE). With rope (not NULL), the keys are
  * rotated at those positions as they are stored (rope->offset is not used: the
  * cache knows each sequence's positions); into a 16-bit cache the rotation is
- * computed in float32 (from k widened, when k is 16-bit) and rounded once. A sequence without room for Tnew more positions fails
- * the whole call with INVALID_ARGUMENT, naming the sequence, its length, Tnew and
- * the capacity, and appends nothing to any sequence. k and v must not overlap the
+ * computed in float32 (from k widened, when k is 16-bit) and rounded once. A
+ * sequence without room for Tnew more positions fails the whole call with
+ * INVALID_ARGUMENT, naming the sequence, its length, Tnew and the capacity, and
+ * appends nothing to any sequence. k and v must not overlap the
  * cache's memory (refused). Allocates nothing. */
 ATTN_API int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
                                   const attn_tensor *k, const attn_tensor *v,
@@ -902,8 +904,8 @@ ATTN_API int attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t
                                     int64_t length);
 
 /* Views of what sequence seq holds: k [1, Hkv, length(seq), D] and v [1, Hkv,
- * length(seq), Dv], views in the cache's dtype into the cache (strides of the [B, Hkv,
- * capacity, D] layout; no copy), valid until the cache is freed; an append or a
+ * length(seq), Dv], views in the cache's dtype into the cache (strides of the
+ * [B, Hkv, capacity, D] layout; no copy), valid until the cache is freed; an append or a
  * truncate changes what they see. Either may be NULL. An empty sequence has no
  * view: INVALID_ARGUMENT. */
 ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t seq,
