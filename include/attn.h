@@ -891,8 +891,8 @@ ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t seq);
  * computed in float32 (from k widened, when k is 16-bit) and rounded once. A
  * sequence without room for Tnew more positions fails the whole call with
  * INVALID_ARGUMENT, naming the sequence, its length, Tnew and the capacity, and
- * appends nothing to any sequence. k and v must not overlap the
- * cache's memory (refused). Allocates nothing. */
+ * appends nothing to any sequence. k and v must not overlap the cache's memory
+ * (refused). Allocates nothing. */
 ATTN_API int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
                                   const attn_tensor *k, const attn_tensor *v,
                                   const attn_rope_params *rope);
@@ -905,9 +905,9 @@ ATTN_API int attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t
 
 /* Views of what sequence seq holds: k [1, Hkv, length(seq), D] and v [1, Hkv,
  * length(seq), Dv], views in the cache's dtype into the cache (strides of the
- * [B, Hkv, capacity, D] layout; no copy), valid until the cache is freed; an append or a
- * truncate changes what they see. Either may be NULL. An empty sequence has no
- * view: INVALID_ARGUMENT. */
+ * [B, Hkv, capacity, D] layout; no copy), valid until the cache is freed; an
+ * append or a truncate changes what they see. Either may be NULL. An empty
+ * sequence has no view: INVALID_ARGUMENT. */
 ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t seq,
                                 attn_tensor *k, attn_tensor *v);
 
