@@ -5,7 +5,7 @@ shapes, in the same run, and the ratios.
     python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
                                    [--shapes S1,S2,...] [--skip-plain-above 2e9]
                                    [--shapes-only] [--cpu-time] [--dtype f32|bf16|f16]
-    python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128]
+    python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128] [--dtype f32|bf16|f16]
                                    [--repeat 3] [--attn build/attn] [--threads 2]
     python3 bench/compare_torch.py --backward [--shapes S2,S3,S4,S8] [--repeat 3]
                                    [--attn build/attn] [--threads 2] [--runs 10]
@@ -57,7 +57,9 @@ the new k and v into position L and calling SDPA on the views [:, :, :L + 1] (no
 mask: a single query row at the end of its sequence sees every key; enable_gqa
 for S7), also timed per step, median. Both sides time the append and the
 attention, and both read the same bytes of K and V. --repeat rounds (default 3)
-alternate attn and torch; each side's best median step is reported.
+alternate attn and torch; each side's best median step is reported. With --dtype
+bf16|f16 both sides store the cache, q, the output and each step's k and v in that
+dtype (`attn bench --decode --dtype`, torch tensors of it).
 
 --backward compares the gradients: `attn bench --backward` (attn_sdpa_backward
 alone, and forward with log-sum-exp + backward) against PyTorch 2.x's CPU autograd
@@ -255,17 +257,17 @@ class Case:
 DECODE = {"S5": (1, 32, 32, 128), "S7": (1, 32, 8, 128), "S9": (4, 16, 16, 64)}
 
 
-def torch_decode_ms(B, H, Hkv, D, prefill, steps):
-    """The median step of torch's decoding loop on a preallocated cache."""
+def torch_decode_ms(B, H, Hkv, D, prefill, steps, dtype=torch.float32):
+    """The median step of torch's decoding loop on a preallocated cache of dtype."""
     g = torch.Generator().manual_seed(0)
     cap = prefill + steps
-    kc = torch.empty(B, Hkv, cap, D)
-    vc = torch.empty(B, Hkv, cap, D)
+    kc = torch.empty(B, Hkv, cap, D, dtype=dtype)
+    vc = torch.empty(B, Hkv, cap, D, dtype=dtype)
     kc[:, :, :prefill] = torch.rand(B, Hkv, prefill, D, generator=g) * 2 - 1
     vc[:, :, :prefill] = torch.rand(B, Hkv, prefill, D, generator=g) * 2 - 1
-    q = torch.rand(B, H, 1, D, generator=g) * 2 - 1
-    kn = torch.rand(steps, B, Hkv, 1, D, generator=g) * 2 - 1
-    vn = torch.rand(steps, B, Hkv, 1, D, generator=g) * 2 - 1
+    q = (torch.rand(B, H, 1, D, generator=g) * 2 - 1).to(dtype)
+    kn = (torch.rand(steps, B, Hkv, 1, D, generator=g) * 2 - 1).to(dtype)
+    vn = (torch.rand(steps, B, Hkv, 1, D, generator=g) * 2 - 1).to(dtype)
     kw = {"enable_gqa": True} if H != Hkv else {}
     times = []
     with torch.inference_mode():
@@ -286,7 +288,8 @@ def torch_decode_ms(B, H, Hkv, D, prefill, steps):
 
 def decode_main(a):
     common = ["--threads", str(a.threads), "--prefill", str(a.prefill), "--steps",
-              str(a.steps)]
+              str(a.steps), "--dtype", a.dtype]
+    tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     # --repeat rounds, attn then torch in each, so that drift on a shared machine hits
     # both alike; each side's best median step is reported.
     best = {}
@@ -299,11 +302,11 @@ def decode_main(a):
             best[name] = min(best.get(name, float("inf")), mine[name]["median_ms"])
             allocs[name] = max(allocs.get(name, 0.0), mine[name]["allocs_per_step"])
             if HAVE_SDPA:
-                tms = torch_decode_ms(B, H, Hkv, D, a.prefill, a.steps)
+                tms = torch_decode_ms(B, H, Hkv, D, a.prefill, a.steps, tdtype)
                 tbest[name] = min(tbest.get(name, float("inf")), tms)
     print(f"# torch {torch.__version__}, {a.threads} threads; decode loop: prefill "
           f"{a.prefill}, {a.steps} steps, median step (append + attend), best of "
-          f"{a.repeat} rounds")
+          f"{a.repeat} rounds; K, V, q and out stored as {a.dtype} on both sides")
     print(f"{'shape':6} {'B':>2} {'H':>3} {'Hkv':>3} {'D':>4} {'attn ms':>9} {'torch ms':>9} "
           f"{'vs SDPA':>8} {'attn allocs/step':>17}")
     for name, (B, H, Hkv, D) in DECODE.items():
@@ -312,7 +315,8 @@ def decode_main(a):
         print(f"{name:6} {B:2d} {H:3d} {Hkv:3d} {D:4d} {ms:9.4f} {tms:9.4f} {tms / ms:7.2f}x "
               f"{allocs[name]:17.3f}")
         if a.json:
-            print(json.dumps({"decode": name, "attn_ms": ms, "torch_sdpa_ms": tms,
+            print(json.dumps({"decode": name, "dtype": a.dtype, "attn_ms": ms,
+                              "torch_sdpa_ms": tms,
                               "vs_sdpa": tms / ms,
                               "attn_allocs_per_step": allocs[name]}))
     return 0
@@ -446,9 +450,8 @@ def main():
         CLOCK = time.thread_time
     half = a.dtype != "f32"
     tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
-    if half and (a.decode or a.backward):
-        ap.error("--decode and --backward run float32 only (attn's KV cache and backward "
-                 "store float32)")
+    if half and a.backward:
+        ap.error("--backward runs float32 only (attn's backward stores float32)")
     if half:
         a.shapes_only = True
     torch.set_num_threads(a.threads)

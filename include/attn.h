@@ -833,8 +833,10 @@ ATTN_API int attn_rope_backward(attn_ctx *ctx, const attn_rope_params *p, const 
  * KV cache: the keys and values of earlier tokens, for decoding
  *
  * A cache holds, for B sequences, the keys [B, Hkv, capacity, D] and values
- * [B, Hkv, capacity, Dv] of up to `capacity` positions each (C-contiguous, float32),
- * and one length per sequence: sequence b holds positions 0 .. length(b) - 1.
+ * [B, Hkv, capacity, Dv] of up to `capacity` positions each (C-contiguous, stored
+ * in the config's dtype: float32, or bfloat16 / float16 at half the bytes, SPEC
+ * section 10), and one length per sequence: sequence b holds positions
+ * 0 .. length(b) - 1.
  * Its memory is one block, allocated once at creation or handed in by the caller;
  * nothing after creation allocates except attend's scratch, which is taken as
  * attn_ctx says (ctx->workspace, or keep_workspace), so a decoding loop allocates
@@ -848,13 +850,19 @@ typedef struct attn_kv_cache_config {
     int64_t capacity;  /* positions each sequence can hold */
     int64_t head_dim;  /* D: features of a key (and of a query) */
     int64_t value_dim; /* Dv: features of a value; 0 means D */
+    attn_dtype dtype;  /* how K and V are stored: ATTN_DTYPE_F32 (0, so a zeroed
+                          config is float32), ATTN_DTYPE_BF16 or ATTN_DTYPE_F16;
+                          anything else is a DTYPE error. Every product and sum of
+                          attend is float32 whatever the storage. */
 } attn_kv_cache_config;
 
 /* A cache (opaque). Made by attn_kv_cache_create, freed by attn_kv_cache_free. */
 typedef struct attn_kv_cache attn_kv_cache;
 
 /* The bytes a cache of this configuration needs (its bookkeeping, the lengths,
- * K and V), for a caller that hands in its own memory. */
+ * K and V in the config's dtype, and for a 16-bit cache one float32 [Hkv, D] row
+ * block where RoPE turns the keys before they are rounded), for a caller that
+ * hands in its own memory. */
 ATTN_API int attn_kv_cache_bytes(attn_ctx *ctx, const attn_kv_cache_config *cfg, size_t *bytes);
 
 /* Creates an empty cache (every length 0) in *out (NULL on failure). memory NULL:
@@ -873,14 +881,18 @@ ATTN_API void attn_kv_cache_free(attn_ctx *ctx, attn_kv_cache *cache);
  * is not in 0 .. B - 1. */
 ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t seq);
 
-/* Appends k [Bn, Hkv, Tnew, D] and v [Bn, Hkv, Tnew, Dv] (float32, any strides)
- * to sequences first .. first + Bn - 1: row t of k[i] goes to position
- * length(first + i) + t. With rope (not NULL), the keys are rotated at those
- * positions as they are stored (rope->offset is not used: the cache knows each
- * sequence's positions). A sequence without room for Tnew more positions fails
- * the whole call with INVALID_ARGUMENT, naming the sequence, its length, Tnew and
- * the capacity, and appends nothing to any sequence. k and v must not overlap the
- * cache's memory (refused). Allocates nothing. */
+/* Appends k [Bn, Hkv, Tnew, D] and v [Bn, Hkv, Tnew, Dv] (any strides) to
+ * sequences first .. first + Bn - 1: row t of k[i] goes to position
+ * length(first + i) + t. k and v are each float32 or the cache's dtype: float32
+ * into a 16-bit cache is rounded once to nearest even; the cache's own dtype is
+ * copied bit for bit (anything else: DTYPE). With rope (not NULL), the keys are
+ * rotated at those positions as they are stored (rope->offset is not used: the
+ * cache knows each sequence's positions); into a 16-bit cache the rotation is
+ * computed in float32 (from k widened, when k is 16-bit) and rounded once. A
+ * sequence without room for Tnew more positions fails the whole call with
+ * INVALID_ARGUMENT, naming the sequence, its length, Tnew and the capacity, and
+ * appends nothing to any sequence. k and v must not overlap the cache's memory
+ * (refused). Allocates nothing. */
 ATTN_API int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
                                   const attn_tensor *k, const attn_tensor *v,
                                   const attn_rope_params *rope);
@@ -892,14 +904,14 @@ ATTN_API int attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t
                                     int64_t length);
 
 /* Views of what sequence seq holds: k [1, Hkv, length(seq), D] and v [1, Hkv,
- * length(seq), Dv], float32 views into the cache (strides of the [B, Hkv,
- * capacity, D] layout; no copy), valid until the cache is freed; an append or a
- * truncate changes what they see. Either may be NULL. An empty sequence has no
- * view: INVALID_ARGUMENT. */
+ * length(seq), Dv], views in the cache's dtype into the cache (strides of the
+ * [B, Hkv, capacity, D] layout; no copy), valid until the cache is freed; an
+ * append or a truncate changes what they see. Either may be NULL. An empty
+ * sequence has no view: INVALID_ARGUMENT. */
 ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t seq,
                                 attn_tensor *k, attn_tensor *v);
 
-/* Attention of q [Bn, H, Tq, D] (float32, any strides; H a multiple of Hkv) against
+/* Attention of q [Bn, H, Tq, D] (any strides; H a multiple of Hkv) against
  * sequences first .. first + Bn - 1, each with its own Tk = length(first + i):
  * the queries are the last Tq positions of each sequence (append their keys
  * first; Tq above a sequence's length is refused), so the causal mask is always
@@ -909,12 +921,18 @@ ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64
  * the last keys of the sequence); p->mask and p->bias broadcast to
  * [Bn, H, Tq, capacity] (key axis = cache position; each sequence reads its
  * first length entries), p->lse is [Bn, H, Tq]. With rope (not NULL) the queries
- * are rotated at their positions first (into scratch; q is not changed).
+ * are rotated at their positions first (into float32 scratch; q is not changed).
  *   out [Bn, H, Tq, Dv]; weights [Bn, H, Tq, capacity] or NULL (positions past a
  *   sequence's length get weight 0).
+ * Dtypes: weights, bias and lse are float32. q and out are float32, or, with a
+ * 16-bit cache, each may also be the cache's dtype: out's dtype decides what is
+ * written (rounded once to nearest even when 16-bit); a float32 q is used as it
+ * is, not rounded; every product and sum is float32. A 16-bit q against a float32
+ * cache, or another mix, is a DTYPE error naming the dtypes.
  * Each sequence runs as one attention call (the kernel ctx->impl selects); with
  * several sequences and no weights, the fused kernel runs all their work as one
- * parallel job (docs/decoding.md, split-key decoding). Its scratch,
+ * parallel job (docs/decoding.md, split-key decoding; a 16-bit cache runs its
+ * sequences one after another, each call parallel in itself). Its scratch,
  * attn_kv_cache_workspace_size bytes, is taken once as attn_ctx says.
  * Aliasing: outputs must not overlap q, the cache or each other (refused). */
 ATTN_API int attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, int64_t first,

@@ -2159,8 +2159,9 @@ static void test_rope_and_kv_cache(void)
          "number, a negative offset, an unknown pairing, another shape or dtype and an out "
          "that overlaps x; the KV cache refuses bad configs, small or misaligned memory, "
          "sequences out of range, shapes that do not fit, a full cache, a truncate that "
-         "grows, an empty view, a top-left causal attend, queries longer than a sequence "
-         "and a NULL bytes");
+         "grows, an empty view, a top-left causal attend, queries longer than a sequence, "
+         "a NULL bytes, and dtypes that are neither float32 nor the cache's (its config's, "
+         "k, v, q, out, weights)");
     covers("attn_rope_params_init");
     covers("attn_rope_apply");
     covers("attn_rope_backward");
@@ -2228,17 +2229,20 @@ static void test_rope_and_kv_cache(void)
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_rope_backward(C, &rp, &x1, &shifted));
 
     /* The cache: B 2, Hkv 1, capacity 4, D 4. */
-    attn_kv_cache_config cfg = {2, 1, 4, 4, 0};
+    attn_kv_cache_config cfg = {2, 1, 4, 4, 0, ATTN_DTYPE_F32};
     size_t bytes = 0;
     EXPECT_OK(attn_kv_cache_bytes(C, &cfg, &bytes));
     CHECK(bytes > 2 * 2 * 4 * 4 * sizeof(float));
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, NULL, &bytes));
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, &cfg, NULL));
-    const attn_kv_cache_config bad[] = {
-        {0, 1, 4, 4, 0}, {2, 0, 4, 4, 0}, {2, 1, 0, 4, 0}, {2, 1, 4, -1, 0}, {2, 1, 4, 4, -3}};
+    const attn_kv_cache_config bad[] = {{0, 1, 4, 4, 0, ATTN_DTYPE_F32},
+                                        {2, 0, 4, 4, 0, ATTN_DTYPE_F32},
+                                        {2, 1, 0, 4, 0, ATTN_DTYPE_F32},
+                                        {2, 1, 4, -1, 0, ATTN_DTYPE_F32},
+                                        {2, 1, 4, 4, -3, ATTN_DTYPE_F32}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_bytes(C, &bad[i], &bytes));
-    const attn_kv_cache_config ovf = {INT64_MAX / 2, 4, INT64_MAX / 4, 8, 0};
+    const attn_kv_cache_config ovf = {INT64_MAX / 2, 4, INT64_MAX / 4, 8, 0, ATTN_DTYPE_F32};
     EXPECT_FAIL(ATTN_STATUS_OVERFLOW, attn_kv_cache_bytes(C, &ovf, &bytes));
     attn_kv_cache *kc = NULL;
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, attn_kv_cache_create(C, &cfg, NULL, 0, NULL));
@@ -2326,6 +2330,60 @@ static void test_rope_and_kv_cache(void)
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT,
                 attn_kv_cache_workspace_size(C, kc, 0, &q, &tl, NULL, &o, &w, &bytes));
     CHECK(bytes == 0);
+
+    /* A 16-bit cache (SPEC section 10): the config's dtype, and q, k, v, out each
+     * float32 or the cache's dtype; any other dtype is refused, naming it. */
+    const attn_kv_cache_config bad_dt[] = {{2, 1, 4, 4, 0, ATTN_DTYPE_I32},
+                                           {2, 1, 4, 4, 0, (attn_dtype)99}};
+    attn_kv_cache *none = NULL;
+    for (size_t i = 0; i < sizeof bad_dt / sizeof bad_dt[0]; i++) {
+        EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_bytes(C, &bad_dt[i], &bytes));
+        EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_create(C, &bad_dt[i], NULL, 0, &none));
+    }
+    CHECK(none == NULL);
+    const attn_kv_cache_config cfg16 = {2, 1, 4, 4, 0, ATTN_DTYPE_BF16};
+    size_t bytes16 = 0, bytes32 = 0;
+    EXPECT_OK(attn_kv_cache_bytes(C, &cfg16, &bytes16));
+    EXPECT_OK(attn_kv_cache_bytes(C, &cfg, &bytes32));
+    CHECK(bytes16 < bytes32);
+    attn_kv_cache *kc16 = NULL;
+    CHECK_INT(attn_kv_cache_create(&ctx, &cfg16, NULL, 0, &kc16), ATTN_OK);
+    static uint16_t k16b[2 * 1 * 3 * 4], v16b[2 * 1 * 3 * 4], q16b[2 * 2 * 1 * 4],
+        o16b[2 * 2 * 1 * 4];
+    const int64_t s_kv[4] = {2, 1, 3, 4}, s_q[4] = {2, 2, 1, 4};
+    attn_tensor kbf, vbf, khf, qbf, qhf, obf, ohf, wbf;
+    attn_tensor_init(NULL, &kbf, ATTN_DTYPE_BF16, k16b, 4, s_kv);
+    attn_tensor_init(NULL, &vbf, ATTN_DTYPE_BF16, v16b, 4, s_kv);
+    attn_tensor_init(NULL, &khf, ATTN_DTYPE_F16, k16b, 4, s_kv);
+    attn_tensor_init(NULL, &qbf, ATTN_DTYPE_BF16, q16b, 4, s_q);
+    attn_tensor_init(NULL, &qhf, ATTN_DTYPE_F16, q16b, 4, s_q);
+    attn_tensor_init(NULL, &obf, ATTN_DTYPE_BF16, o16b, 4, s_q);
+    attn_tensor_init(NULL, &ohf, ATTN_DTYPE_F16, o16b, 4, s_q);
+    attn_tensor_init(NULL, &wbf, ATTN_DTYPE_BF16, wb, 4, s_q);
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_append(C, kc16, 0, &khf, &vbf, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_append(C, kc16, 0, &kbf, &khf, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_append(C, kc, 0, &kbf, &vbf, NULL));
+    /* Rounding needs the context's converters: a context forcing a path this CPU
+     * cannot run is refused, as attend refuses it. */
+    if (!attn_arch_supported(ATTN_ARCH_AMX))
+        EXPECT_FAIL_CTX(ATTN_STATUS_UNSUPPORTED, ctx_.arch = ATTN_ARCH_AMX,
+                        attn_kv_cache_append(C, kc16, 0, &kbf, &vbf, NULL));
+    EXPECT_OK(attn_kv_cache_append(C, kc16, 0, &kbf, &vbf, &rp));
+    EXPECT_OK(attn_kv_cache_attend(C, kc16, 0, &qbf, &p, &rp, &obf, NULL));
+    EXPECT_OK(attn_kv_cache_attend(C, kc16, 0, &q, &p, NULL, &obf, &w));
+    EXPECT_OK(attn_kv_cache_attend(C, kc16, 0, &qbf, &p, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_attend(C, kc16, 0, &qhf, &p, NULL, &obf, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_attend(C, kc16, 0, &qbf, &p, NULL, &ohf, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_attend(C, kc16, 0, &qbf, &p, NULL, &obf, &wbf));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_attend(C, kc, 0, &qbf, &p, NULL, &o, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE, attn_kv_cache_attend(C, kc, 0, &q, &p, NULL, &obf, NULL));
+    EXPECT_FAIL(ATTN_STATUS_DTYPE,
+                attn_kv_cache_workspace_size(C, kc16, 0, &qhf, &p, NULL, &obf, NULL, &bytes));
+    EXPECT_OK(attn_kv_cache_workspace_size(C, kc16, 0, &qbf, &p, NULL, &obf, NULL, &bytes));
+    attn_tensor view16;
+    EXPECT_OK(attn_kv_cache_view(C, kc16, 0, &view16, NULL));
+    CHECK_INT(view16.dtype, ATTN_DTYPE_BF16);
+    attn_kv_cache_free(&ctx, kc16);
     attn_kv_cache_free(&ctx, kc);
     free(mem);
 }

@@ -13,6 +13,9 @@
 #     window, padding, RoPE offsets, prefill 0, 1, T-1 and T, and T = 1, 3, 17. The
 #     bound: forward and decode are each within the golden tolerance of the exact
 #     block, so they differ by at most twice it, 4e-6 + 2e-5 * |forward|;
+#   - `attn decode --dtype bf16|f16` (the cache stored in 16 bits): token by token
+#     equals one block through the cache within the bound above, and the output is
+#     within two units of the dtype's rounding of `attn forward --causal`;
 #   - bad flags and combinations: usage errors exit 2, the rest exit 1, each with
 #     one line that names the problem.
 set -u
@@ -166,12 +169,38 @@ run 0 "$ATTN" decode "${wargs[@]}" --input "$IN/x_t17.npy" --prefill 0 --rope ha
     --window 3,0 --stats --output "$WORK/stats0.npy"
 out_has "prefill 0 tokens, 17 steps of 1 token, allocations in the steps after the first: 0"
 
+say "attn decode --dtype: f32 is the default's bits; a bf16 or f16 cache decodes token by token as one block through it does, and stays within two units of its rounding of attn forward --causal"
+load_case rope_gqa_half_base500k
+dargs=("${wargs[@]}" --input "$IN/x_t17.npy" --rope half --window 5,0)
+run 0 "$ATTN" decode "${dargs[@]}" --prefill 3 --output "$WORK/dt_default.npy"
+run 0 "$ATTN" decode "${dargs[@]}" --prefill 3 --dtype f32 --output "$WORK/dt_f32.npy"
+npy_close "$WORK/dt_f32.npy" "$WORK/dt_default.npy" 0 0
+run 0 "$ATTN" forward "${dargs[@]}" --causal --output "$WORK/dt_fwd.npy"
+# Each key and value is rounded once as it is appended (relative error at most u:
+# 2^-8 for bfloat16, 2^-11 for float16), so the softmax-weighted sums of V and the
+# scores move by about u times their size; on this input |y| < 1 (0.71 at most), so
+# two units, 2u, bound the difference from float32 (measured: 0.0014 and 0.00025).
+# Token by token and one block through the same cache round the same keys the same
+# way and differ only in the order of sums: the decode bound above.
+for dt in bf16 f16; do
+    [ "$dt" = bf16 ] && tol=0.0078125 || tol=0.0009765625
+    for pf in 0 17; do
+        run 0 "$ATTN" decode "${dargs[@]}" --prefill $pf --dtype $dt --output "$WORK/dt_$dt.$pf.npy"
+    done
+    npy_close "$WORK/dt_$dt.0.npy" "$WORK/dt_$dt.17.npy" $DATOL $DRTOL
+    npy_close "$WORK/dt_$dt.0.npy" "$WORK/dt_fwd.npy" $tol 0
+    # The rounding happened: the 16-bit cache's output is not float32's.
+    cmp -s "$WORK/dt_$dt.17.npy" "$WORK/dt_default.npy" && bad "--dtype $dt changed nothing" || ok
+done
+
 say "bad flags are usage errors (exit 2) naming the value"
 base=(decode "${wargs[@]}" --input "$IN/x_t3.npy" --output "$WORK/bad.npy")
 run 2 "$ATTN" "${base[@]}" --prefill -1
 err_has "--prefill must be at least 0 (got -1)"
 run 2 "$ATTN" "${base[@]}" --prefill two
 err_has "--prefill takes a whole number"
+run 2 "$ATTN" "${base[@]}" --dtype f8
+err_has "--dtype takes f32|bf16|f16, not 'f8'"
 for cmd in forward decode; do
     b=("$cmd" "${wargs[@]}" --input "$IN/x_t3.npy" --output "$WORK/bad.npy")
     run 2 "$ATTN" "${b[@]}" --rope sideways
@@ -216,6 +245,7 @@ say "the help pages document the new options"
 run 0 "$ATTN" decode --help
 out_has "--prefill N"
 out_has "N = 0 means no prefill"
+out_has "--dtype f32|bf16|f16"
 run 0 "$ATTN" forward --help
 out_has "--rope interleaved|half"
 run 0 "$ATTN" sdpa --help

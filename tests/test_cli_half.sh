@@ -3,7 +3,8 @@
 # section 10) on the command line: a 16-bit run agrees with the float32 run of the
 # same files within the dtype's precision, float16 output is written as '<f2' and
 # bfloat16 output as float32, and the combinations that cannot work are usage errors
-# (exit 2) that say why. The accuracy rule itself (2 x PyTorch's error + a floor) is
+# (exit 2) that say why; `attn bench --shape S9` and `--decode` run through a 16-bit
+# KV cache with --dtype. The accuracy rule itself (2 x PyTorch's error + a floor) is
 # tests/test_half.c's, on every path; here the tolerance only has to catch a wrong
 # path through the program: the case's inputs are exact in bfloat16, the output's
 # rounding costs up to 2^-9 of it and the float32 sums differ in order, and its
@@ -43,14 +44,22 @@ err_has "float32 only"
 run 2 "$ATTN" sdpa "${IN[@]}" --dtype f64 --output "$WORK/x.npy"
 err_has "f64"
 
-say "attn bench --dtype bf16 runs a custom shape and says so; --mha --dtype is refused"
+say "attn bench --dtype bf16 runs a custom shape and says so; --mha --dtype is refused; S9 runs through a bfloat16 cache"
 run 0 "$ATTN" bench --batch 1 --heads 2 --query-len 33 --head-dim 16 --causal --threads 2 \
     --impl all --runs 1 --dtype bf16
 out_has "dtype=bfloat16"
 out_has "cpu 16-bit features:"
 run 2 "$ATTN" bench --mha --dtype f16 --runs 1
 err_has "--dtype f16"
-run 2 "$ATTN" bench --shape S9 --dtype bf16 --runs 1
-err_has "KV cache"
+# S9 goes through the KV cache, which now stores 16 bits too (it was refused when
+# the cache was float32 only).
+run 0 "$ATTN" bench --shape S9 --dtype bf16 --runs 1 --threads 1
+out_has "dtype=bfloat16"
+say "attn bench --decode --dtype f16: the cache in float16, the K/V rate of its bytes, no allocation per step"
+run 0 "$ATTN" bench --decode --prefill 40 --steps 5 --threads 2 --dtype f16 --json
+n=$(grep -c '"kind":"decode",.*"allocs":0,"allocs_per_step":0.000,"dtype":"float16"' "$OUT_FILE")
+[ "$n" -eq 3 ] && ok || bad "--decode --dtype f16: $n of 3 lines ($(cat "$OUT_FILE"))"
+run 2 "$ATTN" bench --gemm --dtype bf16 --runs 1
+err_has "not to --gemm"
 
 cli_summary test_cli_half

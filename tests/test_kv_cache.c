@@ -96,7 +96,7 @@ static int decode(attn_ctx *ctx, const problem *pr, const float *q, const float 
                   const float *v, float *out)
 {
     const int64_t H = pr->H, Hkv = pr->Hkv, T = pr->T, D = pr->D;
-    attn_kv_cache_config cfg = {1, Hkv, T, D, 0};
+    attn_kv_cache_config cfg = {1, Hkv, T, D, 0, ATTN_DTYPE_F32};
     attn_kv_cache *c = NULL;
     int rc = attn_kv_cache_create(ctx, &cfg, NULL, 0, &c);
     if (rc)
@@ -227,7 +227,7 @@ static void test_batch_of_lengths(void)
     enum { B = 3, H = 4, HKV = 2, D = 8, CAP = 48, STEPS = 4 };
     const int64_t L[B] = {5, 17, 40};
     float *q[B], *k[B], *v[B], *want[B];
-    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0};
+    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0, ATTN_DTYPE_F32};
     attn_kv_cache *c = NULL;
     attn_ctx ctx;
     attn_ctx_init(&ctx);
@@ -247,7 +247,7 @@ static void test_batch_of_lengths(void)
         tu_fill(v[b], HKV * L[b] * D, 300 + (uint64_t)b);
         /* This sequence alone in a cache of its own: all but the last STEPS tokens
          * at once, then one token per step. */
-        attn_kv_cache_config one = {1, HKV, L[b], D, 0};
+        attn_kv_cache_config one = {1, HKV, L[b], D, 0, ATTN_DTYPE_F32};
         attn_kv_cache *c1 = NULL;
         CHECK_INT(attn_kv_cache_create(&ctx, &one, NULL, 0, &c1), ATTN_OK);
         attn_tensor kt = tu_tensor4(k[b], 1, HKV, L[b], D), vt = tu_tensor4(v[b], 1, HKV, L[b], D);
@@ -339,7 +339,7 @@ static void test_golden_decode(void)
         float *got = malloc((size_t)n * 4);
         attn_ctx ctx;
         attn_ctx_init(&ctx);
-        attn_kv_cache_config cfg = {1, pr.Hkv, pr.T, pr.D, 0};
+        attn_kv_cache_config cfg = {1, pr.Hkv, pr.T, pr.D, 0, ATTN_DTYPE_F32};
         attn_kv_cache *c = NULL;
         CHECK_INT(attn_kv_cache_create(&ctx, &cfg, NULL, 0, &c), ATTN_OK);
         attn_rope_params rp;
@@ -405,7 +405,7 @@ static void test_full_truncate_view(void)
          "in the message); truncate rolls back and a re-append gives the same bits as the "
          "first time; views show what was appended, with the cache's strides");
     enum { B = 2, HKV = 2, CAP = 6, D = 4, DV = 3 };
-    attn_kv_cache_config cfg = {B, HKV, CAP, D, DV};
+    attn_kv_cache_config cfg = {B, HKV, CAP, D, DV, ATTN_DTYPE_F32};
     size_t bytes = 0;
     CHECK_INT(attn_kv_cache_bytes(NULL, &cfg, &bytes), ATTN_OK);
     void *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -479,7 +479,7 @@ static void test_options(void)
          "sinks and lse, weights [Bn, H, Tq, capacity] with zeros past a sequence's length");
     enum { B = 2, H = 4, HKV = 2, CAP = 9, D = 8, TQ = 2 };
     const int64_t L[B] = {5, 9};
-    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0};
+    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0, ATTN_DTYPE_F32};
     attn_kv_cache *c = NULL;
     attn_ctx ctx;
     attn_ctx_init(&ctx);
@@ -595,7 +595,7 @@ static void test_no_alloc_per_step(void)
     tu_fill(q, B * H * D, 72);
     tu_fill(k1, B * HKV * D, 73);
     tu_fill(v1, B * HKV * D, 74);
-    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0};
+    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0, ATTN_DTYPE_F32};
     size_t cache_bytes = 0;
     CHECK_INT(attn_kv_cache_bytes(NULL, &cfg, &cache_bytes), ATTN_OK);
     void *mem = aligned_alloc(64, (cache_bytes + 63) / 64 * 64);
@@ -714,7 +714,7 @@ static void test_batch_split(void)
     for (int a = 1; a < 4; a++) {
         if (!attn_arch_supported(archs[a]))
             continue;
-        attn_kv_cache_config cfg = {B, HKV, CAP, D, 0};
+        attn_kv_cache_config cfg = {B, HKV, CAP, D, 0, ATTN_DTYPE_F32};
         attn_kv_cache *c = NULL;
         attn_ctx ctx;
         attn_ctx_init(&ctx);
@@ -774,7 +774,7 @@ static void test_batch_split(void)
 
         /* One sequence of 500 positions (unsplit), its workspace sized then, and 30
          * steps that take it past 512 keys (split): no allocation. */
-        attn_kv_cache_config cfg1 = {1, HKV, 1100, D, 0};
+        attn_kv_cache_config cfg1 = {1, HKV, 1100, D, 0, ATTN_DTYPE_F32};
         attn_ctx_init(&ctx);
         ctx.arch = archs[a];
         ctx.threads = 2;

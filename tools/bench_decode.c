@@ -15,6 +15,10 @@
  *             every benchmark here does); the loop runs with the context's workspace set to
  *             attn_kv_cache_workspace_size bytes and a counting allocator, and
  *             prints how many allocations the steps made (the target is zero).
+ *
+ * With --dtype bf16|f16 the cache stores K and V in that dtype, and the queries,
+ * the outputs and the steps' new keys and values are stored in it too (a 16-bit
+ * model's decoder); the K/V rate counts the bytes the cache holds, 2 per element.
  */
 #include "bench.h"
 #include "bench_probes.h"
@@ -59,10 +63,11 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* A cache of B sequences, capacity cap, filled to len[b] positions with uniform
- * keys and values (appended one sequence at a time, in blocks of 512 tokens). */
+/* A cache of B sequences, capacity cap, K and V stored in dt, filled to len[b]
+ * positions with uniform keys and values (appended in float32, so rounded once
+ * into a 16-bit cache, one sequence at a time, in blocks of 512 tokens). */
 static int cache_make(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t D, int64_t cap,
-                      const int64_t *len, attn_kv_cache **out)
+                      const int64_t *len, attn_dtype dt, attn_kv_cache **out)
 {
     attn_kv_cache_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -71,6 +76,7 @@ static int cache_make(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t D, int64_t 
     cfg.capacity = cap;
     cfg.head_dim = D;
     cfg.value_dim = D;
+    cfg.dtype = dt;
     int rc = attn_kv_cache_create(ctx, &cfg, NULL, 0, out);
     if (rc)
         return rc;
@@ -103,10 +109,10 @@ static int cache_make(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t D, int64_t 
 
 /* A new cache of the same shape and capacity holding what `from` holds. */
 static int cache_copy(attn_ctx *ctx, const attn_kv_cache *from, int64_t B, int64_t Hkv,
-                      int64_t D, int64_t cap, attn_kv_cache **out)
+                      int64_t D, int64_t cap, attn_dtype dt, attn_kv_cache **out)
 {
     const int64_t none[4] = {0, 0, 0, 0};
-    int rc = cache_make(ctx, B, Hkv, D, cap, none, out);
+    int rc = cache_make(ctx, B, Hkv, D, cap, none, dt, out);
     for (int64_t b = 0; b < B && rc == ATTN_OK; b++) {
         attn_tensor k, v;
         rc = attn_kv_cache_view(ctx, from, b, &k, &v);
@@ -144,28 +150,38 @@ int bench_kv_s9(const bench_opts *o)
     int64_t keys = 0;
     for (int b = 0; b < B; b++)
         keys += len[b];
-    const double kv_bytes = 2.0 * (double)(keys * H * D) * 4;
+    const attn_dtype dt = o->dtype;
+    const double kv_bytes = 2.0 * (double)(keys * H * D) * (double)attn_dtype_size(dt);
     a.caches = o->stream_gbs > 0 ? bench_cold_copies(kv_bytes) : 1;
     if (a.caches > S9_MAX_CACHES)
         a.caches = S9_MAX_CACHES;
-    float *q = malloc(B * H * D * sizeof(float)), *out = malloc(B * H * D * sizeof(float));
-    int rc = q && out ? ATTN_OK : ATTN_STATUS_NO_MEMORY;
+    float *q = malloc(B * H * D * sizeof(float));
+    int rc = q ? ATTN_OK : ATTN_STATUS_NO_MEMORY;
     if (rc == ATTN_OK)
-        rc = cache_make(&a.ctx, B, H, D, 4096, len, &a.cache[0]);
+        rc = cache_make(&a.ctx, B, H, D, 4096, len, dt, &a.cache[0]);
     /* The other caches hold the same keys and values, appended from views of the
      * first (one copy each, no random numbers drawn again). */
     for (int c = 1; c < a.caches && rc == ATTN_OK; c++)
-        rc = cache_copy(&a.ctx, a.cache[0], B, H, D, 4096, &a.cache[c]);
+        rc = cache_copy(&a.ctx, a.cache[0], B, H, D, 4096, dt, &a.cache[c]);
+    /* q and out in the cache's dtype: q holds the uniform values rounded once. */
+    attn_tensor q32;
+    if (rc == ATTN_OK) {
+        bench_fill_uniform(q, B * H * D, 1);
+        attn_tensor_init(NULL, &q32, ATTN_DTYPE_F32, q, 4, qs);
+        rc = attn_tensor_alloc(&a.ctx, &a.q, dt, 4, qs);
+        if (rc == ATTN_OK)
+            rc = attn_tensor_convert(&a.ctx, &q32, &a.q);
+        if (rc == ATTN_OK)
+            rc = attn_tensor_alloc(&a.ctx, &a.out, dt, 4, qs);
+    }
     if (rc) {
         fprintf(stderr, "attn bench: S9's caches: %s\n", a.ctx.message);
-        free(q), free(out);
+        free(q);
+        attn_tensor_free(&a.ctx, &a.q), attn_tensor_free(&a.ctx, &a.out);
         for (int c = 0; c < a.caches; c++)
             attn_kv_cache_free(&a.ctx, a.cache[c]);
         return 1;
     }
-    bench_fill_uniform(q, B * H * D, 1);
-    attn_tensor_init(NULL, &a.q, ATTN_DTYPE_F32, q, 4, qs);
-    attn_tensor_init(NULL, &a.out, ATTN_DTYPE_F32, out, 4, qs);
     attn_sdpa_params_init(&a.p);
     a.p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     char impl[32];
@@ -208,23 +224,25 @@ int bench_kv_s9(const bench_opts *o)
             bench_json_begin(o, &f);
             printf(",\"shape\":\"S9\",\"runs\":%d,\"min_ms\":%.6f,\"peak_frac\":%.4f,"
                    "\"peak_rss_mib\":%.1f,\"kv_heads\":%d,\"lengths\":[1024,2048,3072,4096],"
-                   "\"kv_gbs\":%.3f",
+                   "\"kv_gbs\":%.3f,\"dtype\":\"%s\"",
                    t.runs, t.min_s * 1e3, o->peakn > 0 ? gf / o->peakn : 0.0,
-                   bench_peak_rss_mib(), H, kv_gbs);
+                   bench_peak_rss_mib(), H, kv_gbs, attn_dtype_name(dt));
             bench_json_end();
         } else {
             printf("%-6s %-14s %5d %4d %6d %6d %5d %-8s %3d %10.4f %9.2f %5.1f%% %8.1f "
-                   "lengths=1024,2048,3072,4096 kv_gbs=%.1f\n",
+                   "lengths=1024,2048,3072,4096 kv_gbs=%.1f%s%s\n",
                    "S9", impl, B, H, 1, 4096, D, "causal_bottom_right", threads,
                    t.median_s * 1e3, gf, o->peakn > 0 ? 100 * gf / o->peakn : 0.0,
-                   bench_peak_rss_mib(), kv_gbs);
+                   bench_peak_rss_mib(), kv_gbs, dt != ATTN_DTYPE_F32 ? " dtype=" : "",
+                   dt != ATTN_DTYPE_F32 ? attn_dtype_name(dt) : "");
         }
         fflush(stdout);
     }
     for (int c = 0; c < a.caches; c++)
         attn_kv_cache_free(&a.ctx, a.cache[c]);
+    attn_tensor_free(&a.ctx, &a.q), attn_tensor_free(&a.ctx, &a.out);
     attn_ctx_release(&a.ctx);
-    free(q), free(out);
+    free(q);
     return status;
 }
 
@@ -233,6 +251,7 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
                       const bench_opts *o)
 {
     const int64_t B = s->B, H = s->H, Hkv = s->Hkv, D = s->D, cap = prefill + steps;
+    const attn_dtype sdt = o->dtype; /* the cache's, the queries', the outputs' */
     counting count = {0};
     attn_ctx ctx;
     attn_ctx_init(&ctx);
@@ -241,16 +260,19 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
     for (int64_t b = 0; b < B; b++)
         len[b] = prefill;
     attn_kv_cache *cache = NULL;
-    const int64_t qs[4] = {B, H, 1, D}, ks[4] = {B, Hkv, 1, D};
+    const int64_t qs[4] = {B, H, 1, D}, kvs[4] = {steps * B, Hkv, 1, D};
     float *q = malloc((size_t)(B * H * D) * sizeof(float));
-    float *out = malloc((size_t)(B * H * D) * sizeof(float));
     float *k = malloc((size_t)(steps * B * Hkv * D) * sizeof(float));
     float *v = malloc((size_t)(steps * B * Hkv * D) * sizeof(float));
     double *dt = malloc((size_t)steps * sizeof(double));
     void *ws = NULL;
-    int rc = q && out && k && v && dt ? cache_make(&ctx, B, Hkv, D, cap, len, &cache)
-                                      : ATTN_STATUS_NO_MEMORY;
-    attn_tensor tq, to;
+    int rc = q && k && v && dt ? cache_make(&ctx, B, Hkv, D, cap, len, sdt, &cache)
+                               : ATTN_STATUS_NO_MEMORY;
+    /* The queries, outputs and the steps' keys and values [steps * B, Hkv, 1, D], in
+     * the dtype (rounded once from the uniform float32 values when 16-bit). */
+    attn_tensor tq, to, tk, tv, f32;
+    memset(&tq, 0, sizeof tq), memset(&to, 0, sizeof to);
+    memset(&tk, 0, sizeof tk), memset(&tv, 0, sizeof tv);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
@@ -258,8 +280,17 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
         bench_fill_uniform(q, B * H * D, 1);
         bench_fill_uniform(k, steps * B * Hkv * D, 2);
         bench_fill_uniform(v, steps * B * Hkv * D, 3);
-        attn_tensor_init(NULL, &tq, ATTN_DTYPE_F32, q, 4, qs);
-        attn_tensor_init(NULL, &to, ATTN_DTYPE_F32, out, 4, qs);
+        if ((rc = attn_tensor_alloc(&ctx, &tq, sdt, 4, qs)) ||
+            (rc = attn_tensor_init(&ctx, &f32, ATTN_DTYPE_F32, q, 4, qs)) ||
+            (rc = attn_tensor_convert(&ctx, &f32, &tq)) ||
+            (rc = attn_tensor_alloc(&ctx, &to, sdt, 4, qs)) ||
+            (rc = attn_tensor_alloc(&ctx, &tk, sdt, 4, kvs)) ||
+            (rc = attn_tensor_init(&ctx, &f32, ATTN_DTYPE_F32, k, 4, kvs)) ||
+            (rc = attn_tensor_convert(&ctx, &f32, &tk)) ||
+            (rc = attn_tensor_alloc(&ctx, &tv, sdt, 4, kvs)) ||
+            (rc = attn_tensor_init(&ctx, &f32, ATTN_DTYPE_F32, v, 4, kvs)) ||
+            (rc = attn_tensor_convert(&ctx, &f32, &tv)))
+            goto planned;
         /* The workspace, planned for the full cache, serves every step. */
         size_t bytes = 0;
         rc = attn_kv_cache_workspace_size(&ctx, cache, 0, &tq, &p, NULL, &to, NULL, &bytes);
@@ -268,24 +299,27 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
         ctx.workspace = ws;
         ctx.workspace_size = bytes;
     }
+planned:
     /* One untimed step's attention on the prefilled cache (it changes nothing):
      * the workspace's pages and the thread pool are then warm, as in a running
      * decoder. */
     if (rc == ATTN_OK)
         rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+    const attn_allocator plain = ctx.allocator;
     ctx.allocator.alloc = count_alloc;
     ctx.allocator.free = count_free;
     ctx.allocator.user = &count;
     for (int64_t st = 0; st < steps && rc == ATTN_OK; st++) {
-        attn_tensor tk, tv;
-        attn_tensor_init(NULL, &tk, ATTN_DTYPE_F32, k + st * B * Hkv * D, 4, ks);
-        attn_tensor_init(NULL, &tv, ATTN_DTYPE_F32, v + st * B * Hkv * D, 4, ks);
+        attn_tensor sk, sv;
+        attn_tensor_narrow(&ctx, &tk, 0, st * B, B, &sk);
+        attn_tensor_narrow(&ctx, &tv, 0, st * B, B, &sv);
         const double t0 = bench_now_s();
-        rc = attn_kv_cache_append(&ctx, cache, 0, &tk, &tv, NULL);
+        rc = attn_kv_cache_append(&ctx, cache, 0, &sk, &sv, NULL);
         if (rc == ATTN_OK)
             rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
         dt[st] = bench_now_s() - t0;
     }
+    ctx.allocator = plain;
     int status = 0;
     if (rc != ATTN_OK) {
         fprintf(stderr, "attn bench: decode %s failed: %s\n", s->name, ctx.message);
@@ -293,8 +327,10 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
     } else {
         qsort(dt, (size_t)steps, sizeof *dt, cmp_double);
         const double med = steps % 2 ? dt[steps / 2] : (dt[steps / 2 - 1] + dt[steps / 2]) / 2;
-        /* The K and V of a middle step: prefill + steps / 2 positions per sequence. */
-        const double kv_bytes = 2.0 * (double)(B * Hkv * D) * (double)(prefill + steps / 2) * 4;
+        /* The K and V of a middle step: prefill + steps / 2 positions per sequence,
+         * in the bytes the cache stores them in. */
+        const double kv_bytes = 2.0 * (double)(B * Hkv * D) * (double)(prefill + steps / 2) *
+                                (double)attn_dtype_size(sdt);
         const double gf = 4.0 * (double)(B * H * D) * (double)(prefill + steps / 2) / med / 1e9;
         const int threads = attn_threads_resolve(&ctx);
         const double per_step = (double)count.allocs / (double)steps;
@@ -303,22 +339,27 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
                                     "causal_bottom_right", threads, med * 1e3, gf};
             bench_json_begin(o, &f);
             printf(",\"shape\":\"%s\",\"kv_heads\":%lld,\"prefill\":%lld,\"steps\":%lld,"
-                   "\"min_ms\":%.6f,\"kv_gbs\":%.3f,\"allocs\":%lld,\"allocs_per_step\":%.3f",
+                   "\"min_ms\":%.6f,\"kv_gbs\":%.3f,\"allocs\":%lld,\"allocs_per_step\":%.3f,"
+                   "\"dtype\":\"%s\"",
                    s->name, (long long)Hkv, (long long)prefill, (long long)steps,
-                   dt[0] * 1e3, kv_bytes / med / 1e9, count.allocs, per_step);
+                   dt[0] * 1e3, kv_bytes / med / 1e9, count.allocs, per_step,
+                   attn_dtype_name(sdt));
             bench_json_end();
         } else {
             printf("decode %-3s B=%lld H=%lld Hkv=%lld D=%lld prefill %lld, %lld steps, %d "
-                   "threads: median step %.4f ms (min %.4f), K/V read at %.1f GB/s, %lld "
-                   "allocations in the steps (%.3f per step)\n",
+                   "threads, K/V %s: median step %.4f ms (min %.4f), K/V read at %.1f GB/s, "
+                   "%lld allocations in the steps (%.3f per step)\n",
                    s->name, (long long)B, (long long)H, (long long)Hkv, (long long)D,
-                   (long long)prefill, (long long)steps, threads, med * 1e3, dt[0] * 1e3,
-                   kv_bytes / med / 1e9, count.allocs, per_step);
+                   (long long)prefill, (long long)steps, threads, attn_dtype_name(sdt),
+                   med * 1e3, dt[0] * 1e3, kv_bytes / med / 1e9, count.allocs, per_step);
         }
         fflush(stdout);
     }
     attn_kv_cache_free(&ctx, cache);
-    free(ws), free(q), free(out), free(k), free(v), free(dt);
+    attn_tensor_free(&ctx, &tq), attn_tensor_free(&ctx, &to);
+    attn_tensor_free(&ctx, &tk), attn_tensor_free(&ctx, &tv);
+    attn_ctx_release(&ctx);
+    free(ws), free(q), free(k), free(v), free(dt);
     return status;
 }
 

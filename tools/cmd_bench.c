@@ -40,7 +40,8 @@ static const char HELP[] =
     "    attn bench --gemm [--size N] [--threads N] [--impl default|ref|all] [--runs N]\n"
     "               [--json]\n"
     "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N] [--json]\n"
-    "    attn bench --decode [--prefill N] [--steps N] [--threads N] [--json]\n"
+    "    attn bench --decode [--prefill N] [--steps N] [--threads N] [--dtype f32|bf16|f16]\n"
+    "               [--json]\n"
     "    attn bench --backward [--shape NAME | a custom shape] [--threads N]\n"
     "               [--impl NAME] [--runs N] [--json]\n"
     "\n"
@@ -136,7 +137,9 @@ static const char HELP[] =
     "        (append its k and v, attend its query). Prints the median step, the\n"
     "        K/V bytes a middle step reads per second, and the allocations the\n"
     "        steps made under a counting allocator with the context's workspace set\n"
-    "        to attn_kv_cache_workspace_size bytes (0 is the target).\n"
+    "        to attn_kv_cache_workspace_size bytes (0 is the target). With --dtype\n"
+    "        bf16|f16 the cache stores K and V in 16 bits, and the K/V rate counts\n"
+    "        those bytes.\n"
     "    --backward\n"
     "        The gradients (attn_sdpa_backward) instead of the forward, on S2, S3,\n"
     "        S4 and S8 (or --shape, or a custom shape): the backward alone, with the\n"
@@ -152,7 +155,8 @@ static const char HELP[] =
     "        How q, k, v and the output are stored (default f32): bfloat16 or\n"
     "        float16 inputs hold the same values rounded to 16 bits, and attention\n"
     "        still computes in float32 (docs/half-precision.md). Applies to the\n"
-    "        attention shapes and --bandwidth; S9 (the KV cache) is float32 only.\n"
+    "        attention shapes, --bandwidth and --decode; for S9 and --decode it is\n"
+    "        also how the KV cache stores K and V.\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -312,17 +316,14 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error(PROG, "--%s runs --impl default, ref or all, not '%s'",
                                want_mha ? "mha" : "gemm", impl_names[impl_ix]);
 
-    if (dtype_ix != 0 && (want_peak || want_mha || want_gemm || want_decode || want_backward))
+    if (dtype_ix != 0 && (want_peak || want_mha || want_gemm || want_backward))
         return cli_usage_error(PROG, "--dtype %s applies to the attention shapes (and "
-                               "--bandwidth's), not to --%s", dtype_names[dtype_ix],
-                               want_peak     ? "peak"
-                               : want_mha    ? "mha"
-                               : want_gemm   ? "gemm"
-                               : want_decode ? "decode"
-                                             : "backward");
-    if (dtype_ix != 0 && shape_ix == BENCH_N_SPEC_SHAPES)
-        return cli_usage_error(PROG, "S9 runs through the KV cache, which stores float32 "
-                               "only: --dtype %s does not apply", dtype_names[dtype_ix]);
+                               "--bandwidth's and --decode's), not to --%s",
+                               dtype_names[dtype_ix],
+                               want_peak   ? "peak"
+                               : want_mha  ? "mha"
+                               : want_gemm ? "gemm"
+                                           : "backward");
 
     o.dtype = dtypes[dtype_ix];
     o.threads = (int)threads;
@@ -347,10 +348,8 @@ int cmd_bench(int argc, char **argv)
         return bench_gemm(gemm_n, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (want_bw) {
         /* S5 and S7 are the decode steps: their K and V against the bandwidth. */
-        /* S9 runs through the KV cache, which stores float32 only. */
         const int bad = bench_bandwidth(&o) || bench_sdpa(&bench_spec_shapes[4], &o) ||
-                        bench_sdpa(&bench_spec_shapes[6], &o) ||
-                        (o.dtype == ATTN_DTYPE_F32 && bench_kv_s9(&o));
+                        bench_sdpa(&bench_spec_shapes[6], &o) || bench_kv_s9(&o);
         bench_stream_free(&o);
         return bad ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
@@ -388,7 +387,7 @@ int cmd_bench(int argc, char **argv)
     for (int x = 0; x < BENCH_N_SPEC_SHAPES; x++)
         if (all || shape_ix == x)
             status |= bench_sdpa(&bench_spec_shapes[x], &o);
-    if ((all || shape_ix == BENCH_N_SPEC_SHAPES) && o.dtype == ATTN_DTYPE_F32)
-        status |= bench_kv_s9(&o); /* S9, through the KV cache (float32 only) */
+    if (all || shape_ix == BENCH_N_SPEC_SHAPES)
+        status |= bench_kv_s9(&o); /* S9, through the KV cache (stored in --dtype) */
     return status ? CLI_EXIT_ERROR : CLI_EXIT_OK;
 }

@@ -42,7 +42,7 @@ static const char HELP[] =
     "                [--window LEFT,RIGHT] [--softcap C]\n"
     "                [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
     "                [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
-    "                [--empty-rows error|zero] [--stats]\n"
+    "                [--empty-rows error|zero] [--dtype f32|bf16|f16] [--stats]\n"
     "                --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
     "DESCRIPTION\n"
@@ -76,6 +76,13 @@ static const char HELP[] =
     CLI_HELP_ROPE("        Here q and k are rotated after the projections, token t at position\n"
                   "        N+t (N = --rope-offset); with offset 0 the cache rotates the keys\n"
                   "        as it stores them and the queries as it attends.\n")
+    "    --dtype f32|bf16|f16\n"
+    "        How the KV cache stores K and V (default f32). bf16 and f16 round each\n"
+    "        key and value once, to nearest even, as it is appended (after RoPE,\n"
+    "        which turns it in float32) and keep half the bytes; q, the\n"
+    "        projections, every product and sum and the output stay float32. The\n"
+    "        output then differs from 'attn forward --causal' by that rounding\n"
+    "        (docs/half-precision.md); --prefill N changes only the order of sums.\n"
     "    --stats\n"
     "        Print one line on standard output: the prefill's length, the number\n"
     "        of steps, and how many times the steps after the first called the\n"
@@ -171,10 +178,13 @@ int cmd_decode(int argc, char **argv)
     fwd_args a;
     memset(&a, 0, sizeof a);
     int64_t prefill = 0;
-    int stats = 0;
+    int stats = 0, dtype_ix = 0;
+    static const char *const dtype_choices[] = {"f32", "bf16", "f16", NULL};
+    static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     cli_opt opts[] = {
         FWD_OPTIONS(&a),
         {"prefill", CLI_INT, &prefill, NULL, 0, INT64_MAX, 0},
+        {"dtype", CLI_CHOICE, &dtype_ix, dtype_choices, 0, 0, 0},
         {"stats", CLI_FLAG, &stats, NULL, 0, 0, 0},
     };
     const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
@@ -237,7 +247,9 @@ int cmd_decode(int argc, char **argv)
     const int64_t qr = H * D, kvr = Hkv * D, R = qr + 2 * kvr;
     const int64_t s_qkv[3] = {B, T, R}, s_merged[3] = {B, T, qr}, s3[3] = {B, T, E},
                   sa[4] = {B, H, T, T}, sl[3] = {B, H, T};
-    const attn_kv_cache_config cfg = {B, Hkv, T, D, 0};
+    /* --dtype: the cache's storage only; the projections and attend's q and out
+     * stay float32 (a float32 k or v is rounded once as it is appended). */
+    const attn_kv_cache_config cfg = {B, Hkv, T, D, 0, dtypes[dtype_ix]};
     if (attn_tensor_alloc(&ctx, &qkv, ATTN_DTYPE_F32, 3, s_qkv) ||
         attn_tensor_alloc(&ctx, &merged, ATTN_DTYPE_F32, 3, s_merged) ||
         attn_tensor_alloc(&ctx, &out, ATTN_DTYPE_F32, 3, s3) ||

@@ -401,9 +401,9 @@ static int experiment_run(attn_ctx *ctx, const options *o, experiment *e)
      * each new key at its position as it stores it, and attend turns each query at
      * its own. A query is the last position of its sequence, so the causal mask is
      * the bottom-right one. */
-    attn_kv_cache_config cfg = {B, Hkv, T, D, D};
+    attn_kv_cache_config cfg = {B, Hkv, T, D, D, ATTN_DTYPE_F32};
     TRY(attn_kv_cache_bytes(ctx, &cfg, &e->cache_bytes));
-    attn_kv_cache_config mha = {B, H, T, D, D};
+    attn_kv_cache_config mha = {B, H, T, D, D, ATTN_DTYPE_F32};
     TRY(attn_kv_cache_bytes(ctx, &mha, &e->cache_bytes_mha));
     TRY(attn_kv_cache_create(ctx, &cfg, NULL, 0, &e->cache));
     sdpa_params(e, ATTN_CAUSAL_BOTTOM_RIGHT, &p);

@@ -1201,6 +1201,7 @@ static PyObject *py_kv_create(PyObject *self, PyObject *args)
     cfg.capacity = cap;
     cfg.head_dim = D;
     cfg.value_dim = Dv;
+    cfg.dtype = ATTN_DTYPE_F32; /* the config gained a dtype: this cache stays float32 */
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     attn_kv_cache *c = NULL;

@@ -7,11 +7,22 @@
  *
  *   the attn_kv_cache struct                      (padded to 64 bytes)
  *   len   [B]                   int64             (padded to 64 bytes)
- *   K     [B, Hkv, capacity, D]  float32          (padded to 64 bytes)
- *   V     [B, Hkv, capacity, Dv] float32
+ *   K     [B, Hkv, capacity, D]  the dtype         (padded to 64 bytes)
+ *   V     [B, Hkv, capacity, Dv] the dtype         (padded to 64 bytes)
+ *   stage [Hkv, D]               float32           (16-bit caches only)
  *
  * allocated once by attn_kv_cache_create or handed in by the caller. A sequence's
  * positions 0 .. len[b] - 1 are stored; the rest is room.
+ *
+ * The dtype is float32, bfloat16 or float16 (SPEC section 10): a 16-bit cache
+ * holds K and V in half the bytes, which is what a decoding step streams. Keys
+ * and values arrive in float32 (rounded once, to nearest even, with the
+ * converters of src/kernels/half.h) or in the cache's dtype (copied bit for bit).
+ * RoPE turns a position's keys in float32, in the stage rows, and rounds them
+ * once. Attention against a 16-bit cache is attn_sdpa's 16-bit call on the
+ * cache's own views (src/kernels/half_stage.h), with a float32 q or out where the
+ * caller gives one (attn__sdpa_prepare_cache): the same kernel, the same bits as
+ * attn_sdpa on those views.
  *
  * Attention against the cache is one attention call per sequence, because each
  * sequence has its own key length (with several sequences and no weights, the
@@ -26,6 +37,8 @@
  * workspace of attn_kv_cache_workspace_size bytes, or the context's kept buffer,
  * serves every later step: a decoding loop allocates nothing per step.
  */
+#include "dispatch.h"
+#include "half.h"
 #include "rope.h"
 #include "sdpa_contract.h"
 #include "sdpa_fused.h"
@@ -38,9 +51,13 @@
 
 struct attn_kv_cache {
     int64_t B, Hkv, cap, D, Dv;
-    int64_t *len; /* [B] */
-    float *k;     /* [B, Hkv, cap, D] */
-    float *v;     /* [B, Hkv, cap, Dv] */
+    attn_dtype dtype;  /* of K and V: F32, BF16 or F16 */
+    size_t esize;      /* bytes of one element of K or V */
+    int64_t *len;      /* [B] */
+    unsigned char *k;  /* [B, Hkv, cap, D] of dtype */
+    unsigned char *v;  /* [B, Hkv, cap, Dv] of dtype */
+    float *stage;      /* [Hkv, D]: a 16-bit cache's keys of one position, turned by
+                          RoPE in float32 before they are rounded; NULL in float32 */
     void *owned;  /* the block when the library allocated it; NULL in caller memory */
     attn_allocator allocator;
     int has_allocator;
@@ -48,7 +65,7 @@ struct attn_kv_cache {
 
 /* Offsets of the parts of a cache's block, in bytes. */
 typedef struct kv_layout {
-    size_t len_off, k_off, v_off, bytes;
+    size_t len_off, k_off, v_off, stage_off, bytes;
 } kv_layout;
 
 static int kv_layout_of(attn_ctx *ctx, const attn_kv_cache_config *cfg, int64_t *Dv,
@@ -56,6 +73,13 @@ static int kv_layout_of(attn_ctx *ctx, const attn_kv_cache_config *cfg, int64_t 
 {
     if (!cfg)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "KV cache config is NULL");
+    if (cfg->dtype != ATTN_DTYPE_F32 && cfg->dtype != ATTN_DTYPE_BF16 &&
+        cfg->dtype != ATTN_DTYPE_F16)
+        return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                          "KV cache config dtype %d (%s): a cache stores float32, bfloat16 "
+                          "or float16",
+                          (int)cfg->dtype, attn_dtype_name(cfg->dtype));
+    const size_t es = attn_dtype_size(cfg->dtype);
     *Dv = cfg->value_dim == 0 ? cfg->head_dim : cfg->value_dim;
     if (cfg->batch < 1 || cfg->kv_heads < 1 || cfg->capacity < 1 || cfg->head_dim < 1 ||
         *Dv < 1)
@@ -66,12 +90,15 @@ static int kv_layout_of(attn_ctx *ctx, const attn_kv_cache_config *cfg, int64_t 
                           (long long)cfg->batch, (long long)cfg->kv_heads,
                           (long long)cfg->capacity, (long long)cfg->head_dim,
                           (long long)cfg->value_dim);
-    int64_t rows, nk, nv;
-    size_t lb, kb, vb;
+    int64_t rows, nk, nv, ns = 0;
+    size_t lb, kb, vb, sb = 0;
     if (!attn__mul_i64(cfg->batch, cfg->kv_heads, &rows) ||
         !attn__mul_i64(rows, cfg->capacity, &rows) || !attn__mul_i64(rows, cfg->head_dim, &nk) ||
         !attn__mul_i64(rows, *Dv, &nv) || !attn__bytes(cfg->batch, sizeof(int64_t), &lb) ||
-        !attn__bytes(nk, sizeof(float), &kb) || !attn__bytes(nv, sizeof(float), &vb))
+        !attn__bytes(nk, es, &kb) || !attn__bytes(nv, es, &vb) ||
+        (cfg->dtype != ATTN_DTYPE_F32 &&
+         (!attn__mul_i64(cfg->kv_heads, cfg->head_dim, &ns) ||
+          !attn__bytes(ns, sizeof(float), &sb))))
         goto overflow;
     lay->len_off = attn__align64(sizeof(attn_kv_cache));
     lb = attn__align64(lb);
@@ -85,14 +112,17 @@ static int kv_layout_of(attn_ctx *ctx, const attn_kv_cache_config *cfg, int64_t 
     lay->v_off = lay->k_off + kb;
     if (vb > SIZE_MAX - lay->v_off)
         goto overflow;
-    lay->bytes = lay->v_off + vb;
+    lay->stage_off = lay->v_off + vb;
+    if (sb > SIZE_MAX - lay->stage_off)
+        goto overflow;
+    lay->bytes = lay->stage_off + sb;
     return ATTN_OK;
 overflow:
     return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                       "a KV cache of batch=%lld, kv_heads=%lld, capacity=%lld, head_dim=%lld, "
-                      "value_dim=%lld does not fit in memory",
+                      "value_dim=%lld in %s does not fit in memory",
                       (long long)cfg->batch, (long long)cfg->kv_heads, (long long)cfg->capacity,
-                      (long long)cfg->head_dim, (long long)*Dv);
+                      (long long)cfg->head_dim, (long long)*Dv, attn_dtype_name(cfg->dtype));
 }
 
 int attn_kv_cache_bytes(attn_ctx *ctx, const attn_kv_cache_config *cfg, size_t *bytes)
@@ -101,7 +131,7 @@ int attn_kv_cache_bytes(attn_ctx *ctx, const attn_kv_cache_config *cfg, size_t *
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "bytes is NULL");
     *bytes = 0;
     int64_t Dv = 0;
-    kv_layout lay = {0, 0, 0, 0};
+    kv_layout lay = {0, 0, 0, 0, 0};
     int rc = kv_layout_of(ctx, cfg, &Dv, &lay);
     if (rc == ATTN_OK)
         *bytes = lay.bytes;
@@ -115,7 +145,7 @@ int attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg, void *m
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     int64_t Dv = 0;
-    kv_layout lay = {0, 0, 0, 0};
+    kv_layout lay = {0, 0, 0, 0, 0};
     int rc = kv_layout_of(ctx, cfg, &Dv, &lay);
     if (rc != ATTN_OK)
         return rc;
@@ -148,9 +178,12 @@ int attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg, void *m
     c->cap = cfg->capacity;
     c->D = cfg->head_dim;
     c->Dv = Dv;
+    c->dtype = cfg->dtype;
+    c->esize = attn_dtype_size(cfg->dtype);
     c->len = (int64_t *)(block + lay.len_off);
-    c->k = (float *)(block + lay.k_off);
-    c->v = (float *)(block + lay.v_off);
+    c->k = (unsigned char *)block + lay.k_off;
+    c->v = (unsigned char *)block + lay.v_off;
+    c->stage = cfg->dtype == ATTN_DTYPE_F32 ? NULL : (float *)(block + lay.stage_off);
     c->owned = raw;
     if (raw && ctx) {
         c->allocator = ctx->allocator;
@@ -199,17 +232,28 @@ static int check_range(attn_ctx *ctx, const attn_kv_cache *c, const char *fn, in
     return ATTN_OK;
 }
 
-static int check_f32(attn_ctx *ctx, const attn_tensor *t, const char *fn, const char *name)
+/* t is float32 or `also` (the cache's dtype; ATTN_DTYPE_F32 for float32 only). */
+static int check_dtype(attn_ctx *ctx, const attn_tensor *t, const char *fn, const char *name,
+                       attn_dtype also)
 {
     if (!t)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
     int rc = attn_tensor_check(ctx, t, name);
     if (rc)
         return rc;
-    if (t->dtype != ATTN_DTYPE_F32)
+    if (t->dtype == ATTN_DTYPE_F32 || t->dtype == also)
+        return ATTN_OK;
+    if (also == ATTN_DTYPE_F32)
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s: %s must be float32, not %s", fn, name,
                           attn_dtype_name(t->dtype));
-    return ATTN_OK;
+    return attn__fail(ctx, ATTN_STATUS_DTYPE,
+                      "%s: %s must be float32 or %s (the cache's dtype), not %s", fn, name,
+                      attn_dtype_name(also), attn_dtype_name(t->dtype));
+}
+
+static int check_f32(attn_ctx *ctx, const attn_tensor *t, const char *fn, const char *name)
+{
+    return check_dtype(ctx, t, fn, name, ATTN_DTYPE_F32);
 }
 
 /* The cache's whole K (or V) block as a 1-D tensor, for overlap checks. */
@@ -218,7 +262,7 @@ static attn_tensor block_tensor(const attn_kv_cache *c, int values)
     attn_tensor t;
     memset(&t, 0, sizeof t);
     t.data = values ? (void *)c->v : (void *)c->k;
-    t.dtype = ATTN_DTYPE_F32;
+    t.dtype = c->dtype;
     t.ndim = 1;
     t.shape[0] = c->B * c->Hkv * c->cap * (values ? c->Dv : c->D);
     for (int i = 0; i < ATTN_MAX_DIMS; i++)
@@ -235,8 +279,8 @@ static attn_tensor seq_tensor(const attn_kv_cache *c, int values, int64_t seq, i
     const int64_t Dx = values ? c->Dv : c->D;
     attn_tensor t;
     memset(&t, 0, sizeof t);
-    t.data = (values ? c->v : c->k) + (seq * c->Hkv * c->cap + start) * Dx;
-    t.dtype = ATTN_DTYPE_F32;
+    t.data = (values ? c->v : c->k) + (size_t)((seq * c->Hkv * c->cap + start) * Dx) * c->esize;
+    t.dtype = c->dtype;
     t.ndim = 4;
     t.shape[0] = 1;
     t.shape[1] = c->Hkv;
@@ -249,14 +293,92 @@ static attn_tensor seq_tensor(const attn_kv_cache *c, int values, int64_t seq, i
     return t;
 }
 
+/* n elements of a row of `sdt` at stride ss into a row of the 16-bit cache's dtype
+ * `cdt` (unit stride): the cache's own dtype is copied bit for bit, float32 is
+ * rounded once to nearest even (hk's converters on a unit-stride row; every
+ * converter gives the portable ones' bits). */
+static void store_half_row(const attn__half_kernels *hk, attn_dtype cdt, const void *src,
+                           attn_dtype sdt, int64_t ss, uint16_t *dst, int64_t n)
+{
+    if (sdt == cdt) {
+        const uint16_t *h = (const uint16_t *)src;
+        if (ss == 1)
+            memcpy(dst, h, (size_t)n * sizeof *dst);
+        else
+            for (int64_t d = 0; d < n; d++)
+                dst[d] = h[d * ss];
+        return;
+    }
+    const float *f = (const float *)src;
+    if (ss == 1) {
+        attn__half_narrow(hk, cdt, f, dst, n);
+        return;
+    }
+    for (int64_t d = 0; d < n; d++)
+        dst[d] = cdt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(f[d * ss])
+                                        : attn__f32_to_f16(f[d * ss]);
+}
+
+/* One element of a 16-bit row of dtype dt, widened (exactly). */
+static float widen_one(attn_dtype dt, uint16_t h)
+{
+    return dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+}
+
+/* Appends to a 16-bit cache: sequence b's rows from position len on. kd and vd are
+ * k[i] and v[i] (float32 or the cache's dtype, strides kst/vst of the head, row
+ * and feature axes, in elements). With rope, each position's keys of every head
+ * go through the stage rows: widened (or copied) to float32, turned there at the
+ * position, rounded once into the cache. */
+static void append_half(attn_kv_cache *c, const attn__half_kernels *hk, int64_t b,
+                        int64_t len, int64_t Tnew, const void *kd, attn_dtype kdt,
+                        const int64_t kst[3], const void *vd, attn_dtype vdt,
+                        const int64_t vst[3], const attn_rope_params *rope)
+{
+    const size_t kes = attn_dtype_size(kdt), ves = attn_dtype_size(vdt);
+    uint16_t *ck = (uint16_t *)c->k + (b * c->Hkv * c->cap + len) * c->D;
+    uint16_t *cv = (uint16_t *)c->v + (b * c->Hkv * c->cap + len) * c->Dv;
+    for (int64_t h = 0; h < c->Hkv; h++)
+        for (int64_t t = 0; t < Tnew; t++) {
+            const int64_t row = h * c->cap + t;
+            const unsigned char *vr =
+                (const unsigned char *)vd + (size_t)(h * vst[0] + t * vst[1]) * ves;
+            store_half_row(hk, c->dtype, vr, vdt, vst[2], cv + row * c->Dv, c->Dv);
+            if (!rope) {
+                const unsigned char *kr =
+                    (const unsigned char *)kd + (size_t)(h * kst[0] + t * kst[1]) * kes;
+                store_half_row(hk, c->dtype, kr, kdt, kst[2], ck + row * c->D, c->D);
+            }
+        }
+    if (!rope)
+        return;
+    const int64_t ss[3] = {c->D, c->D, 1};
+    for (int64_t t = 0; t < Tnew; t++) {
+        if (kdt == ATTN_DTYPE_F32) {
+            attn__rope_run(rope, c->Hkv, 1, c->D, (const float *)kd + t * kst[1], kst, c->stage,
+                           ss, len + t);
+        } else {
+            for (int64_t h = 0; h < c->Hkv; h++) {
+                const uint16_t *kr = (const uint16_t *)kd + h * kst[0] + t * kst[1];
+                for (int64_t d = 0; d < c->D; d++)
+                    c->stage[h * c->D + d] = widen_one(kdt, kr[d * kst[2]]);
+            }
+            attn__rope_run(rope, c->Hkv, 1, c->D, c->stage, ss, c->stage, ss, len + t);
+        }
+        for (int64_t h = 0; h < c->Hkv; h++)
+            attn__half_narrow(hk, c->dtype, c->stage + h * c->D, ck + (h * c->cap + t) * c->D,
+                              c->D);
+    }
+}
+
 int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
                          const attn_tensor *k, const attn_tensor *v,
                          const attn_rope_params *rope)
 {
     static const char fn[] = "attn_kv_cache_append";
     int rc;
-    if ((rc = check_cache(ctx, cache, fn)) || (rc = check_f32(ctx, k, fn, "k")) ||
-        (rc = check_f32(ctx, v, fn, "v")))
+    if ((rc = check_cache(ctx, cache, fn)) || (rc = check_dtype(ctx, k, fn, "k", cache->dtype)) ||
+        (rc = check_dtype(ctx, v, fn, "v", cache->dtype)))
         return rc;
     const attn_kv_cache *c = cache;
     int64_t ks[4], kst[4], vs[4], vst[4];
@@ -295,13 +417,31 @@ int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
         (rc = attn__no_overlap(ctx, fn, &vb, "the cache's values", k, "k", 0)) ||
         (rc = attn__no_overlap(ctx, fn, &vb, "the cache's values", v, "v", 0)))
         return rc;
+    /* A 16-bit cache rounds with the converters of the call's instruction set
+     * (every set gives the same bits); a context that forces a set this CPU
+     * cannot run is refused here as attend refuses it. */
+    const attn__half_kernels *hk = NULL;
+    if (c->dtype != ATTN_DTYPE_F32) {
+        attn_arch arch = ATTN_ARCH_REF;
+        if ((rc = attn__arch_resolve(ctx, &arch)))
+            return rc;
+        hk = attn__half_for(arch);
+    }
 
     for (int64_t i = 0; i < Bn; i++) {
         const int64_t b = first + i, len = c->len[b];
+        if (hk) {
+            const size_t kes = attn_dtype_size(k->dtype), ves = attn_dtype_size(v->dtype);
+            append_half(cache, hk, b, len, Tnew,
+                        (const unsigned char *)k->data + (size_t)(i * kst[0]) * kes, k->dtype,
+                        kst + 1, (const unsigned char *)v->data + (size_t)(i * vst[0]) * ves,
+                        v->dtype, vst + 1, rope);
+            continue;
+        }
         const float *kd = (const float *)k->data + i * kst[0];
         const float *vd = (const float *)v->data + i * vst[0];
-        float *ck = c->k + (b * c->Hkv * c->cap + len) * c->D;
-        float *cv = c->v + (b * c->Hkv * c->cap + len) * c->Dv;
+        float *ck = (float *)c->k + (b * c->Hkv * c->cap + len) * c->D;
+        float *cv = (float *)c->v + (b * c->Hkv * c->cap + len) * c->Dv;
         const int64_t cks[3] = {c->cap * c->D, c->D, 1}, cvs[3] = {c->cap * c->Dv, c->Dv, 1};
         if (rope)
             attn__rope_run(rope, c->Hkv, Tnew, c->D, kd, kst + 1, ck, cks, len);
@@ -408,8 +548,10 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
 {
     static const char fn[] = "attn_kv_cache_attend";
     int rc;
-    if ((rc = check_cache(ctx, c, fn)) || (rc = check_f32(ctx, q, fn, "q")) ||
-        (rc = check_f32(ctx, out, fn, "out")))
+    /* q and out: float32, or the dtype of a 16-bit cache (checked here, with the
+     * cache's message; the contract's cache call then accepts the mix). */
+    if ((rc = check_cache(ctx, c, fn)) || (rc = check_dtype(ctx, q, fn, "q", c->dtype)) ||
+        (rc = check_dtype(ctx, out, fn, "out", c->dtype)))
         return rc;
     if (weights && (rc = check_f32(ctx, weights, fn, "weights")))
         return rc;
@@ -502,7 +644,8 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
         w0 = batch_row(&w0, 4, a->Bn, 0);
     }
     attn__sdpa_shapes s;
-    if ((rc = attn__sdpa_prepare(ctx, &q0, &k0, &v0, &pb, &o0, weights ? &w0 : NULL, &s)))
+    if ((rc = attn__sdpa_prepare_cache(ctx, &q0, &k0, &v0, &pb, &o0, weights ? &w0 : NULL,
+                                       &s)))
         return rc;
     if (s.B != 1) {
         char s1[128];
@@ -513,7 +656,9 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     size_t most = 0;
     /* The batch's scratch, for the current lengths and for a full cache. */
     attn__fused_batch_size now = {0, 0, 0, 0, 0}, full = {0, 0, 0, 0, 0};
-    a->batched = !weights && a->Bn > 1;
+    /* The batch path runs the float32 kernel's items; a 16-bit cache goes one
+     * sequence at a time through the 16-bit call (each parallel in itself). */
+    a->batched = !weights && a->Bn > 1 && c->dtype == ATTN_DTYPE_F32;
     for (int64_t i = -1; i < a->Bn; i++) {
         /* i = -1 plans a full cache, so the scratch serves every later step too. */
         const int64_t Tk = i < 0 ? c->cap : c->len[first + i];
@@ -618,16 +763,30 @@ static int attend_setup(attn_ctx *ctx, const attn_kv_cache *c, int64_t first, in
         *wi = batch_row(wi, 4, a->Bn, i);
     }
     if (rope) {
-        /* The queries sit at the last Tq positions of the sequence. */
+        /* The queries sit at the last Tq positions of the sequence. A 16-bit q is
+         * widened into qrot first and turned there: the rotated queries stay
+         * float32 (nothing stores them, so nothing rounds them). */
         int64_t qsh[4], qst[4];
         attn__as4d(&qi, qsh, qst);
         const int64_t rs[3] = {a->Tq * c->D, c->D, 1};
-        attn__rope_run(rope, a->H, a->Tq, c->D, qi.data, qst + 1, qrot, rs, len - a->Tq);
+        const float *qsrc = qi.data;
+        const int64_t *qss = qst + 1;
+        if (qi.dtype != ATTN_DTYPE_F32) {
+            const uint16_t *qh = qi.data;
+            for (int64_t h = 0; h < a->H; h++)
+                for (int64_t t = 0; t < a->Tq; t++)
+                    for (int64_t d = 0; d < c->D; d++)
+                        qrot[(h * a->Tq + t) * c->D + d] =
+                            widen_one(qi.dtype, qh[h * qst[1] + t * qst[2] + d * qst[3]]);
+            qsrc = qrot;
+            qss = rs;
+        }
+        attn__rope_run(rope, a->H, a->Tq, c->D, qsrc, qss, qrot, rs, len - a->Tq);
         const int64_t shape[4] = {1, a->H, a->Tq, c->D};
         attn_tensor_init(NULL, &qi, ATTN_DTYPE_F32, qrot, 4, shape);
     }
     attn__sdpa_shapes s;
-    int rc = attn__sdpa_prepare(ctx, &qi, &ki, &vi, &pb, &oi, weights ? wi : NULL, &s);
+    int rc = attn__sdpa_prepare_cache(ctx, &qi, &ki, &vi, &pb, &oi, weights ? wi : NULL, &s);
     if (rc == ATTN_OK)
         rc = attn__sdpa_plan_for_ctx(ctx, &s, plan);
     io->q = qi.data;

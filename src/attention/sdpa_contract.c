@@ -38,12 +38,19 @@ static int check_f32(attn_ctx *ctx, const attn_tensor *t, const char *name)
  * mix would need a rule for which precision wins; none is asked for, so it is
  * refused with every dtype named. */
 static int check_storage(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
-                         const attn_tensor *v, const attn_tensor *out)
+                         const attn_tensor *v, const attn_tensor *out, int cache)
 {
     int rc;
     if ((rc = attn_tensor_check(ctx, q, "q")) || (rc = attn_tensor_check(ctx, k, "k")) ||
         (rc = attn_tensor_check(ctx, v, "v")) || (rc = attn_tensor_check(ctx, out, "out")))
         return rc;
+    /* The KV cache's call: 16-bit k and v with a float32 q or out (or both). The
+     * cache checks these dtypes itself, with its own messages; here a float32 q
+     * or out only has to be accepted as such. */
+    if (cache && (k->dtype == ATTN_DTYPE_BF16 || k->dtype == ATTN_DTYPE_F16) &&
+        v->dtype == k->dtype && (q->dtype == k->dtype || q->dtype == ATTN_DTYPE_F32) &&
+        (out->dtype == k->dtype || out->dtype == ATTN_DTYPE_F32))
+        return ATTN_OK;
     const attn_dtype dt = q->dtype;
     if (dt != ATTN_DTYPE_BF16 && dt != ATTN_DTYPE_F16) {
         if ((rc = check_f32(ctx, q, "q")) || (rc = check_f32(ctx, k, "k")) ||
@@ -238,10 +245,37 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
     return rc != ATTN_OK ? rc : check_aliasing(ctx, q, k, v, p, out, weights);
 }
 
+static int prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                          const attn_tensor *v, const attn_sdpa_params *p,
+                          const attn_tensor *out, const attn_tensor *weights, int cache,
+                          attn__sdpa_shapes *s);
+
+int attn__sdpa_prepare_cache(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                             const attn_tensor *v, const attn_sdpa_params *p,
+                             const attn_tensor *out, const attn_tensor *weights,
+                             attn__sdpa_shapes *s)
+{
+    attn_sdpa_params defaults;
+    if (!p) {
+        attn_sdpa_params_init(&defaults);
+        p = &defaults;
+    }
+    int rc = prepare_shapes(ctx, q, k, v, p, out, weights, 1, s);
+    return rc != ATTN_OK ? rc : check_aliasing(ctx, q, k, v, p, out, weights);
+}
+
 int attn__sdpa_prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
                               const attn_tensor *v, const attn_sdpa_params *p,
                               const attn_tensor *out, const attn_tensor *weights,
                               attn__sdpa_shapes *s)
+{
+    return prepare_shapes(ctx, q, k, v, p, out, weights, 0, s);
+}
+
+static int prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                          const attn_tensor *v, const attn_sdpa_params *p,
+                          const attn_tensor *out, const attn_tensor *weights, int cache,
+                          attn__sdpa_shapes *s)
 {
     int rc;
     attn_sdpa_params defaults;
@@ -249,11 +283,15 @@ int attn__sdpa_prepare_shapes(attn_ctx *ctx, const attn_tensor *q, const attn_te
         attn_sdpa_params_init(&defaults);
         p = &defaults;
     }
-    if ((rc = check_storage(ctx, q, k, v, out)) ||
+    if ((rc = check_storage(ctx, q, k, v, out, cache)) ||
         (weights && (rc = check_f32(ctx, weights, "weights"))))
         return rc;
     memset(s, 0, sizeof *s);
-    s->dtype = q->dtype;
+    /* The dtype of the call is k's: q and out differ from it only on the cache's
+     * mixed call, where they are float32. */
+    s->dtype = k->dtype;
+    s->q_f32 = q->dtype != k->dtype;
+    s->out_f32 = out->dtype != k->dtype;
     int64_t qs[4], ks[4], vs[4], os[4], ws[4];
     attn__as4d(q, qs, s->q_s);
     attn__as4d(k, ks, s->k_s);

@@ -25,7 +25,10 @@
 
 /* Sizes, strides and options of one checked attn_sdpa call. */
 typedef struct attn__sdpa_shapes {
-    attn_dtype dtype;     /* of q, k, v and out: F32, BF16 or F16 (one for all four) */
+    attn_dtype dtype;     /* of q, k, v and out: F32, BF16 or F16 (one for all four,
+                             except as q_f32 and out_f32 say) */
+    int q_f32, out_f32;   /* 1: q (out) is float32 while k and v are 16-bit: the KV
+                             cache's call (attn__sdpa_prepare_cache); 0 otherwise */
     int64_t B, H, Tq, Tk, D, Dv;
     int64_t Hkv;          /* key/value heads; H is a multiple */
     int64_t group;        /* H / Hkv: query head h reads key/value head h / group */
@@ -59,6 +62,14 @@ int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k
                        const attn_tensor *v, const attn_sdpa_params *p,
                        const attn_tensor *out, const attn_tensor *weights,
                        attn__sdpa_shapes *s);
+
+/* attn__sdpa_prepare for the KV cache (src/attention/kv_cache.c): with 16-bit k
+ * and v, q and out may each be float32 as well as k's dtype (s->q_f32 and
+ * s->out_f32 say which); everything else as attn__sdpa_prepare. */
+int attn__sdpa_prepare_cache(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,
+                             const attn_tensor *v, const attn_sdpa_params *p,
+                             const attn_tensor *out, const attn_tensor *weights,
+                             attn__sdpa_shapes *s);
 
 /* attn__sdpa_prepare without the check that outputs do not overlap inputs: for a
  * caller that plans on views of its own scratch (multi-head attention checks the
@@ -154,7 +165,8 @@ int attn__sdpa_plan_for_ctx(attn_ctx *ctx, const attn__sdpa_shapes *s,
 
 /* Runs a planned call on already checked data: q, k, v, out and weights (NULL when
  * not wanted) are the tensors' first elements, read through plan->s's strides
- * (q, k, v and out of plan->s.dtype: float32, or uint16_t for 16 bits);
+ * (q, k, v and out of plan->s.dtype: float32, or uint16_t for 16 bits, except
+ * that q or out is float32 where plan->s.q_f32 or out_f32 says so);
  * scratch holds plan->scratch_bytes, 64-byte aligned. Allocates nothing. Fails only
  * with EMPTY_ROW. */
 int attn__sdpa_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void *q,

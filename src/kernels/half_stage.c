@@ -35,8 +35,19 @@ static void half_rows_item(void *arg, int64_t item, int worker)
     const int64_t r1 = r0 + HALF_ROWS_PER_ITEM < rows ? r0 + HALF_ROWS_PER_ITEM : rows;
     for (int64_t row = r0; row < r1; row++) {
         const int64_t i2 = row % r->n[2], i1 = row / r->n[2] % r->n[1], i0 = row / (r->n[2] * r->n[1]);
-        uint16_t *h = r->half + i0 * r->hs[0] + i1 * r->hs[1] + i2 * r->hs[2];
+        const int64_t at = i0 * r->hs[0] + i1 * r->hs[1] + i2 * r->hs[2];
         float *f = r->f32 + row * n3;
+        if (r->dt == ATTN_DTYPE_F32) {
+            float *x = (float *)r->half + at;
+            for (int64_t e = 0; e < n3; e++) {
+                if (r->narrow)
+                    x[e * r->hs[3]] = f[e];
+                else
+                    f[e] = x[e * r->hs[3]];
+            }
+            continue;
+        }
+        uint16_t *h = (uint16_t *)r->half + at;
         if (r->hs[3] == 1) {
             if (r->narrow)
                 attn__half_narrow(r->hk, r->dt, f, h, n3);
@@ -98,7 +109,7 @@ int attn__half_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *s, const void *q,
     int64_t f[4];
     ref_floats(s, f);
     float *qf = (float *)stage, *kf = qf + f[0], *vf = kf + f[1], *of = vf + f[2];
-    const attn__half_rows rq = {hk, s->dtype, 0, (uint16_t *)(uintptr_t)q, qf,
+    const attn__half_rows rq = {hk, s->q_f32 ? ATTN_DTYPE_F32 : s->dtype, 0, (void *)(uintptr_t)q, qf,
                                 {s->B, s->H, s->Tq, s->D}, {s->q_s[0], s->q_s[1], s->q_s[2], s->q_s[3]}};
     const attn__half_rows rk = {hk, s->dtype, 0, (uint16_t *)(uintptr_t)k, kf,
                                 {s->B, s->Hkv, s->Tk, s->D}, {s->k_s[0], s->k_s[1], s->k_s[2], s->k_s[3]}};
@@ -110,7 +121,7 @@ int attn__half_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *s, const void *q,
     const int rc = attn__sdpa_ref_run(ctx, &st, qf, kf, vf, of, weights, scores);
     if (rc != ATTN_OK)
         return rc;
-    const attn__half_rows ro = {hk, s->dtype, 1, (uint16_t *)out, of,
+    const attn__half_rows ro = {hk, s->out_f32 ? ATTN_DTYPE_F32 : s->dtype, 1, out, of,
                                 {s->B, s->H, s->Tq, s->Dv}, {s->o_s[0], s->o_s[1], s->o_s[2], s->o_s[3]}};
     attn__half_rows_run(&ro, 1);
     return ATTN_OK;

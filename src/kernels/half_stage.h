@@ -23,12 +23,14 @@
 void attn__half_staged_shapes(const attn__sdpa_shapes *s, int per_head, attn__sdpa_shapes *st);
 
 /* Rows of a 4-D array [n0][n1][n2][n3] at src strides ss (elements) to or from a
- * contiguous float32 array, in blocks of rows over `threads` workers. */
+ * contiguous float32 array, in blocks of rows over `threads` workers. dt F32 is a
+ * plain copy: the KV cache's float32 q or out beside 16-bit k and v
+ * (attn__sdpa_shapes' q_f32, out_f32). */
 typedef struct attn__half_rows {
     const attn__half_kernels *hk;
     attn_dtype dt;
     int narrow;       /* 0: 16-bit (strided) -> float32 (contiguous); 1: the reverse */
-    uint16_t *half;   /* the 16-bit array's first element (read when widening) */
+    void *half;       /* the 16-bit (or, dt F32, float32) array's first element */
     float *f32;       /* the contiguous float32 array */
     int64_t n[4];     /* sizes */
     int64_t hs[4];    /* the 16-bit array's strides */

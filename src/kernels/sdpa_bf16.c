@@ -31,8 +31,10 @@ const attn__bf16_kernel *attn__bf16_kernel_for(attn_arch arch)
 
 int attn__bf16_eligible(const attn__sdpa_shapes *s, attn_arch arch)
 {
-    return s->dtype == ATTN_DTYPE_BF16 && !s->weights && s->Tq > ATTN__FUSED_ROW_MAX &&
-           attn__bf16_kernel_for(arch) != NULL;
+    /* q and out in bfloat16 too: the KV cache may hand in float32 ones (q_f32,
+     * out_f32), which the widening path serves. */
+    return s->dtype == ATTN_DTYPE_BF16 && !s->q_f32 && !s->out_f32 && !s->weights &&
+           s->Tq > ATTN__FUSED_ROW_MAX && attn__bf16_kernel_for(arch) != NULL;
 }
 
 /* The job's shape-dependent fields, the same for the plan and the run: tiles of

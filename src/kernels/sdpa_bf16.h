@@ -5,10 +5,10 @@
  * online softmax between them is the float32 tile path's own code (fused_tile.h).
  * Internal; names start with attn__.
  *
- * Which calls take it (attn__bf16_eligible): bfloat16 storage, an arch with a
- * bfloat16 kernel, more than ATTN__FUSED_ROW_MAX query rows (decoding steps are
- * bound by memory and keep the row path, which already reads K and V in 16 bits)
- * and no weights asked for. Every option of SPEC section 6 is supported. Any other
+ * Which calls take it (attn__bf16_eligible): q, k, v and out all in bfloat16 (the
+ * KV cache may hand in a float32 q or out), an arch with a bfloat16 kernel, more
+ * than ATTN__FUSED_ROW_MAX query rows (decoding steps are bound by memory and keep
+ * the row path, which already reads K and V in 16 bits) and no weights asked for. Every option of SPEC section 6 is supported. Any other
  * 16-bit call runs the float32 kernel on widened copies (half_stage.h).
  *
  * The run (src/kernels/sdpa_bf16.c):

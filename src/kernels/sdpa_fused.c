@@ -355,7 +355,7 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     job.out = of;
     job.weights = weights;
 
-    const attn__half_rows rq = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)q, qf,
+    const attn__half_rows rq = {hk, s0->q_f32 ? ATTN_DTYPE_F32 : s0->dtype, 0, (void *)(uintptr_t)q, qf,
                                 {s0->B, s0->H, s0->Tq, s0->D},
                                 {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
     attn__half_rows_run(&rq, threads);
@@ -406,7 +406,7 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
         const int64_t rows = st.B * st.H;
         attn__parallel_for(rows < threads ? (int)rows : threads, rows, half_merge, &g);
     }
-    const attn__half_rows ro = {hk, s0->dtype, 1, (uint16_t *)out, of,
+    const attn__half_rows ro = {hk, s0->out_f32 ? ATTN_DTYPE_F32 : s0->dtype, 1, out, of,
                                 {s0->B, s0->H, s0->Tq, s0->Dv},
                                 {s0->o_s[0], s0->o_s[1], s0->o_s[2], s0->o_s[3]}};
     attn__half_rows_run(&ro, threads);

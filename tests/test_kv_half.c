@@ -1,0 +1,756 @@
+/*
+ * test_kv_half.c - the KV cache stored in bfloat16 and float16 (SPEC section 10).
+ *
+ * What it protects:
+ *   - the config's dtype: float32 when zeroed, K and V in half the bytes when
+ *     16-bit, anything else refused with the dtype named;
+ *   - append: float32 keys and values rounded once to nearest even, the cache's
+ *     own dtype copied bit for bit, strided sources, every instruction set's
+ *     converters storing the same bits; RoPE turning keys in float32 and rounding
+ *     once (the rounded keys of a float32 cache with the same RoPE);
+ *   - attend: FlashAttention's accuracy rule of tests/test_half.c on
+ *     tests/data/golden_kv_half (made by tests/golden/gen_kv_half.py with
+ *     PyTorch: 1, 3, 17, 113 and 1100 keys, grouped-query heads, several query
+ *     rows, a window, softcap), on the reference and the fused kernel of every
+ *     instruction set this machine runs, with 1 and 2 threads (the same bits), for
+ *     q and out each float32 or 16-bit; a 16-bit q/out call gives the bits of
+ *     attn_sdpa on the cache's own views, a float32 q holding 16-bit values the
+ *     bits of the 16-bit q, and a float32 out rounds to the 16-bit out's bits;
+ *   - a batch of unequal lengths (1, 17, 113), with and without the weights:
+ *     each sequence's bits are attn_sdpa's on its views;
+ *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
+ *     of workspace allocates nothing per step.
+ */
+#include "attn.h"
+#include "check.h"
+#include "half.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const attn_dtype DTS[2] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+
+/* The paths a call can take: the reference and the fused kernel per instruction set
+ * (avx512bf16 and amx where the CPU and the OS allow them; announced as skipped
+ * where they do not). */
+static const struct {
+    attn_impl impl;
+    attn_arch arch;
+    const char *name;
+} PATHS[] = {{ATTN_IMPL_REF, ATTN_ARCH_AUTO, "ref"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_SCALAR, "scalar"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AVX2, "avx2"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512, "avx512"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AVX512_BF16, "avx512bf16"},
+             {ATTN_IMPL_FUSED, ATTN_ARCH_AMX, "amx"}};
+#define N_PATHS (sizeof PATHS / sizeof PATHS[0])
+
+static uint16_t round_to(attn_dtype dt, float x)
+{
+    return dt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(x) : attn__f32_to_f16(x);
+}
+
+static float widen(attn_dtype dt, uint16_t h)
+{
+    return dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+}
+
+static attn_kv_cache *make_cache(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t cap, int64_t D,
+                                 int64_t Dv, attn_dtype dt)
+{
+    const attn_kv_cache_config cfg = {B, Hkv, cap, D, Dv, dt};
+    attn_kv_cache *c = NULL;
+    const int rc = attn_kv_cache_create(ctx, &cfg, NULL, 0, &c);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   attn_kv_cache_create: %s\n", ctx->message);
+    CHECK_INT(rc, ATTN_OK);
+    return c;
+}
+
+/* A 16-bit (or float32) copy of src, contiguous. */
+static int copy_as(attn_ctx *ctx, const attn_tensor *src, attn_dtype dt, attn_tensor *dst)
+{
+    int rc = attn_tensor_alloc(ctx, dst, dt, src->ndim, src->shape);
+    return rc ? rc : attn_tensor_convert(ctx, src, dst);
+}
+
+/* Element (b, h, t, d) of a 4-D 16-bit tensor. */
+static uint16_t at16(const attn_tensor *t, int64_t b, int64_t h, int64_t i, int64_t d)
+{
+    return ((const uint16_t *)t->data)[b * t->stride[0] + h * t->stride[1] + i * t->stride[2] +
+                                       d * t->stride[3]];
+}
+
+/* How many elements of two 4-D 16-bit tensors of one shape differ in bits. */
+static int64_t diff16(const attn_tensor *a, const attn_tensor *b)
+{
+    int64_t n = 0;
+    for (int64_t i0 = 0; i0 < a->shape[0]; i0++)
+        for (int64_t i1 = 0; i1 < a->shape[1]; i1++)
+            for (int64_t i2 = 0; i2 < a->shape[2]; i2++)
+                for (int64_t i3 = 0; i3 < a->shape[3]; i3++)
+                    n += at16(a, i0, i1, i2, i3) != at16(b, i0, i1, i2, i3);
+    return n;
+}
+
+static void test_config(void)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    TEST("a 16-bit cache takes half the K and V bytes of a float32 one, plus one float32 "
+         "[Hkv, D] block of stage rows");
+    attn_kv_cache_config cfg = {2, 2, 64, 32, 0, ATTN_DTYPE_F32};
+    size_t b32 = 0, b16 = 0;
+    CHECK_INT(attn_kv_cache_bytes(&ctx, &cfg, &b32), ATTN_OK);
+    for (int i = 0; i < 2; i++) {
+        cfg.dtype = DTS[i];
+        CHECK_INT(attn_kv_cache_bytes(&ctx, &cfg, &b16), ATTN_OK);
+        /* K and V: 2 x 2 x 2 x 64 x 32 elements, 4 bytes -> 2; the stage 2 x 32 floats. */
+        const long long kv32 = 2LL * 2 * 2 * 64 * 32 * 4, stage = 2LL * 32 * 4;
+        CHECK_INT((long long)b32 - (long long)b16, kv32 / 2 - stage);
+    }
+    TEST("a zeroed config stores float32 (ATTN_DTYPE_F32 is 0)");
+    attn_kv_cache_config zero;
+    memset(&zero, 0, sizeof zero);
+    zero.batch = zero.kv_heads = zero.capacity = zero.head_dim = 2;
+    attn_kv_cache *c = NULL;
+    CHECK_INT(attn_kv_cache_create(&ctx, &zero, NULL, 0, &c), ATTN_OK);
+    const int64_t s4[4] = {1, 2, 1, 2};
+    float kv[4] = {1.0f / 3.0f, 2, 3, 4};
+    attn_tensor k, view;
+    attn_tensor_init(&ctx, &k, ATTN_DTYPE_F32, kv, 4, s4);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &k, NULL), ATTN_OK);
+    CHECK_INT(attn_kv_cache_view(&ctx, c, 0, &view, NULL), ATTN_OK);
+    CHECK_INT(view.dtype, ATTN_DTYPE_F32);
+    CHECK(((float *)view.data)[0] == 1.0f / 3.0f);
+    attn_kv_cache_free(&ctx, c);
+
+    TEST("a config dtype other than float32, bfloat16 or float16 is a DTYPE error naming it");
+    cfg.dtype = ATTN_DTYPE_I32;
+    CHECK_INT(attn_kv_cache_bytes(&ctx, &cfg, &b16), ATTN_STATUS_DTYPE);
+    CHECK_STR_CONTAINS(ctx.message, "dtype 3 (int32)");
+    CHECK_INT(b16, 0);
+    cfg.dtype = (attn_dtype)77;
+    CHECK_INT(attn_kv_cache_create(&ctx, &cfg, NULL, 0, &c), ATTN_STATUS_DTYPE);
+    CHECK_STR_CONTAINS(ctx.message, "dtype 77 (unknown)");
+    CHECK(c == NULL);
+    attn_ctx_release(&ctx);
+}
+
+/* Values that probe the rounding: random ones, ties of both dtypes, a NaN, float16's
+ * overflow and a subnormal. */
+static void fill_probe(float *x, int64_t n, uint64_t seed)
+{
+    tu_fill(x, n, seed);
+    const float special[] = {attn__bits_f32(0x3f808000u), attn__bits_f32(0x3f818000u),
+                             1.0f + 1.0f / 2048.0f, NAN, 70000.0f, -65520.0f,
+                             2.98023223876953125e-8f, 5e-41f, -0.0f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0] && (int64_t)i * 7 < n; i++)
+        x[i * 7] = special[i];
+}
+
+static void test_append(void)
+{
+    enum { B = 2, HKV = 3, T1 = 7, T2 = 5, CAP = 20, D = 10, DV = 6 };
+    static float kb[B * HKV * T1 * D], vt[B * HKV * DV * T1], k2b[B * HKV * T2 * D],
+        v2b[B * HKV * T2 * DV];
+    fill_probe(kb, B * HKV * T1 * D, 1);
+    fill_probe(vt, B * HKV * DV * T1, 2);
+    tu_fill(k2b, B * HKV * T2 * D, 3);
+    tu_fill(v2b, B * HKV * T2 * DV, 4);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    /* v is read through a transposed view: its feature stride is T1, not 1. */
+    attn_tensor k = tu_tensor4(kb, B, HKV, T1, D), vtt = tu_tensor4(vt, B, HKV, DV, T1), v;
+    attn_tensor_transpose(&ctx, &vtt, 2, 3, &v);
+    attn_tensor k2 = tu_tensor4(k2b, B, HKV, T2, D), v2 = tu_tensor4(v2b, B, HKV, T2, DV);
+    for (int i = 0; i < 2; i++) {
+        const attn_dtype dt = DTS[i];
+        char what[256];
+        snprintf(what, sizeof what,
+                 "%s cache: float32 keys and values (one strided) are rounded once to "
+                 "nearest even; %s ones are copied bit for bit; views are %s; every "
+                 "instruction set stores the same bits",
+                 attn_dtype_name(dt), attn_dtype_name(dt), attn_dtype_name(dt));
+        TEST(what);
+        attn_tensor k2h, v2h;
+        CHECK_INT(copy_as(&ctx, &k2, dt, &k2h), ATTN_OK);
+        CHECK_INT(copy_as(&ctx, &v2, dt, &v2h), ATTN_OK);
+        attn_tensor first_k, first_v;
+        int have_first = 0;
+        for (size_t pi = 1; pi < N_PATHS; pi++) {
+            if (!attn_arch_supported(PATHS[pi].arch))
+                continue;
+            ctx.arch = PATHS[pi].arch;
+            attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, DV, dt);
+            if (!c)
+                continue;
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &v, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k2h, &v2h, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_length(c, 1), T1 + T2);
+            int64_t bad = 0;
+            for (int64_t b = 0; b < B; b++) {
+                attn_tensor ck, cv;
+                CHECK_INT(attn_kv_cache_view(&ctx, c, b, &ck, &cv), ATTN_OK);
+                CHECK_INT(ck.dtype, dt);
+                CHECK_INT(cv.dtype, dt);
+                CHECK_INT(ck.shape[2], T1 + T2);
+                for (int64_t h = 0; h < HKV; h++) {
+                    for (int64_t t = 0; t < T1; t++) {
+                        for (int64_t d = 0; d < D; d++)
+                            bad += at16(&ck, 0, h, t, d) !=
+                                   round_to(dt, kb[((b * HKV + h) * T1 + t) * D + d]);
+                        for (int64_t d = 0; d < DV; d++)
+                            bad += at16(&cv, 0, h, t, d) !=
+                                   round_to(dt, vt[((b * HKV + h) * DV + d) * T1 + t]);
+                    }
+                    for (int64_t t = 0; t < T2; t++) {
+                        for (int64_t d = 0; d < D; d++)
+                            bad += at16(&ck, 0, h, T1 + t, d) != at16(&k2h, b, h, t, d);
+                        for (int64_t d = 0; d < DV; d++)
+                            bad += at16(&cv, 0, h, T1 + t, d) != at16(&v2h, b, h, t, d);
+                    }
+                }
+                if (!have_first && b == 0) {
+                    CHECK_INT(copy_as(&ctx, &ck, dt, &first_k), ATTN_OK);
+                    CHECK_INT(copy_as(&ctx, &cv, dt, &first_v), ATTN_OK);
+                    have_first = 1;
+                } else if (b == 0) {
+                    const int64_t dk = diff16(&ck, &first_k), dv = diff16(&cv, &first_v);
+                    if (dk || dv)
+                        fprintf(stderr, "   %s stores %lld keys, %lld values unlike the first path\n",
+                                PATHS[pi].name, (long long)dk, (long long)dv);
+                    CHECK_INT(dk + dv, 0);
+                }
+            }
+            if (bad)
+                fprintf(stderr, "   %s, %s: %lld elements differ from the rounded source\n",
+                        attn_dtype_name(dt), PATHS[pi].name, (long long)bad);
+            CHECK_INT(bad, 0);
+            attn_kv_cache_free(&ctx, c);
+        }
+        ctx.arch = ATTN_ARCH_AUTO;
+        if (have_first)
+            attn_tensor_free(&ctx, &first_k), attn_tensor_free(&ctx, &first_v);
+
+        snprintf(what, sizeof what,
+                 "%s cache: a key of another 16-bit dtype, or a 16-bit query against a "
+                 "float32 cache, is a DTYPE error naming both; a full cache appends nothing",
+                 attn_dtype_name(dt));
+        TEST(what);
+        const attn_dtype other = dt == ATTN_DTYPE_BF16 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        attn_tensor k2o;
+        CHECK_INT(copy_as(&ctx, &k2, other, &k2o), ATTN_OK);
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, T1 + 1, D, DV, dt);
+        CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k2o, &v2h, NULL), ATTN_STATUS_DTYPE);
+        char want[128];
+        snprintf(want, sizeof want, "k must be float32 or %s (the cache's dtype), not %s",
+                 attn_dtype_name(dt), attn_dtype_name(other));
+        CHECK_STR_CONTAINS(ctx.message, want);
+        CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k2h, &v2h, NULL), ATTN_OK);
+        CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k2h, &v2h, NULL), ATTN_STATUS_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(ctx.message, "the KV cache is full");
+        CHECK_INT(attn_kv_cache_length(c, 0), T2);
+        attn_kv_cache_free(&ctx, c);
+        attn_kv_cache *c32 = make_cache(&ctx, B, HKV, CAP, D, DV, ATTN_DTYPE_F32);
+        CHECK_INT(attn_kv_cache_append(&ctx, c32, 0, &k2h, &v2, NULL), ATTN_STATUS_DTYPE);
+        snprintf(want, sizeof want, "k must be float32, not %s", attn_dtype_name(dt));
+        CHECK_STR_CONTAINS(ctx.message, want);
+        CHECK_INT(attn_kv_cache_append(&ctx, c32, 0, &k2, &v2, NULL), ATTN_OK);
+        static float ob[B * HKV * 1 * DV];
+        attn_tensor qh, qv, o = tu_tensor4(ob, B, HKV, 1, DV);
+        CHECK_INT(attn_tensor_narrow(&ctx, &k2h, 2, 0, 1, &qv), ATTN_OK);
+        CHECK_INT(copy_as(&ctx, &qv, dt, &qh), ATTN_OK);
+        CHECK_INT(attn_kv_cache_attend(&ctx, c32, 0, &qh, NULL, NULL, &o, NULL), ATTN_STATUS_DTYPE);
+        snprintf(want, sizeof want, "q must be float32, not %s", attn_dtype_name(dt));
+        CHECK_STR_CONTAINS(ctx.message, want);
+        attn_kv_cache_free(&ctx, c32);
+        attn_tensor_free(&ctx, &qh);
+        attn_tensor_free(&ctx, &k2o), attn_tensor_free(&ctx, &k2h), attn_tensor_free(&ctx, &v2h);
+    }
+    attn_ctx_release(&ctx);
+}
+
+static void test_rope_append(void)
+{
+    enum { HKV = 2, T1 = 3, T2 = 4, CAP = 9, D = 12 };
+    static float kb[HKV * (T1 + T2) * D], vb[HKV * (T1 + T2) * D];
+    tu_fill(kb, HKV * (T1 + T2) * D, 11);
+    tu_fill(vb, HKV * (T1 + T2) * D, 12);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    const attn_tensor kall = tu_tensor4(kb, 1, HKV, T1 + T2, D), vall = tu_tensor4(vb, 1, HKV, T1 + T2, D);
+    for (int i = 0; i < 2; i++)
+        for (int pairing = 0; pairing < 2; pairing++) {
+            const attn_dtype dt = DTS[i];
+            attn_rope_params rope;
+            attn_rope_params_init(&rope);
+            rope.pairing = pairing ? ATTN_ROPE_HALF : ATTN_ROPE_INTERLEAVED;
+            rope.base = 500000.0f;
+            char what[256];
+            snprintf(what, sizeof what,
+                     "%s cache, RoPE %s: keys turned in float32 and rounded once, from "
+                     "float32 keys and from %s keys (widened first): the rounded keys of a "
+                     "float32 cache with the same RoPE",
+                     attn_dtype_name(dt), pairing ? "half" : "interleaved", attn_dtype_name(dt));
+            TEST(what);
+            attn_tensor kh, kw;
+            CHECK_INT(copy_as(&ctx, &kall, dt, &kh), ATTN_OK);
+            CHECK_INT(copy_as(&ctx, &kh, ATTN_DTYPE_F32, &kw), ATTN_OK); /* exact */
+            for (int src16 = 0; src16 < 2; src16++) {
+                attn_kv_cache *c32 = make_cache(&ctx, 1, HKV, CAP, D, 0, ATTN_DTYPE_F32);
+                attn_kv_cache *c16 = make_cache(&ctx, 1, HKV, CAP, D, 0, dt);
+                /* Two blocks, so the second starts at position T1. */
+                for (int blk = 0; blk < 2; blk++) {
+                    const int64_t t0 = blk ? T1 : 0, n = blk ? T2 : T1;
+                    attn_tensor k32, k16, vv;
+                    attn_tensor_narrow(&ctx, src16 ? &kw : &kall, 2, t0, n, &k32);
+                    attn_tensor_narrow(&ctx, src16 ? &kh : &kall, 2, t0, n, &k16);
+                    attn_tensor_narrow(&ctx, &vall, 2, t0, n, &vv);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c32, 0, &k32, &vv, &rope), ATTN_OK);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c16, 0, &k16, &vv, &rope), ATTN_OK);
+                }
+                attn_tensor a, b;
+                CHECK_INT(attn_kv_cache_view(&ctx, c32, 0, &a, NULL), ATTN_OK);
+                CHECK_INT(attn_kv_cache_view(&ctx, c16, 0, &b, NULL), ATTN_OK);
+                int64_t bad = 0;
+                for (int64_t h = 0; h < HKV; h++)
+                    for (int64_t t = 0; t < T1 + T2; t++)
+                        for (int64_t d = 0; d < D; d++) {
+                            const float x = ((float *)a.data)[h * a.stride[1] + t * a.stride[2] + d];
+                            bad += at16(&b, 0, h, t, d) != round_to(dt, x);
+                        }
+                if (bad)
+                    fprintf(stderr, "   %lld keys differ (source %s)\n", (long long)bad,
+                            src16 ? "16-bit" : "float32");
+                CHECK_INT(bad, 0);
+                attn_kv_cache_free(&ctx, c32), attn_kv_cache_free(&ctx, c16);
+            }
+            attn_tensor_free(&ctx, &kh), attn_tensor_free(&ctx, &kw);
+        }
+    attn_ctx_release(&ctx);
+}
+
+/* ---- the golden sweep ---------------------------------------------------------- */
+
+typedef struct kv_case {
+    char dir[512], dtype[8], window[32], softcap[32];
+    int causal;
+    double torch_err;
+} kv_case;
+
+static int read_case(const char *dir, kv_case *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    char p[600], line[256];
+    snprintf(p, sizeof p, "%s/case.txt", dir);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *eq = strchr(line, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        const char *key = line, *val = eq + 1;
+        if (strcmp(key, "dtype") == 0)
+            snprintf(c->dtype, sizeof c->dtype, "%s", val);
+        if (strcmp(key, "window") == 0)
+            snprintf(c->window, sizeof c->window, "%s", val);
+        if (strcmp(key, "softcap") == 0)
+            snprintf(c->softcap, sizeof c->softcap, "%s", val);
+        if (strcmp(key, "causal") == 0)
+            c->causal = atoi(val);
+        if (strcmp(key, "torch_err") == 0)
+            c->torch_err = atof(val);
+    }
+    fclose(f);
+    return 1;
+}
+
+static int load(attn_ctx *ctx, const kv_case *c, const char *name, attn_array *a)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", c->dir, name);
+    int rc = attn_npy_load(ctx, p, a);
+    if (rc)
+        fprintf(stderr, "  %s\n", ctx->message);
+    return rc;
+}
+
+/* The largest |out - ref| (out float32 or 16-bit, contiguous); NaN counts as inf. */
+static double max_err(const attn_tensor *out, const float *ref, int64_t n)
+{
+    double err = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = out->dtype == ATTN_DTYPE_F32 ? ((const float *)out->data)[i]
+                                                     : widen(out->dtype, ((const uint16_t *)out->data)[i]);
+        const double e = fabs((double)x - (double)ref[i]);
+        err = isnan(e) ? INFINITY : fmax(err, e);
+    }
+    return err;
+}
+
+static void run_case(const char *name)
+{
+    kv_case c;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/golden_kv_half/%s", ATTN_TEST_DATA_DIR, name);
+    if (!read_case(dir, &c)) {
+        CHECK(!"case.txt is readable");
+        return;
+    }
+    const attn_dtype dt = strcmp(c.dtype, "bf16") == 0 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_array q, k, v, o64;
+    if (load(&ctx, &c, "q.npy", &q) || load(&ctx, &c, "k.npy", &k) || load(&ctx, &c, "v.npy", &v) ||
+        load(&ctx, &c, "out64.npy", &o64)) {
+        CHECK(!"the case's files load");
+        return;
+    }
+    const int64_t B = q.tensor.shape[0], H = q.tensor.shape[1], Tq = q.tensor.shape[2],
+                  D = q.tensor.shape[3], Hkv = k.tensor.shape[1], Tk = k.tensor.shape[2],
+                  Dv = v.tensor.shape[3];
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = c.causal == 2 ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+    if (c.window[0]) {
+        p.has_window = 1;
+        long long l = 0, r = 0;
+        sscanf(c.window, "%lld,%lld", &l, &r);
+        p.window_left = l, p.window_right = r;
+    }
+    p.softcap = c.softcap[0] ? (float)atof(c.softcap) : 0.0f;
+
+    /* The cache holds Tk keys of a capacity of Tk + 3: the keys before the queries'
+     * appended in float32 (their values are exact in the dtype, so rounding keeps
+     * them), the queries' own in 16 bits (copied). */
+    attn_kv_cache *cache = make_cache(&ctx, B, Hkv, Tk + 3, D, Dv, dt);
+    attn_tensor kh, vh, qh, oh, o32, oh2, first, first2, kpre, vpre, knew, vnew, knewh, vnewh;
+    CHECK_INT(copy_as(&ctx, &k.tensor, dt, &kh), ATTN_OK);
+    CHECK_INT(copy_as(&ctx, &v.tensor, dt, &vh), ATTN_OK);
+    CHECK_INT(copy_as(&ctx, &q.tensor, dt, &qh), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, o64.tensor.shape), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &oh2, dt, 4, o64.tensor.shape), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &first, dt, 4, o64.tensor.shape), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &first2, dt, 4, o64.tensor.shape), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &o32, ATTN_DTYPE_F32, 4, o64.tensor.shape), ATTN_OK);
+    const int64_t pre = Tk - Tq;
+    if (pre > 0) {
+        attn_tensor_narrow(&ctx, &k.tensor, 2, 0, pre, &kpre);
+        attn_tensor_narrow(&ctx, &v.tensor, 2, 0, pre, &vpre);
+        CHECK_INT(attn_kv_cache_append(&ctx, cache, 0, &kpre, &vpre, NULL), ATTN_OK);
+    }
+    attn_tensor_narrow(&ctx, &k.tensor, 2, pre, Tq, &knew);
+    attn_tensor_narrow(&ctx, &v.tensor, 2, pre, Tq, &vnew);
+    CHECK_INT(copy_as(&ctx, &knew, dt, &knewh), ATTN_OK);
+    CHECK_INT(copy_as(&ctx, &vnew, dt, &vnewh), ATTN_OK);
+    CHECK_INT(attn_kv_cache_append(&ctx, cache, 0, &knewh, &vnewh, NULL), ATTN_OK);
+    int64_t held = 0;
+    for (int64_t b = 0; b < B; b++) {
+        attn_tensor ck, cv, kb, vb;
+        CHECK_INT(attn_kv_cache_view(&ctx, cache, b, &ck, &cv), ATTN_OK);
+        attn_tensor_narrow(&ctx, &kh, 0, b, 1, &kb);
+        attn_tensor_narrow(&ctx, &vh, 0, b, 1, &vb);
+        held += diff16(&ck, &kb) + diff16(&cv, &vb);
+    }
+    CHECK_INT(held, 0); /* the cache holds the case's 16-bit K and V exactly */
+
+    const int64_t n = B * H * Tq * Dv;
+    const float *ref = o64.tensor.data;
+    double amax = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        amax = fmax(amax, fabs((double)ref[i]));
+    const double floor_ = ldexp(amax, dt == ATTN_DTYPE_BF16 ? -8 : -11);
+    const double bound = 2.0 * c.torch_err + floor_;
+    double worst = 0.0;
+    const attn_tensor *qs[2] = {&qh, &q.tensor};
+    attn_tensor *os[2] = {&oh, &o32};
+    for (size_t pi = 0; pi < N_PATHS; pi++) {
+        if (!attn_arch_supported(PATHS[pi].arch))
+            continue;
+        ctx.impl = PATHS[pi].impl;
+        ctx.arch = PATHS[pi].arch;
+        for (int threads = 1; threads <= 2; threads++) {
+            ctx.threads = threads;
+            for (int combo = 0; combo < 4; combo++) {
+                const attn_tensor *qq = qs[combo & 1];
+                attn_tensor *out = os[combo >> 1];
+                char what[640];
+                snprintf(what, sizeof what, "%s on %s, %d thread%s, q %s, out %s", name,
+                         PATHS[pi].name, threads, threads > 1 ? "s" : "",
+                         attn_dtype_name(qq->dtype), attn_dtype_name(out->dtype));
+                const int rc = attn_kv_cache_attend(&ctx, cache, 0, qq, &p, NULL, out, NULL);
+                if (rc != ATTN_OK) {
+                    fprintf(stderr, "-- %s: %s\n", what, ctx.message);
+                    CHECK_INT(rc, ATTN_OK);
+                    continue;
+                }
+                const double err = max_err(out, ref, n);
+                if (err > bound)
+                    fprintf(stderr, "-- %s: error %.4g > 2 x torch's %.4g + floor %.4g\n", what,
+                            err, c.torch_err, floor_);
+                CHECK(err <= bound);
+                worst = fmax(worst, err);
+                /* The 16-bit output of this path and thread count, as each combination
+                 * sees it: a float32 out rounds to it, a float32 q holding the 16-bit
+                 * values gives it, and 2 threads give 1 thread's. */
+                attn_tensor *got = out;
+                if (out->dtype == ATTN_DTYPE_F32) {
+                    attn_tensor_convert(&ctx, out, &oh2);
+                    got = &oh2;
+                }
+                /* Except on the bfloat16 kernels' paths (avx512bf16, amx), where q and
+                 * out in bfloat16 with more than 8 query rows take the bfloat16 tile
+                 * path and the other combinations the widening one: there each route
+                 * has its own bits, the same for every combination and thread count
+                 * that takes it. */
+                const int own = dt == ATTN_DTYPE_BF16 && Tq > 8 &&
+                                (PATHS[pi].arch == ATTN_ARCH_AVX512_BF16 ||
+                                 PATHS[pi].arch == ATTN_ARCH_AMX);
+                attn_tensor *ref16 = own && combo != 0 ? &first2 : &first;
+                if (threads == 1 && (combo == 0 || (own && combo == 1))) {
+                    attn_tensor_copy(&ctx, got, ref16);
+                } else if (diff16(got, ref16) != 0) {
+                    fprintf(stderr, "-- %s: %lld elements differ from q and out %s, 1 thread\n",
+                            what, (long long)diff16(got, ref16), attn_dtype_name(dt));
+                    CHECK(!"every combination and thread count gives the same bits");
+                }
+            }
+            /* attn_sdpa on the cache's own views, one sequence at a time: the same
+             * kernel, so the same bits. */
+            int64_t differ = 0;
+            for (int64_t b = 0; b < B; b++) {
+                attn_tensor ck, cv, qb, ob;
+                attn_kv_cache_view(&ctx, cache, b, &ck, &cv);
+                attn_tensor_narrow(&ctx, &qh, 0, b, 1, &qb);
+                attn_tensor_narrow(&ctx, &oh2, 0, b, 1, &ob);
+                CHECK_INT(attn_sdpa(&ctx, &qb, &ck, &cv, &p, &ob, NULL), ATTN_OK);
+            }
+            differ = diff16(&oh2, &first);
+            if (differ)
+                fprintf(stderr, "-- %s on %s, %d threads: %lld elements differ from attn_sdpa "
+                                "on the cache's views\n",
+                        name, PATHS[pi].name, threads, (long long)differ);
+            CHECK_INT(differ, 0);
+        }
+    }
+    fprintf(stderr, "   %-16s attn's worst error %.3g, torch's %.3g, bound %.3g\n", name, worst,
+            c.torch_err, bound);
+    attn_kv_cache_free(&ctx, cache);
+    attn_tensor *ts[] = {&kh, &vh, &qh, &oh, &o32, &oh2, &first, &first2, &knewh, &vnewh};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        attn_tensor_free(&ctx, ts[i]);
+    attn_array_free(&ctx, &q), attn_array_free(&ctx, &k), attn_array_free(&ctx, &v);
+    attn_array_free(&ctx, &o64);
+    attn_ctx_release(&ctx);
+}
+
+static void test_golden(void)
+{
+    char p[600], line[256];
+    snprintf(p, sizeof p, "%s/golden_kv_half/MANIFEST", ATTN_TEST_DATA_DIR);
+    FILE *f = fopen(p, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    TEST("every golden_kv_half case through a 16-bit cache, every path, 1 and 2 threads, q "
+         "and out float32 or 16-bit: within FlashAttention's rule, the same bits for each, "
+         "and attn_sdpa's bits on the cache's views");
+    int cases = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0] || line[0] == '#')
+            continue;
+        run_case(line);
+        cases++;
+    }
+    fclose(f);
+    CHECK(cases >= 18);
+}
+
+/* ---- a batch of unequal lengths, RoPE on attend, the decoding loop -------------- */
+
+static void test_batch(void)
+{
+    enum { B = 3, H = 4, HKV = 2, CAP = 120, D = 64 };
+    static const int64_t len[B] = {1, 17, 113};
+    static float kb[HKV * CAP * D], vb[HKV * CAP * D], qb[B * H * D], wb[B * H * CAP],
+        w2b[B * H * CAP];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int i = 0; i < 2; i++) {
+        const attn_dtype dt = DTS[i];
+        char what[256];
+        snprintf(what, sizeof what,
+                 "%s cache of lengths 1, 17, 113, GQA: each sequence's output (and weights) "
+                 "are attn_sdpa's on its views, bit for bit, on every path and 1 and 2 threads",
+                 attn_dtype_name(dt));
+        TEST(what);
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * len[b] * D, 100 + (uint64_t)b);
+            tu_fill(vb, HKV * len[b] * D, 200 + (uint64_t)b);
+            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * D, 7);
+        attn_tensor q32 = tu_tensor4(qb, B, H, 1, D), qh, oh, ob1, w = tu_tensor4(wb, B, H, 1, CAP),
+                    w2 = tu_tensor4(w2b, B, H, 1, CAP);
+        CHECK_INT(copy_as(&ctx, &q32, dt, &qh), ATTN_OK);
+        CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, qh.shape), ATTN_OK);
+        CHECK_INT(attn_tensor_alloc(&ctx, &ob1, dt, 4, qh.shape), ATTN_OK);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        for (size_t pi = 0; pi < N_PATHS; pi++) {
+            if (!attn_arch_supported(PATHS[pi].arch))
+                continue;
+            ctx.impl = PATHS[pi].impl;
+            ctx.arch = PATHS[pi].arch;
+            for (int threads = 1; threads <= 2; threads++)
+                for (int weights = 0; weights < 2; weights++) {
+                    ctx.threads = threads;
+                    memset(wb, 0x7f, sizeof wb); /* not zero: attend must write the zeros */
+                    CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh,
+                                                   weights ? &w : NULL),
+                              ATTN_OK);
+                    int64_t bad = 0, badw = 0;
+                    for (int64_t b = 0; b < B; b++) {
+                        attn_tensor ck, cv, qv, ov, wv, wvn;
+                        attn_kv_cache_view(&ctx, c, b, &ck, &cv);
+                        attn_tensor_narrow(&ctx, &qh, 0, b, 1, &qv);
+                        attn_tensor_narrow(&ctx, &ob1, 0, b, 1, &ov);
+                        attn_tensor_narrow(&ctx, &w2, 0, b, 1, &wv);
+                        attn_tensor_narrow(&ctx, &wv, 3, 0, len[b], &wvn);
+                        CHECK_INT(attn_sdpa(&ctx, &qv, &ck, &cv, &p, &ov, weights ? &wvn : NULL),
+                                  ATTN_OK);
+                        for (int64_t h = 0; weights && h < H; h++)
+                            for (int64_t j = 0; j < CAP; j++) {
+                                const float got = wb[(b * H + h) * CAP + j];
+                                const float want = j < len[b] ? w2b[(b * H + h) * CAP + j] : 0.0f;
+                                badw += memcmp(&got, &want, sizeof got) != 0;
+                            }
+                    }
+                    bad = diff16(&oh, &ob1);
+                    if (bad || badw)
+                        fprintf(stderr, "   %s, %d threads, weights %d: %lld outputs, %lld weights differ\n",
+                                PATHS[pi].name, threads, weights, (long long)bad, (long long)badw);
+                    CHECK_INT(bad + badw, 0);
+                }
+        }
+        ctx.impl = ATTN_IMPL_AUTO;
+        ctx.arch = ATTN_ARCH_AUTO;
+        ctx.threads = 0;
+
+        snprintf(what, sizeof what,
+                 "%s cache, RoPE on attend: a %s q is widened and turned in float32, giving "
+                 "the bits of a float32 q holding the same values",
+                 attn_dtype_name(dt), attn_dtype_name(dt));
+        TEST(what);
+        attn_rope_params rope;
+        attn_rope_params_init(&rope);
+        attn_tensor qw;
+        CHECK_INT(copy_as(&ctx, &qh, ATTN_DTYPE_F32, &qw), ATTN_OK);
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, &rope, &oh, NULL), ATTN_OK);
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qw, &p, &rope, &ob1, NULL), ATTN_OK);
+        CHECK_INT(diff16(&oh, &ob1), 0);
+        attn_tensor_free(&ctx, &qw);
+        attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh), attn_tensor_free(&ctx, &ob1);
+        attn_kv_cache_free(&ctx, c);
+    }
+    attn_ctx_release(&ctx);
+}
+
+typedef struct counting {
+    long long allocs;
+} counting;
+
+static void *count_alloc(void *user, size_t size)
+{
+    ((counting *)user)->allocs++;
+    return malloc(size);
+}
+
+static void count_free(void *user, void *ptr)
+{
+    (void)user;
+    free(ptr);
+}
+
+static void test_loop(void)
+{
+    enum { B = 2, H = 4, HKV = 2, CAP = 600, D = 64, STEPS = 6 };
+    static float kb[B * HKV * D], vb[B * HKV * D], qb[B * H * D], pre[B * HKV * 590 * D];
+    for (int i = 0; i < 2; i++) {
+        const attn_dtype dt = DTS[i];
+        char what[200];
+        snprintf(what, sizeof what,
+                 "%s cache: a decoding loop with attn_kv_cache_workspace_size bytes of "
+                 "workspace allocates nothing per step",
+                 attn_dtype_name(dt));
+        TEST(what);
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.threads = 2;
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        tu_fill(pre, B * HKV * 590 * D, 5);
+        attn_tensor kp = tu_tensor4(pre, B, HKV, 590, D);
+        CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kp, &kp, NULL), ATTN_OK);
+        tu_fill(qb, B * H * D, 6);
+        attn_tensor q = tu_tensor4(qb, B, H, 1, D), qh, oh;
+        CHECK_INT(copy_as(&ctx, &q, dt, &qh), ATTN_OK);
+        CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, qh.shape), ATTN_OK);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        size_t bytes = 0;
+        CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
+                  ATTN_OK);
+        void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+        ctx.workspace = ws;
+        ctx.workspace_size = bytes;
+        counting count = {0};
+        const attn_allocator orig = ctx.allocator;
+        ctx.allocator.alloc = count_alloc;
+        ctx.allocator.free = count_free;
+        ctx.allocator.user = &count;
+        for (int st = 0; st < STEPS; st++) {
+            tu_fill(kb, B * HKV * D, 50 + (uint64_t)st);
+            tu_fill(vb, B * HKV * D, 60 + (uint64_t)st);
+            attn_tensor k = tu_tensor4(kb, B, HKV, 1, D), v = tu_tensor4(vb, B, HKV, 1, D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &v, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
+        }
+        CHECK_INT(count.allocs, 0);
+        ctx.workspace = NULL;
+        ctx.workspace_size = 0;
+        ctx.allocator = orig;
+        attn_kv_cache_free(&ctx, c);
+        attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
+        free(ws);
+        attn_ctx_release(&ctx);
+    }
+}
+
+int main(void)
+{
+    for (size_t pi = 0; pi < N_PATHS; pi++)
+        if (!attn_arch_supported(PATHS[pi].arch))
+            fprintf(stderr, "-- skipped: the %s path (this CPU or OS cannot run it)\n",
+                    PATHS[pi].name);
+    test_config();
+    test_append();
+    test_rope_append();
+    test_golden();
+    test_batch();
+    test_loop();
+    return check_summary("test_kv_half");
+}
