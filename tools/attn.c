@@ -52,7 +52,12 @@ static void usage(FILE *f)
           CLI_HELP_EXIT
           "\n"
           "ENVIRONMENT\n"
-          "    ATTN_ARCH            force a kernel path: ref, scalar, avx2 or avx512\n"
+          "    ATTN_ARCH            force a kernel path: ref, scalar, avx2, avx512,\n"
+          "                         avx512bf16 or amx (the last two: avx512 with a\n"
+          "                         bfloat16 kernel of their own)\n"
+          "    ATTN_BF16_EMULATE    1: let avx512bf16 run on an AVX-512 CPU without\n"
+          "                         AVX512-BF16, vdpbf16ps emulated (for testing)\n"
+          "    ATTN_TILE            BRxBC: force the fused kernel's tile sizes\n"
           "    ATTN_FAIL_ALLOC_AT   N: make the Nth allocation fail (for testing the\n"
           "                         out-of-memory paths; tests/test_cli_oom.sh uses it)\n",
           f);

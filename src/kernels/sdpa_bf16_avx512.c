@@ -2,8 +2,10 @@
  * sdpa_bf16_avx512.c - the bfloat16 tile path (sdpa_bf16.h) with vdpbf16ps's
  * products emulated by AVX-512F: each bfloat16 of a pair widened to float32 by a
  * shift or a mask (exact), then two FMAs, the odd element's first, as the
- * instruction's definition adds them (Intel SDM, VDPBF16PS). A product of two
- * bfloat16 is exact in float32, so each FMA rounds only its sum. It runs the
+ * instruction's definition adds them (Intel SDM, VDPBF16PS: each accumulation
+ * rounded to nearest even). A product of two bfloat16 is exact in float32, so each
+ * FMA rounds only its sum. One difference is left: the instruction treats denormal
+ * inputs and results as zero, the emulation keeps them. It runs the
  * avx512bf16 path on a CPU without AVX512-BF16 when ATTN_BF16_EMULATE=1
  * (src/runtime/dispatch.c), so that the tests check the path's packing, masking and
  * softmax on any AVX-512 machine; it is never chosen otherwise.
