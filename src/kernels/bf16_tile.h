@@ -59,12 +59,13 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
         for (int64_t g = 0; g < groups; g++)
             for (int64_t q = 0; q < 16; q++) {
                 const int64_t r = 16 * g + q;
-                const uint16_t *src = qb + (i0 + r) * s0->q_s[2];
+                /* Rows past Tq are zeros, and are never addressed. */
+                const uint16_t *src = r < rows ? qb + (i0 + r) * s0->q_s[2] : NULL;
                 for (int64_t c = 0; c < D / 32; c++) {
                     uint32_t *dst = (uint32_t *)(void *)(qp + (c * groups + g) * 512) + q;
                     for (int64_t p = 0; p < 16; p++) {
                         uint32_t w = 0;
-                        if (r < rows)
+                        if (src)
                             memcpy(&w, src + 32 * c + 2 * p, sizeof w);
                         dst[16 * p] = w;
                     }
@@ -77,11 +78,10 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
             uint16_t *dst = qp + (c * groups + g) * 512;
             for (int64_t q = 0; q < 16; q++) {
                 const int64_t r = 16 * g + q;
-                const uint16_t *src = qb + (i0 + r) * s0->q_s[2];
+                const uint16_t *src = r < rows ? qb + (i0 + r) * s0->q_s[2] : NULL;
                 for (int64_t d2 = 0; d2 < 32; d2++) {
                     const int64_t d = 32 * c + d2;
-                    dst[(d2 / 2) * 32 + 2 * q + (d2 & 1)] =
-                        r < rows && d < D ? src[d * s0->q_s[3]] : 0;
+                    dst[(d2 / 2) * 32 + 2 * q + (d2 & 1)] = src && d < D ? src[d * s0->q_s[3]] : 0;
                 }
             }
         }

@@ -152,7 +152,7 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
         for (int64_t c = 0; c < 32; c++) {
             const int64_t j = j0 + c;
             int64_t e = 0;
-            if (j < s0->Tk) {
+            if (j < s0->Tk && e0 < Dv) {
                 const uint16_t *src = vb + j * s0->v_s[2] + e0 * s0->v_s[3];
                 for (; e < ne && e0 + e < Dv; e++) {
                     const uint16_t x = src[e * s0->v_s[3]];
