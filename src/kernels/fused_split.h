@@ -74,7 +74,8 @@
 #endif
 
 /* Prefetches rows [j, j1) of K FK_SPLIT_PF_K bytes ahead (when still inside the
- * chunk, which ends at key c1) and rows [j, j1) of V, every 64-byte line. */
+ * chunk, which ends at row c1) and rows [j, j1) of V, every 64-byte line. The rows
+ * count from kb and vb, the chunk's first key. */
 FK_INLINE void fk_split_prefetch(const float *kb, int64_t ldk, int64_t kbytes, const float *vb,
                                  int64_t ldv, int64_t vbytes, int64_t j, int64_t j1, int64_t c1)
 {
@@ -337,8 +338,12 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     float *ws = job->ws + (int64_t)worker * job->ws_floats;
     float *qrows = ws;               /* [R][ldq] */
     float *scores = qrows + R * ldq; /* [R][ldsc], key j of the chunk at j - c0 */
-    const float *kb = job->k + b * s->k_s[0] + kvh * s->k_s[1];
-    const float *vb = job->v + b * s->v_s[0] + kvh * s->v_s[1];
+    /* kb and vb point at the chunk's first key, c0: key j is row j - c0. job->k
+     * and job->v hold key kv_first at their row 0 (0, or the chunk's own start on
+     * the 16-bit path's chunk-sized copy), and c0 >= kv_first, so no pointer here
+     * is ever formed before the start of its array. */
+    const float *kb = job->k + b * s->k_s[0] + kvh * s->k_s[1] + (c0 - job->kv_first) * ldk;
+    const float *vb = job->v + b * s->v_s[0] + kvh * s->v_s[1] + (c0 - job->kv_first) * ldv;
 
     /* Row r is query i = r % Tq of query head h = kvh * group + r / Tq. */
     for (int64_t r = 0; r < R; r++) {
@@ -373,16 +378,18 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 if (g + 3 < s->group) {
                     for (; j + 4 <= hi; j += 4) {
                         if (fetch)
-                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
-                        fk_dot4x4(qrow, Tq * ldq, kb + j * ldk, ldk, D, s->scale, sc + j,
+                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0,
+                                              j + 4 - c0, c1 - c0);
+                        fk_dot4x4(qrow, Tq * ldq, kb + (j - c0) * ldk, ldk, D, s->scale, sc + j,
                                   Tq * ldsc);
                     }
                     if (fetch)
-                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
+                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0, hi - c0,
+                                          c1 - c0);
                     for (; j < hi; j++)
                         for (int64_t u = 0; u < 4; u++)
                             sc[u * Tq * ldsc + j] =
-                                fk_dot(qrow + u * Tq * ldq, kb + j * ldk, D) * s->scale;
+                                fk_dot(qrow + u * Tq * ldq, kb + (j - c0) * ldk, D) * s->scale;
                     g += 2; /* with the loop's own 2: the next four heads */
                     continue;
                 }
@@ -390,20 +397,24 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 if (pair)
                     for (; j + 4 <= hi; j += 4) {
                         if (fetch)
-                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
-                        fk_dot4x2(qrow, qrow1, kb + j * ldk, ldk, D, s->scale, sc + j, sc1 + j);
+                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0,
+                                              j + 4 - c0, c1 - c0);
+                        fk_dot4x2(qrow, qrow1, kb + (j - c0) * ldk, ldk, D, s->scale, sc + j,
+                                  sc1 + j);
                     }
                 for (; j + 4 <= hi; j += 4) {
                     if (fetch)
-                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, j + 4, c1);
-                    fk_dot4(qrow, kb + j * ldk, ldk, D, s->scale, sc + j);
+                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0,
+                                          j + 4 - c0, c1 - c0);
+                    fk_dot4(qrow, kb + (j - c0) * ldk, ldk, D, s->scale, sc + j);
                 }
                 if (fetch)
-                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j, hi, c1);
+                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0, hi - c0,
+                                      c1 - c0);
                 for (; j < hi; j++) {
-                    sc[j] = fk_dot(qrow, kb + j * ldk, D) * s->scale;
+                    sc[j] = fk_dot(qrow, kb + (j - c0) * ldk, D) * s->scale;
                     if (pair)
-                        sc1[j] = fk_dot(qrow1, kb + j * ldk, D) * s->scale;
+                        sc1[j] = fk_dot(qrow1, kb + (j - c0) * ldk, D) * s->scale;
                 }
             }
         }
@@ -461,7 +472,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
          * fewer heads the phase has little arithmetic per value line for the 8
          * prefetches a key to hide in, and S5 did not gain from them. */
         for (int64_t r = j1; quad_heads > 0 && r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
-            const char *vr = (const char *)(vb + r * ldv);
+            const char *vr = (const char *)(vb + (r - c0) * ldv);
             for (int64_t x = 0; x < vbytes; x += 64)
                 FK_PREFETCH_L2(vr + x);
         }
@@ -488,7 +499,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 float *const aq[4] = {part + 16, fk_split_part(job, b, h + 1, i, c) + 16,
                                       fk_split_part(job, b, h + 2, i, c) + 16,
                                       fk_split_part(job, b, h + 3, i, c) + 16};
-                fk_split_pv4(pq, hi - lo, vb + lo * ldv, ldv, aq, Dv);
+                fk_split_pv4(pq, hi - lo, vb + (lo - c0) * ldv, ldv, aq, Dv);
                 continue;
             }
             if (pair_pv && (g - quad_heads) % 2 == 1)
@@ -496,7 +507,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             if (pair_pv && r / Tq + 1 < s->group) {
                 float *part1 = fk_split_part(job, b, h + 1, i, c);
                 const float *p0 = scores + r * ldsc - c0 + lo, *p1 = p0 + Tq * ldsc;
-                const float *vlo = vb + lo * ldv;
+                const float *vlo = vb + (lo - c0) * ldv;
                 int64_t e0 = 0;
                 for (; e0 + FK_SPLIT_NV2 * SIMD_W <= Dv; e0 += FK_SPLIT_NV2 * SIMD_W)
                     fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
@@ -533,7 +544,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             const uint8_t *mr = mrow ? mrow + lo * ms3 : NULL;
             const float *br = brow ? brow + lo * bs3 : NULL;
             const float *p = scores + r * ldsc - c0 + lo;
-            const float *vlo = vb + lo * ldv;
+            const float *vlo = vb + (lo - c0) * ldv;
             float *acc = part + 16;
             int64_t e0 = 0;
             for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)

@@ -103,11 +103,23 @@ static int part_floats(const attn__sdpa_shapes *s, const attn__fused_job *job, i
            attn__mul_i64(*n, job->n_chunks, n) && attn__mul_i64(*n, job->pst, n);
 }
 
+/* Bytes of widened K and V per chunk on the 16-bit split-key form: a worker's
+ * copy of one chunk stays in its L2 (2 MiB a core on the Xeons measured) from the
+ * widening to the kernel's reads; 64, 128 and 512 KiB measured no better. */
+#define HALF_CHUNK_BYTES (256 * 1024)
+
+/* Keys per chunk of the 16-bit split-key form: HALF_CHUNK_BYTES of widened K and
+ * V, a multiple of 16, at least 64. */
+static int64_t half_chunk_keys(const attn__sdpa_shapes *st)
+{
+    const int64_t chunk = HALF_CHUNK_BYTES / (4 * (st->D + st->Dv));
+    return chunk < 64 ? 64 : chunk / 16 * 16;
+}
+
 /* The 16-bit layout: job_layout on the staged shapes, and on the row path (no
  * weights asked for) always the split-key form with chunks whose widened K and V
  * take at most HALF_CHUNK_BYTES, so that each chunk is widened and used while it
  * stays in the worker's cache. Shapes only, as job_layout. */
-#define HALF_CHUNK_BYTES (256 * 1024)
 static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *st,
                         int64_t tile_br, int64_t tile_bc, attn__fused_job *job,
                         int64_t *n_items)
@@ -115,8 +127,7 @@ static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes 
     job_layout(kern, st, tile_br, tile_bc, job, n_items);
     if (!job->row_path || st->weights)
         return;
-    int64_t chunk = HALF_CHUNK_BYTES / (4 * (st->D + st->Dv));
-    chunk = chunk < 64 ? 64 : chunk / 16 * 16;
+    const int64_t chunk = half_chunk_keys(st);
     if (st->Tk < 2 * chunk)
         return;
     job->chunk = chunk;
@@ -125,24 +136,37 @@ static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes 
     *n_items = st->B * st->Hkv * job->n_chunks;
 }
 
-/* Head-sized float32 copies of K and V the 16-bit row path keeps: on the split-key
- * form one per worker, since every (b, key/value head, chunk) item runs in one
- * parallel pass and widens its chunk into its own worker's copy; otherwise one,
- * shared by the head's items. */
-static int half_kv_slots(const attn__fused_job *job, int threads)
+/* Key rows of the float32 copies of K and V the 16-bit row path keeps. On the
+ * split-key form each worker widens its item's chunk into a chunk-sized copy of
+ * its own, which at HALF_CHUNK_BYTES stays in the worker's L2 from the widening to
+ * the kernel's reads (a head-sized copy, 4 MiB a worker on S5, went out to memory
+ * and back). Unsplit, the head's items share one copy of its keys.
+ *
+ * The rows are at least max(threads, 2) half-chunks, whatever the form, so that a
+ * plan for a longer key axis covers one for a shorter (the KV cache plans for its
+ * capacity and relies on that, as for the kernel's own scratch): a split layout
+ * uses threads chunks of at most a half-chunk (job_layout splits only a Tk under
+ * two half-chunks, in at least 2 chunks), an unsplit one without weights has
+ * fewer than two half-chunks of keys, and one with weights plans every length
+ * unsplit, Tk rows. */
+static int64_t half_kv_rows(const attn__fused_job *job, const attn__sdpa_shapes *s,
+                            int threads)
 {
-    return job->row_path && job->n_chunks ? threads : 1;
+    int64_t rows = (threads > 2 ? threads : 2) * half_chunk_keys(s);
+    if (!job->n_chunks && s->Tk > rows)
+        rows = s->Tk;
+    return rows;
 }
 
 /* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
- * each rounded up to 16; k and v of one key/value head (times `slots`, one per
- * worker on the split-key form) on the row path, of all of
- * them (whole) on the tile path; 0 on overflow. */
-static int half_floats(const attn__sdpa_shapes *s, int whole, int slots, int64_t f[4])
+ * each rounded up to 16; k and v of `rows` keys (half_kv_rows) on the row path, of
+ * every key/value head (whole: rows is Tk, times B * Hkv) on the tile path; 0 on
+ * overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int whole, int64_t rows, int64_t f[4])
 {
-    int64_t bh, heads = slots, tk;
+    int64_t bh, heads = 1, tk;
     if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh) ||
-        (whole && !attn__mul_i64(s->B, s->Hkv, &heads)) || !attn__mul_i64(heads, s->Tk, &tk))
+        (whole && !attn__mul_i64(s->B, s->Hkv, &heads)) || !attn__mul_i64(heads, rows, &tk))
         return 0;
     if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1]) ||
         !attn__mul_i64(tk, s->D, &f[2]) || !attn__mul_i64(tk, s->Dv, &f[3]))
@@ -208,7 +232,9 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     if (half) {
         int64_t f[4];
         size_t extra;
-        if (!half_floats(s, !job.row_path, half_kv_slots(&job, plan->threads), f) || !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
+        const int whole = !job.row_path;
+        if (!half_floats(s, whole, whole ? s->Tk : half_kv_rows(&job, s, plan->threads), f) ||
+            !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
             attn__align64(bytes) > SIZE_MAX - extra)
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                               "float32 copies of %s q and out for fused attention do not fit "
@@ -222,7 +248,8 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
 
 /* One (batch, key/value head) of a 16-bit call: its work items are a contiguous
  * range of the job's (first .. first + count - 1), and so are its split-key merges.
- * kb16/vb16 are the head's 16-bit K and V, widened into kf/vf [Tk][D], [Tk][Dv]. */
+ * kb16/vb16 are the head's 16-bit K and V, widened into kf/vf [Tk][D], [Tk][Dv]
+ * (on the split-key form, a chunk's [chunk][D], [chunk][Dv]). */
 typedef struct half_group {
     const attn__fused_kernel *kern;
     const attn__half_kernels *hk;
@@ -235,13 +262,14 @@ typedef struct half_group {
     int64_t lo, hi;           /* the keys any query row of the call may see */
 } half_group;
 
-/* Rows [j0, j1) of the head's K and V widened into kf and vf. */
-static void half_widen_kv(const half_group *g, int64_t j0, int64_t j1)
+/* Rows [j0, j1) of the head's K and V widened into kf and vf, key j at row
+ * j - first (first <= j0). */
+static void half_widen_kv(const half_group *g, int64_t j0, int64_t j1, int64_t first)
 {
     const attn__sdpa_shapes *s = g->job->s;
     for (int64_t j = j0; j < j1; j++) {
         const uint16_t *kr = g->kb16 + j * g->k_s[2], *vr = g->vb16 + j * g->v_s[2];
-        float *kd = g->kf + j * s->D, *vd = g->vf + j * s->Dv;
+        float *kd = g->kf + (j - first) * s->D, *vd = g->vf + (j - first) * s->Dv;
         if (g->k_s[3] == 1) {
             attn__half_widen(g->hk, g->dt, kr, kd, s->D);
         } else {
@@ -267,7 +295,7 @@ static void half_kv_item(void *arg, int64_t item, int worker)
     (void)worker;
     const half_group *g = (const half_group *)arg;
     const int64_t j0 = g->lo + item * HALF_KV_ROWS;
-    half_widen_kv(g, j0, fk_min(j0 + HALF_KV_ROWS, g->hi));
+    half_widen_kv(g, j0, fk_min(j0 + HALF_KV_ROWS, g->hi), 0);
 }
 
 static void half_group_item(void *arg, int64_t item, int worker)
@@ -277,9 +305,10 @@ static void half_group_item(void *arg, int64_t item, int worker)
 }
 
 /* A split-key item, any (b, key/value head, chunk) of the call: it widens its own
- * chunk's keys into its worker's head-sized copy (no other item reads them) and
- * runs the float32 item on a copy of the job that reads that worker's copy. The
- * head's keys are read once, by the worker that uses them, while they are in its
+ * chunk's keys into its worker's chunk-sized copy (no other item reads them), key
+ * c0 at row 0, and runs the float32 item on a copy of the job that reads that
+ * worker's copy (kv_first = c0, so the item reads key j at row j - c0). The
+ * chunk's keys are read once, by the worker that uses them, while they are in its
  * cache; all the call's items run in one parallel pass, so no head waits for the
  * one before it. The values are those one shared copy would hold, so the bits are
  * too. */
@@ -294,12 +323,13 @@ static void half_split_item(void *arg, int64_t item, int worker)
     g.job = &job;
     g.kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
     g.vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
-    g.kf = g0->kf + (int64_t)worker * s->Tk * s->D;
-    g.vf = g0->vf + (int64_t)worker * s->Tk * s->Dv;
+    g.kf = g0->kf + (int64_t)worker * job.chunk * s->D;
+    g.vf = g0->vf + (int64_t)worker * job.chunk * s->Dv;
+    const int64_t c0 = c * job.chunk, c1 = c0 + job.chunk;
     job.k = g.kf;
     job.v = g.vf;
-    const int64_t c0 = c * job.chunk, c1 = c0 + job.chunk;
-    half_widen_kv(&g, c0 > g.lo ? c0 : g.lo, fk_min(c1, g.hi));
+    job.kv_first = c0;
+    half_widen_kv(&g, c0 > g.lo ? c0 : g.lo, fk_min(c1, g.hi), c0);
     g.kern->item(&job, item, worker);
 }
 
@@ -344,7 +374,7 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const int whole = !job.row_path;
     if (whole)
         attn__half_staged_shapes(s0, 0, &st); /* job.s is &st: k, v now [B][Hkv][Tk][.] */
-    half_floats(&st, whole, half_kv_slots(&job, threads), f);
+    half_floats(&st, whole, whole ? st.Tk : half_kv_rows(&job, &st, threads), f);
     const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
                                      sizeof(float));
     float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],

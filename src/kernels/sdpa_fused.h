@@ -43,6 +43,10 @@ typedef struct attn__fused_job {
     int64_t n_chunks;       /* split-key path (row path only): key chunks per
                                (b, key/value head), or 0 when the keys are not split */
     int64_t chunk;          /* keys per chunk (a multiple of 16); the last may be short */
+    int64_t kv_first;       /* split-key path: the key that row 0 of k and v (at each
+                               (b, key/value head)) holds; 0, except for the 16-bit
+                               path's chunk-sized copy, where it is the chunk's first
+                               key. A split item reads key j at row j - kv_first. */
     int64_t pst;            /* floats per partial result: 16 of header (m, l, seen)
                                and then dvp of unnormalised output */
     float *part;            /* partials [B, H, Tq, n_chunks][pst] */
