@@ -15,9 +15,10 @@
  * bfloat16 arrays, and holds the path to test_bf16_paths.c's rule: every finite output
  * within 2^-8 of (max |v| + |out|) of the reference's (the weights and both outputs are
  * rounded to bfloat16), an inf or a NaN exactly where the reference has one, the
- * log-sum-exp within 1e-4, the reference's status, and the same bits for 1 and 2
- * threads. Storage a view does not cover holds NaNs, so a read past a view's elements
- * shows in the output; the storage out does not cover must come back untouched.
+ * log-sum-exp within 1e-4, the reference's status and message, and the same bits for
+ * 1, 2 and 3 threads (3: more workers than this machine's cores). Storage a view does
+ * not cover holds NaNs, so a read past a view's elements shows in the output; the
+ * storage out does not cover must come back untouched.
  *
  * Skipped, and said so, on a machine without AVX-512.
  */
@@ -261,6 +262,7 @@ static void problem_free(problem *pr)
  * status, and whether out's uncovered storage kept its sentinel. */
 typedef struct result {
     int rc;
+    char message[ATTN_MESSAGE_SIZE];
     uint16_t *out;
     float *lse;
     int untouched;
@@ -276,6 +278,7 @@ static void problem_run(problem *pr, attn_impl impl, int threads, result *r)
     pr->ctx.arch = impl == ATTN_IMPL_REF ? ATTN_ARCH_AUTO : PATH;
     pr->ctx.threads = threads;
     r->rc = attn_sdpa(&pr->ctx, &pr->q.t, &pr->k.t, &pr->v.t, &pr->p, &pr->out.t, NULL);
+    snprintf(r->message, sizeof r->message, "%s", r->rc == ATTN_OK ? "" : pr->ctx.message);
     r->out = malloc((size_t)pr->n_out * 2);
     r->lse = malloc((size_t)pr->n_lse * sizeof(float));
     const int64_t *n = pr->out.t.shape;
@@ -302,9 +305,9 @@ static int kind_of(float x) { return isnan(x) ? 3 : isinf(x) ? (x > 0 ? 1 : 2) :
  * element that breaks it. Returns 1 when it holds. */
 static int agrees(const problem *pr, const char *what, const result *ref, const result *got)
 {
-    if (got->rc != ref->rc) {
-        fprintf(stderr, "   %s: status %d, the reference's %d (%s)\n", what, got->rc, ref->rc,
-                pr->ctx.message);
+    if (got->rc != ref->rc || strcmp(got->message, ref->message) != 0) {
+        fprintf(stderr, "   %s: status %d \"%s\", the reference's %d \"%s\"\n", what, got->rc,
+                got->message, ref->rc, ref->message);
         return 0;
     }
     if (ref->rc != ATTN_OK)
@@ -339,7 +342,7 @@ static int same_bits(const problem *pr, const result *a, const result *b)
            memcmp(a->lse, b->lse, (size_t)pr->n_lse * sizeof(float)) == 0;
 }
 
-/* Runs sp under the reference and the path with 1 and 2 threads; with views, also
+/* Runs sp under the reference and the path with 1, 2 and 3 threads; with views, also
  * the same arrays copied contiguous, which must give the views' bits. Returns the
  * number of broken claims, each printed. */
 static int check_spec(const spec *sp)
@@ -350,14 +353,15 @@ static int check_spec(const spec *sp)
     int broken = 0;
     problem pr;
     problem_make(&pr, sp);
-    result ref, one, two;
+    result ref, one, two, three;
     problem_run(&pr, ATTN_IMPL_REF, 1, &ref);
     problem_run(&pr, ATTN_IMPL_FUSED, 1, &one);
     problem_run(&pr, ATTN_IMPL_FUSED, 2, &two);
+    problem_run(&pr, ATTN_IMPL_FUSED, 3, &three);
     broken += !agrees(&pr, what, &ref, &one);
-    if (!same_bits(&pr, &one, &two)) {
-        fprintf(stderr, "   %s: 1 and 2 threads give other bits (status %d, %d)\n", what, one.rc,
-                two.rc);
+    if (!same_bits(&pr, &one, &two) || !same_bits(&pr, &one, &three)) {
+        fprintf(stderr, "   %s: 1, 2 and 3 threads give other bits (status %d, %d, %d)\n", what,
+                one.rc, two.rc, three.rc);
         broken++;
     }
     if (sp->layout == LAYOUT_VIEWS) {
@@ -386,7 +390,7 @@ static int check_spec(const spec *sp)
         result_free(&flat_r);
         problem_free(&pf);
     }
-    result_free(&ref), result_free(&one), result_free(&two);
+    result_free(&ref), result_free(&one), result_free(&two), result_free(&three);
     problem_free(&pr);
     return broken;
 }
@@ -422,6 +426,10 @@ static const spec option_specs[] = {
     {"window left only, causal", SHAPE(1, 2, 1, 77, 130, 32, 32), .causal = TL, WINDOW(40, -1)},
     {"window right only, bottom-right", SHAPE(1, 1, 1, 60, 90, 32, 32), .causal = BR,
      WINDOW(-1, 3)},
+    {"a window of one key (0, 0) with Tq > Tk: the first 10 rows see none (zeros)",
+     SHAPE(1, 2, 1, 50, 40, 32, 32), WINDOW(0, 0), .empty_zero = 1},
+    {"a window of one key (0, 0) with Tq > Tk: the first 10 rows see none (error)",
+     SHAPE(1, 2, 1, 50, 40, 32, 32), WINDOW(0, 0)},
     {"bottom-right causal, Tq < Tk", SHAPE(1, 2, 2, 40, 150, 64, 64), .causal = BR},
     {"bottom-right causal, Tq > Tk: the first rows see no key (error)",
      SHAPE(1, 2, 1, 100, 40, 32, 32), .causal = BR},
@@ -660,7 +668,7 @@ int main(void)
     setenv("ATTN_BF16_EMULATE", "1", 1);
     /* The tile children first: the tiles are decided once per process. */
     TEST("tiles forced by ATTN_TILE (32x32, 96x40, 64x8, 512x1024; the path rounds them to "
-         "32) keep the path within the rule of the reference, the same bits for 1 and 2 "
+         "32) keep the path within the rule of the reference, the same bits for 1, 2 and 3 "
          "threads, and a workspace of exactly the size asked for enough");
     const char *tiles[] = {"32x32", "96x40", "64x8", "512x1024"};
     for (size_t i = 0; i < COUNT(tiles); i++) {
@@ -676,14 +684,14 @@ int main(void)
 
     TEST("head dims of 1, 2, 31, 33 and 256 (D apart from Dv), and q, k, v, out through "
          "views (padded, transposed, head-major, a broadcast batch of k): within the rule of "
-         "the reference, 1 and 2 threads the same bits, the views the bits of their "
+         "the reference, 1, 2 and 3 threads the same bits, the views the bits of their "
          "contiguous copies, nothing read or written outside a view");
     CHECK_INT(check_specs(dims_specs, COUNT(dims_specs)), 0);
 
     TEST("windows open on either or both sides, bottom-right causal with Tq > Tk and Tq < "
          "Tk, bias, ALiBi, softcap, sinks, negative, tiny, zero and large scales, padding "
          "that hides whole rows (the reference's error, or zeros with lse -inf, or the "
-         "sink), 5000 keys over many heads: within the rule of the reference, 1 and 2 "
+         "sink), 5000 keys over many heads: within the rule of the reference, 1, 2 and 3 "
          "threads the same bits");
     CHECK_INT(check_specs(option_specs, COUNT(option_specs)), 0);
 
@@ -704,7 +712,7 @@ int main(void)
          "call into its own out, 1 and 2 threads");
     static const spec alias_specs[] = {
         {"out = q, window", SHAPE(1, 2, 1, 100, 100, 64, 64), WINDOW(5, 9)},
-        {"out = q, sinks, causal, 3 query tiles", SHAPE(1, 4, 2, 300, 70, 32, 32), .causal = TL,
+        {"out = q, sinks, causal, 300 query rows", SHAPE(1, 4, 2, 300, 70, 32, 32), .causal = TL,
          .sinks = 1},
         {"out = q, views", SHAPE(1, 2, 2, 100, 100, 64, 64), .layout = LAYOUT_VIEWS},
     };
