@@ -513,6 +513,78 @@ static int check_specs(const spec *list, size_t n)
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
+/* ---- A seeded sweep ---------------------------------------------------------------- */
+
+static uint64_t sweep_state = 0x2545f4914f6cdd1dull;
+static int sweep_pick(int n)
+{
+    sweep_state = sweep_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)((sweep_state >> 33) % (uint64_t)n);
+}
+
+/* n problems drawn from a fixed seed (the same every run): shapes with tails
+ * everywhere, every option, both layouts, the empty-row modes and, in a third of them,
+ * an inf or a NaN. A problem with one keeps D <= 64, the default scale and no ALiBi,
+ * so that no visible score falls 87 below its row's max (see the top). */
+static int check_sweep(int n)
+{
+    static const int dims[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 65, 96, 128};
+    int broken = 0;
+    for (int it = 0; it < n; it++) {
+        spec sp;
+        memset(&sp, 0, sizeof sp);
+        sp.name = "sweep";
+        sp.B = 1 + sweep_pick(2);
+        sp.Hkv = 1 + sweep_pick(3);
+        sp.H = sp.Hkv * (1 + sweep_pick(3));
+        sp.Tq = 9 + sweep_pick(150);
+        sp.Tk = 1 + sweep_pick(200);
+        sp.D = dims[sweep_pick(COUNT(dims))];
+        sp.Dv = dims[sweep_pick(COUNT(dims))];
+        sp.causal = sweep_pick(3);
+        if (sweep_pick(3) == 0) {
+            sp.has_window = 1;
+            sp.wl = sweep_pick(40) - 1;
+            sp.wr = sweep_pick(40) - 1;
+        }
+        if (sweep_pick(3) == 0) {
+            sp.has_scale = 1;
+            sp.scale = (float)(sweep_pick(5) - 2) * 0.3f;
+        }
+        sp.softcap = sweep_pick(4) == 0 ? 1.0f + (float)sweep_pick(3) : 0.0f;
+        sp.alibi = sweep_pick(4) == 0;
+        sp.bias = sweep_pick(3) == 0 ? 1 + sweep_pick(2) : BIAS_NONE;
+        sp.sinks = sweep_pick(4) == 0;
+        sp.mask = sweep_pick(3);
+        if (sp.mask == MASK_PAD_BATCH1 && sp.B < 2)
+            sp.mask = MASK_RANDOM;
+        sp.empty_zero = sweep_pick(2);
+        sp.layout = sweep_pick(2);
+        sp.poison = sweep_pick(3) == 0 ? 1 + sweep_pick(5) : POISON_NONE;
+        if ((sp.poison == POISON_Q_ROW && sp.Tq <= 20) || sp.Tk <= 37 ||
+            (sp.poison == POISON_K_VISIBLE && sp.D < 2))
+            sp.poison = POISON_NONE;
+        if (sp.poison != POISON_NONE) {
+            sp.D = sp.D > 64 ? 64 : sp.D;
+            sp.has_scale = 0;
+            sp.alibi = 0;
+        }
+        char name[48];
+        snprintf(name, sizeof name, "sweep problem %d", it);
+        sp.name = name;
+        const int b = check_spec(&sp);
+        if (b)
+            fprintf(stderr,
+                    "   %s: causal %d, window %d (%lld, %lld), scale %d (%g), softcap %g, "
+                    "alibi %d, bias %d, sinks %d, mask %d, zeros %d, layout %d, poison %d\n",
+                    name, sp.causal, sp.has_window, (long long)sp.wl, (long long)sp.wr,
+                    sp.has_scale, sp.scale, sp.softcap, sp.alibi, sp.bias, sp.sinks, sp.mask,
+                    sp.empty_zero, sp.layout, sp.poison);
+        broken += b;
+    }
+    return broken;
+}
+
 /* ---- A caller workspace of exactly the size asked for ---------------------------------- */
 
 static int alloc_calls;
@@ -721,6 +793,11 @@ int main(void)
          "it reaches the rows the reference's reaches, as an inf or a NaN where the "
          "reference has one");
     CHECK_INT(check_specs(poison_specs, COUNT(poison_specs)), 0);
+
+    TEST("a sweep of seeded problems (shapes with tails, every option, both layouts, "
+         "the empty-row modes, an inf or a NaN in a third): within the rule of the "
+         "reference, 1, 2 and 3 threads the same bits");
+    CHECK_INT(check_sweep(EDGES_QUICK ? 25 : 80), 0);
 
     TEST("a caller workspace of exactly attn_sdpa_workspace_size bytes: no allocation, no "
          "byte past it (ASan), the bits of a call with its own scratch, 1 and 2 threads");
