@@ -96,7 +96,12 @@
  * difference is left, in the exp itself (simd.h): below -87.33 it gives exactly 0
  * where expf still gives a subnormal (down to -103.97), so an inf value at a key
  * whose score is 87.33 to 103.97 below its row's max gives inf in the reference
- * and NaN here (a NaN value gives NaN in both).
+ * and NaN here (a NaN value gives NaN in both). And one in the order: the online
+ * softmax multiplies a key's value by exp(s - m) with the running max of the tiles
+ * seen so far, so an inf value at a key whose final weight underflows to 0 (the
+ * reference's 0 * inf = NaN) may have met a nonzero weight first and give inf
+ * here; it takes scores more than 87 apart in one row (found by
+ * tests/test_bf16_tile_edges.c's review with q and k scaled up 4-16 times).
  *
  * Work items: one item is (b, h, query tile); items are independent and each
  * writes only its own rows of out (and weights), so the result does not depend on

@@ -46,9 +46,9 @@
 
 /* One call's plan and data for the bfloat16 tile path. */
 typedef struct attn__bf16_job {
-    attn__fused_job f;           /* s: the caller's shapes as float32 (for the
-                                    float32 path's steps); br, bc, n_qt, dvp (= dvp32),
-                                    ws, ws_floats, empty_first */
+    attn__fused_job f;           /* s: the caller's shapes (= s0; the float32 path's
+                                    steps read only their sizes and options); br, bc,
+                                    n_qt, dvp (= dvp32), ws, ws_floats, empty_first */
     const struct attn__bf16_kernel *kern; /* the kernel that runs it */
     const attn__sdpa_shapes *s0; /* the caller's shapes (16-bit q, k, v strides) */
     const uint16_t *q, *k, *v;   /* the caller's arrays */
