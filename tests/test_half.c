@@ -21,6 +21,7 @@
  */
 #include "attn.h"
 #include "check.h"
+#include "half_golden.h"
 #include "half.h"
 
 #include <math.h>
@@ -204,59 +205,6 @@ static void test_convert_and_dtypes(void)
 }
 
 /* ---- the golden sweep ---------------------------------------------------------- */
-
-typedef struct half_case {
-    char dir[512], dtype[8], window[32], softcap[32], bias[32], mask[32], sinks[32];
-    int causal, alibi;
-    double torch_err;
-} half_case;
-
-static int read_case(const char *dir, half_case *c)
-{
-    memset(c, 0, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "%s", dir);
-    char p[600], line[256];
-    snprintf(p, sizeof p, "%s/case.txt", dir);
-    FILE *f = fopen(p, "r");
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *eq = strchr(line, '=');
-        if (!eq)
-            continue;
-        *eq = 0;
-        const char *key = line, *val = eq + 1;
-#define HALF_STR(name)                                                                     \
-    if (strcmp(key, #name) == 0)                                                           \
-        snprintf(c->name, sizeof c->name, "%s", val);
-        HALF_STR(dtype)
-        HALF_STR(window)
-        HALF_STR(softcap)
-        HALF_STR(bias)
-        HALF_STR(mask)
-        HALF_STR(sinks)
-#undef HALF_STR
-        if (strcmp(key, "causal") == 0)
-            c->causal = atoi(val);
-        if (strcmp(key, "alibi") == 0)
-            c->alibi = atoi(val);
-        if (strcmp(key, "torch_err") == 0)
-            c->torch_err = atof(val);
-    }
-    fclose(f);
-    return 1;
-}
-
-static int load(attn_ctx *ctx, const half_case *c, const char *name, attn_array *a)
-{
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", c->dir, name);
-    int rc = attn_npy_load(ctx, p, a);
-    if (rc)
-        fprintf(stderr, "  %s\n", ctx->message);
-    return rc;
-}
 
 /* A 16-bit copy of a float32 array (values already exact in the dtype). */
 static int to_half(attn_ctx *ctx, const attn_tensor *src, attn_dtype dt, attn_tensor *dst)

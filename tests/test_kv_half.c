@@ -23,6 +23,7 @@
  */
 #include "attn.h"
 #include "check.h"
+#include "half_golden.h"
 #include "half.h"
 #include "test_util.h"
 
@@ -337,53 +338,6 @@ static void test_rope_append(void)
 
 /* ---- the golden sweep ---------------------------------------------------------- */
 
-typedef struct kv_case {
-    char dir[512], dtype[8], window[32], softcap[32];
-    int causal;
-    double torch_err;
-} kv_case;
-
-static int read_case(const char *dir, kv_case *c)
-{
-    memset(c, 0, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "%s", dir);
-    char p[600], line[256];
-    snprintf(p, sizeof p, "%s/case.txt", dir);
-    FILE *f = fopen(p, "r");
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *eq = strchr(line, '=');
-        if (!eq)
-            continue;
-        *eq = 0;
-        const char *key = line, *val = eq + 1;
-        if (strcmp(key, "dtype") == 0)
-            snprintf(c->dtype, sizeof c->dtype, "%s", val);
-        if (strcmp(key, "window") == 0)
-            snprintf(c->window, sizeof c->window, "%s", val);
-        if (strcmp(key, "softcap") == 0)
-            snprintf(c->softcap, sizeof c->softcap, "%s", val);
-        if (strcmp(key, "causal") == 0)
-            c->causal = atoi(val);
-        if (strcmp(key, "torch_err") == 0)
-            c->torch_err = atof(val);
-    }
-    fclose(f);
-    return 1;
-}
-
-static int load(attn_ctx *ctx, const kv_case *c, const char *name, attn_array *a)
-{
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", c->dir, name);
-    int rc = attn_npy_load(ctx, p, a);
-    if (rc)
-        fprintf(stderr, "  %s\n", ctx->message);
-    return rc;
-}
-
 /* The largest |out - ref| (out float32 or 16-bit, contiguous); NaN counts as inf. */
 static double max_err(const attn_tensor *out, const float *ref, int64_t n)
 {
@@ -399,7 +353,7 @@ static double max_err(const attn_tensor *out, const float *ref, int64_t n)
 
 static void run_case(const char *name)
 {
-    kv_case c;
+    half_case c;
     char dir[512];
     snprintf(dir, sizeof dir, "%s/golden_kv_half/%s", ATTN_TEST_DATA_DIR, name);
     if (!read_case(dir, &c)) {
