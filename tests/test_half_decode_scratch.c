@@ -19,22 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef struct counting {
-    long long allocs;
-} counting;
-
-static void *count_alloc(void *user, size_t size)
-{
-    ((counting *)user)->allocs++;
-    return malloc(size);
-}
-
-static void count_free(void *user, void *ptr)
-{
-    (void)user;
-    free(ptr);
-}
-
 static void test_unsplit_step_fits(attn_dtype dt)
 {
     /* 64 key/value heads: as many pairs as the float32 planner's split target, so
@@ -81,10 +65,10 @@ static void test_unsplit_step_fits(attn_dtype dt)
 
     ctx.workspace = ws;
     ctx.workspace_size = bytes;
-    counting count = {0};
+    tu_counting count = {0};
     const attn_allocator orig = ctx.allocator;
-    ctx.allocator.alloc = count_alloc;
-    ctx.allocator.free = count_free;
+    ctx.allocator.alloc = tu_count_alloc;
+    ctx.allocator.free = tu_count_free;
     ctx.allocator.user = &count;
     CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
     if (count.allocs != 0)

@@ -623,22 +623,6 @@ static void test_batch(void)
     attn_ctx_release(&ctx);
 }
 
-typedef struct counting {
-    long long allocs;
-} counting;
-
-static void *count_alloc(void *user, size_t size)
-{
-    ((counting *)user)->allocs++;
-    return malloc(size);
-}
-
-static void count_free(void *user, void *ptr)
-{
-    (void)user;
-    free(ptr);
-}
-
 static void test_loop(void)
 {
     enum { B = 2, H = 4, HKV = 2, CAP = 600, D = 64, STEPS = 6 };
@@ -671,10 +655,10 @@ static void test_loop(void)
         void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
         ctx.workspace = ws;
         ctx.workspace_size = bytes;
-        counting count = {0};
+        tu_counting count = {0};
         const attn_allocator orig = ctx.allocator;
-        ctx.allocator.alloc = count_alloc;
-        ctx.allocator.free = count_free;
+        ctx.allocator.alloc = tu_count_alloc;
+        ctx.allocator.free = tu_count_free;
         ctx.allocator.user = &count;
         for (int st = 0; st < STEPS; st++) {
             tu_fill(kb, B * HKV * D, 50 + (uint64_t)st);

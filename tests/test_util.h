@@ -12,6 +12,24 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+/* An allocator that counts its allocations (attn_ctx.allocator with user = a
+ * tu_counting), for the tests that pin "allocates nothing per step". */
+typedef struct tu_counting {
+    long long allocs;
+} tu_counting;
+
+static inline void *tu_count_alloc(void *user, size_t size)
+{
+    ((tu_counting *)user)->allocs++;
+    return malloc(size);
+}
+
+static inline void tu_count_free(void *user, void *ptr)
+{
+    (void)user;
+    free(ptr);
+}
+
 /* xorshift64*: a fixed, documented sequence; uniform in [-1, 1). */
 static inline float tu_uniform(uint64_t *s)
 {
