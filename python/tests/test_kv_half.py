@@ -10,7 +10,9 @@ which is the stricter bound): against a float64 oracle on the exact stored value
 """
 import gc
 import json
+import os
 import struct
+import subprocess
 import sys
 import tracemalloc
 
@@ -128,6 +130,43 @@ def test_rope_into_a_16_bit_cache_rounds_the_float32_rotation_once(dtype):
         want = to_dtype(c32.view(b)[0], dtype)[0]
         got = c16.view(b)[0]
         assert np.array_equal(got, want), (b, got, want)
+
+
+EVERY_PATH = '''
+import sys
+import attn
+import test_kv_half as t
+
+assert attn.arch()["selected"] == sys.argv[1], attn.arch()
+n = 0
+for dtype in ("bf16", "f16"):
+    for shape in t.SHAPES:
+        t.test_16_bit_cache_is_within_the_rule_of_a_float64_oracle(dtype, shape)
+        n += 1
+    t.test_16_bit_cache_gives_sdpas_bits_on_the_same_16_bit_keys(dtype)
+    t.test_rope_into_a_16_bit_cache_rounds_the_float32_rotation_once(dtype)
+    n += 2
+print("ok", sys.argv[1], n)
+'''
+
+
+@pytest.mark.parametrize("arch", ["ref", "scalar", "avx2", "avx512"])
+def test_every_instruction_set_path_meets_the_rule_and_gives_sdpas_bits(arch):
+    """With ATTN_ARCH forcing each path this CPU has (one interpreter each: the
+    dispatch is decided once per process), the oracle, sdpa-bits and RoPE tests above
+    all pass."""
+    order = ["ref", "scalar", "avx2", "avx512", "avx512bf16", "amx"]
+    best = attn.arch()["best"]
+    if order.index(arch) > order.index(best):
+        pytest.skip("this CPU's best path is %s, so %s cannot run here" % (best, arch))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, ATTN_ARCH=arch, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    r = subprocess.run([sys.executable, "-c", EVERY_PATH, arch], capture_output=True,
+                       text=True, env=env)
+    n = 2 * (len(SHAPES) + 2)
+    last = r.stdout.strip().splitlines()[-1:] or [""]
+    assert r.returncode == 0 and last[0] == "ok %s %d" % (arch, n), \
+        "ATTN_ARCH=%s:\nstdout: %s\nstderr: %s" % (arch, r.stdout[-3000:], r.stderr[-3000:])
 
 
 def test_ml_dtypes_bfloat16_cache_gives_the_bits_of_the_uint16_path():
