@@ -10,8 +10,10 @@ sdpa also takes q, k and v in 16 bits (SPEC section 10), read in place too:
 numpy float16 arrays, ml_dtypes.bfloat16 arrays (when the ml_dtypes package is
 installed; attn does not need it), or uint16 arrays of bfloat16 bits with
 dtype="bf16". Products and sums accumulate in float32; the output has the
-inputs' dtype, the weights and log-sum-exp stay float32. The other calls
-(multi-head attention, RoPE, the KV cache, the backward) take float32 only.
+inputs' dtype, the weights and log-sum-exp stay float32. A KVCache made with
+dtype="bf16" or "f16" stores K and V in 16 bits (see its docstring), and
+load_npy / load_safetensors(keep_half=True) keep 16-bit tensors as stored. The
+other calls (multi-head attention, RoPE, the backward) take float32 only.
 
 Functions:
     sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,

@@ -7,7 +7,8 @@
  * no copy. attn.sdpa also takes 16-bit arrays (SPEC section 10), in place too:
  * numpy's float16, ml_dtypes' bfloat16 (which numpy cannot export through the
  * buffer protocol, so its memory is read through a uint16 view of it), and
- * uint16 arrays of raw bits with dtype="bf16" or "f16". Outputs are numpy arrays
+ * uint16 arrays of raw bits with dtype="bf16" or "f16"; so does a KV cache made
+ * in 16 bits, whose own dtype says what its uint16 arrays hold. Outputs are numpy arrays
  * made by numpy.empty (looked up once, at import) or the caller's own `out=`
  * array. The GIL is released while a kernel runs;
  * the Py_buffer views held for the call keep every array alive meanwhile.
