@@ -230,7 +230,7 @@ def test_bad_cache_dtypes_are_type_errors_naming_them():
 
 def test_16_bit_cache_calls_leak_nothing():
     """20000 calls on 16-bit caches (append, attend with float32 and 16-bit q, view,
-    truncate), a third of them failing, keep the refcounts and Python's traced
+    truncate), a quarter of them failing, keep the refcounts and Python's traced
     memory unchanged."""
     rng = np.random.default_rng(6)
     x = rand(rng, 1, 2, 2, 4)
