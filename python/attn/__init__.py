@@ -130,8 +130,9 @@ class KVCache:
         keys at their positions as they are stored (rope_base sets the base).
         A sequence without room fails the whole call (ValueError), appending nothing.
     attend(q, first=0, rope=None, **options)   q [Bn, H, Tq, D]: the last Tq
-        positions of each sequence against its keys, bottom-right causal when
-        causal is set; the options of attn.sdpa. Returns out [Bn, H, Tq, Dv] (or a
+        positions of each sequence against its keys, always bottom-right causal
+        as the C call is (causal=True says so; leaving it out changes nothing);
+        the options of attn.sdpa. Returns out [Bn, H, Tq, Dv] (or a
         tuple with weights [Bn, H, Tq, capacity] / lse).
     truncate(length, seq=-1)   roll back one sequence (or all, seq=-1).
     length(seq)                positions sequence seq holds.
