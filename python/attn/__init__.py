@@ -10,8 +10,10 @@ sdpa also takes q, k and v in 16 bits (SPEC section 10), read in place too:
 numpy float16 arrays, ml_dtypes.bfloat16 arrays (when the ml_dtypes package is
 installed; attn does not need it), or uint16 arrays of bfloat16 bits with
 dtype="bf16". Products and sums accumulate in float32; the output has the
-inputs' dtype, the weights and log-sum-exp stay float32. The other calls
-(multi-head attention, RoPE, the KV cache, the backward) take float32 only.
+inputs' dtype, the weights and log-sum-exp stay float32. A KVCache made with
+dtype="bf16" or "f16" stores K and V in 16 bits (see its docstring), and
+load_npy / load_safetensors(keep_half=True) keep 16-bit tensors as stored. The
+other calls (multi-head attention, RoPE, the backward) take float32 only.
 
 Functions:
     sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,
@@ -19,7 +21,7 @@ Functions:
     padding_mask(token_ids, pad_id), causal_mask(T)      the chapter's masks
     mha_forward(x, weights, num_heads, ...)              multi-head self-attention
     rope(x, *, pairing, base, offset, out)               rotary position embedding
-    KVCache(batch, kv_heads, capacity, head_dim)         a KV cache for decoding
+    KVCache(batch, kv_heads, capacity, head_dim, dtype=) a KV cache for decoding
     load_npy, save_npy, load_safetensors, save_safetensors
     arch()                                               which kernels run, and why
     Generator(seed)                                      PyTorch's CPU random numbers
@@ -128,8 +130,9 @@ class KVCache:
         keys at their positions as they are stored (rope_base sets the base).
         A sequence without room fails the whole call (ValueError), appending nothing.
     attend(q, first=0, rope=None, **options)   q [Bn, H, Tq, D]: the last Tq
-        positions of each sequence against its keys, bottom-right causal when
-        causal is set; the options of attn.sdpa. Returns out [Bn, H, Tq, Dv] (or a
+        positions of each sequence against its keys, always bottom-right causal
+        as the C call is (causal=True says so; leaving it out changes nothing);
+        the options of attn.sdpa. Returns out [Bn, H, Tq, Dv] (or a
         tuple with weights [Bn, H, Tq, capacity] / lse).
     truncate(length, seq=-1)   roll back one sequence (or all, seq=-1).
     length(seq)                positions sequence seq holds.
@@ -138,12 +141,25 @@ class KVCache:
                                leaves the cache alone and a later append or truncate
                                leaves them alone.
 
+    dtype: how K and V are stored. "f32" (the default), "f16" (or numpy.float16)
+    or "bf16" (or ml_dtypes.bfloat16). append takes k and v in float32 (rounded
+    once, to nearest even) or in the cache's dtype (copied bit for bit); attend
+    takes q in float32 or the cache's dtype and returns out in q's dtype, the same
+    kind of array as q, as attn.sdpa does; every product and sum is float32. In a
+    16-bit cache a uint16 array holds the cache's dtype's bits (no dtype= needed:
+    the cache says which). view returns the cache's dtype: float16 arrays, and for
+    bfloat16 uint16 bits when the cache was made with "bf16", ml_dtypes.bfloat16
+    arrays when it was made with ml_dtypes.bfloat16. Any other dtype is a
+    TypeError that names it.
+
     The GIL is released while append and attend run; a lock serialises the calls
     on one cache, so threads may share it (separate caches run in parallel).
     """
 
-    def __init__(self, batch, kv_heads, capacity, head_dim, value_dim=0, rope_base=10000.0):
-        self._c = _attn._kv_create(batch, kv_heads, capacity, head_dim, value_dim)
+    def __init__(self, batch, kv_heads, capacity, head_dim, value_dim=0, rope_base=10000.0,
+                 dtype="f32"):
+        self.dtype, self._ml_bf16 = _kv_dtype(dtype)
+        self._c = _attn._kv_create(batch, kv_heads, capacity, head_dim, value_dim, self.dtype)
         self.batch, self.kv_heads, self.capacity = batch, kv_heads, capacity
         self.head_dim = head_dim
         self.value_dim = value_dim or head_dim
@@ -175,7 +191,40 @@ class KVCache:
         """Copies of sequence seq's keys and values, [1, Hkv, length, D] and
         [1, Hkv, length, Dv] (see the class's docstring: copies, not views)."""
         with self._lock:
-            return _attn._kv_view(self._c, seq)
+            k, v = _attn._kv_view(self._c, seq)
+        if self._ml_bf16 is not None:
+            k, v = k.view(self._ml_bf16), v.view(self._ml_bf16)
+        return k, v
+
+
+_KV_DTYPES = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16",
+              "f16": "f16", "float16": "f16"}
+
+
+def _kv_dtype(dtype):
+    """KVCache's dtype= as ("f32" | "bf16" | "f16", the ml_dtypes bfloat16 dtype
+    when views should be of it, else None). Strings name a dtype as sdpa's dtype=
+    does (bfloat16 given as a string means uint16 bits, as there); a numpy dtype or
+    scalar type names its own. Never imports ml_dtypes: an ml_dtypes.bfloat16
+    given here is already imported."""
+    if isinstance(dtype, str):
+        if dtype in _KV_DTYPES:
+            return _KV_DTYPES[dtype], None
+        raise TypeError('KVCache dtype must be "f32", "bf16" or "f16" (or numpy.float32, '
+                        'numpy.float16, ml_dtypes.bfloat16), not %r' % (dtype,))
+    try:
+        dt = _np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt == _np.float32:
+        return "f32", None
+    if dt == _np.float16:
+        return "f16", None
+    if dt is not None and dt.name == "bfloat16" and dt.itemsize == 2:
+        return "bf16", dt
+    raise TypeError('KVCache dtype must be "f32", "bf16" or "f16" (or numpy.float32, '
+                    'numpy.float16, ml_dtypes.bfloat16), not %s'
+                    % (dt if dt is not None else repr(dtype)))
 
 
 class Generator:

@@ -7,7 +7,8 @@
  * no copy. attn.sdpa also takes 16-bit arrays (SPEC section 10), in place too:
  * numpy's float16, ml_dtypes' bfloat16 (which numpy cannot export through the
  * buffer protocol, so its memory is read through a uint16 view of it), and
- * uint16 arrays of raw bits with dtype="bf16" or "f16". Outputs are numpy arrays
+ * uint16 arrays of raw bits with dtype="bf16" or "f16"; so does a KV cache made
+ * in 16 bits, whose own dtype says what its uint16 arrays hold. Outputs are numpy arrays
  * made by numpy.empty (looked up once, at import) or the caller's own `out=`
  * array. The GIL is released while a kernel runs;
  * the Py_buffer views held for the call keep every array alive meanwhile.
@@ -162,6 +163,11 @@ static const char *want_words(unsigned want)
     case WANT_F32: return "float32";
     case WANT_BOOL: return "bool";
     case WANT_INT: return "int64 or int32";
+    case WANT_F32 | (1u << ATTN_DTYPE_BF16):
+        return "float32 or bfloat16 (the KV cache's dtype: ml_dtypes.bfloat16, or uint16 "
+               "bits)";
+    case WANT_F32 | (1u << ATTN_DTYPE_F16):
+        return "float32 or float16 (the KV cache's dtype, or uint16 bits of it)";
     case WANT_ATTN:
         return "float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 bits with "
                "dtype=\"bf16\")";
@@ -264,9 +270,9 @@ static int get_tensor_ex(bufset *bs, PyObject *obj, const char *name, unsigned w
                          name);
         else if ((dt == ATTN_DTYPE_F16 || dt == ATTN_DTYPE_BF16) && !(want & WANT_HALF))
             PyErr_Format(PyExc_TypeError,
-                         "%s must be %s, not %s: of attn's calls only sdpa takes 16-bit "
-                         "arrays (the backward, multi-head attention, RoPE and the KV cache "
-                         "are float32 only)",
+                         "%s must be %s, not %s: of attn's calls only sdpa and a KVCache "
+                         "made with dtype=\"bf16\" or \"f16\" take 16-bit arrays (the "
+                         "backward, multi-head attention and RoPE are float32 only)",
                          name, want_words(want), got);
         else
             PyErr_Format(PyExc_TypeError, "%s must be %s, not %s", name, want_words(want), got);
@@ -1189,19 +1195,48 @@ static attn_kv_cache *kv_get(PyObject *cap)
     return PyCapsule_GetPointer(cap, KV_CAPSULE);
 }
 
+/* The storage dtype of a capsule kv_get accepted (see py_kv_create). */
+static attn_dtype kv_dtype(PyObject *cap)
+{
+    return (attn_dtype)(intptr_t)PyCapsule_GetContext(cap);
+}
+
+/* What a cache of dtype dt takes for k, v, q and out: float32, and its own dtype
+ * (a uint16 array then holds that dtype's bits, the cache saying which). */
+static unsigned kv_want(attn_dtype dt)
+{
+    return WANT_F32 | (1u << dt);
+}
+
+static int kv_raw16(attn_dtype dt)
+{
+    return dt == ATTN_DTYPE_F32 ? -1 : (int)dt;
+}
+
 static PyObject *py_kv_create(PyObject *self, PyObject *args)
 {
     (void)self;
     attn_kv_cache_config cfg;
     long long B, Hkv, cap, D, Dv;
-    if (!PyArg_ParseTuple(args, "LLLLL", &B, &Hkv, &cap, &D, &Dv))
+    const char *dtype = "f32";
+    if (!PyArg_ParseTuple(args, "LLLLL|s", &B, &Hkv, &cap, &D, &Dv, &dtype))
         return NULL;
     cfg.batch = B;
     cfg.kv_heads = Hkv;
     cfg.capacity = cap;
     cfg.head_dim = D;
     cfg.value_dim = Dv;
-    cfg.dtype = ATTN_DTYPE_F32; /* the config gained a dtype: this cache stays float32 */
+    if (strcmp(dtype, "f32") == 0) {
+        cfg.dtype = ATTN_DTYPE_F32;
+    } else if (strcmp(dtype, "bf16") == 0) {
+        cfg.dtype = ATTN_DTYPE_BF16;
+    } else if (strcmp(dtype, "f16") == 0) {
+        cfg.dtype = ATTN_DTYPE_F16;
+    } else {
+        PyErr_Format(PyExc_TypeError, "KV cache dtype must be \"f32\", \"bf16\" or \"f16\", "
+                     "not \"%s\"", dtype);
+        return NULL;
+    }
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     attn_kv_cache *c = NULL;
@@ -1209,8 +1244,16 @@ static PyObject *py_kv_create(PyObject *self, PyObject *args)
     if (st != ATTN_OK)
         return raise_status(st, &ctx);
     PyObject *capsule = PyCapsule_New(c, KV_CAPSULE, kv_capsule_free);
-    if (!capsule)
+    if (!capsule) {
         attn_kv_cache_free(NULL, c);
+        return NULL;
+    }
+    /* The capsule's context remembers the storage dtype, which the library keeps
+     * to itself: the calls below need it to read uint16 bits and make arrays. */
+    if (PyCapsule_SetContext(capsule, (void *)(intptr_t)cfg.dtype) < 0) {
+        Py_DECREF(capsule);
+        return NULL;
+    }
     return capsule;
 }
 
@@ -1242,8 +1285,9 @@ static PyObject *py_kv_append(PyObject *self, PyObject *args)
     bs.n = 0;
     attn_tensor k, v;
     attn_rope_params rp;
-    if (get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
-        get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
+    const attn_dtype cdt = kv_dtype(cap);
+    if (get_tensor_ex(&bs, ko, "k", kv_want(cdt), 0, kv_raw16(cdt), &k, NULL) < 0 ||
+        get_tensor_ex(&bs, vo, "v", kv_want(cdt), 0, kv_raw16(cdt), &v, NULL) < 0 ||
         (pairing != Py_None && parse_rope(pairing, base, 0, &rp) < 0)) {
         bufset_release(&bs);
         return NULL;
@@ -1278,8 +1322,10 @@ static PyObject *py_kv_truncate(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Copies of sequence seq's keys and values [1, Hkv, length, D] (copies, so that
- * they stay valid whatever happens to the cache afterwards). */
+/* Copies of sequence seq's keys and values [1, Hkv, length, D] in the cache's
+ * dtype (bfloat16 as uint16 bits; attn.KVCache views them as ml_dtypes' when it
+ * was made with that dtype), copies so that they stay valid whatever happens to
+ * the cache afterwards. */
 static PyObject *py_kv_view(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -1298,8 +1344,8 @@ static PyObject *py_kv_view(PyObject *self, PyObject *args)
         return raise_status(st, &ctx);
     bufset bs;
     bs.n = 0;
-    PyObject *ka = new_array(&bs, kview.ndim, kview.shape, ATTN_DTYPE_F32, "k", &kc);
-    PyObject *va = ka ? new_array(&bs, vview.ndim, vview.shape, ATTN_DTYPE_F32, "v", &vc) : NULL;
+    PyObject *ka = new_array(&bs, kview.ndim, kview.shape, kview.dtype, "k", &kc);
+    PyObject *va = ka ? new_array(&bs, vview.ndim, vview.shape, vview.dtype, "v", &vc) : NULL;
     if (va) {
         st = attn_tensor_copy(&ctx, &kview, &kc);
         if (st == ATTN_OK)
@@ -1343,7 +1389,9 @@ static PyObject *py_kv_attend(PyObject *self, PyObject *args, PyObject *kwargs)
     int64_t shape[ATTN_MAX_DIMS];
     attn_ctx ctx;
     attn_ctx_init(&ctx);
-    if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
+    const attn_dtype cdt = kv_dtype(cap);
+    int q_ml = 0;
+    if (get_tensor_ex(&bs, qo, "q", kv_want(cdt), 0, kv_raw16(cdt), &q, &q_ml) < 0 ||
         (pairing != Py_None && parse_rope(pairing, base, 0, &rp) < 0) ||
         parse_opts(&bs, &o, mask, causal, scale, window, softcap, alibi, bias, sinks,
                    empty_rows) < 0)
@@ -1356,7 +1404,8 @@ static PyObject *py_kv_attend(PyObject *self, PyObject *args, PyObject *kwargs)
     attn_ctx_init(&ctx);
     {
         int nd = shape_with_last(&q, Dv, 0, shape);
-        if (!(out_arr = new_array(&bs, nd, shape, ATTN_DTYPE_F32, "out", &out)))
+        /* out in q's dtype, as attn.sdpa: the library rounds it once. */
+        if (!(out_arr = new_array(&bs, nd, shape, q.dtype, "out", &out)))
             goto fail;
     }
     if (new_weights_and_lse(&bs, &q, capacity, want_w, want_lse, &w_arr, &weights, &lse_arr,
@@ -1373,6 +1422,13 @@ static PyObject *py_kv_attend(PyObject *self, PyObject *args, PyObject *kwargs)
         goto fail;
     }
     bufset_release(&bs);
+    /* The same kind of array as q (uint16 bits or ml_dtypes.bfloat16), as sdpa. */
+    out_arr = as_ml_bfloat16(out_arr, q_ml);
+    if (!out_arr) {
+        Py_XDECREF(w_arr);
+        Py_XDECREF(lse_arr);
+        return NULL;
+    }
     return pack_result(out_arr, w_arr, lse_arr);
 fail:
     bufset_release(&bs);
@@ -1403,23 +1459,27 @@ static PyObject *array_from_loaded(attn_ctx *ctx, attn_array *a)
 }
 
 PyDoc_STRVAR(load_npy_doc,
-"load_npy(path)\n--\n\n"
+"load_npy(path, *, keep_half=False)\n--\n\n"
 "Reads a .npy file with attn's reader: float32/float64/float16 become float32,\n"
-"int32 and int64 stay, bool and uint8 become bool; 1 to 4 dimensions.\n"
+"int32 and int64 stay, bool and uint8 become bool; 1 to 4 dimensions. With\n"
+"keep_half=True a float16 file stays float16, bit for bit.\n"
 "Raises OSError (cannot read) or ValueError (malformed, unsupported dtype).");
 
-static PyObject *py_load_npy(PyObject *self, PyObject *args)
+static PyObject *py_load_npy(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
+    static char *kwlist[] = {"path", "keep_half", NULL};
     PyObject *path;
-    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path))
+    int keep_half = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|$p", kwlist, PyUnicode_FSConverter, &path,
+                                     &keep_half))
         return NULL;
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     attn_array a;
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = attn_npy_load(&ctx, PyBytes_AsString(path), &a);
+    st = attn_npy_load_flags(&ctx, PyBytes_AsString(path), keep_half ? ATTN_LOAD_HALF : 0u, &a);
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     if (st != ATTN_OK)
@@ -1460,15 +1520,22 @@ static PyObject *py_save_npy(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(load_safetensors_doc,
-"load_safetensors(path)\n--\n\n"
+"load_safetensors(path, *, keep_half=False)\n--\n\n"
 "Reads every tensor of a .safetensors file into a dict {name: array}, in the\n"
-"file's order (F32/F16/BF16/F64 become float32; I32, I64 stay; BOOL, U8 bool).");
+"file's order (F32/F16/BF16/F64 become float32; I32, I64 stay; BOOL, U8 bool).\n"
+"With keep_half=True F16 and BF16 stay as stored, bit for bit: F16 as float16,\n"
+"BF16 as uint16 arrays of bfloat16 bits (numpy has no bfloat16; .view(\n"
+"ml_dtypes.bfloat16) reads them as values, or pass them to attn.sdpa with\n"
+"dtype=\"bf16\").");
 
-static PyObject *py_load_safetensors(PyObject *self, PyObject *args)
+static PyObject *py_load_safetensors(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
+    static char *kwlist[] = {"path", "keep_half", NULL};
     PyObject *path;
-    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path))
+    int keep_half = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|$p", kwlist, PyUnicode_FSConverter, &path,
+                                     &keep_half))
         return NULL;
     attn_ctx ctx;
     attn_ctx_init(&ctx);
@@ -1482,7 +1549,7 @@ static PyObject *py_load_safetensors(PyObject *self, PyObject *args)
     for (int64_t i = 0; i < n; i++) {
         const char *name = attn_safetensors_name(sf, i);
         attn_array a;
-        st = attn_safetensors_get(&ctx, sf, name, &a);
+        st = attn_safetensors_get_flags(&ctx, sf, name, keep_half ? ATTN_LOAD_HALF : 0u, &a);
         if (st != ATTN_OK) {
             raise_status(st, &ctx);
             Py_CLEAR(d);
@@ -1661,9 +1728,11 @@ static PyMethodDef methods[] = {
     {"_kv_truncate", py_kv_truncate, METH_VARARGS, NULL},
     {"_kv_view", py_kv_view, METH_VARARGS, NULL},
     {"_kv_attend", (PyCFunction)(void (*)(void))py_kv_attend, METH_VARARGS | METH_KEYWORDS, NULL},
-    {"load_npy", py_load_npy, METH_VARARGS, load_npy_doc},
+    {"load_npy", (PyCFunction)(void (*)(void))py_load_npy, METH_VARARGS | METH_KEYWORDS,
+     load_npy_doc},
     {"save_npy", py_save_npy, METH_VARARGS, save_npy_doc},
-    {"load_safetensors", py_load_safetensors, METH_VARARGS, load_safetensors_doc},
+    {"load_safetensors", (PyCFunction)(void (*)(void))py_load_safetensors,
+     METH_VARARGS | METH_KEYWORDS, load_safetensors_doc},
     {"save_safetensors", py_save_safetensors, METH_VARARGS, save_safetensors_doc},
     {"_rng_new", py_rng_new, METH_VARARGS, NULL},
     {"_rng_fill", py_rng_fill, METH_VARARGS, NULL},

@@ -317,7 +317,7 @@ def test_ml_dtypes_bfloat16_arrays_give_bfloat16_out_with_the_bits_of_the_uint16
                                         "k float16"):
         attn.sdpa(arrays[0], arrays[1].astype(np.float16), arrays[2])
     with pytest.raises(TypeError, match="x must be float32, not bfloat16: of attn's calls "
-                                        "only sdpa takes 16-bit"):
+                                        "only sdpa and a KVCache made with"):
         attn.rope(arrays[0])
 
 
@@ -355,13 +355,15 @@ def test_mixed_and_unsupported_dtypes_are_type_errors_naming_them():
 
 
 def test_the_float32_only_calls_refuse_16_bit_arrays_naming_the_dtype():
-    """The backward, RoPE and the KV cache take float32 only: a float16 or bfloat16
-    argument is a TypeError that names its dtype and says only sdpa takes 16 bits."""
+    """The backward, RoPE and a float32 KV cache take float32 only: a float16 or
+    bfloat16 argument is a TypeError that names its dtype and says which calls take
+    16 bits (a 16-bit KVCache is tested in test_kv_half.py)."""
     from attn import _attn
     q = np.zeros((1, 1, 2, 4), np.float32)
     h = q.astype(np.float16)
     lse = np.zeros((1, 1, 2), np.float32)
-    msg = "must be float32, not float16: of attn's calls only sdpa takes 16-bit arrays"
+    msg = ("must be float32, not float16: of attn's calls only sdpa and a KVCache made "
+           "with dtype=\"bf16\" or \"f16\" take 16-bit arrays")
     with pytest.raises(TypeError, match="q " + msg):
         _attn._sdpa_backward(h, q, q, q, lse, q)
     with pytest.raises(TypeError, match="dout " + msg):
