@@ -70,4 +70,26 @@ static int load(attn_ctx *ctx, const half_case *c, const char *name, attn_array 
     return rc;
 }
 
+/* Calls run(name) for every case that folder's MANIFEST names (blank lines and
+ * lines starting with '#' skipped); returns how many, or -1 when the MANIFEST cannot
+ * be opened. */
+static int for_each_case(const char *folder, void (*run)(const char *name))
+{
+    char p[600], line[256];
+    snprintf(p, sizeof p, "%s/MANIFEST", folder);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return -1;
+    int cases = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0] || line[0] == '#')
+            continue;
+        run(line);
+        cases++;
+    }
+    fclose(f);
+    return cases;
+}
+
 #endif /* ATTN_HALF_GOLDEN_H */
