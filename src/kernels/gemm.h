@@ -93,11 +93,10 @@ void attn__gemm_pack(attn_ctx *ctx, attn_arch arch, const float *w, int64_t w_rs
 void attn__gemm_run(attn_ctx *ctx, const attn__gemm_packed *pw, const float *x,
                     const attn__gemm_rows *xr, float *y, const attn__gemm_rows *yr);
 
-/* Micro-tiles of rows per work item, and panels of w per work item: a block of
- * 8 micro-tiles of x (under 100 rows) against 4 panels (64 features with AVX2's
- * 16-wide panels, 192 with AVX-512's 48-wide ones). */
-#define ATTN_GEMM_MB_TILES 8
-#define ATTN_GEMM_NB_PANELS 4
+/* The most micro-tiles of rows one work item holds: an item keeps its rows'
+ * offsets on the worker's stack (src/kernels/gemm_kernel.h), two int64_t per row.
+ * How many it holds, and how many panels of w, is chosen per call in gemm.c. */
+#define ATTN_GEMM_MB_TILES_MAX 16
 
 /* One call's plan, shared by the workers (see gemm_kernel.h). */
 typedef struct attn__gemm_job {
@@ -107,7 +106,7 @@ typedef struct attn__gemm_job {
     float *y;
     const attn__gemm_rows *yr;
     int64_t M;
-    int64_t mb; /* rows of x per work item: mr * ATTN_GEMM_MB_TILES */
+    int64_t mb; /* rows of x per work item: mr times at most ATTN_GEMM_MB_TILES_MAX */
     int64_t nb; /* panels of w per work item */
 } attn__gemm_job;
 

@@ -347,6 +347,14 @@ void attn__fused_tiles(int64_t *br, int64_t *bc)
     *bc = dispatch_tiles.bc;
 }
 
+void attn__cpu_caches(const char **uarch, int64_t *l1d_kib, int64_t *l2_kib)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    *uarch = dispatch_tiles.uarch;
+    *l1d_kib = dispatch_cpu.l1d_kib;
+    *l2_kib = dispatch_cpu.l2_kib;
+}
+
 static int parse_arch(const char *s, attn_arch *arch)
 {
     static const struct { const char *name; attn_arch arch; } names[] = {

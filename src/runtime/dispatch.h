@@ -27,6 +27,11 @@ static inline attn_arch attn__arch_isa(attn_arch arch)
     return arch == ATTN_ARCH_AVX512_BF16 || arch == ATTN_ARCH_AMX ? ATTN_ARCH_AVX512 : arch;
 }
 
+/* The microarchitecture's class (as the fused tiles name it) and its L1d and L2
+ * sizes per core from cpuid, 0 when unknown; decided once. The GEMM sizes its work
+ * items from them (src/kernels/gemm.c). */
+void attn__cpu_caches(const char **uarch, int64_t *l1d_kib, int64_t *l2_kib);
+
 /* attn_cpu_features for the library's own use (decided once). */
 unsigned attn__cpu_features(void);
 
