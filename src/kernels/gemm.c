@@ -15,7 +15,7 @@
 #include "gemm_kernel.h"
 
 const attn__gemm_kernel attn__gemm_kernel_scalar = {
-    ATTN_ARCH_SCALAR, GK_MR, GK_NR, gk_tile_item,
+    ATTN_ARCH_SCALAR, GK_MR, GK_NR, gk_tile_item, GK_PACK_BODY,
 };
 
 static const attn__gemm_kernel *gemm_kernel_for(attn_arch arch)
@@ -72,6 +72,7 @@ typedef struct pack_job {
     const float *bias;
     int64_t b_s;
     attn__gemm_packed *pw;
+    int64_t (*body)(const float *w, int64_t w_rs, int64_t K, float *dst); /* or NULL */
 } pack_job;
 
 /* Packs panel `item` of w (nr output features) and of the bias, zero past N.
@@ -94,7 +95,12 @@ static void pack_item(void *arg, int64_t item, int worker)
         const int64_t n = item * nr + c;
         bdst[c] = n < pw->N && job->bias ? job->bias[n * job->b_s] : 0.0f;
     }
-    for (int64_t k0 = 0; k0 < K; k0 += PACK_KB) {
+    /* The build's register transposes pack what they can of a full panel; the
+     * loop below does the rest. */
+    int64_t kdone = 0;
+    if (job->body && job->w_cs == 1 && (item + 1) * nr <= pw->N)
+        kdone = job->body(job->w + item * nr * job->w_rs, job->w_rs, K, dst);
+    for (int64_t k0 = kdone; k0 < K; k0 += PACK_KB) {
         const int64_t k1 = K - k0 < PACK_KB ? K : k0 + PACK_KB;
         for (int64_t c = 0; c < nr; c++) {
             const int64_t n = item * nr + c;
@@ -127,7 +133,8 @@ void attn__gemm_pack(attn_ctx *ctx, attn_arch arch, const float *w, int64_t w_rs
     pw->wp = (float *)mem;
     /* The size was checked by attn__gemm_pack_bytes, so this cannot overflow. */
     pw->bp = (float *)((char *)mem + attn__align64((size_t)(n_panels * nr * K) * sizeof(float)));
-    pack_job job = {w, w_rs, w_cs, bias, b_s, pw};
+    pack_job job = {w, w_rs, w_cs, bias, b_s, pw,
+                    arch == ATTN_ARCH_REF ? NULL : gemm_kernel_for(arch)->pack_body};
     /* Packing moves N*K floats; count it as a few operations each. */
     attn__parallel_for(attn__threads_for(ctx, 4.0 * (double)N * (double)K, n_panels), n_panels,
                        pack_item, &job);

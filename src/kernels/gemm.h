@@ -110,10 +110,16 @@ typedef struct attn__gemm_job {
     int64_t nb; /* panels of w per work item */
 } attn__gemm_job;
 
+/* pack_body, where a build has one, packs the leading steps of k of a full panel
+ * (nr features of w, unit column stride, row stride w_rs) into dst [K][nr] with
+ * register transposes, and returns how many steps it packed (a multiple of the
+ * vector width); the portable loop in gemm.c packs the rest, the partial last
+ * panel and strided weights. Both write the same floats, so it changes no bits. */
 typedef struct attn__gemm_kernel {
     attn_arch arch;
     int mr, nr;
     void (*tile)(void *job, int64_t item, int worker);
+    int64_t (*pack_body)(const float *w, int64_t w_rs, int64_t K, float *dst);
 } attn__gemm_kernel;
 
 extern const attn__gemm_kernel attn__gemm_kernel_scalar;
