@@ -164,11 +164,84 @@ static void test_leading_axes(void)
     }
 }
 
+/* One attn_linear call of x [M, K] W^T + b on arch with t threads into y. W is read
+ * through w (row stride w_rs, column stride w_cs). */
+static void linear_on(attn_arch arch, int t, const float *x, int64_t M, int64_t K,
+                      const float *w, int64_t w_rs, int64_t w_cs, const float *b, int64_t N,
+                      float *y)
+{
+    attn_tensor tx, tw, tb, ty;
+    const int64_t sx[2] = {M, K}, sw[2] = {N, K}, sb[1] = {N}, sy[2] = {M, N};
+    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, (float *)x, 2, sx);
+    attn_tensor_init(NULL, &tw, ATTN_DTYPE_F32, (float *)w, 2, sw);
+    tw.stride[0] = w_rs, tw.stride[1] = w_cs;
+    attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, (float *)b, 1, sb);
+    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, y, 2, sy);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = t;
+    CHECK_INT(attn_linear(&ctx, &tx, &tw, &tb, &ty), ATTN_OK);
+}
+
+/* Shapes that span several work items both ways (AVX-512 on a 2 MiB L2 takes 128
+ * rows x 96 features per item, others 48-64 rows x 64-192 features) with tails in
+ * every direction: 1, 2 and 3 threads must give the same bits, and so must a
+ * weight read through a transposed view, which the register-transpose packing
+ * cannot take and the portable loop packs instead. */
+static void test_threads_and_packing(void)
+{
+    static const int64_t shapes[][3] = {{300, 200, 113}, {113, 113, 17}, {129, 97, 48},
+                                        {3, 1, 1}};
+    const attn_arch archs[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *x = malloc((size_t)(M * K) * sizeof(float));
+        float *w = malloc((size_t)(N * K) * sizeof(float));
+        float *wt = malloc((size_t)(N * K) * sizeof(float)); /* W^T [K, N] */
+        float *b = malloc((size_t)N * sizeof(float));
+        float *y1 = malloc((size_t)(M * N) * sizeof(float));
+        float *yt = malloc((size_t)(M * N) * sizeof(float));
+        fill(x, M * K, 11 + (uint64_t)s);
+        fill(w, N * K, 12 + (uint64_t)s);
+        fill(b, N, 13);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++)
+                wt[k * N + n] = w[n * K + k];
+        for (int a = 0; a < 3; a++) {
+            if (!attn_arch_supported(archs[a]))
+                continue;
+            linear_on(archs[a], 1, x, M, K, w, K, 1, b, N, y1);
+            for (int t = 2; t <= 3; t++) {
+                linear_on(archs[a], t, x, M, K, w, K, 1, b, N, yt);
+                const int same = memcmp(y1, yt, (size_t)(M * N) * sizeof(float)) == 0;
+                if (!same)
+                    fprintf(stderr, "  %s M=%lld N=%lld K=%lld: %d threads differ from 1 "
+                                    "(y[last] %.9g vs %.9g)\n",
+                            attn_arch_name(archs[a]), (long long)M, (long long)N, (long long)K,
+                            t, yt[M * N - 1], y1[M * N - 1]);
+                CHECK(same);
+            }
+            linear_on(archs[a], 2, x, M, K, wt, 1, N, b, N, yt);
+            const int same = memcmp(y1, yt, (size_t)(M * N) * sizeof(float)) == 0;
+            if (!same)
+                fprintf(stderr, "  %s M=%lld N=%lld K=%lld: a transposed weight view differs "
+                                "(y[0] %.9g vs %.9g)\n",
+                        attn_arch_name(archs[a]), (long long)M, (long long)N, (long long)K, yt[0],
+                        y1[0]);
+            CHECK(same);
+        }
+        free(x), free(w), free(wt), free(b), free(y1), free(yt);
+    }
+}
+
 int main(void)
 {
     TEST("attn_linear's GEMM stays within twice the reference's float32 error (plus "
          "1e-6) on every path, for every tail of rows, features and reduction length, "
-         "with and without bias, on contiguous and strided views");
+         "with and without bias, on contiguous and strided views, including shapes of "
+         "several work items (M 113 and 300, N 113 and 200) and reductions (17, 113) "
+         "that are no multiple of the packing's transposes");
     static const int64_t Ms[] = {1, 5, 12, 13, 37, 100};
     static const int64_t Ns[] = {1, 7, 16, 33, 64, 70};
     static const int64_t Ks[] = {1, 3, 64, 300};
@@ -178,9 +251,19 @@ int main(void)
         for (size_t j = 0; j < sizeof Ns / sizeof Ns[0]; j++)
             for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++, n++)
                 run_case(Ms[i], Ns[j], Ks[k], n % 2, (n / 2) % 2, &worst);
+    static const int64_t Ms2[] = {113, 300};
+    static const int64_t Ns2[] = {3, 113, 200};
+    static const int64_t Ks2[] = {17, 113};
+    for (size_t i = 0; i < sizeof Ms2 / sizeof Ms2[0]; i++)
+        for (size_t j = 0; j < sizeof Ns2 / sizeof Ns2[0]; j++)
+            for (size_t k = 0; k < sizeof Ks2 / sizeof Ks2[0]; k++, n++)
+                run_case(Ms2[i], Ns2[j], Ks2[k], n % 2, (n / 2) % 2, &worst);
     fprintf(stderr, "%d cases; worst error / bound = %.3f\n", n, worst);
     TEST("rows split over three leading axes with permuted strides give the bits of "
          "contiguous rows, and a packed weight the bits of the unpacked one, on every path");
     test_leading_axes();
+    TEST("1, 2 and 3 threads give the same bits on every path, over several work items "
+         "with tails, and a transposed weight view packs to the same bits as a contiguous one");
+    test_threads_and_packing();
     return check_summary("test_gemm");
 }

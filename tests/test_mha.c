@@ -203,6 +203,62 @@ static void test_mha_against_oracle(int B, int T, int E, int H, int use_padding)
     free(mask), free(pad), free(causal), free(ids);
 }
 
+/* The projection writes each head's q, k and v as its own block of D columns
+ * (src/kernels/gemm.h's column blocks): full vectors go straight to y when D is a
+ * multiple of the vector width, through a stack tile when it is not. On every
+ * path, with 1 and 2 threads, the module must match the oracle, and 2 threads
+ * must give the bits of 1. */
+static void test_mha_paths(int B, int T, int E, int H)
+{
+    float *x = malloc(sizeof(float) * B * T * E), *wqkv = malloc(sizeof(float) * 3 * E * E),
+          *bqkv = malloc(sizeof(float) * 3 * E), *wo = malloc(sizeof(float) * E * E),
+          *bo = malloc(sizeof(float) * E), *out1 = malloc(sizeof(float) * B * T * E),
+          *out2 = malloc(sizeof(float) * B * T * E);
+    double *oo = malloc(sizeof(double) * B * T * E), *ow = malloc(sizeof(double) * B * H * T * T);
+    unsigned char *mask = malloc((size_t)B * T * T);
+    tu_fill(x, B * T * E, 600 + E);
+    tu_fill(wqkv, 3 * E * E, 700 + E);
+    tu_fill(bqkv, 3 * E, 800 + E);
+    tu_fill(wo, E * E, 900 + E);
+    tu_fill(bo, E, 1000 + E);
+    for (int i = 0; i < B * T * T; i++)
+        mask[i] = 1;
+    mha_oracle(x, wqkv, bqkv, wo, bo, mask, B, T, E, H, oo, ow);
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, B, T, E), t1 = tu_tensor3(out1, B, T, E),
+                t2 = tu_tensor3(out2, B, T, E);
+    const attn_arch archs[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int a = 0; a < 3; a++) {
+        if (!attn_arch_supported(archs[a]))
+            continue;
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.arch = archs[a];
+        ctx.threads = 1;
+        CHECK_INT(attn_mha_forward(&ctx, &mw, H, &tx, NULL, &t1, NULL), ATTN_OK);
+        ctx.threads = 2;
+        CHECK_INT(attn_mha_forward(&ctx, &mw, H, &tx, NULL, &t2, NULL), ATTN_OK);
+        /* As in test_mha_against_oracle: below 1e-4 for E <= 64. */
+        int bad = 0, worst = 0;
+        for (int i = 0; i < B * T * E; i++)
+            if (!(fabs(out1[i] - oo[i]) <= 1e-4 + 1e-4 * fabs(oo[i])) && !bad++)
+                worst = i;
+        if (bad)
+            fprintf(stderr, "  %s B=%d T=%d E=%d H=%d: %d outputs differ from the oracle "
+                            "(out[%d] %.9g, oracle %.9g)\n",
+                    attn_arch_name(archs[a]), B, T, E, H, bad, worst, out1[worst], oo[worst]);
+        CHECK_INT(bad, 0);
+        const int same = memcmp(out1, out2, sizeof(float) * B * T * E) == 0;
+        if (!same)
+            fprintf(stderr, "  %s B=%d T=%d E=%d H=%d: 2 threads differ from 1 (out[0] %.9g vs "
+                            "%.9g)\n",
+                    attn_arch_name(archs[a]), B, T, E, H, out2[0], out1[0]);
+        CHECK(same);
+    }
+    free(x), free(wqkv), free(bqkv), free(wo), free(bo), free(out1), free(out2), free(oo);
+    free(ow), free(mask);
+}
+
 static void test_mha_errors(void)
 {
     attn_ctx ctx;
@@ -680,6 +736,14 @@ int main(void)
     test_mha_against_oracle(3, 17, 24, 3, 1);
     test_mha_against_oracle(2, 9, 40, 8, 1);
     test_mha_against_oracle(1, 33, 64, 1, 0);
+    TEST("on every path, with 1 and 2 threads, the module matches the oracle when each "
+         "head's D columns are a multiple of the vector width (D = 16, 32, 64) and when they "
+         "are not (D = 12, 20), and 2 threads give the bits of 1");
+    test_mha_paths(2, 37, 64, 4);
+    test_mha_paths(1, 20, 64, 2);
+    test_mha_paths(1, 17, 64, 1);
+    test_mha_paths(2, 19, 48, 4);
+    test_mha_paths(1, 9, 60, 3);
     test_mha_errors();
     test_no_memory();
     TEST("grouped-query attention (Hkv = H, H/2, H/3, 1) equals the chapter's module with "

@@ -32,6 +32,7 @@ int bench_gemm(int64_t n, const bench_opts *o)
     memset(&a, 0, sizeof a);
     attn_ctx_init(&a.ctx);
     a.ctx.threads = o->threads;
+    a.ctx.keep_workspace = 1;
     const int64_t s[2] = {n, n};
     if (attn_tensor_alloc(&a.ctx, &a.x, ATTN_DTYPE_F32, 2, s) ||
         attn_tensor_alloc(&a.ctx, &a.w, ATTN_DTYPE_F32, 2, s) ||

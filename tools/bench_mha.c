@@ -39,6 +39,7 @@ int bench_mha(int64_t T, int64_t E, int64_t H, int causal, const bench_opts *o)
     memset(&a, 0, sizeof a);
     attn_ctx_init(&a.ctx);
     a.ctx.threads = o->threads;
+    a.ctx.keep_workspace = 1;
     a.H = H;
     const int64_t xs[3] = {1, T, E}, wq[2] = {3 * E, E}, bq[1] = {3 * E}, wo[2] = {E, E},
                   bo[1] = {E};

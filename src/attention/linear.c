@@ -79,7 +79,7 @@ static void linear_ref(const float *x, const attn__gemm_rows *xr, const float *w
             float acc = 0.0f;
             for (int64_t k = 0; k < K; k++)
                 acc += xrow[k * xr->cs] * wr[k * w_cs];
-            yrow[o * yr->cs] = acc + (b ? b[o * b_s] : 0.0f);
+            yrow[attn__gemm_col(yr, o)] = acc + (b ? b[o * b_s] : 0.0f);
         }
     }
 }

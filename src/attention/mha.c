@@ -9,9 +9,11 @@
  *   merged   [B, T, E]      = the inverse of the split
  *   out      [B, T, E]      = merged W_o^T + b_o
  *
- * The split and the merge copy nothing: q, k and v are strided views into the qkv
- * buffer, and the attention writes its context straight into the merged layout, the
- * way PyTorch's view + transpose describes the same memory with other strides.
+ * The split and the merge cost no pass of their own. The projection's GEMM writes
+ * its output straight in the split layout: column n of row (b, t) goes to head
+ * n / D of a [B, 3H, T, D] block (src/kernels/gemm.h's column blocks), so q, k and
+ * v are views of contiguous heads. The attention writes its context straight into
+ * the merged layout, the way PyTorch's view + transpose describes that memory.
  *
  * A call checks its arguments once (weights, x, out, the attention's parameters),
  * plans once (the attention's kernel and scratch, the layout of one scratch block)
@@ -20,7 +22,7 @@
  * one block, taken as attn_ctx says (the caller's workspace, the context's kept
  * buffer, or one allocation):
  *
- *   qkv      [B, T, 3E] floats
+ *   qkv      [B, 3H, T, D] floats (3E per row of x)
  *   merged   [B, T, E] floats
  *   region   the attention's scratch; for attn_mha_forward also W_qkv, then W_o,
  *            packed for the GEMM (the three are used one after another)
@@ -30,10 +32,10 @@
  *
  * Grouped-query attention (attn_gqa_*) is the same call with other row counts:
  * q takes H*D columns of each qkv row and k and v Hkv*D each, so the block's qkv
- * is [B, T, H*D + 2*Hkv*D] and merged [B, T, H*D]. The k and v views have Hkv
+ * is [B, H + 2*Hkv, T, D] and merged [B, T, H*D]. The k and v views have Hkv
  * heads and the attention reads key/value head h / (H / Hkv) for query head h, so
  * no repeated k or v is ever built. attn_gqa_forward packs W_q, W_k and W_v one
- * after another into the region and runs three GEMMs into their columns;
+ * after another into the region and runs three GEMMs into their heads;
  * attn_gqa_pack packs the three as one weight of H*D + 2*Hkv*D rows. Each output
  * element of the GEMM is its own sum over k in increasing order, whichever panel
  * or call it belongs to, so the two give the same bits.
@@ -146,6 +148,19 @@ typedef struct mha_plan {
     attn_rope_params rope;
 } mha_plan;
 
+/* A [B, heads, T, D] view of the heads g0 .. g0 + heads - 1 of a qkv block
+ * [B, G, T, D] (G heads of q, k and v together): each head's rows contiguous. */
+static void qkv_head_view(attn_tensor *t, float *base, int64_t B, int64_t T, int64_t heads,
+                          int64_t D, int64_t G, int64_t g0)
+{
+    memset(t, 0, sizeof *t);
+    t->data = base + g0 * T * D;
+    t->dtype = ATTN_DTYPE_F32;
+    t->ndim = 4;
+    t->shape[0] = B, t->shape[1] = heads, t->shape[2] = T, t->shape[3] = D;
+    t->stride[0] = G * T * D, t->stride[1] = T * D, t->stride[2] = D, t->stride[3] = 1;
+}
+
 /* Checks x, out, weights and p for embed_dim E and num_heads H (already checked)
  * and plans the call. pack_bytes is the room the per-call packing needs in the
  * region (0 when the weights come packed). */
@@ -220,7 +235,8 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, int64_t Hkv, int64
     /* The weights' checks keep H*D and Hkv*D below INT64_MAX / 4, so R fits. */
     const int64_t qr = H * D, kvr = Hkv * D, R = qr + 2 * kvr;
 
-    /* The block: qkv [B, T, R], merged [B, T, qr], then the region. */
+    /* The block: qkv [B, H + 2 Hkv, T, D] (R = (H + 2 Hkv) D floats per row of x),
+     * merged [B, T, qr], then the region. */
     int64_t bt, n_all;
     size_t qkv_bytes, merged_bytes, region;
     if (!attn__mul_i64(B, T, &bt) || !attn__mul_i64(bt, R + qr, &n_all) ||
@@ -234,9 +250,9 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, int64_t Hkv, int64
      * context will be; only their strides matter until the call runs. */
     float *base = (float *)x->data;
     attn_tensor q, k, v, context;
-    attn__head_view(&q, base, B, T, H, D, R, 0);
-    attn__head_view(&k, base, B, T, Hkv, D, R, qr);
-    attn__head_view(&v, base, B, T, Hkv, D, R, qr + kvr);
+    qkv_head_view(&q, base, B, T, H, D, H + 2 * Hkv, 0);
+    qkv_head_view(&k, base, B, T, Hkv, D, H + 2 * Hkv, H);
+    qkv_head_view(&v, base, B, T, Hkv, D, H + 2 * Hkv, H + Hkv);
     attn__head_view(&context, base, B, T, H, D, qr, 0);
     attn__sdpa_shapes s;
     if ((rc = attn__sdpa_prepare_shapes(ctx, &q, &k, &v, p, &context, weights, &s)) ||
@@ -261,8 +277,13 @@ static int mha_plan_make(attn_ctx *ctx, int64_t E, int64_t H, int64_t Hkv, int64
     attn__as4d(out, sh, st);
     attn__gemm_rows_from4d(sh, st, &mp->out_rows);
     mp->use_rope = 0;
-    const attn__gemm_rows qkv_rows = {{1, B, T}, {0, T * R, R}, 1};
-    const attn__gemm_rows merged_rows = {{1, B, T}, {0, T * qr, qr}, 1};
+    /* Row (b, t) of the projection starts at b T R + t D, and its columns come in
+     * blocks of D, one per head, T D apart: the GEMM writes every head's q, k and v
+     * contiguous. Reading q, k and v from rows R floats apart instead ([B, T, R],
+     * views with head stride D) made the attention 15-20% slower at T = 1024,
+     * E = 768 (docs/performance.md), more than the GEMM's extra care costs. */
+    const attn__gemm_rows qkv_rows = {{1, B, T}, {0, T * R, D}, 1, D, T * D};
+    const attn__gemm_rows merged_rows = {{1, B, T}, {0, T * qr, qr}, 1, 0, 0};
     mp->qkv_rows = qkv_rows;
     mp->merged_rows = merged_rows;
     return ATTN_OK;
@@ -296,15 +317,15 @@ static int mha_run(attn_ctx *ctx, const mha_plan *mp, const mha_src *src, attn_a
     const attn__gemm_packed *o_w = src->o;
     attn__gemm_packed pw;
 
-    /* q, k, v = x W^T + b   [B, T, qr + 2 kvr], q in columns [0, qr), k in
-     * [qr, qr + kvr), v after. */
+    /* q, k, v = x W^T + b   [B, H + 2 Hkv, T, D]: q in heads [0, H), k in
+     * [H, H + Hkv), v after (column n of the projection is head n / D). */
     if (src->g) {
         const attn_tensor *W[3] = {&src->g->w_q, &src->g->w_k, &src->g->w_v};
         const attn_tensor *b[3] = {&src->g->b_q, &src->g->b_k, &src->g->b_v};
         const int64_t col[3] = {0, mp->qr, mp->qr + mp->kvr};
         for (int i = 0; i < 3; i++) {
             pack_tensor(ctx, arch, W[i], b[i], region, &pw);
-            attn__linear_run(ctx, &pw, x, &mp->x_rows, qkv + col[i], &mp->qkv_rows);
+            attn__linear_run(ctx, &pw, x, &mp->x_rows, qkv + col[i] * mp->T, &mp->qkv_rows);
         }
     } else {
         if (src->w) {
@@ -316,23 +337,23 @@ static int mha_run(attn_ctx *ctx, const mha_plan *mp, const mha_src *src, attn_a
     }
 
     /* RoPE on q [B, H, T, D] and k [B, Hkv, T, D] where they lie in the qkv
-     * block (head stride D, row stride R), in place: every position's angles are
+     * block (head stride T D, row stride D), in place: every position's angles are
      * the same for queries and keys because Tq == Tk. */
+    const int64_t q_to_k = mp->qr * mp->T, q_to_v = (mp->qr + mp->kvr) * mp->T;
     if (mp->use_rope) {
-        const int64_t st[3] = {mp->D, mp->R, 1};
+        const int64_t st[3] = {mp->T * mp->D, mp->D, 1};
         for (int64_t b = 0; b < mp->B; b++) {
-            float *row0 = qkv + b * mp->T * mp->R;
-            attn__rope_run(&mp->rope, mp->H, mp->T, mp->D, row0, st, row0, st,
+            float *q0 = qkv + b * mp->T * mp->R;
+            attn__rope_run(&mp->rope, mp->H, mp->T, mp->D, q0, st, q0, st, mp->rope.offset);
+            attn__rope_run(&mp->rope, mp->Hkv, mp->T, mp->D, q0 + q_to_k, st, q0 + q_to_k, st,
                            mp->rope.offset);
-            attn__rope_run(&mp->rope, mp->Hkv, mp->T, mp->D, row0 + mp->qr, st, row0 + mp->qr,
-                           st, mp->rope.offset);
         }
     }
 
     /* The plan's strides split q, k and v into heads; the context is written
      * straight into the merged [B, T, qr]. */
-    int rc = attn__sdpa_run(ctx, &mp->sdpa, qkv, qkv + mp->qr, qkv + mp->qr + mp->kvr,
-                            merged, weights, region);
+    int rc = attn__sdpa_run(ctx, &mp->sdpa, qkv, qkv + q_to_k, qkv + q_to_v, merged, weights,
+                            region);
     if (rc != ATTN_OK)
         return rc;
 

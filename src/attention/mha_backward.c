@@ -351,10 +351,10 @@ static int bwd_run(attn_ctx *ctx, const bwd_plan *bp, const bwd_weights *w,
         }
     }
     /* Contiguous [B*T, n] rows, and their transposes: n rows of B*T elements. */
-    const attn__gemm_rows rows_e = {{1, 1, BT}, {0, 0, E}, 1};
-    const attn__gemm_rows rows_q = {{1, 1, BT}, {0, 0, Q}, 1};
-    const attn__gemm_rows rows_r = {{1, 1, BT}, {0, 0, R}, 1};
-    const attn__gemm_rows cols_e = {{1, 1, E}, {0, 0, 1}, E};
+    const attn__gemm_rows rows_e = {{1, 1, BT}, {0, 0, E}, 1, 0, 0};
+    const attn__gemm_rows rows_q = {{1, 1, BT}, {0, 0, Q}, 1, 0, 0};
+    const attn__gemm_rows rows_r = {{1, 1, BT}, {0, 0, R}, 1, 0, 0};
+    const attn__gemm_rows cols_e = {{1, 1, E}, {0, 0, 1}, E, 0, 0};
     attn__gemm_rows dx_rows, dwo_rows;
     rows_of(g->dx, &dx_rows);
     rows_of(g->dw_o, &dwo_rows);
@@ -391,7 +391,7 @@ static int bwd_run(attn_ctx *ctx, const bwd_plan *bp, const bwd_weights *w,
     attn__linear_run(ctx, &pw, dqkv, &rows_r, g->dx->data, &dx_rows);
     attn__gemm_pack(ctx, arch, xc, 1, E, NULL, 0, E, BT, region, &pw);
     for (int i = 0; i < 3; i++) {
-        const attn__gemm_rows cols_i = {{1, 1, ncol[i]}, {0, 0, 1}, R};
+        const attn__gemm_rows cols_i = {{1, 1, ncol[i]}, {0, 0, 1}, R, 0, 0};
         attn__gemm_rows dw_rows;
         rows_of(g->dw[i], &dw_rows);
         attn__linear_run(ctx, &pw, dqkv + col[i], &cols_i, g->dw[i]->data, &dw_rows);

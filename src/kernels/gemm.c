@@ -46,6 +46,8 @@ void attn__gemm_rows_from4d(const int64_t shape[4], const int64_t stride[4],
         r->s[i] = stride[i];
     }
     r->cs = stride[3];
+    r->cb = 0;
+    r->cbs = 0;
 }
 
 size_t attn__gemm_pack_bytes(attn_arch arch, int64_t N, int64_t K)

@@ -34,12 +34,25 @@ typedef struct attn__gemm_packed {
  * (i0, i1, i2) with m = (i0 * n[1] + i1) * n[2] + i2, and starts at element
  * i0 * s[0] + i1 * s[1] + i2 * s[2]; its elements are cs apart. Describing rows this
  * way, instead of by an array of row offsets, is what lets a call run without
- * scratch for them. */
+ * scratch for them.
+ *
+ * An output's columns may also come in blocks (cb > 0): column n is then at
+ * (n / cb) * cbs + (n % cb) * cs from its row's start. Multi-head attention writes
+ * its q/k/v projection this way, one block of D columns per head, so that each
+ * head lands contiguous ([B, heads, T, D]; src/attention/mha.c). cb = 0 (what a
+ * brace initialiser leaves) is one block; the rows of x never have blocks. */
 typedef struct attn__gemm_rows {
     int64_t n[3];
     int64_t s[3];
     int64_t cs;
+    int64_t cb, cbs;
 } attn__gemm_rows;
+
+/* The element offset of column n within a row. */
+static inline int64_t attn__gemm_col(const attn__gemm_rows *r, int64_t n)
+{
+    return r->cb > 0 ? (n / r->cb) * r->cbs + (n % r->cb) * r->cs : n * r->cs;
+}
 
 /* The element offset of row m. */
 static inline int64_t attn__gemm_row(const attn__gemm_rows *r, int64_t m)

@@ -21,8 +21,9 @@
  *
  * Tails: rows past M are served by repeating row M-1 (valid memory) and their sums
  * are dropped; columns past N are zeros in the packed panel and are dropped. Full
- * micro-tiles with a unit column stride whose rows are evenly spaced store straight
- * into y; others go through a small stack tile.
+ * micro-tiles with a unit column stride whose rows are evenly spaced, and whose
+ * vectors each fall inside one of y's column blocks (gemm.h's cb), store straight
+ * into y, one vector at a time; others go through a small stack tile.
  *
  * Work items: one item is a block of job->mb rows (up to ATTN_GEMM_MB_TILES_MAX
  * micro-tiles; gemm.c chooses) x job->nb panels; items write disjoint parts of y
@@ -55,9 +56,10 @@
 #define GK_PREFETCH_K 32
 #define GK_LINES_PER_K (GK_NR >= 16 ? GK_NR / 16 : 1)
 
-/* The micro-kernel: out[r][c] = bias[c] + sum_k x_r[k * xcs] * wp[k][c]. */
+/* The micro-kernel: out[r][c] = bias[c] + sum_k x_r[k * xcs] * wp[k][c], where
+ * vector v of a row (columns v * SIMD_W ..) is stored at out + r * ldo + vo[v]. */
 GK_INLINE void gk_ukr(int64_t K, const float *const *xr, int64_t xcs, const float *wp,
-                      const float *bias, float *out, int64_t ldo)
+                      const float *bias, float *out, int64_t ldo, const int64_t *vo)
 {
     simd_f32 acc[GK_MR][GK_NRV];
     for (int r = 0; r < GK_MR; r++)
@@ -84,7 +86,7 @@ GK_INLINE void gk_ukr(int64_t K, const float *const *xr, int64_t xcs, const floa
     for (int c = 0; c < GK_NRV; c++) {
         simd_f32 bv = simd_load(bias + c * SIMD_W);
         for (int r = 0; r < GK_MR; r++)
-            simd_store(out + r * ldo + c * SIMD_W, simd_add(acc[r][c], bv));
+            simd_store(out + r * ldo + vo[c], simd_add(acc[r][c], bv));
     }
 }
 
@@ -99,39 +101,52 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
     const int64_t mb = item / n_pblocks, pb = item % n_pblocks;
     const int64_t m0 = mb * job->mb, m1 = m0 + job->mb < M ? m0 + job->mb : M;
     const int64_t p0 = pb * job->nb, p1 = p0 + job->nb < n_panels ? p0 + job->nb : n_panels;
-    const int64_t x_cs = job->xr->cs, y_cs = job->yr->cs;
+    const int64_t x_cs = job->xr->cs;
+    const attn__gemm_rows *yr = job->yr;
+    /* A full tile stores straight into y when y's columns are unit-strided and no
+     * vector straddles one of its column blocks (cb, a multiple of the width). */
+    const int vec_fits = yr->cs == 1 && (yr->cb <= 0 || yr->cb % SIMD_W == 0);
     float tile[GK_MR * GK_NR];
+    int64_t tile_vo[GK_NRV];
+    for (int c = 0; c < GK_NRV; c++)
+        tile_vo[c] = c * SIMD_W;
     /* The block's row offsets, found once for all its panels. */
     int64_t xoff[GK_MR * ATTN_GEMM_MB_TILES_MAX], yoff_all[GK_MR * ATTN_GEMM_MB_TILES_MAX];
     attn__gemm_row_offsets(job->xr, m0, m1 - m0, xoff);
-    attn__gemm_row_offsets(job->yr, m0, m1 - m0, yoff_all);
+    attn__gemm_row_offsets(yr, m0, m1 - m0, yoff_all);
     for (int64_t p = p0; p < p1; p++) {
         const float *wp = pw->wp + p * K * GK_NR;
         const float *bp = pw->bp + p * GK_NR;
         const int64_t n0 = p * GK_NR;
         const int64_t nc = N - n0 < GK_NR ? N - n0 : GK_NR;
+        /* Where the panel's columns, and its vectors, start within a row of y. */
+        int64_t coff[GK_NR], vo[GK_NRV];
+        for (int64_t c = 0; c < nc; c++)
+            coff[c] = attn__gemm_col(yr, n0 + c);
+        for (int c = 0; c < GK_NRV; c++)
+            vo[c] = nc == GK_NR ? coff[c * SIMD_W] - coff[0] : 0;
         for (int64_t m = m0; m < m1; m += GK_MR) {
             const int64_t mr = m1 - m < GK_MR ? m1 - m : GK_MR;
             const float *xr[GK_MR];
             const int64_t *yoff = yoff_all + (m - m0);
             for (int r = 0; r < GK_MR; r++)
                 xr[r] = job->x + xoff[m - m0 + (r < mr ? r : mr - 1)];
-            if (mr == GK_MR && nc == GK_NR && y_cs == 1) {
+            if (mr == GK_MR && nc == GK_NR && vec_fits) {
                 /* Straight into y when the tile's rows are evenly spaced. */
                 const int64_t ldo = yoff[1] - yoff[0];
                 int even = 1;
                 for (int r = 2; r < GK_MR; r++)
                     even &= yoff[r] - yoff[0] == r * ldo;
                 if (even) {
-                    gk_ukr(K, xr, x_cs, wp, bp, job->y + yoff[0] + n0, ldo);
+                    gk_ukr(K, xr, x_cs, wp, bp, job->y + yoff[0] + coff[0], ldo, vo);
                     continue;
                 }
             }
-            gk_ukr(K, xr, x_cs, wp, bp, tile, GK_NR);
+            gk_ukr(K, xr, x_cs, wp, bp, tile, GK_NR, tile_vo);
             for (int64_t r = 0; r < mr; r++) {
                 float *yrow = job->y + yoff[r];
                 for (int64_t c = 0; c < nc; c++)
-                    yrow[(n0 + c) * y_cs] = tile[r * GK_NR + c];
+                    yrow[coff[c]] = tile[r * GK_NR + c];
             }
         }
     }
