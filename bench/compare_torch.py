@@ -4,7 +4,8 @@ shapes, in the same run, and the ratios.
 
     python3 bench/compare_torch.py [--attn build/attn] [--threads 2] [--runs 10]
                                    [--shapes S1,S2,...] [--skip-plain-above 2e9]
-                                   [--shapes-only] [--cpu-time] [--dtype f32|bf16|f16]
+                                   [--shapes-only | --mha-gemm-only] [--cpu-time]
+                                   [--dtype f32|bf16|f16]
     python3 bench/compare_torch.py --decode [--prefill 4096] [--steps 128] [--dtype f32|bf16|f16]
                                    [--repeat 3] [--attn build/attn] [--threads 2]
     python3 bench/compare_torch.py --backward [--shapes S2,S3,S4,S8] [--repeat 3]
@@ -35,7 +36,8 @@ names below, all on S2's sizes unless said): W1 a causal window of 256 keys
 a softcap of 50 on causal S2, which torch SDPA has no switch for, so its column is
 the softcap written out in torch (c * tanh(s / c), then the causal mask and
 softmax) and the plain column the same; G1 grouped-query S2 (Hkv = 3).
---shapes-only skips the multi-head, GEMM and bandwidth lines.
+--shapes-only skips the multi-head, GEMM and bandwidth lines; --mha-gemm-only runs
+those two lines alone (no attention shapes, no bandwidth).
 
 --cpu-time (needs --threads 1) times both sides by the calling thread's CPU time
 instead of the wall clock (attn through ATTN_BENCH_CLOCK=cpu, PyTorch and numpy
@@ -429,6 +431,8 @@ def main():
                     help="time by the calling thread's CPU time (with --threads 1 only)")
     ap.add_argument("--shapes-only", action="store_true",
                     help="skip the multi-head, GEMM and bandwidth comparisons")
+    ap.add_argument("--mha-gemm-only", action="store_true",
+                    help="run the multi-head and GEMM comparisons alone")
     ap.add_argument("--decode", action="store_true",
                     help="compare the decoding loop through a KV cache instead")
     ap.add_argument("--prefill", type=int, default=4096)
@@ -467,7 +471,7 @@ def main():
           f"FP32 FMA peak {peak:.1f} GFLOP/s (attn bench --peak)")
     rows = []
     f32_ms = {}
-    for name in a.shapes.split(","):
+    for name in [] if a.mha_gemm_only else a.shapes.split(","):
         shape = SHAPES[name]
         if half:  # attn's float32 run of the same shape, in the same run
             f32_ms[name] = [r for r in attn_json(a.attn, attn_args(name) + common)
@@ -536,8 +540,10 @@ def main():
     print(f"gemm {n}^3 (y = x W^T): attn {mine['median_ms']:.3f} ms ({mine['gflops']:.0f} "
           f"GFLOP/s), numpy/OpenBLAS {tnp:.3f} ms ({gf(tnp):.0f} GFLOP/s), torch.mm "
           f"{ttorch:.3f} ms ({gf(ttorch):.0f} GFLOP/s): attn is {tnp / mine['median_ms']:.2f}x "
-          f"OpenBLAS")
+          f"OpenBLAS and {ttorch / mine['median_ms']:.2f}x torch.mm")
 
+    if a.mha_gemm_only:
+        return 0
     bw = attn_json(a.attn, ["--bandwidth"] + common)
     kv = [r for r in bw if r.get("kind") == "kv_stream"]
     st = [r for r in bw if r.get("kind") == "bandwidth"]
