@@ -148,11 +148,11 @@ void attn__gemm_pack(attn_ctx *ctx, attn_arch arch, const float *w, int64_t w_rs
  * the size changes the speed and never a bit.
  *
  * With AVX-512 and a 2 MiB L2 (the Sapphire Rapids class), 16 micro-tiles of 8
- * rows against 2 panels of 48 features: 128 x 96 per item, which was 3-5% faster
+ * rows against 2 panels of 48 features: 128 x 96 per item, which was 2-5% faster
  * than 64 x 192 on the 2048^3 GEMM and on both multi-head projections (1 thread,
  * thread CPU time, docs/performance.md). Elsewhere (Zen 4 and Zen 5 have 1 MiB,
  * AVX2 cores and the portable build) the 8 x 4 the kernel was first tuned with on
- * Zen 5. */
+ * Zen 5. Only the L2 size decides; the class and L1 size come along unused. */
 static void gemm_item_size(const attn__gemm_kernel *kern, int64_t *mb, int64_t *nb)
 {
     const char *uarch;
