@@ -140,7 +140,11 @@ static int64_t fk_tile_ws_floats(const attn__fused_job *job)
 static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
                        int64_t nr, float *qt)
 {
-    const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0);
+    const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0), qs2 = s->q_s[2];
+    /* A whole panel is read a vector of rows at a time (a gather of rows qs2
+     * apart) when the offsets fit the gather's 32-bit indices: element by
+     * element, the transpose took about 5% of S2's time. */
+    const int gather = qs2 >= 0 && qs2 <= INT32_MAX / FK_QW;
     /* Panel by panel, d outer: the writes run contiguously (FK_QW floats a d) and
      * the strided reads stay within the panel's rows, which fit in L1. */
     for (int64_t p0 = 0; p0 < nr; p0 += FK_QW) {
@@ -148,10 +152,13 @@ static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
         const int64_t live = fk_min(FK_QW, rows - p0); /* may be <= 0 */
         for (int64_t d = 0; d < D; d++) {
             float *dst = panel + d * FK_QW;
-            const float *src = qb + (i0 + p0) * s->q_s[2] + d * s->q_s[3];
+            const float *src = qb + (i0 + p0) * qs2 + d * s->q_s[3];
             int64_t r = 0;
+            if (gather && live == FK_QW)
+                for (; r < FK_QW; r += SIMD_W)
+                    simd_store(dst + r, simd_load_strided(src + r * qs2, (int32_t)qs2));
             for (; r < live; r++)
-                dst[r] = src[r * s->q_s[2]];
+                dst[r] = src[r * qs2];
             for (; r < FK_QW; r++)
                 dst[r] = 0.0f;
         }
