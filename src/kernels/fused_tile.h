@@ -282,6 +282,23 @@ static fk_vtile fk_value_tile(const fk_tile *t, int64_t j0, int64_t nkp, int kin
     return vt;
 }
 
+/* How many of the nkp keys from j0 the tile's rows 0 .. rend - 1 may see at most:
+ * a key at or past hi(i) of the last of those rows is hidden from all of them,
+ * since fk_row_range's ends only grow with i. On the causal diagonal this is what
+ * spares the hidden triangle: the score product skips a micro-tile whose keys all
+ * lie past it, the softmax and the weighted sum stop there. Every entry skipped
+ * is hidden, so its weight is exactly 0, and leaving out a 0 * v term of a sum
+ * gives the same bits (the sums never hold -0, so adding +-0 changes nothing);
+ * values past it cannot reach the output either, as the contract asks. */
+static int64_t fk_keys_seen(const fk_tile *t, int64_t j0, int64_t nkp, int kind, int64_t rend)
+{
+    if (kind != FK_PARTIAL)
+        return nkp;
+    int64_t lo, hi;
+    fk_row_range(t->s, fk_min(t->i0 + rend, t->i1) - 1, &lo, &hi);
+    return hi <= j0 ? 0 : fk_min(nkp, hi - j0);
+}
+
 /* ---- Score ---------------------------------------------------------------------- */
 
 /* Score micro-kernel, transposed: ST[kk][c] = (sum_d k_kk[d] * qt[d][c]) * scale for
@@ -439,8 +456,16 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
             const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
             krow[kk] = t->kb + j * s->k_s[2];
         }
-        for (int64_t rb = 0; rb < nr; rb += FK_QW)
-            fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+        for (int64_t rb = 0; rb < nr; rb += FK_QW) {
+            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW)) {
+                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+                continue;
+            }
+            /* Keys past what these rows may see: hidden, never computed. */
+            for (int kk = 0; kk < FK_MK; kk++)
+                for (int c = 0; c < FK_NQV; c++)
+                    simd_store(ST + (kg + kk) * ldst + rb + c * SIMD_W, simd_set1(-INFINITY));
+        }
     }
     if (fk_has_score_mod(s))
         fk_score_mod(t, j0, nkp);
@@ -485,19 +510,23 @@ FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
  * is needed. The max may drop a NaN score (simd_max
  * returns its second operand when either is NaN); that row is NaN all the same,
  * since its P holds exp(NaN) = NaN, which reaches l and O. */
-static void fk_softmax_stats(const fk_tile *t, int64_t nkp)
+static void fk_softmax_stats(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const int64_t br = t->br, nr = t->nr;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
     for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
-        const simd_f32 vmax = fk_col_max(ST + r0, br, nkp);
+        /* Only the keys these rows, and the rows of every weighted-sum micro-tile
+         * they belong to, may see: fk_accumulate reads no further (the rest of ST
+         * stays -inf). */
+        const int64_t nk = fk_keys_seen(t, j0, nkp, kind, fk_round_up(r0 + SIMD_W, FK_MR));
+        const simd_f32 vmax = fk_col_max(ST + r0, br, nk);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, vmax);
         const simd_f32 msafe = fk_max_for_exp(mnew);
         simd_store(alpha + r0, simd_exp_nonpos(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
         simd_f32 vsum = simd_zero();
-        for (int64_t c = 0; c < nkp; c++) {
+        for (int64_t c = 0; c < nk; c++) {
             simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe));
             simd_store(ST + c * br + r0, p);
             vsum = simd_add(vsum, p);
@@ -506,11 +535,11 @@ static void fk_softmax_stats(const fk_tile *t, int64_t nkp)
     }
 }
 
-static void fk_softmax_update(const fk_tile *t, int64_t nkp)
+static void fk_softmax_update(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const int64_t nr = t->nr, dvp = t->dvp;
     const float *alpha = t->alpha;
-    fk_softmax_stats(t, nkp);
+    fk_softmax_stats(t, j0, nkp, kind);
     for (int64_t r = 0; r < nr; r++)
         if (alpha[r] != 1.0f) {
             const simd_f32 va = simd_set1(alpha[r]);
@@ -573,7 +602,8 @@ static void fk_accumulate_visible(const fk_tile *t, int64_t j0, int64_t nkp)
  * weight is multiplied, zeros included: a masked key's weight is exactly 0 and its
  * value, in a tile without inf or NaN, finite, so it adds nothing; a tile whose
  * values are not all finite and that masks something takes the plain loop above. */
-static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, const fk_vtile *vt)
+static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
+                          const fk_vtile *vt)
 {
     if (vt->nonfinite) {
         fk_accumulate_visible(t, j0, nkp);
@@ -581,12 +611,13 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, const fk_vt
     }
     const int64_t br = t->br, dvp = t->dvp;
     for (int64_t rb = 0; rb < t->nr; rb += FK_MR) {
+        /* The keys these rows may see (fk_keys_seen): past them every weight is 0. */
+        const int64_t nk = fk_keys_seen(t, j0, nkp, kind, rb + FK_MR);
         int64_t e = 0;
         for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
-            fk_ukr_pv(nkp, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp,
-                      FK_NV);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, FK_NV);
         for (; e < dvp; e += SIMD_W)
-            fk_ukr_pv(nkp, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, 1);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, 1);
     }
 }
 
@@ -710,8 +741,8 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
             continue;
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
         fk_scores(&t, j0, nkp, kind);
-        fk_softmax_update(&t, nkp);
-        fk_accumulate(&t, j0, nkp, &vt);
+        fk_softmax_update(&t, j0, nkp, kind);
+        fk_accumulate(&t, j0, nkp, kind, &vt);
     }
     fk_finish(job, &t, worker);
     if (job->weights)
