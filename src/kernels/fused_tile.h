@@ -11,8 +11,8 @@
  *   for each key tile that is not hidden entirely (fk_tile_kind):
  *     fk_value_tile     pack the value tile (or read it in place)
  *     fk_scores         S = (Q K^T) * scale, masked entries -inf
- *     fk_softmax_update m, l, P = exp(S - m), and O rescaled by exp(m_old - m_new)
- *     fk_accumulate     O += P V
+ *     fk_softmax_stats  m, l, P = exp(S - m), alpha = exp(m_old - m_new)
+ *     fk_accumulate     O = O * alpha + P V
  *   fk_finish           out = O / l; rows that saw no key are empty
  *   fk_write_weights    only when asked for: exp(S - m) / l, tile by tile
  */
@@ -505,7 +505,7 @@ FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
 
 /* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
  * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P
- * (fk_softmax_stats), then O = O * alpha (fk_softmax_update). A vector of query
+ * (O = O * alpha follows in fk_accumulate). A vector of query
  * rows at a time: every step runs along the key axis, so no horizontal reduction
  * is needed. The max may drop a NaN score (simd_max
  * returns its second operand when either is NaN); that row is NaN all the same,
@@ -535,11 +535,13 @@ static void fk_softmax_stats(const fk_tile *t, int64_t j0, int64_t nkp, int kind
     }
 }
 
-static void fk_softmax_update(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
+/* O = O * alpha, row by row where alpha is not 1, for the tiles whose weighted sum
+ * takes the plain loop (fk_accumulate_visible); the micro-kernel's path scales O
+ * as it loads it (fk_ukr_pv), with the same products. */
+static void fk_rescale(const fk_tile *t)
 {
     const int64_t nr = t->nr, dvp = t->dvp;
     const float *alpha = t->alpha;
-    fk_softmax_stats(t, j0, nkp, kind);
     for (int64_t r = 0; r < nr; r++)
         if (alpha[r] != 1.0f) {
             const simd_f32 va = simd_set1(alpha[r]);
@@ -551,16 +553,23 @@ static void fk_softmax_update(const fk_tile *t, int64_t j0, int64_t nkp, int kin
 
 /* ---- Accumulate ------------------------------------------------------------------ */
 
-/* Weighted-sum micro-kernel: O[r][c] += sum_j PT[j][r] * V[j][c] for r < FK_MR and
- * nv vectors of columns (nv is a constant at each call site), summed over j in
- * increasing order; PT has key stride ldp, V row stride ldv, O row stride ldo. */
+/* Weighted-sum micro-kernel: O[r][c] = O[r][c] * alpha[r] + sum_j PT[j][r] * V[j][c]
+ * for r < FK_MR and nv vectors of columns (nv is a constant at each call site),
+ * summed over j in increasing order (alpha NULL: every alpha[r] is 1, and O is not
+ * multiplied); PT has key stride ldp, V row stride ldv, O row stride ldo. */
 FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const float *V,
-                         int64_t ldv, float *O, int64_t ldo, const int nv)
+                         int64_t ldv, float *O, int64_t ldo, const float *alpha, const int nv)
 {
     simd_f32 acc[FK_MR][FK_NV];
     for (int r = 0; r < FK_MR; r++)
         for (int c = 0; c < nv; c++)
             acc[r][c] = simd_load(O + r * ldo + c * SIMD_W);
+    if (alpha) /* the online softmax's rescale of these rows, O * alpha, first */
+        for (int r = 0; r < FK_MR; r++) {
+            const simd_f32 va = simd_set1(alpha[r]);
+            for (int c = 0; c < nv; c++)
+                acc[r][c] = simd_mul(acc[r][c], va);
+        }
     for (int64_t j = 0; j < nkeys; j++) {
         simd_f32 vv[FK_NV];
         for (int c = 0; c < nv; c++)
@@ -606,6 +615,7 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
                           const fk_vtile *vt)
 {
     if (vt->nonfinite) {
+        fk_rescale(t);
         fk_accumulate_visible(t, j0, nkp);
         return;
     }
@@ -613,11 +623,19 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
     for (int64_t rb = 0; rb < t->nr; rb += FK_MR) {
         /* The keys these rows may see (fk_keys_seen): past them every weight is 0. */
         const int64_t nk = fk_keys_seen(t, j0, nkp, kind, rb + FK_MR);
+        /* The rescale by alpha rides on the micro-kernel's loads of O, and only
+         * when some row of the block moved its max (x * 1 is x, so skipping it
+         * where every alpha is 1 changes no bit). */
+        int moved = 0;
+        for (int r = 0; r < FK_MR; r++)
+            moved |= t->alpha[rb + r] != 1.0f;
+        const float *alpha = moved ? t->alpha + rb : NULL;
         int64_t e = 0;
         for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
-            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, FK_NV);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha,
+                      FK_NV);
         for (; e < dvp; e += SIMD_W)
-            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, 1);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha, 1);
     }
 }
 
@@ -741,7 +759,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
             continue;
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
         fk_scores(&t, j0, nkp, kind);
-        fk_softmax_update(&t, j0, nkp, kind);
+        fk_softmax_stats(&t, j0, nkp, kind);
         fk_accumulate(&t, j0, nkp, kind, &vt);
     }
     fk_finish(job, &t, worker);

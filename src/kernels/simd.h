@@ -171,7 +171,9 @@ static inline simd_f32 simd_exp_nonpos(simd_f32 x)
 {
     /* Not below the minimum, or NaN (unordered): NaN then flows through to p. */
     __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP_MIN), _CMP_NLT_UQ);
-    x = _mm512_max_ps(_mm512_set1_ps(SIMD_EXP_MIN), x); /* returns x when x is NaN */
+    /* No clamp of x to the minimum, as the other paths need before their integer
+     * 2^n: below it the lane is masked to 0 whatever p and n are, and vscalefps
+     * takes any n. */
     simd_f32 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SIMD_LOG2E)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     simd_f32 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SIMD_LN2_HI), x);
@@ -187,8 +189,9 @@ static inline simd_f32 simd_exp_nonpos(simd_f32 x)
     /* p * 2^n in one instruction (vscalefps) rather than four (convert, add the
      * bias, shift into the exponent, multiply), on the FMA ports that the
      * products need: the same single rounding of the exact product, so the same
-     * bits for every x <= 88 (checked over every such float32 when this replaced
-     * the four), and inf rather than a wrapped exponent above. */
+     * bits for every x <= 88 (checked over every such float32 when this and the
+     * clamp's removal replaced the old steps), and inf rather than a wrapped
+     * exponent above. */
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
