@@ -556,9 +556,11 @@ static void fk_rescale(const fk_tile *t)
 /* Weighted-sum micro-kernel: O[r][c] = O[r][c] * alpha[r] + sum_j PT[j][r] * V[j][c]
  * for r < FK_MR and nv vectors of columns (nv is a constant at each call site),
  * summed over j in increasing order (alpha NULL: every alpha[r] is 1, and O is not
- * multiplied); PT has key stride ldp, V row stride ldv, O row stride ldo. */
+ * multiplied); PT has key stride ldp, V row stride ldv, O row stride ldo. With
+ * `out`, the sums are not stored to O but times inv[r] to out (row stride ldout). */
 FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const float *V,
-                         int64_t ldv, float *O, int64_t ldo, const float *alpha, const int nv)
+                         int64_t ldv, float *O, int64_t ldo, const float *alpha, float *out,
+                         int64_t ldout, const float *inv, const int nv)
 {
     simd_f32 acc[FK_MR][FK_NV];
     for (int r = 0; r < FK_MR; r++)
@@ -580,9 +582,16 @@ FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const floa
                 acc[r][c] = simd_fma(pv, vv[c], acc[r][c]);
         }
     }
-    for (int r = 0; r < FK_MR; r++)
-        for (int c = 0; c < nv; c++)
-            simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
+    if (out) /* the item's last key tile: out = O / l straight away (fk_finish's product) */
+        for (int r = 0; r < FK_MR; r++) {
+            const simd_f32 vinv = simd_set1(inv[r]);
+            for (int c = 0; c < nv; c++)
+                simd_store(out + r * ldout + c * SIMD_W, simd_mul(acc[r][c], vinv));
+        }
+    else
+        for (int r = 0; r < FK_MR; r++)
+            for (int c = 0; c < nv; c++)
+                simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
 }
 
 /* O += P V for a PARTIAL tile whose packed values hold an inf or a NaN: a plain
@@ -607,20 +616,23 @@ static void fk_accumulate_visible(const fk_tile *t, int64_t j0, int64_t nkp)
         }
 }
 
-/* Step 4: O += P V over the nkp keys from j0, micro-tile by micro-tile. Every
+/* Step 4: O = O * alpha + P V over the nkp keys from j0, micro-tile by micro-tile;
+ * on the item's last key tile, the blocks of rows below rows_out (fk_out_direct)
+ * go straight to out as O / l, as fk_finish would write them. Every
  * weight is multiplied, zeros included: a masked key's weight is exactly 0 and its
  * value, in a tile without inf or NaN, finite, so it adds nothing; a tile whose
  * values are not all finite and that masks something takes the plain loop above. */
 static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
-                          const fk_vtile *vt)
+                          const fk_vtile *vt, int64_t rows_out)
 {
     if (vt->nonfinite) {
         fk_rescale(t);
         fk_accumulate_visible(t, j0, nkp);
         return;
     }
-    const int64_t br = t->br, dvp = t->dvp;
+    const int64_t br = t->br, dvp = t->dvp, ldout = t->s->o_s[2];
     for (int64_t rb = 0; rb < t->nr; rb += FK_MR) {
+        float *out = rb < rows_out ? t->ob + (t->i0 + rb) * ldout : NULL;
         /* The keys these rows may see (fk_keys_seen): past them every weight is 0. */
         const int64_t nk = fk_keys_seen(t, j0, nkp, kind, rb + FK_MR);
         /* The rescale by alpha rides on the micro-kernel's loads of O, and only
@@ -633,9 +645,10 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
         int64_t e = 0;
         for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
             fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha,
-                      FK_NV);
+                      out ? out + e : NULL, ldout, t->inv + rb, FK_NV);
         for (; e < dvp; e += SIMD_W)
-            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha, 1);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha,
+                      out ? out + e : NULL, ldout, t->inv + rb, 1);
     }
 }
 
@@ -674,13 +687,13 @@ static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int wor
         job->empty_first[worker] = empty;
 }
 
-static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+/* out = O / l for the tile's rows from r0 (fk_finish_rows has set inv). */
+static void fk_finish_out(const fk_tile *t, int64_t r0)
 {
     const attn__sdpa_shapes *s = t->s;
     const int64_t Dv = s->Dv, dvp = t->dvp;
     const float *inv = t->inv;
-    fk_finish_rows(job, t, worker);
-    for (int64_t r = 0; r < t->i1 - t->i0; r++) {
+    for (int64_t r = r0; r < t->i1 - t->i0; r++) {
         const int64_t i = t->i0 + r;
         float *orow = t->ob + i * s->o_s[2];
         const float *acc = t->O + r * dvp;
@@ -696,6 +709,26 @@ static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
                 orow[e * s->o_s[3]] = acc[e] * inv[r];
         }
     }
+}
+
+static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+{
+    fk_finish_rows(job, t, worker);
+    fk_finish_out(t, 0);
+}
+
+/* How many of the tile's rows, in whole blocks of FK_MR, the last key tile's
+ * weighted sum may write to out itself: those blocks whose rows are all real
+ * (below Tq), when out's rows are unit-stride and the padded value width is Dv
+ * (the micro-kernel writes whole vectors); 0 otherwise. Writing out there rather
+ * than from O in a pass of its own saves reading O back, and spreads out's stores
+ * (whose cache lines are usually not yet in cache) among the products. */
+static int64_t fk_out_direct(const fk_tile *t)
+{
+    const attn__sdpa_shapes *s = t->s;
+    if (s->o_s[3] != 1 || t->dvp != s->Dv)
+        return 0;
+    return (t->i1 - t->i0) / FK_MR * FK_MR;
 }
 
 /* ---- Write weights ------------------------------------------------------------------ */
@@ -738,6 +771,21 @@ static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
 
 /* ---- The item ------------------------------------------------------------------------- */
 
+/* From key tile *j0 on (multiples of bc), the first that is not SKIP: moves *j0 to
+ * it (to j_end or past when none is left) and returns its kind. */
+static int fk_next_tile(const fk_tile *t, int64_t *j0, int64_t j_end)
+{
+    const attn__sdpa_shapes *s = t->s;
+    for (; *j0 < j_end; *j0 += t->bc) {
+        const int64_t j1 = fk_min(*j0 + t->bc, s->Tk);
+        const int kind = fk_tile_kind(s, t->b, t->h, t->i0, t->i1, *j0, j1,
+                                      fk_round_up(j1 - *j0, FK_MK));
+        if (kind != FK_SKIP)
+            return kind;
+    }
+    return FK_SKIP;
+}
+
 /* One (b, h, query tile), in the steps above. */
 static void fk_tile_item(void *arg, int64_t item, int worker)
 {
@@ -751,18 +799,33 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     int64_t j_begin, j_end, lo, hi;
     fk_row_range(s, t.i0, &j_begin, &hi);
     fk_row_range(s, t.i1 - 1, &lo, &j_end);
-    for (int64_t j0 = j_begin / t.bc * t.bc; j0 < j_end; j0 += t.bc) {
+    /* Each key tile's kind is known one tile ahead, so that the last tile the item
+     * computes can write out itself (fk_out_direct). */
+    int64_t j0 = j_begin / t.bc * t.bc, done = -1;
+    int kind = fk_next_tile(&t, &j0, j_end);
+    while (j0 < j_end) {
         const int64_t j1 = fk_min(j0 + t.bc, s->Tk);
         const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
-        const int kind = fk_tile_kind(s, t.b, t.h, t.i0, t.i1, j0, j1, nkp);
-        if (kind == FK_SKIP)
-            continue;
+        int64_t jn = j0 + t.bc;
+        const int kind_next = fk_next_tile(&t, &jn, j_end);
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
         fk_scores(&t, j0, nkp, kind);
         fk_softmax_stats(&t, j0, nkp, kind);
-        fk_accumulate(&t, j0, nkp, kind, &vt);
+        int64_t rows_out = 0;
+        if (jn >= j_end && !vt.nonfinite) {
+            /* The last tile: l and m are final, so 1 / l is known before the sum. */
+            fk_finish_rows(job, &t, worker);
+            rows_out = fk_out_direct(&t);
+            done = rows_out;
+        }
+        fk_accumulate(&t, j0, nkp, kind, &vt, rows_out);
+        j0 = jn;
+        kind = kind_next;
     }
-    fk_finish(job, &t, worker);
+    if (done < 0)
+        fk_finish(job, &t, worker);
+    else
+        fk_finish_out(&t, done);
     if (job->weights)
         fk_write_weights(job, &t);
 }
