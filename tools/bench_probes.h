@@ -12,12 +12,12 @@
 /* The instruction set the FMA chains run on here: "avx512", "avx2" or "scalar". */
 const char *bench_probe_peak_isa(void);
 
-/* GFLOP/s of `threads` threads running 16 independent FMA chains each, all at once
+/* GFLOP/s of `threads` threads running independent FMA chains each, all at once
  * (best of 5), on the best instruction set here (bench_probe_peak_isa). */
 double bench_probe_peak(int threads);
 
 /* The same on the chains of one instruction set: "avx512" (16 x 512-bit FMA
- * chains), "avx2" (16 x 256-bit) or "scalar" (64 multiply-add chains in portable
+ * chains), "avx2" (12 x 256-bit) or "scalar" (64 multiply-add chains in portable
  * C, compiled as the portable kernel is); the caller checks the CPU has it. */
 double bench_probe_peak_on(const char *isa, int threads);
 
