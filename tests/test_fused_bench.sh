@@ -43,6 +43,32 @@ if "$ATTN" bench --shape S1 --runs 3 --threads 1 --json --impl all >"$tmp/json" 
     else bad "--json content: $(cat "$tmp/json")"; fi
 else bad "--json run: $(cat "$tmp/err")"; fi
 
+# Each attention line's peak_frac is of the peak of the instruction set its path
+# runs on (peak_isa, isa_peak_gflops): the reference and the portable build against
+# the portable chains, the AVX2 build against 256-bit chains, the default path on
+# the best ISA against the run's own peak_gflops.
+if [ -s "$tmp/json" ]; then
+    isa_ok=1
+    grep -q '"impl":"ref".*"peak_isa":"scalar","isa_peak_gflops":[0-9.]*[1-9]' "$tmp/json" || isa_ok=0
+    grep -q '"impl":"fused:scalar".*"peak_isa":"scalar","isa_peak_gflops":[0-9.]*[1-9]' "$tmp/json" || isa_ok=0
+    if grep -q '"impl":"fused:avx2"' "$tmp/json"; then
+        grep -q '"impl":"fused:avx2".*"peak_isa":"avx2","isa_peak_gflops":[0-9.]*[1-9]' "$tmp/json" || isa_ok=0
+    fi
+    # The default line's ISA peak is the run's peak_gflops, the same figure.
+    def=$(grep '"impl":"default:' "$tmp/json" | head -n 1)
+    pk=$(printf '%s' "$def" | sed -n 's/.*"peak_gflops":\([0-9.]*\).*/\1/p')
+    ipk=$(printf '%s' "$def" | sed -n 's/.*"isa_peak_gflops":\([0-9.]*\).*/\1/p')
+    case "$(printf '%s' "$def" | sed -n 's/.*"impl":"default:\([a-z0-9]*\)".*/\1/p')" in
+        ref | scalar | avx2) ;; # read against another probe than the best ISA's
+        *) [ -n "$pk" ] && [ "$pk" = "$ipk" ] || isa_ok=0 ;;
+    esac
+    if [ "$isa_ok" -eq 1 ]; then ok "--json: each line's %peak is of its own ISA's peak (peak_isa, isa_peak_gflops)"
+    else bad "peak_isa fields: $(grep -o '"impl":"[^"]*"\|"peak_isa":"[^"]*","isa_peak_gflops":[0-9.]*\|"peak_gflops":[0-9.]*' "$tmp/json" | tr '\n' ' ')"; fi
+fi
+if grep -q "peak of the instruction" "$tmp/help" && grep -q "256-bit" "$tmp/help"; then
+    ok "--help says %peak is of the peak of the ISA a line runs on"
+else bad "--help does not say which peak %peak is of"; fi
+
 # The other kinds: their lines carry the same fields (null where meaningless) and
 # their own figures.
 if "$ATTN" bench --peak --threads 1 --json >"$tmp/peak" 2>"$tmp/err"; then

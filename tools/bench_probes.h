@@ -12,9 +12,23 @@
 /* The instruction set the FMA chains run on here: "avx512", "avx2" or "scalar". */
 const char *bench_probe_peak_isa(void);
 
-/* GFLOP/s of `threads` threads running 16 independent FMA chains each, all at once
- * (best of 5). */
+/* GFLOP/s of `threads` threads running independent FMA chains each, all at once
+ * (best of 5), on the best instruction set here (bench_probe_peak_isa). */
 double bench_probe_peak(int threads);
+
+/* The same on the chains of one instruction set: "avx512" (16 x 512-bit FMA
+ * chains), "avx2" (12 x 256-bit) or "scalar" (64 multiply-add chains in portable
+ * C, compiled as the portable kernel is); the caller checks the CPU has it. */
+double bench_probe_peak_on(const char *isa, int threads);
+
+/* The probe an attention path is read against: "scalar" for the reference and the
+ * portable build, "avx2" for the AVX2 build, the best one here otherwise (the
+ * AVX-512 paths, and the default path on an AVX-512 machine). */
+const char *bench_peak_isa_of(attn_arch arch);
+
+/* The peak, GFLOP/s, of probe `isa` with `threads` threads: o's own figures when
+ * they are that probe's, else measured on first use and remembered. */
+double bench_peak_for(const bench_opts *o, const char *isa, int threads);
 
 /* Prints the peak line (o->peak1 and o->peakn, measured by the caller) for
  * `attn bench --peak`. */

@@ -71,7 +71,12 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
     }
     const int threads = attn_threads_resolve(&a->ctx);
     const double gf = bench_sdpa_flops(s) / t.median_s / 1e9;
-    const double frac = o->peakn > 0 ? gf / o->peakn : 0;
+    /* %peak is of the peak of the instruction set the path runs on: an AVX2 core
+     * (or the AVX2 build on an AVX-512 one) is judged by 256-bit FMAs. */
+    const attn_arch ran = arch == ATTN_ARCH_AUTO ? attn_arch_selected(&a->ctx) : arch;
+    const char *peak_isa = bench_peak_isa_of(use_ref ? ATTN_ARCH_REF : ran);
+    const double peak = bench_peak_for(o, peak_isa, threads);
+    const double frac = peak > 0 ? gf / peak : 0;
     /* Bytes of K and V read once: what bounds a decoding step such as S5 or S7
      * (with grouped-query heads, K and V have Hkv heads, each read once). */
     const double kv_gbs = 2.0 * (double)(s->B * bench_kv_heads(s) * s->Tk * s->D) *
@@ -115,7 +120,8 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
             printf(",\"softcap\":%.9g", (double)s->softcap);
         else
             printf(",\"softcap\":null");
-        printf(",\"dtype\":\"%s\"", attn_dtype_name(o->dtype));
+        printf(",\"dtype\":\"%s\",\"peak_isa\":\"%s\",\"isa_peak_gflops\":%.3f",
+               attn_dtype_name(o->dtype), peak_isa, peak);
         bench_json_end();
     } else {
         /* The options, when any, after the table's columns. */

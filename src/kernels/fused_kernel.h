@@ -32,12 +32,11 @@
  *         S = (Q K^T) * scale                           fk_scores   [bc, br] in scratch
  *         S = softcap, + bias, + ALiBi                  fk_score_mod
  *         hidden entries = -inf                         fk_scores
- *         m_new = max(m_i, max_j S_ij)                  fk_softmax_update
+ *         m_new = max(m_i, max_j S_ij)                  fk_softmax_stats
  *         P_ij = exp(S_ij - m_new)                        (exactly 0 where masked)
  *         l_i = l_i * exp(m_i - m_new) + sum_j P_ij
- *         O_i = O_i * exp(m_i - m_new)
  *         m_i = m_new
- *         O_i = O_i + P V                               fk_accumulate [br, Dv] in scratch
+ *         O_i = O_i * exp(m_i - m_new) + P V            fk_accumulate [br, Dv] in scratch
  *     out_i = O_i / l_i, lse_i = m_i + log(l_i)         fk_finish
  *     weights, only when asked for                      fk_write_weights
  *

@@ -11,8 +11,8 @@
  *   for each key tile that is not hidden entirely (fk_tile_kind):
  *     fk_value_tile     pack the value tile (or read it in place)
  *     fk_scores         S = (Q K^T) * scale, masked entries -inf
- *     fk_softmax_update m, l, P = exp(S - m), and O rescaled by exp(m_old - m_new)
- *     fk_accumulate     O += P V
+ *     fk_softmax_stats  m, l, P = exp(S - m), alpha = exp(m_old - m_new)
+ *     fk_accumulate     O = O * alpha + P V
  *   fk_finish           out = O / l; rows that saw no key are empty
  *   fk_write_weights    only when asked for: exp(S - m) / l, tile by tile
  */
@@ -140,7 +140,11 @@ static int64_t fk_tile_ws_floats(const attn__fused_job *job)
 static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
                        int64_t nr, float *qt)
 {
-    const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0);
+    const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0), qs2 = s->q_s[2];
+    /* A whole panel is read a vector of rows at a time (a gather of rows qs2
+     * apart) when the offsets fit the gather's 32-bit indices: element by
+     * element, the transpose took about 5% of S2's time. */
+    const int gather = qs2 >= 0 && qs2 <= INT32_MAX / FK_QW;
     /* Panel by panel, d outer: the writes run contiguously (FK_QW floats a d) and
      * the strided reads stay within the panel's rows, which fit in L1. */
     for (int64_t p0 = 0; p0 < nr; p0 += FK_QW) {
@@ -148,10 +152,13 @@ static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
         const int64_t live = fk_min(FK_QW, rows - p0); /* may be <= 0 */
         for (int64_t d = 0; d < D; d++) {
             float *dst = panel + d * FK_QW;
-            const float *src = qb + (i0 + p0) * s->q_s[2] + d * s->q_s[3];
+            const float *src = qb + (i0 + p0) * qs2 + d * s->q_s[3];
             int64_t r = 0;
+            if (gather && live == FK_QW)
+                for (; r < FK_QW; r += SIMD_W)
+                    simd_store(dst + r, simd_load_strided(src + r * qs2, (int32_t)qs2));
             for (; r < live; r++)
-                dst[r] = src[r * s->q_s[2]];
+                dst[r] = src[r * qs2];
             for (; r < FK_QW; r++)
                 dst[r] = 0.0f;
         }
@@ -273,6 +280,23 @@ static fk_vtile fk_value_tile(const fk_tile *t, int64_t j0, int64_t nkp, int kin
         vt.ldv = t->dvp;
     }
     return vt;
+}
+
+/* How many of the nkp keys from j0 the tile's rows 0 .. rend - 1 may see at most:
+ * a key at or past hi(i) of the last of those rows is hidden from all of them,
+ * since fk_row_range's ends only grow with i. On the causal diagonal this is what
+ * spares the hidden triangle: the score product skips a micro-tile whose keys all
+ * lie past it, the softmax and the weighted sum stop there. Every entry skipped
+ * is hidden, so its weight is exactly 0, and leaving out a 0 * v term of a sum
+ * gives the same bits (the sums never hold -0, so adding +-0 changes nothing);
+ * values past it cannot reach the output either, as the contract asks. */
+static int64_t fk_keys_seen(const fk_tile *t, int64_t j0, int64_t nkp, int kind, int64_t rend)
+{
+    if (kind != FK_PARTIAL)
+        return nkp;
+    int64_t lo, hi;
+    fk_row_range(t->s, fk_min(t->i0 + rend, t->i1) - 1, &lo, &hi);
+    return hi <= j0 ? 0 : fk_min(nkp, hi - j0);
 }
 
 /* ---- Score ---------------------------------------------------------------------- */
@@ -432,8 +456,16 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
             const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
             krow[kk] = t->kb + j * s->k_s[2];
         }
-        for (int64_t rb = 0; rb < nr; rb += FK_QW)
-            fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+        for (int64_t rb = 0; rb < nr; rb += FK_QW) {
+            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW)) {
+                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+                continue;
+            }
+            /* Keys past what these rows may see: hidden, never computed. */
+            for (int kk = 0; kk < FK_MK; kk++)
+                for (int c = 0; c < FK_NQV; c++)
+                    simd_store(ST + (kg + kk) * ldst + rb + c * SIMD_W, simd_set1(-INFINITY));
+        }
     }
     if (fk_has_score_mod(s))
         fk_score_mod(t, j0, nkp);
@@ -473,24 +505,28 @@ FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
 
 /* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
  * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P
- * (fk_softmax_stats), then O = O * alpha (fk_softmax_update). A vector of query
+ * (O = O * alpha follows in fk_accumulate). A vector of query
  * rows at a time: every step runs along the key axis, so no horizontal reduction
  * is needed. The max may drop a NaN score (simd_max
  * returns its second operand when either is NaN); that row is NaN all the same,
  * since its P holds exp(NaN) = NaN, which reaches l and O. */
-static void fk_softmax_stats(const fk_tile *t, int64_t nkp)
+static void fk_softmax_stats(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const int64_t br = t->br, nr = t->nr;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
     for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
-        const simd_f32 vmax = fk_col_max(ST + r0, br, nkp);
+        /* Only the keys these rows, and the rows of every weighted-sum micro-tile
+         * they belong to, may see: fk_accumulate reads no further (the rest of ST
+         * stays -inf). */
+        const int64_t nk = fk_keys_seen(t, j0, nkp, kind, fk_round_up(r0 + SIMD_W, FK_MR));
+        const simd_f32 vmax = fk_col_max(ST + r0, br, nk);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, vmax);
         const simd_f32 msafe = fk_max_for_exp(mnew);
         simd_store(alpha + r0, simd_exp_nonpos(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
         simd_f32 vsum = simd_zero();
-        for (int64_t c = 0; c < nkp; c++) {
+        for (int64_t c = 0; c < nk; c++) {
             simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe));
             simd_store(ST + c * br + r0, p);
             vsum = simd_add(vsum, p);
@@ -499,11 +535,13 @@ static void fk_softmax_stats(const fk_tile *t, int64_t nkp)
     }
 }
 
-static void fk_softmax_update(const fk_tile *t, int64_t nkp)
+/* O = O * alpha, row by row where alpha is not 1, for the tiles whose weighted sum
+ * takes the plain loop (fk_accumulate_visible); the micro-kernel's path scales O
+ * as it loads it (fk_ukr_pv), with the same products. */
+static void fk_rescale(const fk_tile *t)
 {
     const int64_t nr = t->nr, dvp = t->dvp;
     const float *alpha = t->alpha;
-    fk_softmax_stats(t, nkp);
     for (int64_t r = 0; r < nr; r++)
         if (alpha[r] != 1.0f) {
             const simd_f32 va = simd_set1(alpha[r]);
@@ -515,16 +553,25 @@ static void fk_softmax_update(const fk_tile *t, int64_t nkp)
 
 /* ---- Accumulate ------------------------------------------------------------------ */
 
-/* Weighted-sum micro-kernel: O[r][c] += sum_j PT[j][r] * V[j][c] for r < FK_MR and
- * nv vectors of columns (nv is a constant at each call site), summed over j in
- * increasing order; PT has key stride ldp, V row stride ldv, O row stride ldo. */
+/* Weighted-sum micro-kernel: O[r][c] = O[r][c] * alpha[r] + sum_j PT[j][r] * V[j][c]
+ * for r < FK_MR and nv vectors of columns (nv is a constant at each call site),
+ * summed over j in increasing order (alpha NULL: every alpha[r] is 1, and O is not
+ * multiplied); PT has key stride ldp, V row stride ldv, O row stride ldo. With
+ * `out`, the sums are not stored to O but times inv[r] to out (row stride ldout). */
 FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const float *V,
-                         int64_t ldv, float *O, int64_t ldo, const int nv)
+                         int64_t ldv, float *O, int64_t ldo, const float *alpha, float *out,
+                         int64_t ldout, const float *inv, const int nv)
 {
     simd_f32 acc[FK_MR][FK_NV];
     for (int r = 0; r < FK_MR; r++)
         for (int c = 0; c < nv; c++)
             acc[r][c] = simd_load(O + r * ldo + c * SIMD_W);
+    if (alpha) /* the online softmax's rescale of these rows, O * alpha, first */
+        for (int r = 0; r < FK_MR; r++) {
+            const simd_f32 va = simd_set1(alpha[r]);
+            for (int c = 0; c < nv; c++)
+                acc[r][c] = simd_mul(acc[r][c], va);
+        }
     for (int64_t j = 0; j < nkeys; j++) {
         simd_f32 vv[FK_NV];
         for (int c = 0; c < nv; c++)
@@ -535,9 +582,16 @@ FK_INLINE void fk_ukr_pv(int64_t nkeys, const float *PT, int64_t ldp, const floa
                 acc[r][c] = simd_fma(pv, vv[c], acc[r][c]);
         }
     }
-    for (int r = 0; r < FK_MR; r++)
-        for (int c = 0; c < nv; c++)
-            simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
+    if (out) /* the item's last key tile: out = O / l straight away (fk_finish's product) */
+        for (int r = 0; r < FK_MR; r++) {
+            const simd_f32 vinv = simd_set1(inv[r]);
+            for (int c = 0; c < nv; c++)
+                simd_store(out + r * ldout + c * SIMD_W, simd_mul(acc[r][c], vinv));
+        }
+    else
+        for (int r = 0; r < FK_MR; r++)
+            for (int c = 0; c < nv; c++)
+                simd_store(O + r * ldo + c * SIMD_W, acc[r][c]);
 }
 
 /* O += P V for a PARTIAL tile whose packed values hold an inf or a NaN: a plain
@@ -562,24 +616,39 @@ static void fk_accumulate_visible(const fk_tile *t, int64_t j0, int64_t nkp)
         }
 }
 
-/* Step 4: O += P V over the nkp keys from j0, micro-tile by micro-tile. Every
+/* Step 4: O = O * alpha + P V over the nkp keys from j0, micro-tile by micro-tile;
+ * on the item's last key tile, the blocks of rows below rows_out (fk_out_direct)
+ * go straight to out as O / l, as fk_finish would write them. Every
  * weight is multiplied, zeros included: a masked key's weight is exactly 0 and its
  * value, in a tile without inf or NaN, finite, so it adds nothing; a tile whose
  * values are not all finite and that masks something takes the plain loop above. */
-static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, const fk_vtile *vt)
+static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
+                          const fk_vtile *vt, int64_t rows_out)
 {
     if (vt->nonfinite) {
+        fk_rescale(t);
         fk_accumulate_visible(t, j0, nkp);
         return;
     }
-    const int64_t br = t->br, dvp = t->dvp;
+    const int64_t br = t->br, dvp = t->dvp, ldout = t->s->o_s[2];
     for (int64_t rb = 0; rb < t->nr; rb += FK_MR) {
+        float *out = rb < rows_out ? t->ob + (t->i0 + rb) * ldout : NULL;
+        /* The keys these rows may see (fk_keys_seen): past them every weight is 0. */
+        const int64_t nk = fk_keys_seen(t, j0, nkp, kind, rb + FK_MR);
+        /* The rescale by alpha rides on the micro-kernel's loads of O, and only
+         * when some row of the block moved its max (x * 1 is x, so skipping it
+         * where every alpha is 1 changes no bit). */
+        int moved = 0;
+        for (int r = 0; r < FK_MR; r++)
+            moved |= t->alpha[rb + r] != 1.0f;
+        const float *alpha = moved ? t->alpha + rb : NULL;
         int64_t e = 0;
         for (; e + FK_NV * SIMD_W <= dvp; e += FK_NV * SIMD_W)
-            fk_ukr_pv(nkp, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp,
-                      FK_NV);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha,
+                      out ? out + e : NULL, ldout, t->inv + rb, FK_NV);
         for (; e < dvp; e += SIMD_W)
-            fk_ukr_pv(nkp, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, 1);
+            fk_ukr_pv(nk, t->ST + rb, br, vt->v + e, vt->ldv, t->O + rb * dvp + e, dvp, alpha,
+                      out ? out + e : NULL, ldout, t->inv + rb, 1);
     }
 }
 
@@ -618,13 +687,13 @@ static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int wor
         job->empty_first[worker] = empty;
 }
 
-static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+/* out = O / l for the tile's rows from r0 (fk_finish_rows has set inv). */
+static void fk_finish_out(const fk_tile *t, int64_t r0)
 {
     const attn__sdpa_shapes *s = t->s;
     const int64_t Dv = s->Dv, dvp = t->dvp;
     const float *inv = t->inv;
-    fk_finish_rows(job, t, worker);
-    for (int64_t r = 0; r < t->i1 - t->i0; r++) {
+    for (int64_t r = r0; r < t->i1 - t->i0; r++) {
         const int64_t i = t->i0 + r;
         float *orow = t->ob + i * s->o_s[2];
         const float *acc = t->O + r * dvp;
@@ -640,6 +709,26 @@ static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
                 orow[e * s->o_s[3]] = acc[e] * inv[r];
         }
     }
+}
+
+static void fk_finish(const attn__fused_job *job, const fk_tile *t, int worker)
+{
+    fk_finish_rows(job, t, worker);
+    fk_finish_out(t, 0);
+}
+
+/* How many of the tile's rows, in whole blocks of FK_MR, the last key tile's
+ * weighted sum may write to out itself: those blocks whose rows are all real
+ * (below Tq), when out's rows are unit-stride and the padded value width is Dv
+ * (the micro-kernel writes whole vectors); 0 otherwise. Writing out there rather
+ * than from O in a pass of its own saves reading O back, and spreads out's stores
+ * (whose cache lines are usually not yet in cache) among the products. */
+static int64_t fk_out_direct(const fk_tile *t)
+{
+    const attn__sdpa_shapes *s = t->s;
+    if (s->o_s[3] != 1 || t->dvp != s->Dv)
+        return 0;
+    return (t->i1 - t->i0) / FK_MR * FK_MR;
 }
 
 /* ---- Write weights ------------------------------------------------------------------ */
@@ -682,6 +771,21 @@ static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
 
 /* ---- The item ------------------------------------------------------------------------- */
 
+/* From key tile *j0 on (multiples of bc), the first that is not SKIP: moves *j0 to
+ * it (to j_end or past when none is left) and returns its kind. */
+static int fk_next_tile(const fk_tile *t, int64_t *j0, int64_t j_end)
+{
+    const attn__sdpa_shapes *s = t->s;
+    for (; *j0 < j_end; *j0 += t->bc) {
+        const int64_t j1 = fk_min(*j0 + t->bc, s->Tk);
+        const int kind = fk_tile_kind(s, t->b, t->h, t->i0, t->i1, *j0, j1,
+                                      fk_round_up(j1 - *j0, FK_MK));
+        if (kind != FK_SKIP)
+            return kind;
+    }
+    return FK_SKIP;
+}
+
 /* One (b, h, query tile), in the steps above. */
 static void fk_tile_item(void *arg, int64_t item, int worker)
 {
@@ -695,18 +799,33 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
     int64_t j_begin, j_end, lo, hi;
     fk_row_range(s, t.i0, &j_begin, &hi);
     fk_row_range(s, t.i1 - 1, &lo, &j_end);
-    for (int64_t j0 = j_begin / t.bc * t.bc; j0 < j_end; j0 += t.bc) {
+    /* Each key tile's kind is known one tile ahead, so that the last tile the item
+     * computes can write out itself (fk_out_direct). */
+    int64_t j0 = j_begin / t.bc * t.bc, done = -1;
+    int kind = fk_next_tile(&t, &j0, j_end);
+    while (j0 < j_end) {
         const int64_t j1 = fk_min(j0 + t.bc, s->Tk);
         const int64_t nkp = fk_round_up(j1 - j0, FK_MK);
-        const int kind = fk_tile_kind(s, t.b, t.h, t.i0, t.i1, j0, j1, nkp);
-        if (kind == FK_SKIP)
-            continue;
+        int64_t jn = j0 + t.bc;
+        const int kind_next = fk_next_tile(&t, &jn, j_end);
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
         fk_scores(&t, j0, nkp, kind);
-        fk_softmax_update(&t, nkp);
-        fk_accumulate(&t, j0, nkp, &vt);
+        fk_softmax_stats(&t, j0, nkp, kind);
+        int64_t rows_out = 0;
+        if (jn >= j_end && !vt.nonfinite) {
+            /* The last tile: l and m are final, so 1 / l is known before the sum. */
+            fk_finish_rows(job, &t, worker);
+            rows_out = fk_out_direct(&t);
+            done = rows_out;
+        }
+        fk_accumulate(&t, j0, nkp, kind, &vt, rows_out);
+        j0 = jn;
+        kind = kind_next;
     }
-    fk_finish(job, &t, worker);
+    if (done < 0)
+        fk_finish(job, &t, worker);
+    else
+        fk_finish_out(&t, done);
     if (job->weights)
         fk_write_weights(job, &t);
 }
