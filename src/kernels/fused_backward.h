@@ -396,6 +396,79 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
     }
 }
 
+/* 1 when no key is hidden by anything but its row's range (no mask, bias, ALiBi
+ * or softcap): then fb_rows_tile_fast may do fb_rows_tile's work. */
+static int fb_simple(const attn__sdpa_shapes *s)
+{
+    return !s->mask.data && !s->bias && !s->alibi && !(s->softcap > 0.0f);
+}
+
+/* The keys 0, 1, ... of a vector, as floats (exact below 2^24). */
+static const float fb_iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* v where key index jj (a vector of them) lies in [a, e), else 0, chosen. */
+FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e)
+{
+    const simd_f32 zero = simd_zero();
+    return simd_select_lt(jj, e, simd_select_lt(jj, a, zero, v), zero);
+}
+
+/* fb_rows_tile's work when no key is hidden by anything but the range [ra[r],
+ * re[r]) of its row (no mask, bias, ALiBi or softcap) and no one reads vis (the
+ * block's rows and the tile's keys are finite): P and dS are made in registers
+ * as each vector of scores and of dP comes out of its products, instead of being
+ * stored, read back and stored again. Every value is what the general path
+ * computes, by the same operations in the same order: P = exp(scale x - L), dS =
+ * P (dP - Delta), and 0 chosen for a hidden key in both. dS goes to dsx only
+ * (without a softcap the two are the same). */
+static void fb_rows_tile_fast(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                              const int64_t *rows, const fb_sub *w, const int64_t *ra,
+                              const int64_t *re, int64_t jv0, int64_t jv1)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t bcp = job->bcp;
+    const simd_f32 vscale = simd_set1(s->scale), iota = simd_load(fb_iota);
+    float L[FB_R], delta[FB_R], fa[FB_R], fe[FB_R];
+    for (int r = 0; r < FB_R; r++) {
+        const int64_t i = rows[r];
+        L[r] = i < 0 ? 0.0f : job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+        delta[r] = i < 0 ? 0.0f : job->delta[(b * s->H + h) * s->Tq + i];
+        fa[r] = (float)ra[r];
+        fe[r] = (float)re[r];
+    }
+    for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
+        simd_f32 x[FB_R][FB_NV];
+        fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x);
+        for (int r = 0; r < FB_R; r++) {
+            /* Whole vectors inside the row's range need no choosing. */
+            const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
+            const simd_f32 vL = simd_set1(L[r]);
+            for (int c = 0; c < FB_NV; c++) {
+                const int64_t j = jv + c * SIMD_W;
+                simd_f32 pv = simd_exp_nonpos(simd_sub(simd_mul(x[r][c], vscale), vL));
+                if (!whole)
+                    pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)),
+                                       simd_set1(fa[r]), simd_set1(fe[r]));
+                simd_store(w->p + r * bcp + j, pv);
+            }
+        }
+        fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x);
+        for (int r = 0; r < FB_R; r++) {
+            const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
+            const simd_f32 vdelta = simd_set1(delta[r]);
+            for (int c = 0; c < FB_NV; c++) {
+                const int64_t j = jv + c * SIMD_W;
+                simd_f32 dsv = simd_mul(simd_load(w->p + r * bcp + j), simd_sub(x[r][c], vdelta));
+                if (!whole)
+                    dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)),
+                                        simd_set1(fa[r]), simd_set1(fe[r]));
+                simd_store(w->dsx + r * bcp + j, dsv);
+            }
+        }
+    }
+}
+
 /* For sub-block sb of w's block, the FB_R rows rows[0 .. FB_R-1] of (b, h)
  * (already in w->qi, w->doi from slot sb * FB_R on; a row of -1 is an unused
  * slot), against the packed key tile j0 .. j0+n-1: in the sub-block's slot r,
@@ -408,8 +481,8 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
  * range of key vectors scored, which holds it. */
 static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                          const int64_t *rows, int64_t j0, int64_t n, float slope,
-                         const fb_ws *w0, int sb, int64_t *jlo, int64_t *jhi, int64_t *vlo,
-                         int64_t *vhi)
+                         const fb_ws *w0, int sb, int fast, int64_t *jlo, int64_t *jhi,
+                         int64_t *vlo, int64_t *vhi)
 {
     const attn__sdpa_shapes *s0 = &job->bs->s;
     const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
@@ -440,6 +513,10 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
     const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
 
+    if (fast) {
+        fb_rows_tile_fast(job, b, h, rows, w, ra, re, jv0, jv1);
+        return;
+    }
     /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
      * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
      * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
@@ -526,7 +603,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
  * block over the union: those are hidden pairs' terms, zero by selection. */
 static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                           const int64_t *rows, int nsb, int64_t j0, int64_t n, float slope,
-                          const fb_ws *w, int64_t jlo[FB_SB], int64_t jhi[FB_SB],
+                          const fb_ws *w, int fast, int64_t jlo[FB_SB], int64_t jhi[FB_SB],
                           int64_t *ulo, int64_t *uhi)
 {
     const attn__sdpa_shapes *s = &job->bs->s;
@@ -544,8 +621,8 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         jlo[sb] = jhi[sb] = vlo[sb] = vhi[sb] = 0;
         if (!reach)
             continue;
-        fb_rows_tile(job, b, h, rows + sb * FB_R, j0, n, slope, w, sb, &jlo[sb], &jhi[sb],
-                     &vlo[sb], &vhi[sb]);
+        fb_rows_tile(job, b, h, rows + sb * FB_R, j0, n, slope, w, sb, fast, &jlo[sb],
+                     &jhi[sb], &vlo[sb], &vhi[sb]);
         if (jlo[sb] < jhi[sb]) {
             lo = fb_min(lo, jlo[sb]);
             hi = fb_max(hi, jhi[sb]);
@@ -765,7 +842,8 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
                 fb_load_row(job, b, h, -1, u, &w);
             }
             int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
-            fb_block_tile(job, b, h, rows, nsb, j0, n, slope, &w, jlo, jhi, &ulo, &uhi);
+            fb_block_tile(job, b, h, rows, nsb, j0, n, slope, &w, fb_simple(s) && finite, jlo,
+                          jhi, &ulo, &uhi);
             fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, finite);
         }
     }
@@ -903,8 +981,8 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     memcpy(v->qrow, w.qrow, sizeof w.qrow);
                     memcpy(v->drow, w.drow, sizeof w.drow);
                     int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
-                    fb_block_tile(job, b, h, rows, nsb, j0[c], n[c], slope, v, jlo, jhi, &ulo,
-                                  &uhi);
+                    fb_block_tile(job, b, h, rows, nsb, j0[c], n[c], slope, v,
+                                  fb_simple(s) && finite && kfinite[c], jlo, jhi, &ulo, &uhi);
                     fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi, finite);
                     for (int sb = 0; sb < nsb; sb++) {
                         const float *dsx = v->dsx + (int64_t)sb * FB_R * bcp;
@@ -988,7 +1066,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 fb_load_row(job, b, h, -1, u, &w);
             }
             int64_t jlo, jhi, vlo, vhi;
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, 0, &jlo, &jhi, &vlo, &vhi);
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, 0, 0, &jlo, &jhi, &vlo, &vhi);
             if (kfinite) {
                 /* A hidden key adds 0 * a finite k: nothing. */
                 float *dqrow[FB_R];
