@@ -663,9 +663,23 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
         simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
 }
 
+/* c[q][v] += a[q] * x[v * SIMD_W] for four keys q and FB_ND vectors v: one row's
+ * terms into fb_outer_acc's register tile. */
+FB_INLINE void fb_outer_row(simd_f32 c[4][FB_ND], const float *x, const float *a)
+{
+    simd_f32 xv[FB_ND];
+    for (int v = 0; v < FB_ND; v++)
+        xv[v] = simd_load(x + v * SIMD_W);
+    for (int q = 0; q < 4; q++) {
+        const simd_f32 g = simd_set1(a[q]);
+        for (int v = 0; v < FB_ND; v++)
+            c[q][v] = simd_fma(g, xv[v], c[q][v]);
+    }
+}
+
 /* For the keys j of [j0, j1): acc[j * ld + d] += sum over the nr slots u, in
  * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector
- * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_ND vectors
+ * width; nr even): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_ND vectors
  * of d stay in registers while the nr rows stream past, so each loaded x vector
  * feeds four FMAs and each accumulator is loaded and stored once per nr rows. */
 static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
@@ -679,15 +693,11 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
             for (int q = 0; q < 4; q++)
                 for (int v = 0; v < FB_ND; v++)
                     c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
-            for (int u = 0; u < nr; u++) {
-                simd_f32 xv[FB_ND];
-                for (int v = 0; v < FB_ND; v++)
-                    xv[v] = simd_load(x[u] + d + v * SIMD_W);
-                for (int q = 0; q < 4; q++) {
-                    const simd_f32 g = simd_set1(a[u * bcp + j + q]);
-                    for (int v = 0; v < FB_ND; v++)
-                        c[q][v] = simd_fma(g, xv[v], c[q][v]);
-                }
+            /* Two rows a trip (nr is a whole number of sub-blocks): one loop
+             * counter per 32 FMAs on AVX-512, as when the row count was fixed. */
+            for (int u = 0; u < nr; u += 2) {
+                fb_outer_row(c, x[u] + d, a + u * bcp + j);
+                fb_outer_row(c, x[u + 1] + d, a + (u + 1) * bcp + j);
             }
             for (int q = 0; q < 4; q++)
                 for (int v = 0; v < FB_ND; v++)
