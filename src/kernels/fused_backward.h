@@ -749,6 +749,25 @@ static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int
             }
 }
 
+/* dst[r * ld0 + d * ld1] = scale * src[r * lds + d] for r < rows, d < cols: an
+ * accumulator's rows written out, a vector at a time where the destination's row
+ * is contiguous (the same product, so the same bits; 1 * x is x). */
+static void fb_put_rows(float *dst, int64_t ld0, int64_t ld1, const float *src, int64_t lds,
+                        int64_t rows, int64_t cols, float scale)
+{
+    const simd_f32 vs = simd_set1(scale);
+    for (int64_t r = 0; r < rows; r++) {
+        float *out = dst + r * ld0;
+        const float *in = src + r * lds;
+        int64_t d = 0;
+        if (ld1 == 1)
+            for (; d + SIMD_W <= cols; d += SIMD_W)
+                simd_store(out + d, simd_mul(vs, simd_load(in + d)));
+        for (; d < cols; d++)
+            out[d * ld1] = scale * in[d];
+    }
+}
+
 /* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
  * key) and whether each row sees a key; the first row that sees none is recorded
  * for the EMPTY_ROW error. */
@@ -857,12 +876,10 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, finite);
         }
     }
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t d = 0; d < s->D; d++)
-            job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * dp + d];
-        for (int64_t d = 0; d < s->Dv; d++)
-            job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
-    }
+    fb_put_rows(job->dk + attn__off4(bs->dk_s, b, hk, j0, 0), bs->dk_s[2], bs->dk_s[3], w.acc1,
+                dp, n, s->D, s->scale);
+    fb_put_rows(job->dv + attn__off4(bs->dv_s, b, hk, j0, 0), bs->dv_s[2], bs->dv_s[3], w.acc2,
+                dvp, n, s->Dv, 1.0f);
 }
 
 /* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots into acc[u] (dp floats each;
@@ -1012,20 +1029,16 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                 }
             }
         }
-        for (int c = 0; c < nt; c++)
-            for (int64_t j = 0; j < n[c]; j++) {
-                for (int64_t d = 0; d < s->D; d++)
-                    job->dk[attn__off4(bs->dk_s, b, hk, j0[c] + j, d)] =
-                        s->scale * wt[c].acc1[j * dp + d];
-                for (int64_t d = 0; d < s->Dv; d++)
-                    job->dv[attn__off4(bs->dv_s, b, hk, j0[c] + j, d)] = wt[c].acc2[j * dvp + d];
-            }
+        for (int c = 0; c < nt; c++) {
+            fb_put_rows(job->dk + attn__off4(bs->dk_s, b, hk, j0[c], 0), bs->dk_s[2],
+                        bs->dk_s[3], wt[c].acc1, dp, n[c], s->D, s->scale);
+            fb_put_rows(job->dv + attn__off4(bs->dv_s, b, hk, j0[c], 0), bs->dv_s[2],
+                        bs->dv_s[3], wt[c].acc2, dvp, n[c], s->Dv, 1.0f);
+        }
     }
     for (int64_t g = 0; g < s->group; g++)
-        for (int64_t i = 0; i < s->Tq; i++)
-            for (int64_t d = 0; d < s->D; d++)
-                job->dq[attn__off4(bs->dq_s, b, hk * s->group + g, i, d)] =
-                    s->scale * dqacc[(g * s->Tq + i) * dp + d];
+        fb_put_rows(job->dq + attn__off4(bs->dq_s, b, hk * s->group + g, 0, 0), bs->dq_s[2],
+                    bs->dq_s[3], dqacc + g * s->Tq * dp, dp, s->Tq, s->D, s->scale);
 }
 
 /* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their
@@ -1098,9 +1111,8 @@ static void fb_q_item(void *arg, int64_t item, int worker)
             }
         }
     }
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t d = 0; d < s->D; d++)
-            job->dq[attn__off4(bs->dq_s, b, h, i0 + r, d)] = s->scale * w.acc1[r * dp + d];
+    fb_put_rows(job->dq + attn__off4(bs->dq_s, b, h, i0, 0), bs->dq_s[2], bs->dq_s[3], w.acc1,
+                dp, m, s->D, s->scale);
 }
 
 #endif /* ATTN_FUSED_BACKWARD_H */
