@@ -15,7 +15,11 @@
  *
  *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), whether row i sees a key
  *                            (a row that sees none gives and gets nothing) and
- *                            whether its q and dO are all finite.
+ *                            whether its q and dO are all finite. The one-pass
+ *                            form's pass 0 only finds which rows see a key (for
+ *                            the EMPTY_ROW error, before anything is written);
+ *                            each of its items computes Delta and finiteness for
+ *                            its own rows first, with the same code.
  *
  * The one-pass form (fb_head_item), item (b, hk): for each group of FB_KC key
  * tiles in order, for each query head h of the group of hk in order, each block
@@ -51,8 +55,8 @@
  * then rows, in order), so they give the same bits. A dbias broadcast along b, h
  * or the query axis would be written by several items; then pass 2 runs on one
  * thread (the planner in sdpa_fused_backward.c decides), which keeps the bits.
- * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken after pass 0
- * on the caller, in the reference's order.
+ * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken last, on
+ * the caller, in the reference's order.
  *
  * Layout: per key tile, K and V are packed transposed, K^T [D][bcp] and V^T
  * [Dv][bcp], so the scores and dP of FB_R query rows along the tile's keys are
@@ -409,7 +413,7 @@ static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int
 /* Points slot r of w->qrow and w->drow at row i of (b, h)'s q and dO: in place
  * when the row is contiguous and D (Dv) is a whole number of vectors, else
  * gathered into w->qi (w->doi) and zero-padded; i < 0 makes the slot a row of
- * zeros (an unused slot). Returns 1 when both rows are finite (pass 0 looked). */
+ * zeros (an unused slot). Returns 1 when both rows are finite (fb_row_delta looked). */
 static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
                        int r, fb_ws *w)
 {
@@ -851,9 +855,60 @@ static void fb_put_rows(float *dst, int64_t ld0, int64_t ld1, const float *src, 
     }
 }
 
-/* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
- * key) and whether each row sees a key; the first row that sees none is recorded
- * for the EMPTY_ROW error. */
+/* Row i of (b, h), whose job->sees[row] already says whether it sees a key:
+ * Delta_i = rowsum(dO_i * O_i) (0 for a row that sees none) and whether its q and
+ * dO are all finite. */
+static void fb_row_delta(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t row = (b * s->H + h) * s->Tq + i;
+    const int sees = (job->sees[row] & FB_ROW_SEES) != 0;
+    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0
+     * exactly when both rows are finite. */
+    simd_f32 zv = simd_zero();
+    const simd_f32 zero = simd_zero();
+    int64_t dq0 = 0, dd0 = 0;
+    if (s->q_s[3] == 1) {
+        const float *pq = job->q + attn__off4(s->q_s, b, h, i, 0);
+        for (; dq0 + SIMD_W <= s->D; dq0 += SIMD_W)
+            zv = simd_fma(simd_load(pq + dq0), zero, zv);
+    }
+    if (bs->do_s[3] == 1) {
+        const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+        for (; dd0 + SIMD_W <= s->Dv; dd0 += SIMD_W)
+            zv = simd_fma(simd_load(pd + dd0), zero, zv);
+    }
+    float z = simd_hsum(zv);
+    for (int64_t d = dq0; d < s->D; d++)
+        z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
+    for (int64_t d = dd0; d < s->Dv; d++)
+        z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
+    job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
+    float dl = 0.0f;
+    if (sees) {
+        /* Gathered, then summed a vector at a time; the reference's order is
+         * plain left to right, and the two differ only by rounding. */
+        simd_f32 acc = simd_zero();
+        int64_t d = 0;
+        if (bs->do_s[3] == 1 && s->o_s[3] == 1) {
+            const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+            const float *po = job->o + attn__off4(s->o_s, b, h, i, 0);
+            for (; d + SIMD_W <= s->Dv; d += SIMD_W)
+                acc = simd_fma(simd_load(pd + d), simd_load(po + d), acc);
+        }
+        dl = simd_hsum(acc);
+        for (; d < s->Dv; d++)
+            dl += job->dout[attn__off4(bs->do_s, b, h, i, d)] *
+                  job->o[attn__off4(s->o_s, b, h, i, d)];
+    }
+    job->delta[row] = dl;
+}
+
+/* Pass 0, item (b, h): whether each row sees a key, the first row that sees none
+ * recorded for the EMPTY_ROW error, and (fb_row_delta) Delta and the finiteness
+ * of each row; the one-pass form leaves the last two to its items, which read
+ * those rows' dO and q soon after anyway. */
 static void fb_delta_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
@@ -871,47 +926,12 @@ static void fb_delta_item(void *arg, int64_t item, int worker)
             for (int64_t j = lo; j < hi && !sees; j++)
                 sees = attn__may_attend(s, b, h, i, j);
         }
-        /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0
-         * exactly when both rows are finite. */
-        simd_f32 zv = simd_zero();
-        const simd_f32 zero = simd_zero();
-        int64_t dq0 = 0, dd0 = 0;
-        if (s->q_s[3] == 1) {
-            const float *pq = job->q + attn__off4(s->q_s, b, h, i, 0);
-            for (; dq0 + SIMD_W <= s->D; dq0 += SIMD_W)
-                zv = simd_fma(simd_load(pq + dq0), zero, zv);
-        }
-        if (bs->do_s[3] == 1) {
-            const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
-            for (; dd0 + SIMD_W <= s->Dv; dd0 += SIMD_W)
-                zv = simd_fma(simd_load(pd + dd0), zero, zv);
-        }
-        float z = simd_hsum(zv);
-        for (int64_t d = dq0; d < s->D; d++)
-            z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
-        for (int64_t d = dd0; d < s->Dv; d++)
-            z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
-        job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
-        float dl = 0.0f;
-        if (sees) {
-            /* Gathered, then summed a vector at a time; the reference's order is
-             * plain left to right, and the two differ only by rounding. */
-            simd_f32 acc = simd_zero();
-            int64_t d = 0;
-            if (bs->do_s[3] == 1 && s->o_s[3] == 1) {
-                const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
-                const float *po = job->o + attn__off4(s->o_s, b, h, i, 0);
-                for (; d + SIMD_W <= s->Dv; d += SIMD_W)
-                    acc = simd_fma(simd_load(pd + d), simd_load(po + d), acc);
-            }
-            dl = simd_hsum(acc);
-            for (; d < s->Dv; d++)
-                dl += job->dout[attn__off4(bs->do_s, b, h, i, d)] *
-                      job->o[attn__off4(s->o_s, b, h, i, d)];
-        } else if (row < job->empty_first[worker]) {
+        job->sees[row] = sees ? FB_ROW_SEES : 0;
+        job->delta[row] = 0.0f;
+        if (!sees && row < job->empty_first[worker])
             job->empty_first[worker] = row;
-        }
-        job->delta[row] = dl;
+        if (!job->one_pass)
+            fb_row_delta(job, b, h, i);
     }
 }
 
@@ -1027,6 +1047,9 @@ static void fb_head_item(void *arg, int64_t item, int worker)
     fb_ws w = fb_ws_of(job, worker);
     float *const dqacc = w.dqacc;
     memset(dqacc, 0, (size_t)(s->group * s->Tq * dp) * sizeof(float));
+    for (int64_t g = 0; g < s->group; g++)
+        for (int64_t i = 0; i < s->Tq; i++)
+            fb_row_delta(job, b, hk * s->group + g, i);
     memset(w.dqpad, 0, (size_t)dp * sizeof(float));
 
     /* FB_KC key tiles at a time: a block of rows loaded (q, dO, its dQ rows) serves
