@@ -63,8 +63,8 @@
  * vector FMAs of a broadcast q_i[d] (dO_i[d]) against a row of K^T (V^T), each
  * loaded vector feeding the FB_R rows: no horizontal sums. The accumulators dK
  * [bc][dp] and dV [bc][dvp] take a block's FB_RB rows' dS_ij (P_ij) times their
- * packed, zero-padded q (dO) rows in one load and store; dQ [br][dp] keeps a vector in a
- * register while the tile's keys stream. Keys past Tk are packed as zeros and are
+ * packed, zero-padded q (dO) rows in one load and store; dQ [br][dp] keeps a
+ * vector in a register while the tile's keys stream. Keys past Tk are packed as zeros and are
  * hidden; columns past D and Dv are zeros and never written out. These blocked
  * sums add a hidden pair's 0 * (a finite number), which changes nothing; when a
  * row's q or dO (pass 1) or the tile's k (pass 2) holds an inf or a NaN, the
