@@ -750,66 +750,76 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
         simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
 }
 
-/* c[q][v] += a[q] * x[v * SIMD_W] for four keys q and FB_ND vectors v: one row's
- * terms into fb_outer_acc's register tile. */
-FB_INLINE void fb_outer_row(simd_f32 c[4][FB_ND], const float *x, const float *a)
+/* Keys of dK and dV held in registers at once by fb_outer_acc: FB_KQ x FB_ND
+ * accumulators (24 of AVX-512's 32 registers, 12 of AVX2's 16), so that each
+ * loaded row vector feeds six FMAs. Four keys a tile (16 accumulators) took 2%
+ * more time on S2 with one thread, AVX-512, and 5% more with AVX2; seven would
+ * not leave registers for the loaded row. */
+#define FB_KQ 6
+
+/* c[q][v] += a[q] * x[v * SIMD_W] for kq keys q and FB_ND vectors v: one row's
+ * terms into fb_outer_keys' register tile. */
+FB_INLINE void fb_outer_row(simd_f32 c[FB_KQ][FB_ND], const float *x, const float *a, int kq)
 {
     simd_f32 xv[FB_ND];
     for (int v = 0; v < FB_ND; v++)
         xv[v] = simd_load(x + v * SIMD_W);
-    for (int q = 0; q < 4; q++) {
+    for (int q = 0; q < kq; q++) {
         const simd_f32 g = simd_set1(a[q]);
         for (int v = 0; v < FB_ND; v++)
             c[q][v] = simd_fma(g, xv[v], c[q][v]);
     }
 }
 
+/* acc[(j + q) * ld + d] += sum over the nr slots u, in order, of a[u * bcp + j + q]
+ * * x[u][d], for the kq keys j .. j+kq-1 (kq <= FB_KQ, a constant at each call,
+ * which unrolls the loops over q) and d < len. kq x FB_ND accumulators stay in
+ * registers while the rows stream past, two rows a trip (nr is even). */
+FB_INLINE void fb_outer_keys(float *acc, int64_t ld, const float *a, int64_t bcp,
+                             const float *const *x, int nr, int64_t len, int64_t j, int kq)
+{
+    int64_t d = 0;
+    for (; d + FB_ND * SIMD_W <= len; d += FB_ND * SIMD_W) {
+        simd_f32 c[FB_KQ][FB_ND];
+        for (int q = 0; q < kq; q++)
+            for (int v = 0; v < FB_ND; v++)
+                c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
+        for (int u = 0; u < nr; u += 2) {
+            fb_outer_row(c, x[u] + d, a + u * bcp + j, kq);
+            fb_outer_row(c, x[u + 1] + d, a + (u + 1) * bcp + j, kq);
+        }
+        for (int q = 0; q < kq; q++)
+            for (int v = 0; v < FB_ND; v++)
+                simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
+    }
+    for (; d < len; d += SIMD_W) {
+        simd_f32 c[FB_KQ];
+        for (int q = 0; q < kq; q++)
+            c[q] = simd_load(acc + (j + q) * ld + d);
+        for (int u = 0; u < nr; u++) {
+            const simd_f32 xv = simd_load(x[u] + d);
+            for (int q = 0; q < kq; q++)
+                c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
+        }
+        for (int q = 0; q < kq; q++)
+            simd_store(acc + (j + q) * ld + d, c[q]);
+    }
+}
+
 /* For the keys j of [j0, j1): acc[j * ld + d] += sum over the nr slots u, in
- * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector
- * width; nr even): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_ND vectors
- * of d stay in registers while the nr rows stream past, so each loaded x vector
- * feeds four FMAs and each accumulator is loaded and stored once per nr rows. */
+ * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector width;
+ * nr even): dV += P^T dO and dK += dS^T Q on one tile, FB_KQ keys at a time, then
+ * four, then one. Each accumulator is loaded and stored once per nr rows. */
 static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
                          const float *const *x, int nr, int64_t len, int64_t j0, int64_t j1)
 {
     int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-        int64_t d = 0;
-        for (; d + FB_ND * SIMD_W <= len; d += FB_ND * SIMD_W) {
-            simd_f32 c[4][FB_ND];
-            for (int q = 0; q < 4; q++)
-                for (int v = 0; v < FB_ND; v++)
-                    c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
-            /* Two rows a trip (nr is a whole number of sub-blocks): one loop
-             * counter per 32 FMAs on AVX-512, as when the row count was fixed. */
-            for (int u = 0; u < nr; u += 2) {
-                fb_outer_row(c, x[u] + d, a + u * bcp + j);
-                fb_outer_row(c, x[u + 1] + d, a + (u + 1) * bcp + j);
-            }
-            for (int q = 0; q < 4; q++)
-                for (int v = 0; v < FB_ND; v++)
-                    simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
-        }
-        for (; d < len; d += SIMD_W) {
-            simd_f32 c[4];
-            for (int q = 0; q < 4; q++)
-                c[q] = simd_load(acc + (j + q) * ld + d);
-            for (int u = 0; u < nr; u++) {
-                const simd_f32 xv = simd_load(x[u] + d);
-                for (int q = 0; q < 4; q++)
-                    c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
-            }
-            for (int q = 0; q < 4; q++)
-                simd_store(acc + (j + q) * ld + d, c[q]);
-        }
-    }
+    for (; j + FB_KQ <= j1; j += FB_KQ)
+        fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, FB_KQ);
+    for (; j + 4 <= j1; j += 4)
+        fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, 4);
     for (; j < j1; j++)
-        for (int64_t d = 0; d < len; d += SIMD_W) {
-            simd_f32 c = simd_load(acc + j * ld + d);
-            for (int u = 0; u < nr; u++)
-                c = simd_fma(simd_set1(a[u * bcp + j]), simd_load(x[u] + d), c);
-            simd_store(acc + j * ld + d, c);
-        }
+        fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, 1);
 }
 
 /* dV_j += sum_r P_rj dO_r and dK_j += sum_r dS_rj q_r (before the scale) for the
