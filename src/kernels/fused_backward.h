@@ -134,7 +134,7 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 /* Sub-blocks of FB_R rows in one block of the one-pass form and of pass 1. The
  * scores, dP and dQ work on one sub-block at a time (their register tiles are
  * FB_R rows); the dK and dV products take the whole block, so their
- * accumulators (four keys by FB_ND vectors in registers) are loaded and stored
+ * accumulators (FB_KQ keys by FB_ND vectors in registers) are loaded and stored
  * once per FB_RB rows instead of once per FB_R. Those accumulators do not stay
  * in the first-level cache from one block to the next (FB_KC tiles' packed K, V
  * and accumulators are larger than it). Measured on S2 with one thread: 5% less
@@ -148,8 +148,8 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #else
 #define FB_NV 1
 #endif
-/* Vectors of d in the dK and dV tiles of four keys: 4 x FB_ND accumulators (16 of
- * AVX-512's registers, 8 of AVX2's), each broadcast weight feeding FB_ND FMAs. */
+/* Vectors of d in the dK and dV tiles of FB_KQ keys (see fb_outer_keys), each
+ * broadcast weight feeding FB_ND FMAs. */
 #if defined(ATTN_SIMD_AVX512)
 #define FB_ND 4
 #elif defined(ATTN_SIMD_AVX2)
