@@ -10,6 +10,7 @@ shapes, in the same run, and the ratios.
                                    [--repeat 3] [--attn build/attn] [--threads 2]
     python3 bench/compare_torch.py --backward [--shapes S2,S3,S4,S8] [--repeat 3]
                                    [--attn build/attn] [--threads 2] [--runs 10]
+                                   [--attn-before OTHER/attn]
 
 What it runs, each figure the median of --runs timed calls after two warm-up calls
 (the same method as `attn bench`), with --threads threads for everybody:
@@ -69,7 +70,9 @@ through scaled_dot_product_attention (is_causal=True; S8's grouped-query heads
 with enable_gqa=True, or K and V repeated per query head where that switch is
 missing): the backward alone is out.backward(dO) on a kept graph, forward +
 backward builds the graph and runs it. --repeat rounds alternate attn and torch
-per shape; each side's best median is reported, with torch's time over attn's. The
+per shape; each side's best median is reported, with torch's time over attn's
+(--attn-before OTHER/attn adds an earlier build to each round: its times, and its
+backward's time over this build's). The
 %peak column is the chosen attn line's peak_frac: of the FMA peak that attn bench
 process measured at its start, which a loaded machine moves from one process to the
 next (the header's peak is the first one's).
@@ -390,25 +393,35 @@ def backward_main(a):
     print(f"# check: torch SDPA's gradients vs plain autograd, max |diff| "
           f"{backward_check():.2e}")
     names = [n for n in a.shapes.split(",") if n in BACKWARD] if a.shapes_given else BACKWARD
+    before = f" {'before bwd':>10} {'after/bef':>9} {'before f+b':>10}" if a.attn_before else ""
     print(f"{'shape':6} {'attn bwd':>9} {'%peak':>6} {'torch bwd':>10} {'vs torch':>9} "
-          f"{'attn f+b':>9} {'torch f+b':>10} {'vs torch':>9}")
+          f"{'attn f+b':>9} {'torch f+b':>10} {'vs torch':>9}{before}")
     for name in names:
         B, H, Hkv, Tq, Tk, D = SHAPES[name][:6]
         best = {}
         for _ in range(a.repeat):
-            for r in attn_json(a.attn, ["--backward", "--shape", name] + common):
-                if r.get("kind") in ("sdpa_backward", "sdpa_fwd_bwd"):
-                    kind = r["kind"]
-                    if kind not in best or r["median_ms"] < best[kind]["median_ms"]:
-                        best[kind] = r
+            # attn, then (with --attn-before) the earlier build, then torch, each round.
+            for tag, exe in (("", a.attn), ("before_", a.attn_before)):
+                if not exe:
+                    continue
+                for r in attn_json(exe, ["--backward", "--shape", name] + common):
+                    if r.get("kind") in ("sdpa_backward", "sdpa_fwd_bwd"):
+                        kind = tag + r["kind"]
+                        if kind not in best or r["median_ms"] < best[kind]["median_ms"]:
+                            best[kind] = r
             tb, tfb = torch_backward_ms(B, H, Hkv, Tq, Tk, D, a.runs)
             best["torch_bwd"] = min(best.get("torch_bwd", float("inf")), tb)
             best["torch_fwd_bwd"] = min(best.get("torch_fwd_bwd", float("inf")), tfb)
         ab, afb = best["sdpa_backward"], best["sdpa_fwd_bwd"]
         tb, tfb = best["torch_bwd"], best["torch_fwd_bwd"]
+        extra = ""
+        if a.attn_before:
+            bb, bfb = best["before_sdpa_backward"], best["before_sdpa_fwd_bwd"]
+            extra = (f" {bb['median_ms']:10.3f} {bb['median_ms'] / ab['median_ms']:8.2f}x "
+                     f"{bfb['median_ms']:10.3f}")
         print(f"{name:6} {ab['median_ms']:9.3f} {100 * ab['peak_frac']:5.1f}% {tb:10.3f} "
               f"{tb / ab['median_ms']:8.2f}x {afb['median_ms']:9.3f} {tfb:10.3f} "
-              f"{tfb / afb['median_ms']:8.2f}x")
+              f"{tfb / afb['median_ms']:8.2f}x{extra}")
         if a.json:
             print(json.dumps({"backward": name, "attn_bwd_ms": ab["median_ms"],
                               "attn_bwd_peak_frac": ab["peak_frac"],
@@ -421,6 +434,10 @@ def backward_main(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--attn", default=os.path.join("build", "attn"))
+    ap.add_argument("--attn-before", default=None,
+                    help="--backward: an earlier build's attn, timed in the same rounds "
+                         "(its backward and forward + backward, and after/before: its "
+                         "backward's time over this one's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6,S7,S8,W1,C1,G1")

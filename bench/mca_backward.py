@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FUNCS = ("fb_rows_tile", "fb_outer_acc", "fb_dq_rows")
+FUNCS = ("fb_rows_tile_fast", "fb_block_tile", "fb_outer_acc", "fb_dq_rows")
 ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],

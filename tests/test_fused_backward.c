@@ -679,9 +679,70 @@ static void test_nan_in_dout_wide(void)
     }
 }
 
+/* A NaN in v of one key, with k finite and no mask but causal, D = 64: the
+ * fused backward's path for such calls makes P and dS in registers, choosing 0
+ * for a hidden key, and a row that cannot see the key must not take the NaN
+ * from its dP. */
+static void test_nan_in_v_hidden(void)
+{
+    TEST("a NaN in v of key 100 (batch 0, causal, D=64, Tq=Tk=113; k finite) makes NaN "
+         "exactly the gradients the reference makes NaN, and dq of rows 0..99 (which "
+         "cannot see the key) finite, in one pass (B=2) and two (B=1), on every "
+         "instruction set");
+    for (int64_t B = 1; B <= 2; B++) {
+        problem P;
+        memset(&P, 0, sizeof P);
+        P.B = B;
+        P.H = P.Hkv = 1;
+        P.Tq = P.Tk = 113;
+        P.D = P.Dv = 64;
+        P.opt = OPT_CAUSAL_TL;
+        problem_make(&P, 778);
+        const int64_t j0 = 100;
+        for (int64_t d = 0; d < P.Dv; d++)
+            P.v[j0 * P.Dv + d] = NAN;
+        float *out = calloc((size_t)(P.B * P.Tq * P.Dv), sizeof(float));
+        float *lse = calloc((size_t)(P.B * P.Tq), sizeof(float));
+        CHECK_INT(forward(&P, out, lse), ATTN_OK);
+        grads ref;
+        grads_alloc(&P, &ref);
+        CHECK_INT(backward(&P, out, lse, ATTN_ARCH_REF, 1, &ref), ATTN_OK);
+        const int64_t n = P.B * P.Tq * P.D;
+        for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+            if (!attn_arch_supported(fused_archs[a]))
+                continue;
+            grads g;
+            grads_alloc(&P, &g);
+            CHECK_INT(backward(&P, out, lse, fused_archs[a], 2, &g), ATTN_OK);
+            int64_t differ = 0, early_nan = 0;
+            for (int64_t x = 0; x < n; x++) {
+                differ += isnan(g.dq[x]) != isnan(ref.dq[x]);
+                differ += isnan(g.dk[x]) != isnan(ref.dk[x]);
+                differ += isnan(g.dv[x]) != isnan(ref.dv[x]);
+            }
+            for (int64_t x = 0; x < j0 * P.D; x++)
+                early_nan += !isfinite(g.dq[x]);
+            if (differ || early_nan)
+                fprintf(stderr, "   B=%lld on %s: %lld gradients NaN where the reference's "
+                        "are not or the other way (0 expected), %lld of dq's rows 0..99 "
+                        "not finite (0 expected)\n",
+                        (long long)B, attn_arch_name(fused_archs[a]), (long long)differ,
+                        (long long)early_nan);
+            CHECK_INT(differ, 0);
+            CHECK_INT(early_nan, 0);
+            grads_free(&g);
+        }
+        grads_free(&ref);
+        free(out);
+        free(lse);
+        problem_free(&P);
+    }
+}
+
 int main(void)
 {
     test_nan_in_dout_wide();
+    test_nan_in_v_hidden();
     test_forms_agree();
     test_hidden_key_exact_zero();
     test_threads_used();

@@ -15,7 +15,11 @@
  *
  *   pass 0, item (b, h):     Delta_i = rowsum(dO_i * O_i), whether row i sees a key
  *                            (a row that sees none gives and gets nothing) and
- *                            whether its q and dO are all finite.
+ *                            whether its q and dO are all finite. The one-pass
+ *                            form's pass 0 only finds which rows see a key (for
+ *                            the EMPTY_ROW error, before anything is written);
+ *                            each of its items computes Delta and finiteness for
+ *                            its own rows first, with the same code.
  *
  * The one-pass form (fb_head_item), item (b, hk): for each group of FB_KC key
  * tiles in order, for each query head h of the group of hk in order, each block
@@ -51,16 +55,16 @@
  * then rows, in order), so they give the same bits. A dbias broadcast along b, h
  * or the query axis would be written by several items; then pass 2 runs on one
  * thread (the planner in sdpa_fused_backward.c decides), which keeps the bits.
- * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken after pass 0
- * on the caller, in the reference's order.
+ * dsinks is a sum over (b, i) of exp(sink - L_i) Delta_i and is taken last, on
+ * the caller, in the reference's order.
  *
  * Layout: per key tile, K and V are packed transposed, K^T [D][bcp] and V^T
  * [Dv][bcp], so the scores and dP of FB_R query rows along the tile's keys are
  * vector FMAs of a broadcast q_i[d] (dO_i[d]) against a row of K^T (V^T), each
  * loaded vector feeding the FB_R rows: no horizontal sums. The accumulators dK
- * [bc][dp] and dV [bc][dvp] take the FB_R rows' dS_ij (P_ij) times their packed,
- * zero-padded q (dO) rows in one load and store; dQ [br][dp] keeps a vector in a
- * register while the tile's keys stream. Keys past Tk are packed as zeros and are
+ * [bc][dp] and dV [bc][dvp] take a block's FB_RB rows' dS_ij (P_ij) times their
+ * packed, zero-padded q (dO) rows in one load and store; dQ [br][dp] keeps a
+ * vector in a register while the tile's keys stream. Keys past Tk are packed as zeros and are
  * hidden; columns past D and Dv are zeros and never written out. These blocked
  * sums add a hidden pair's 0 * (a finite number), which changes nothing; when a
  * row's q or dO (pass 1) or the tile's k (pass 2) holds an inf or a NaN, the
@@ -122,11 +126,21 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
     *hi = e;
 }
 
-/* Query rows processed together against one key tile: each packed K^T (V^T) vector
- * loaded feeds FB_R FMAs, and each accumulator row loaded takes FB_R rows' terms.
+/* Query rows scored together against one key tile: each packed K^T (V^T) vector
+ * loaded feeds FB_R FMAs.
  * FB_NV vectors side by side (of keys in the scores, of d in the products) keep
  * FB_R x FB_NV accumulators in registers: 16 of AVX-512's 32, 8 of AVX2's 16. */
 #define FB_R 8
+/* Sub-blocks of FB_R rows in one block of the one-pass form and of pass 1. The
+ * scores, dP and dQ work on one sub-block at a time (their register tiles are
+ * FB_R rows); the dK and dV products take the whole block, so their
+ * accumulators (FB_KQ keys by FB_ND vectors in registers) are loaded and stored
+ * once per FB_RB rows instead of once per FB_R. Those accumulators do not stay
+ * in the first-level cache from one block to the next (FB_KC tiles' packed K, V
+ * and accumulators are larger than it). Measured on S2 with one thread: 5% less
+ * time with four sub-blocks than with one, and eight gave no more. */
+#define FB_SB 4
+#define FB_RB (FB_SB * FB_R)
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
 #if defined(ATTN_SIMD_AVX512)
@@ -134,8 +148,8 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #else
 #define FB_NV 1
 #endif
-/* Vectors of d in the dK and dV tiles of four keys: 4 x FB_ND accumulators (16 of
- * AVX-512's registers, 8 of AVX2's), each broadcast weight feeding FB_ND FMAs. */
+/* Vectors of d in the dK and dV tiles of FB_KQ keys (see fb_outer_keys), each
+ * broadcast weight feeding FB_ND FMAs. */
 #if defined(ATTN_SIMD_AVX512)
 #define FB_ND 4
 #elif defined(ATTN_SIMD_AVX2)
@@ -152,20 +166,28 @@ typedef struct fb_ws {
     float *krow; /* the key tile's rows, padded [bc][dp] (pass 2) */
     float *acc1; /* dK [bc][dp] (pass 1) or dQ [br][dp] (pass 2) */
     float *acc2; /* dV [bc][dvp] (pass 1) */
-    float *qi;   /* FB_R query rows, when copied (padded) [FB_R][dp] */
-    float *doi;  /* FB_R rows of dO, when copied [FB_R][dvp] */
-    float *p;    /* the rows' weights along the tile [FB_R][bcp] */
-    float *ds;   /* dS before the softcap's factor [FB_R][bcp] */
-    float *dsx;  /* dS after it (the score product's gradient) [FB_R][bcp] */
-    float *t;    /* tanh(x / c) under a softcap [FB_R][bcp] */
-    float *vis;  /* 1 where the key is visible to the row, else 0 [FB_R][bcp] */
+    float *qi;   /* FB_RB query rows, when copied (padded) [FB_RB][dp] */
+    float *doi;  /* FB_RB rows of dO, when copied [FB_RB][dvp] */
+    float *p;    /* the rows' weights along the tile [FB_RB][bcp] */
+    float *ds;   /* dS before the softcap's factor [FB_RB][bcp] */
+    float *dsx;  /* dS after it (the score product's gradient) [FB_RB][bcp] */
+    float *t;    /* tanh(x / c) under a softcap [FB_RB][bcp] */
+    float *vis;  /* 1 where the key is visible to the row, else 0 [FB_RB][bcp] */
     float *dqpad; /* where an unused slot's dQ goes (one-pass form) [dp] */
     float *more;  /* tiles 1 .. FB_KC-1's kt, vt, krow, acc1, acc2 (one-pass form) */
     float *dqacc; /* dQ of the item's rows (one-pass form) [group][Tq][dp] */
     /* The block's rows of q (dp floats readable) and dO (dvp): in place in the
      * arguments when a row is contiguous and needs no padding, else in qi, doi. */
-    const float *qrow[FB_R], *drow[FB_R];
+    const float *qrow[FB_RB], *drow[FB_RB];
 } fb_ws;
+
+/* One sub-block of FB_R rows of a block: its rows' pointers and its rows of the
+ * weight buffers, over w's packed key tile. */
+typedef struct fb_sub {
+    const float *const *qrow, *const *drow;
+    const float *kt, *vt;
+    float *p, *ds, *dsx, *t, *vis;
+} fb_sub;
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -187,7 +209,7 @@ static inline int64_t fb_ws_floats_of(int64_t D, int64_t Dv, int64_t br, int64_t
                                       int64_t bcp, int64_t dp, int64_t dvp, int64_t dq_rows)
 {
     const int64_t tile = fb_tile_floats(D, Dv, br, bc, bcp, dp, dvp);
-    return tile + fb_a16(FB_R * dp) + fb_a16(FB_R * dvp) + 5 * fb_a16(FB_R * bcp) +
+    return tile + fb_a16(FB_RB * dp) + fb_a16(FB_RB * dvp) + 5 * fb_a16(FB_RB * bcp) +
            fb_a16(dp) + (dq_rows ? (FB_KC - 1) * tile + dq_rows * dp : 0);
 }
 
@@ -207,19 +229,19 @@ static fb_ws fb_ws_of(const attn__fused_bwd_job *job, int worker)
     r.acc2 = w;
     w += fb_a16(job->bc * job->dvp);
     r.qi = w;
-    w += fb_a16(FB_R * job->dp);
+    w += fb_a16(FB_RB * job->dp);
     r.doi = w;
-    w += fb_a16(FB_R * job->dvp);
+    w += fb_a16(FB_RB * job->dvp);
     r.p = w;
-    w += fb_a16(FB_R * job->bcp);
+    w += fb_a16(FB_RB * job->bcp);
     r.ds = w;
-    w += fb_a16(FB_R * job->bcp);
+    w += fb_a16(FB_RB * job->bcp);
     r.dsx = w;
-    w += fb_a16(FB_R * job->bcp);
+    w += fb_a16(FB_RB * job->bcp);
     r.t = w;
-    w += fb_a16(FB_R * job->bcp);
+    w += fb_a16(FB_RB * job->bcp);
     r.vis = w;
-    w += fb_a16(FB_R * job->bcp);
+    w += fb_a16(FB_RB * job->bcp);
     r.dqpad = w;
     w += fb_a16(job->dp);
     r.more = w;
@@ -252,6 +274,107 @@ static fb_ws fb_ws_tile(const attn__fused_bwd_job *job, const fb_ws *w, int c)
     return r;
 }
 
+static fb_sub fb_sub_of(const attn__fused_bwd_job *job, const fb_ws *w, int sb)
+{
+    const int64_t at = (int64_t)sb * FB_R * job->bcp;
+    fb_sub r;
+    r.qrow = w->qrow + sb * FB_R;
+    r.drow = w->drow + sb * FB_R;
+    r.kt = w->kt;
+    r.vt = w->vt;
+    r.p = w->p + at;
+    r.ds = w->ds + at;
+    r.dsx = w->dsx + at;
+    r.t = w->t + at;
+    r.vis = w->vis + at;
+    return r;
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for r, c < SIMD_W: one square block of a
+ * transpose, in registers (unpack within 128-bit lanes, then move whole lanes). */
+#if defined(ATTN_SIMD_AVX512)
+#define FB_TRANSPOSE 1
+static void fb_transpose_block(float *dst, int64_t ldd, const float *src, int64_t lds)
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        const __m512 a = _mm512_loadu_ps(src + i * lds), b = _mm512_loadu_ps(src + (i + 1) * lds);
+        t[i] = _mm512_unpacklo_ps(a, b);     /* per lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm512_unpackhi_ps(a, b); /* per lane: a2 b2 a3 b3 */
+    }
+    /* u[4g + k], lane L: element 4L + k of rows 4g .. 4g+3. */
+    for (int g = 0; g < 4; g++) {
+        const __m512d lo0 = _mm512_castps_pd(t[4 * g]), hi0 = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d lo1 = _mm512_castps_pd(t[4 * g + 2]), hi1 = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+    }
+    /* Column 4L + k gathers lane L of u[k], u[4 + k], u[8 + k], u[12 + k]. */
+    for (int k = 0; k < 4; k++) {
+        const __m512 v01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44);
+        const __m512 w01 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
+        const __m512 v23 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+        const __m512 w23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+        _mm512_storeu_ps(dst + (0 + k) * ldd, _mm512_shuffle_f32x4(v01, w01, 0x88));
+        _mm512_storeu_ps(dst + (4 + k) * ldd, _mm512_shuffle_f32x4(v01, w01, 0xDD));
+        _mm512_storeu_ps(dst + (8 + k) * ldd, _mm512_shuffle_f32x4(v23, w23, 0x88));
+        _mm512_storeu_ps(dst + (12 + k) * ldd, _mm512_shuffle_f32x4(v23, w23, 0xDD));
+    }
+}
+#elif defined(ATTN_SIMD_AVX2)
+#define FB_TRANSPOSE 1
+static void fb_transpose_block(float *dst, int64_t ldd, const float *src, int64_t lds)
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        const __m256 a = _mm256_loadu_ps(src + i * lds), b = _mm256_loadu_ps(src + (i + 1) * lds);
+        t[i] = _mm256_unpacklo_ps(a, b);     /* per lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm256_unpackhi_ps(a, b); /* per lane: a2 b2 a3 b3 */
+    }
+    /* u[4g + k], lane L: element 4L + k of rows 4g .. 4g+3. */
+    for (int g = 0; g < 2; g++) {
+        u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    /* Column 4L + k is lane L of u[k] (rows 0 .. 3) and of u[4 + k] (rows 4 .. 7). */
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_ps(dst + k * ldd, _mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
+        _mm256_storeu_ps(dst + (4 + k) * ldd, _mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
+    }
+}
+#else
+#define FB_TRANSPOSE 0
+#endif
+
+/* dst[d * bcp + j] = x[j * ld0 + d * ld1] for j < n, d < cols, and 0 for n <= j <
+ * bcp: K^T or V^T of a key tile. Whole SIMD_W x SIMD_W blocks of rows whose d is
+ * contiguous go through registers; the rest element by element. */
+static void fb_pack_t(float *dst, int64_t bcp, const float *x, int64_t ld0, int64_t ld1,
+                      int64_t n, int64_t cols)
+{
+    int64_t jb = 0, db = 0;
+#if FB_TRANSPOSE
+    if (ld1 == 1) {
+        jb = n / SIMD_W * SIMD_W;
+        db = cols / SIMD_W * SIMD_W;
+        for (int64_t j = 0; j < jb; j += SIMD_W)
+            for (int64_t d = 0; d < db; d += SIMD_W)
+                fb_transpose_block(dst + d * bcp + j, bcp, x + j * ld0 + d, ld0);
+    }
+#endif
+    for (int64_t d = 0; d < cols; d++) {
+        float *row = dst + d * bcp;
+        for (int64_t j = d < db ? jb : 0; j < n; j++)
+            row[j] = x[j * ld0 + d * ld1];
+        for (int64_t j = n; j < bcp; j++)
+            row[j] = 0.0f;
+    }
+}
+
 /* Packs keys j0 .. j0+n-1 of (b, hk): K^T and V^T with zero columns past n, and
  * (when rows is set) K's rows padded with zeros to dp. Returns 1 when every
  * packed k is finite (pass 2 may then add a hidden key's zero term instead of
@@ -261,28 +384,26 @@ static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int
 {
     const attn__sdpa_shapes *s = &job->bs->s;
     const int64_t bcp = job->bcp;
-    int finite = 1;
-    for (int64_t d = 0; d < s->D; d++) {
-        float *dst = w->kt + d * bcp;
-        for (int64_t j = 0; j < n; j++) {
-            dst[j] = job->k[attn__off4(s->k_s, b, hk, j0 + j, d)];
-            finite &= isfinite(dst[j]) != 0;
-        }
-        for (int64_t j = n; j < bcp; j++)
-            dst[j] = 0.0f;
-    }
-    for (int64_t d = 0; d < s->Dv; d++) {
-        float *dst = w->vt + d * bcp;
-        for (int64_t j = 0; j < n; j++)
-            dst[j] = job->v[attn__off4(s->v_s, b, hk, j0 + j, d)];
-        for (int64_t j = n; j < bcp; j++)
-            dst[j] = 0.0f;
-    }
+    const float *k = job->k + attn__off4(s->k_s, b, hk, j0, 0);
+    const float *v = job->v + attn__off4(s->v_s, b, hk, j0, 0);
+    fb_pack_t(w->kt, bcp, k, s->k_s[2], s->k_s[3], n, s->D);
+    fb_pack_t(w->vt, bcp, v, s->v_s[2], s->v_s[3], n, s->Dv);
+    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum of them
+     * over K^T (whose padding is zeros) is 0 exactly when every k is finite. */
+    const simd_f32 zero = simd_zero();
+    simd_f32 z = zero;
+    for (int64_t at = 0; at < s->D * bcp; at += SIMD_W)
+        z = simd_fma(simd_load(w->kt + at), zero, z);
+    const int finite = simd_hsum(z) == 0.0f;
     if (rows)
         for (int64_t j = 0; j < n; j++) {
             float *dst = w->krow + j * job->dp;
-            for (int64_t d = 0; d < s->D; d++)
-                dst[d] = job->k[attn__off4(s->k_s, b, hk, j0 + j, d)];
+            const float *src = k + j * s->k_s[2];
+            if (s->k_s[3] == 1)
+                memcpy(dst, src, (size_t)s->D * sizeof(float));
+            else
+                for (int64_t d = 0; d < s->D; d++)
+                    dst[d] = src[d * s->k_s[3]];
             for (int64_t d = s->D; d < job->dp; d++)
                 dst[d] = 0.0f;
         }
@@ -292,7 +413,7 @@ static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int
 /* Points slot r of w->qrow and w->drow at row i of (b, h)'s q and dO: in place
  * when the row is contiguous and D (Dv) is a whole number of vectors, else
  * gathered into w->qi (w->doi) and zero-padded; i < 0 makes the slot a row of
- * zeros (an unused slot). Returns 1 when both rows are finite (pass 0 looked). */
+ * zeros (an unused slot). Returns 1 when both rows are finite (fb_row_delta looked). */
 static int fb_load_row(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i,
                        int r, fb_ws *w)
 {
@@ -362,19 +483,96 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
     }
 }
 
-/* For the FB_R rows rows[0 .. FB_R-1] of (b, h) (already in w->qi, w->doi; a row
- * of -1 is an unused slot) against the packed key tile j0 .. j0+n-1: in slot r,
+/* 1 when no key is hidden by anything but its row's range (no mask, bias, ALiBi
+ * or softcap): then fb_rows_tile_fast may do fb_rows_tile's work. */
+static int fb_simple(const attn__sdpa_shapes *s)
+{
+    return !s->mask.data && !s->bias && !s->alibi && !(s->softcap > 0.0f);
+}
+
+/* The keys 0, 1, ... of a vector, as floats (exact below 2^24). */
+static const float fb_iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* v where key index jj (a vector of them) lies in [a, e), else 0, chosen. */
+FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e)
+{
+    const simd_f32 zero = simd_zero();
+    return simd_select_lt(jj, e, simd_select_lt(jj, a, zero, v), zero);
+}
+
+/* fb_rows_tile's work when no key is hidden by anything but the range [ra[r],
+ * re[r]) of its row (no mask, bias, ALiBi or softcap) and no one reads vis (the
+ * block's rows and the tile's keys are finite): P and dS are made in registers
+ * as each vector of scores and of dP comes out of its products, instead of being
+ * stored, read back and stored again. Every value is what the general path
+ * computes, by the same operations in the same order: P = exp(scale x - L), dS =
+ * P (dP - Delta), and 0 chosen for a hidden key in both. dS goes to dsx only
+ * (without a softcap the two are the same). */
+static void fb_rows_tile_fast(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                              const int64_t *rows, const fb_sub *w, const int64_t *ra,
+                              const int64_t *re, int64_t jv0, int64_t jv1)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t bcp = job->bcp;
+    const simd_f32 vscale = simd_set1(s->scale), iota = simd_load(fb_iota);
+    float L[FB_R], delta[FB_R], fa[FB_R], fe[FB_R];
+    for (int r = 0; r < FB_R; r++) {
+        const int64_t i = rows[r];
+        L[r] = i < 0 ? 0.0f : job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+        delta[r] = i < 0 ? 0.0f : job->delta[(b * s->H + h) * s->Tq + i];
+        fa[r] = (float)ra[r];
+        fe[r] = (float)re[r];
+    }
+    for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
+        simd_f32 x[FB_R][FB_NV];
+        fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x);
+        for (int r = 0; r < FB_R; r++) {
+            /* Whole vectors inside the row's range need no choosing. */
+            const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
+            const simd_f32 vL = simd_set1(L[r]);
+            for (int c = 0; c < FB_NV; c++) {
+                const int64_t j = jv + c * SIMD_W;
+                simd_f32 pv = simd_exp_nonpos(simd_sub(simd_mul(x[r][c], vscale), vL));
+                if (!whole)
+                    pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)),
+                                       simd_set1(fa[r]), simd_set1(fe[r]));
+                simd_store(w->p + r * bcp + j, pv);
+            }
+        }
+        fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x);
+        for (int r = 0; r < FB_R; r++) {
+            const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
+            const simd_f32 vdelta = simd_set1(delta[r]);
+            for (int c = 0; c < FB_NV; c++) {
+                const int64_t j = jv + c * SIMD_W;
+                simd_f32 dsv = simd_mul(simd_load(w->p + r * bcp + j), simd_sub(x[r][c], vdelta));
+                if (!whole)
+                    dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)),
+                                        simd_set1(fa[r]), simd_set1(fe[r]));
+                simd_store(w->dsx + r * bcp + j, dsv);
+            }
+        }
+    }
+}
+
+/* For sub-block sb of w's block, the FB_R rows rows[0 .. FB_R-1] of (b, h)
+ * (already in w->qi, w->doi from slot sb * FB_R on; a row of -1 is an unused
+ * slot), against the packed key tile j0 .. j0+n-1: in the sub-block's slot r,
  * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
  * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
  * selection, never by a product, so a NaN score there stays out. [*jlo, *jhi) is
  * the tile's keys (0-based in the tile) that some row's range reaches: only they
  * are scored (rounded out to whole key steps: the diagonal tiles of a causal mask
- * cost about half), and only they may be read afterwards. */
+ * cost about half), and only they may be read afterwards; [*vlo, *vhi) is the
+ * range of key vectors scored, which holds it. */
 static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                          const int64_t *rows, int64_t j0, int64_t n, float slope,
-                         const fb_ws *w, int64_t *jlo, int64_t *jhi)
+                         const fb_ws *w0, int sb, int fast, int64_t *jlo, int64_t *jhi,
+                         int64_t *vlo, int64_t *vhi)
 {
     const attn__sdpa_shapes *s0 = &job->bs->s;
+    const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
     int64_t ra[FB_R], re[FB_R], ulo = n, uhi = 0;
     for (int r = 0; r < FB_R; r++) {
         ra[r] = re[r] = 0;
@@ -392,6 +590,8 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     *jhi = uhi;
     const int64_t step = FB_NV * SIMD_W;
     const int64_t jv0 = ulo / step * step, jv1 = fb_min(job->bcp, (uhi + step - 1) / step * step);
+    *vlo = jv0;
+    *vhi = jv1;
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
     const int64_t bcp = job->bcp;
@@ -400,6 +600,10 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
     const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
 
+    if (fast) {
+        fb_rows_tile_fast(job, b, h, rows, w, ra, re, jv0, jv1);
+        return;
+    }
     /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
      * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
      * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
@@ -477,6 +681,67 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     }
 }
 
+/* Scores a block's nsb sub-blocks of FB_R rows (rows[0 .. nsb*FB_R-1], -1 an
+ * unused slot) against the packed key tile j0 .. j0+n-1 with fb_rows_tile, each
+ * over the keys its own rows reach, [jlo[sb], jhi[sb]); a sub-block none of whose
+ * rows reaches the tile is not scored (jlo = jhi = 0). [*ulo, *uhi) is the union
+ * (empty: both 0); within it, each sub-block's p, ds, dsx and vis outside the key
+ * vectors it scored are set to 0, so that fb_kv_accumulate may take the whole
+ * block over the union: those are hidden pairs' terms, zero by selection. */
+static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                          const int64_t *rows, int nsb, int64_t j0, int64_t n, float slope,
+                          const fb_ws *w, int fast, int64_t jlo[FB_SB], int64_t jhi[FB_SB],
+                          int64_t *ulo, int64_t *uhi)
+{
+    const attn__sdpa_shapes *s = &job->bs->s;
+    int64_t vlo[FB_SB], vhi[FB_SB], lo = n, hi = 0;
+    for (int sb = 0; sb < nsb; sb++) {
+        int reach = 0;
+        for (int r = 0; r < FB_R; r++) {
+            const int64_t i = rows[sb * FB_R + r];
+            int64_t a, e;
+            if (i < 0)
+                continue;
+            fb_row_range(s, i, &a, &e);
+            reach |= e > j0 && a < j0 + n;
+        }
+        jlo[sb] = jhi[sb] = vlo[sb] = vhi[sb] = 0;
+        if (!reach)
+            continue;
+        fb_rows_tile(job, b, h, rows + sb * FB_R, j0, n, slope, w, sb, fast, &jlo[sb],
+                     &jhi[sb], &vlo[sb], &vhi[sb]);
+        if (jlo[sb] < jhi[sb]) {
+            lo = fb_min(lo, jlo[sb]);
+            hi = fb_max(hi, jhi[sb]);
+        }
+    }
+    if (hi <= lo) {
+        *ulo = *uhi = 0;
+        return;
+    }
+    *ulo = lo;
+    *uhi = hi;
+    const int64_t u0 = lo / SIMD_W * SIMD_W, u1 = (hi + SIMD_W - 1) / SIMD_W * SIMD_W;
+    const simd_f32 zero = simd_zero();
+    for (int sb = 0; sb < nsb; sb++) {
+        const fb_sub v = fb_sub_of(job, w, sb);
+        const int64_t a = fb_min(vlo[sb], u1), e = fb_max(vhi[sb], u0);
+        if (a <= u0 && e >= u1)
+            continue;
+        for (int r = 0; r < FB_R; r++) {
+            const int64_t at = r * job->bcp;
+            for (int64_t jv = u0; jv < u1; jv += SIMD_W) {
+                if (jv >= a && jv < e)
+                    continue;
+                simd_store(v.p + at + jv, zero);
+                simd_store(v.ds + at + jv, zero);
+                simd_store(v.dsx + at + jv, zero);
+                simd_store(v.vis + at + jv, zero);
+            }
+        }
+    }
+}
+
 /* acc[0 .. len-1] += a * x[0 .. len-1]; len a multiple of the vector width. */
 static void fb_axpy(float *acc, float a, const float *x, int64_t len)
 {
@@ -485,85 +750,175 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
         simd_store(acc + d, simd_fma(va, simd_load(x + d), simd_load(acc + d)));
 }
 
-/* For the keys j of [j0, j1): acc[j * ld + d] += sum over the FB_R slots u, in
- * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector
- * width): dV += P^T dO and dK += dS^T Q on one tile. Four keys by FB_ND vectors
- * of d stay in registers while the FB_R rows stream past, so each loaded x vector
- * feeds four FMAs and each accumulator is loaded and stored once per FB_R rows. */
+/* Keys of dK and dV held in registers at once by fb_outer_acc: FB_KQ x FB_ND
+ * accumulators (24 of AVX-512's 32 registers, 12 of AVX2's 16), so that each
+ * loaded row vector feeds six FMAs. Four keys a tile (16 accumulators) took 2%
+ * more time on S2 with one thread, AVX-512, and 5% more with AVX2; seven would
+ * not leave registers for the loaded row. */
+#define FB_KQ 6
+
+/* c[q][v] += a[q] * x[v * SIMD_W] for kq keys q and FB_ND vectors v: one row's
+ * terms into fb_outer_keys' register tile. */
+FB_INLINE void fb_outer_row(simd_f32 c[FB_KQ][FB_ND], const float *x, const float *a, int kq)
+{
+    simd_f32 xv[FB_ND];
+    for (int v = 0; v < FB_ND; v++)
+        xv[v] = simd_load(x + v * SIMD_W);
+    for (int q = 0; q < kq; q++) {
+        const simd_f32 g = simd_set1(a[q]);
+        for (int v = 0; v < FB_ND; v++)
+            c[q][v] = simd_fma(g, xv[v], c[q][v]);
+    }
+}
+
+/* acc[(j + q) * ld + d] += sum over the nr slots u, in order, of a[u * bcp + j + q]
+ * * x[u][d], for the kq keys j .. j+kq-1 (kq <= FB_KQ, a constant at each call,
+ * which unrolls the loops over q) and d < len. kq x FB_ND accumulators stay in
+ * registers while the rows stream past, two rows a trip (nr is even). */
+FB_INLINE void fb_outer_keys(float *acc, int64_t ld, const float *a, int64_t bcp,
+                             const float *const *x, int nr, int64_t len, int64_t j, int kq)
+{
+    int64_t d = 0;
+    for (; d + FB_ND * SIMD_W <= len; d += FB_ND * SIMD_W) {
+        simd_f32 c[FB_KQ][FB_ND];
+        for (int q = 0; q < kq; q++)
+            for (int v = 0; v < FB_ND; v++)
+                c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
+        for (int u = 0; u < nr; u += 2) {
+            fb_outer_row(c, x[u] + d, a + u * bcp + j, kq);
+            fb_outer_row(c, x[u + 1] + d, a + (u + 1) * bcp + j, kq);
+        }
+        for (int q = 0; q < kq; q++)
+            for (int v = 0; v < FB_ND; v++)
+                simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
+    }
+    for (; d < len; d += SIMD_W) {
+        simd_f32 c[FB_KQ];
+        for (int q = 0; q < kq; q++)
+            c[q] = simd_load(acc + (j + q) * ld + d);
+        for (int u = 0; u < nr; u++) {
+            const simd_f32 xv = simd_load(x[u] + d);
+            for (int q = 0; q < kq; q++)
+                c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
+        }
+        for (int q = 0; q < kq; q++)
+            simd_store(acc + (j + q) * ld + d, c[q]);
+    }
+}
+
+/* For the keys j of [j0, j1): acc[j * ld + d] += sum over the nr slots u, in
+ * order, of a[u * bcp + j] * x[u][d], d < len (a multiple of the vector width;
+ * nr even): dV += P^T dO and dK += dS^T Q on one tile, FB_KQ keys at a time, then
+ * four, then one. Each accumulator is loaded and stored once per nr rows. */
 static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
-                         const float *const *x, int64_t len, int64_t j0, int64_t j1)
+                         const float *const *x, int nr, int64_t len, int64_t j0, int64_t j1)
 {
     int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-        int64_t d = 0;
-        for (; d + FB_ND * SIMD_W <= len; d += FB_ND * SIMD_W) {
-            simd_f32 c[4][FB_ND];
-            for (int q = 0; q < 4; q++)
-                for (int v = 0; v < FB_ND; v++)
-                    c[q][v] = simd_load(acc + (j + q) * ld + d + v * SIMD_W);
-            for (int u = 0; u < FB_R; u++) {
-                simd_f32 xv[FB_ND];
-                for (int v = 0; v < FB_ND; v++)
-                    xv[v] = simd_load(x[u] + d + v * SIMD_W);
-                for (int q = 0; q < 4; q++) {
-                    const simd_f32 g = simd_set1(a[u * bcp + j + q]);
-                    for (int v = 0; v < FB_ND; v++)
-                        c[q][v] = simd_fma(g, xv[v], c[q][v]);
-                }
-            }
-            for (int q = 0; q < 4; q++)
-                for (int v = 0; v < FB_ND; v++)
-                    simd_store(acc + (j + q) * ld + d + v * SIMD_W, c[q][v]);
-        }
-        for (; d < len; d += SIMD_W) {
-            simd_f32 c[4];
-            for (int q = 0; q < 4; q++)
-                c[q] = simd_load(acc + (j + q) * ld + d);
-            for (int u = 0; u < FB_R; u++) {
-                const simd_f32 xv = simd_load(x[u] + d);
-                for (int q = 0; q < 4; q++)
-                    c[q] = simd_fma(simd_set1(a[u * bcp + j + q]), xv, c[q]);
-            }
-            for (int q = 0; q < 4; q++)
-                simd_store(acc + (j + q) * ld + d, c[q]);
-        }
-    }
+    for (; j + FB_KQ <= j1; j += FB_KQ)
+        fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, FB_KQ);
+    for (; j + 4 <= j1; j += 4)
+        fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, 4);
     for (; j < j1; j++)
-        for (int64_t d = 0; d < len; d += SIMD_W) {
-            simd_f32 c = simd_load(acc + j * ld + d);
-            for (int u = 0; u < FB_R; u++)
-                c = simd_fma(simd_set1(a[u * bcp + j]), simd_load(x[u] + d), c);
-            simd_store(acc + j * ld + d, c);
-        }
+        fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, 1);
 }
 
 /* dV_j += sum_r P_rj dO_r and dK_j += sum_r dS_rj q_r (before the scale) for the
- * tile's keys [jlo, jhi), from the FB_R rows fb_rows_tile just scored (outside
- * that range every row's P and dS are 0). finite says every row's q and dO is
- * finite. */
-static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int64_t jlo,
-                             int64_t jhi, int finite)
+ * tile's keys [jlo, jhi), from the nr rows of the block fb_block_tile just scored
+ * (outside that range every row's P and dS are 0). finite says every row's q and
+ * dO is finite. */
+static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int nr,
+                             int64_t jlo, int64_t jhi, int finite)
 {
     const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
     if (finite) {
         /* A hidden (i, j) adds 0 * a finite number: nothing. */
-        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, dvp, jlo, jhi);
-        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, dp, jlo, jhi);
+        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, nr, dvp, jlo, jhi);
+        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, nr, dp, jlo, jhi);
         return;
     }
     /* A NaN or inf in a row's q or dO must not reach the keys that row cannot
      * see: skip them, as the reference does. */
     for (int64_t j = jlo; j < jhi; j++)
-        for (int u = 0; u < FB_R; u++)
+        for (int u = 0; u < nr; u++)
             if (w->vis[u * bcp + j] != 0.0f) {
                 fb_axpy(w->acc2 + j * dvp, w->p[u * bcp + j], w->drow[u], dvp);
                 fb_axpy(w->acc1 + j * dp, w->dsx[u * bcp + j], w->qrow[u], dp);
             }
 }
 
-/* Pass 0, item (b, h): Delta_i = rowsum(dO_i * O_i) (0 for a row that sees no
- * key) and whether each row sees a key; the first row that sees none is recorded
- * for the EMPTY_ROW error. */
+/* dst[r * ld0 + d * ld1] = scale * src[r * lds + d] for r < rows, d < cols: an
+ * accumulator's rows written out, a vector at a time where the destination's row
+ * is contiguous (the same product, so the same bits; 1 * x is x). */
+static void fb_put_rows(float *dst, int64_t ld0, int64_t ld1, const float *src, int64_t lds,
+                        int64_t rows, int64_t cols, float scale)
+{
+    const simd_f32 vs = simd_set1(scale);
+    for (int64_t r = 0; r < rows; r++) {
+        float *out = dst + r * ld0;
+        const float *in = src + r * lds;
+        int64_t d = 0;
+        if (ld1 == 1)
+            for (; d + SIMD_W <= cols; d += SIMD_W)
+                simd_store(out + d, simd_mul(vs, simd_load(in + d)));
+        for (; d < cols; d++)
+            out[d * ld1] = scale * in[d];
+    }
+}
+
+/* Row i of (b, h), whose job->sees[row] already says whether it sees a key:
+ * Delta_i = rowsum(dO_i * O_i) (0 for a row that sees none) and whether its q and
+ * dO are all finite. */
+static void fb_row_delta(const attn__fused_bwd_job *job, int64_t b, int64_t h, int64_t i)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    const int64_t row = (b * s->H + h) * s->Tq + i;
+    const int sees = (job->sees[row] & FB_ROW_SEES) != 0;
+    /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0
+     * exactly when both rows are finite. */
+    simd_f32 zv = simd_zero();
+    const simd_f32 zero = simd_zero();
+    int64_t dq0 = 0, dd0 = 0;
+    if (s->q_s[3] == 1) {
+        const float *pq = job->q + attn__off4(s->q_s, b, h, i, 0);
+        for (; dq0 + SIMD_W <= s->D; dq0 += SIMD_W)
+            zv = simd_fma(simd_load(pq + dq0), zero, zv);
+    }
+    if (bs->do_s[3] == 1) {
+        const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+        for (; dd0 + SIMD_W <= s->Dv; dd0 += SIMD_W)
+            zv = simd_fma(simd_load(pd + dd0), zero, zv);
+    }
+    float z = simd_hsum(zv);
+    for (int64_t d = dq0; d < s->D; d++)
+        z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
+    for (int64_t d = dd0; d < s->Dv; d++)
+        z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
+    job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
+    float dl = 0.0f;
+    if (sees) {
+        /* Gathered, then summed a vector at a time; the reference's order is
+         * plain left to right, and the two differ only by rounding. */
+        simd_f32 acc = simd_zero();
+        int64_t d = 0;
+        if (bs->do_s[3] == 1 && s->o_s[3] == 1) {
+            const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
+            const float *po = job->o + attn__off4(s->o_s, b, h, i, 0);
+            for (; d + SIMD_W <= s->Dv; d += SIMD_W)
+                acc = simd_fma(simd_load(pd + d), simd_load(po + d), acc);
+        }
+        dl = simd_hsum(acc);
+        for (; d < s->Dv; d++)
+            dl += job->dout[attn__off4(bs->do_s, b, h, i, d)] *
+                  job->o[attn__off4(s->o_s, b, h, i, d)];
+    }
+    job->delta[row] = dl;
+}
+
+/* Pass 0, item (b, h): whether each row sees a key, the first row that sees none
+ * recorded for the EMPTY_ROW error, and (fb_row_delta) Delta and the finiteness
+ * of each row; the one-pass form leaves the last two to its items, which read
+ * those rows' dO and q soon after anyway. */
 static void fb_delta_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_bwd_job *job = (const attn__fused_bwd_job *)arg;
@@ -581,47 +936,12 @@ static void fb_delta_item(void *arg, int64_t item, int worker)
             for (int64_t j = lo; j < hi && !sees; j++)
                 sees = attn__may_attend(s, b, h, i, j);
         }
-        /* x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum is 0
-         * exactly when both rows are finite. */
-        simd_f32 zv = simd_zero();
-        const simd_f32 zero = simd_zero();
-        int64_t dq0 = 0, dd0 = 0;
-        if (s->q_s[3] == 1) {
-            const float *pq = job->q + attn__off4(s->q_s, b, h, i, 0);
-            for (; dq0 + SIMD_W <= s->D; dq0 += SIMD_W)
-                zv = simd_fma(simd_load(pq + dq0), zero, zv);
-        }
-        if (bs->do_s[3] == 1) {
-            const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
-            for (; dd0 + SIMD_W <= s->Dv; dd0 += SIMD_W)
-                zv = simd_fma(simd_load(pd + dd0), zero, zv);
-        }
-        float z = simd_hsum(zv);
-        for (int64_t d = dq0; d < s->D; d++)
-            z += job->q[attn__off4(s->q_s, b, h, i, d)] * 0.0f;
-        for (int64_t d = dd0; d < s->Dv; d++)
-            z += job->dout[attn__off4(bs->do_s, b, h, i, d)] * 0.0f;
-        job->sees[row] = (unsigned char)((sees ? FB_ROW_SEES : 0) | (z == 0.0f ? FB_ROW_FINITE : 0));
-        float dl = 0.0f;
-        if (sees) {
-            /* Gathered, then summed a vector at a time; the reference's order is
-             * plain left to right, and the two differ only by rounding. */
-            simd_f32 acc = simd_zero();
-            int64_t d = 0;
-            if (bs->do_s[3] == 1 && s->o_s[3] == 1) {
-                const float *pd = job->dout + attn__off4(bs->do_s, b, h, i, 0);
-                const float *po = job->o + attn__off4(s->o_s, b, h, i, 0);
-                for (; d + SIMD_W <= s->Dv; d += SIMD_W)
-                    acc = simd_fma(simd_load(pd + d), simd_load(po + d), acc);
-            }
-            dl = simd_hsum(acc);
-            for (; d < s->Dv; d++)
-                dl += job->dout[attn__off4(bs->do_s, b, h, i, d)] *
-                      job->o[attn__off4(s->o_s, b, h, i, d)];
-        } else if (row < job->empty_first[worker]) {
+        job->sees[row] = sees ? FB_ROW_SEES : 0;
+        job->delta[row] = 0.0f;
+        if (!sees && row < job->empty_first[worker])
             job->empty_first[worker] = row;
-        }
-        job->delta[row] = dl;
+        if (!job->one_pass)
+            fb_row_delta(job, b, h, i);
     }
 }
 
@@ -644,10 +964,10 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
         const float slope = attn__alibi_slope(s, h);
         int64_t i = 0;
         while (i < s->Tq) {
-            /* The next FB_R rows, in order, that see a key of this tile. */
-            int64_t rows[FB_R];
+            /* The next FB_RB rows, in order, that see a key of this tile. */
+            int64_t rows[FB_RB];
             int r = 0, finite = 1;
-            for (; i < s->Tq && r < FB_R; i++) {
+            for (; i < s->Tq && r < FB_RB; i++) {
                 int64_t lo, hi;
                 fb_row_range(s, i, &lo, &hi);
                 if (hi <= j0 || lo >= j0 + n || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
@@ -658,21 +978,21 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             }
             if (r == 0)
                 break;
-            for (int u = r; u < FB_R; u++) {
+            const int nsb = (r + FB_R - 1) / FB_R;
+            for (int u = r; u < nsb * FB_R; u++) {
                 rows[u] = -1;
                 fb_load_row(job, b, h, -1, u, &w);
             }
-            int64_t jlo, jhi;
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
-            fb_kv_accumulate(job, &w, jlo, jhi, finite);
+            int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
+            fb_block_tile(job, b, h, rows, nsb, j0, n, slope, &w, fb_simple(s) && finite, jlo,
+                          jhi, &ulo, &uhi);
+            fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, finite);
         }
     }
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t d = 0; d < s->D; d++)
-            job->dk[attn__off4(bs->dk_s, b, hk, j0 + j, d)] = s->scale * w.acc1[j * dp + d];
-        for (int64_t d = 0; d < s->Dv; d++)
-            job->dv[attn__off4(bs->dv_s, b, hk, j0 + j, d)] = w.acc2[j * dvp + d];
-    }
+    fb_put_rows(job->dk + attn__off4(bs->dk_s, b, hk, j0, 0), bs->dk_s[2], bs->dk_s[3], w.acc1,
+                dp, n, s->D, s->scale);
+    fb_put_rows(job->dv + attn__off4(bs->dv_s, b, hk, j0, 0), bs->dv_s[2], bs->dv_s[3], w.acc2,
+                dvp, n, s->Dv, 1.0f);
 }
 
 /* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots into acc[u] (dp floats each;
@@ -737,6 +1057,9 @@ static void fb_head_item(void *arg, int64_t item, int worker)
     fb_ws w = fb_ws_of(job, worker);
     float *const dqacc = w.dqacc;
     memset(dqacc, 0, (size_t)(s->group * s->Tq * dp) * sizeof(float));
+    for (int64_t g = 0; g < s->group; g++)
+        for (int64_t i = 0; i < s->Tq; i++)
+            fb_row_delta(job, b, hk * s->group + g, i);
     memset(w.dqpad, 0, (size_t)dp * sizeof(float));
 
     /* FB_KC key tiles at a time: a block of rows loaded (q, dO, its dQ rows) serves
@@ -764,11 +1087,11 @@ static void fb_head_item(void *arg, int64_t item, int worker)
             const float slope = attn__alibi_slope(s, h);
             int64_t i = 0;
             while (i < s->Tq) {
-                /* The next FB_R rows, in order, that see a key of these tiles. */
-                int64_t rows[FB_R], lo[FB_R], hi[FB_R];
-                float *dqrow[FB_R];
+                /* The next FB_RB rows, in order, that see a key of these tiles. */
+                int64_t rows[FB_RB], lo[FB_RB], hi[FB_RB];
+                float *dqrow[FB_RB];
                 int r = 0, finite = 1;
-                for (; i < s->Tq && r < FB_R; i++) {
+                for (; i < s->Tq && r < FB_RB; i++) {
                     fb_row_range(s, i, &lo[r], &hi[r]);
                     if (hi[r] <= J0 || lo[r] >= J1 ||
                         !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
@@ -780,7 +1103,8 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                 }
                 if (r == 0)
                     break;
-                for (int u = r; u < FB_R; u++) {
+                const int nsb = (r + FB_R - 1) / FB_R;
+                for (int u = r; u < nsb * FB_R; u++) {
                     rows[u] = -1;
                     dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
                     fb_load_row(job, b, h, -1, u, &w);
@@ -799,34 +1123,38 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     fb_ws *v = &wt[c];
                     memcpy(v->qrow, w.qrow, sizeof w.qrow);
                     memcpy(v->drow, w.drow, sizeof w.drow);
-                    int64_t jlo, jhi;
-                    fb_rows_tile(job, b, h, rows, j0[c], n[c], slope, v, &jlo, &jhi);
-                    fb_kv_accumulate(job, v, jlo, jhi, finite);
-                    if (kfinite[c]) {
-                        fb_dq_rows(dqrow, v->dsx, bcp, v->krow, dp, jlo, jhi);
-                    } else {
-                        for (int u = 0; u < r; u++)
-                            for (int64_t j = jlo; j < jhi; j++)
-                                if (v->vis[u * bcp + j] != 0.0f)
-                                    fb_axpy(dqrow[u], v->dsx[u * bcp + j], v->krow + j * dp, dp);
+                    int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
+                    fb_block_tile(job, b, h, rows, nsb, j0[c], n[c], slope, v,
+                                  fb_simple(s) && finite && kfinite[c], jlo, jhi, &ulo, &uhi);
+                    fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi, finite);
+                    for (int sb = 0; sb < nsb; sb++) {
+                        const float *dsx = v->dsx + (int64_t)sb * FB_R * bcp;
+                        const float *vis = v->vis + (int64_t)sb * FB_R * bcp;
+                        float *const *dq = dqrow + sb * FB_R;
+                        if (jlo[sb] >= jhi[sb])
+                            continue;
+                        if (kfinite[c]) {
+                            fb_dq_rows(dq, dsx, bcp, v->krow, dp, jlo[sb], jhi[sb]);
+                            continue;
+                        }
+                        for (int u = 0; u < FB_R && sb * FB_R + u < r; u++)
+                            for (int64_t j = jlo[sb]; j < jhi[sb]; j++)
+                                if (vis[u * bcp + j] != 0.0f)
+                                    fb_axpy(dq[u], dsx[u * bcp + j], v->krow + j * dp, dp);
                     }
                 }
             }
         }
-        for (int c = 0; c < nt; c++)
-            for (int64_t j = 0; j < n[c]; j++) {
-                for (int64_t d = 0; d < s->D; d++)
-                    job->dk[attn__off4(bs->dk_s, b, hk, j0[c] + j, d)] =
-                        s->scale * wt[c].acc1[j * dp + d];
-                for (int64_t d = 0; d < s->Dv; d++)
-                    job->dv[attn__off4(bs->dv_s, b, hk, j0[c] + j, d)] = wt[c].acc2[j * dvp + d];
-            }
+        for (int c = 0; c < nt; c++) {
+            fb_put_rows(job->dk + attn__off4(bs->dk_s, b, hk, j0[c], 0), bs->dk_s[2],
+                        bs->dk_s[3], wt[c].acc1, dp, n[c], s->D, s->scale);
+            fb_put_rows(job->dv + attn__off4(bs->dv_s, b, hk, j0[c], 0), bs->dv_s[2],
+                        bs->dv_s[3], wt[c].acc2, dvp, n[c], s->Dv, 1.0f);
+        }
     }
     for (int64_t g = 0; g < s->group; g++)
-        for (int64_t i = 0; i < s->Tq; i++)
-            for (int64_t d = 0; d < s->D; d++)
-                job->dq[attn__off4(bs->dq_s, b, hk * s->group + g, i, d)] =
-                    s->scale * dqacc[(g * s->Tq + i) * dp + d];
+        fb_put_rows(job->dq + attn__off4(bs->dq_s, b, hk * s->group + g, 0, 0), bs->dq_s[2],
+                    bs->dq_s[3], dqacc + g * s->Tq * dp, dp, s->Tq, s->D, s->scale);
 }
 
 /* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their
@@ -876,8 +1204,8 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 rows[u] = -1;
                 fb_load_row(job, b, h, -1, u, &w);
             }
-            int64_t jlo, jhi;
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, &jlo, &jhi);
+            int64_t jlo, jhi, vlo, vhi;
+            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, 0, 0, &jlo, &jhi, &vlo, &vhi);
             if (kfinite) {
                 /* A hidden key adds 0 * a finite k: nothing. */
                 float *dqrow[FB_R];
@@ -899,9 +1227,8 @@ static void fb_q_item(void *arg, int64_t item, int worker)
             }
         }
     }
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t d = 0; d < s->D; d++)
-            job->dq[attn__off4(bs->dq_s, b, h, i0 + r, d)] = s->scale * w.acc1[r * dp + d];
+    fb_put_rows(job->dq + attn__off4(bs->dq_s, b, h, i0, 0), bs->dq_s[2], bs->dq_s[3], w.acc1,
+                dp, m, s->D, s->scale);
 }
 
 #endif /* ATTN_FUSED_BACKWARD_H */

@@ -156,8 +156,24 @@ int attn__sdpa_fused_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan
         return attn__empty_row_fail(ctx, s, bh / s->H, bh % s->H, empty % s->Tq);
     }
 
+    /* dbias starts at zero (through its broadcast view) and gathers dS in pass 2. */
+    if (bs->dbias)
+        for (int64_t b = 0; b < s->B; b++)
+            for (int64_t h = 0; h < s->H; h++)
+                for (int64_t i = 0; i < s->Tq; i++)
+                    for (int64_t j = 0; j < s->Tk; j++)
+                        bs->dbias[attn__off4(bs->dbias_s, b, h, i, j)] = 0.0f;
+
+    if (job.one_pass) {
+        attn__parallel_for(threads, s->B * s->Hkv, kern->head_item, &job);
+    } else {
+        attn__parallel_for(threads, s->B * s->Hkv * job.n_kt, kern->kv_item, &job);
+        attn__parallel_for(dbias_shared(bs) ? 1 : threads, s->B * s->H * job.n_qt,
+                           kern->q_item, &job);
+    }
     /* dsinks_h = -sum_b sum_i exp(sink_h - L_i) Delta_i over the rows that see a
-     * key, in the reference's order: a sum over i per (b, h), added over b. */
+     * key, in the reference's order: a sum over i per (b, h), added over b. Taken
+     * last: the one-pass form's items compute their rows' Delta themselves. */
     if (bs->dsinks) {
         for (int64_t h = 0; h < s->H; h++)
             bs->dsinks[h * bs->dsinks_s] = 0.0f;
@@ -175,20 +191,5 @@ int attn__sdpa_fused_backward_run(attn_ctx *ctx, const attn__sdpa_bwd_plan *plan
                 bs->dsinks[h * bs->dsinks_s] += acc;
             }
     }
-    /* dbias starts at zero (through its broadcast view) and gathers dS in pass 2. */
-    if (bs->dbias)
-        for (int64_t b = 0; b < s->B; b++)
-            for (int64_t h = 0; h < s->H; h++)
-                for (int64_t i = 0; i < s->Tq; i++)
-                    for (int64_t j = 0; j < s->Tk; j++)
-                        bs->dbias[attn__off4(bs->dbias_s, b, h, i, j)] = 0.0f;
-
-    if (job.one_pass) {
-        attn__parallel_for(threads, s->B * s->Hkv, kern->head_item, &job);
-        return ATTN_OK;
-    }
-    attn__parallel_for(threads, s->B * s->Hkv * job.n_kt, kern->kv_item, &job);
-    attn__parallel_for(dbias_shared(bs) ? 1 : threads, s->B * s->H * job.n_qt, kern->q_item,
-                       &job);
     return ATTN_OK;
 }
