@@ -24,6 +24,7 @@ static void gemm_arg_free(gemm_arg *a)
     attn_tensor_free(&a->ctx, &a->x);
     attn_tensor_free(&a->ctx, &a->w);
     attn_tensor_free(&a->ctx, &a->y);
+    attn_ctx_release(&a->ctx); /* the kept workspace */
 }
 
 int bench_gemm(int64_t n, const bench_opts *o)

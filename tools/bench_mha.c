@@ -31,6 +31,7 @@ static void mha_arg_free(mha_arg *a)
     attn_tensor *all[6] = {&a->x, &a->out, &a->w.w_qkv, &a->w.b_qkv, &a->w.w_o, &a->w.b_o};
     for (int i = 0; i < 6; i++)
         attn_tensor_free(&a->ctx, all[i]);
+    attn_ctx_release(&a->ctx); /* the kept workspace */
 }
 
 int bench_mha(int64_t T, int64_t E, int64_t H, int causal, const bench_opts *o)
