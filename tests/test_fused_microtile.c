@@ -168,9 +168,10 @@ static void describe(int n, const problem *p)
             p->lse ? ", lse" : "", p->weights ? ", weights" : "");
 }
 
-/* The child for one shape (the parent calls nothing of the library before the
- * forks, so that each child decides the dispatch itself, under its ATTN_MICROTILE): every problem on the AVX-512 fused path with 1 thread
- * (into res) and 2 threads, and on the reference. Exits with the failures. */
+/* The child for one shape: every problem on the AVX-512 fused path with 1 thread
+ * (into res) and 2 threads, and on the reference. The parent calls nothing of the
+ * library before the forks, so each child decides the dispatch itself, under its
+ * own ATTN_MICROTILE. Exits with 1 on a failure, SKIPPED without AVX-512. */
 static void child(const char *shape, float *res)
 {
     setenv("ATTN_MICROTILE", shape, 1);
@@ -206,8 +207,9 @@ static void child(const char *shape, float *res)
                 fprintf(stderr, "   %s, [%lld]: 1 thread %.9g, 2 threads %.9g\n", shape,
                         (long long)i, res[i], two[i]);
             const double err = fabs((double)res[i] - (double)ref[i]);
-            if (!(err <= ATOL + RTOL * fabs((double)ref[i])) && !(isinf(res[i]) && res[i] == ref[i]) &&
-                bad_ref++ < 3)
+            const int near = err <= ATOL + RTOL * fabs((double)ref[i]) ||
+                             (isinf(res[i]) && res[i] == ref[i]);
+            if (!near && bad_ref++ < 3)
                 fprintf(stderr, "   %s, [%lld]: fused %.9g, reference %.9g\n", shape, (long long)i,
                         res[i], ref[i]);
         }
@@ -219,6 +221,21 @@ static void child(const char *shape, float *res)
         free(two);
         free(ref);
     }
+    _exit(check_failures_ > 0);
+}
+
+/* A child that sets ATTN_MICROTILE to something that is not a shape: the value is
+ * ignored, and the reason says so and names the shape used instead. */
+static void child_invalid(void)
+{
+    setenv("ATTN_MICROTILE", "5x5", 1);
+    const char *reason = attn_arch_reason(NULL);
+    const int said = strstr(reason, "ATTN_MICROTILE=5x5 ignored") != NULL &&
+                     (strstr(reason, "micro-tiles 8x2") || strstr(reason, "micro-tiles 4x4"));
+    if (!said)
+        fprintf(stderr, "   ATTN_MICROTILE=5x5: the reason does not say it was ignored: %s\n",
+                reason);
+    CHECK(said);
     _exit(check_failures_ > 0);
 }
 
@@ -254,6 +271,16 @@ int main(void)
             fprintf(stderr, "   the %s child failed (status %d)\n", shapes[s], status);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
+    TEST("an ATTN_MICROTILE value that is not 8x2 or 4x4 is ignored, and the reason says so");
+    fflush(NULL);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0)
+        child_invalid();
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
     /* The two shapes' results, problem by problem, bit for bit. */
     const float *a = shared, *b = shared + total;
     int differing = 0;
