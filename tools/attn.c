@@ -58,6 +58,8 @@ static void usage(FILE *f)
           "    ATTN_BF16_EMULATE    1: let avx512bf16 run on an AVX-512 CPU without\n"
           "                         AVX512-BF16, vdpbf16ps emulated (for testing)\n"
           "    ATTN_TILE            BRxBC: force the fused kernel's tile sizes\n"
+          "    ATTN_MICROTILE       8x2 or 4x4: force the avx512 build's micro-tile\n"
+          "                         shapes (the same bits; chosen per CPU otherwise)\n"
           "    ATTN_FAIL_ALLOC_AT   N: make the Nth allocation fail (for testing the\n"
           "                         out-of-memory paths; tests/test_cli_oom.sh uses it)\n",
           f);

@@ -195,6 +195,10 @@ static const char HELP[] =
     "    ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx forces the default path;\n"
     "    the header line (or the default_arch and reason fields) says which ran\n"
     "    and why.\n"
+    "    ATTN_TILE=BRxBC forces the fused kernel's tile sizes, and\n"
+    "    ATTN_MICROTILE=8x2|4x4 the avx512 build's micro-tile shapes (same bits,\n"
+    "    other speed); the header line says what was chosen for this CPU, or what\n"
+    "    a value did (one that is not valid is ignored, and the line says why).\n"
     "\n"
     "EXAMPLE\n"
     "    attn bench --shape S2 --threads 2 --impl all --json\n";

@@ -31,7 +31,8 @@ const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch)
     arch = attn__arch_isa(arch);
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
-        return &attn__fused_kernel_avx512;
+        return attn__fused_microtile() == ATTN__MICROTILE_4X4 ? &attn__fused_kernel_avx512_4x4
+                                                             : &attn__fused_kernel_avx512;
     if (arch == ATTN_ARCH_AVX2)
         return &attn__fused_kernel_avx2;
 #endif
@@ -85,7 +86,10 @@ static void job_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes *
             }
         }
     } else {
-        job->br = s->Tq < tile_br ? round_up(s->Tq, kern->mr) : tile_br;
+        /* The query tile holds whole micro-tiles of the score product: the 4 x 4
+         * AVX-512 body's are 64 rows, more than ATTN_TILE's smallest br. Query
+         * tiles do not move the key tiles (multiples of bc), so the bits stay. */
+        job->br = round_up(s->Tq < tile_br ? s->Tq : tile_br, kern->mr);
         job->bc = s->Tk < tile_bc ? round_up(s->Tk, kern->nk) : tile_bc;
         job->n_qt = (s->Tq + job->br - 1) / job->br;
         *n_items = s->B * s->H * job->n_qt;

@@ -81,11 +81,14 @@ typedef struct attn__fused_kernel {
 extern const attn__fused_kernel attn__fused_kernel_scalar;
 #ifdef ATTN_HAVE_X86
 extern const attn__fused_kernel attn__fused_kernel_avx2;
-extern const attn__fused_kernel attn__fused_kernel_avx512;
+extern const attn__fused_kernel attn__fused_kernel_avx512;     /* micro-tiles 8 x 2 */
+extern const attn__fused_kernel attn__fused_kernel_avx512_4x4; /* micro-tiles 4 x 4 */
 #endif
 
 /* The build of the kernel for arch (REF gives the portable one), or NULL when
- * this library was built without it (AVX2/AVX-512 off x86-64). */
+ * this library was built without it (AVX2/AVX-512 off x86-64). For AVX-512, the
+ * body of the micro-tile shape chosen for this machine (attn__fused_microtile,
+ * src/runtime/dispatch.c); both bodies give the same bits. */
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
 
 /* Several planned fused calls run as one parallel job (sdpa_fused.c): the KV

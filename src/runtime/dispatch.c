@@ -53,13 +53,15 @@ typedef struct cpu_tiles {
     const char *uarch;
     int64_t br, bc;
     char source[64]; /* "chosen for it", or what ATTN_TILE did */
+    attn__microtile microtile;  /* the AVX-512 body (attn__fused_microtile) */
+    char mt_source[64];         /* "chosen for it", or what ATTN_MICROTILE did */
 } cpu_tiles;
 
 static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
 static cpu_features dispatch_cpu;
 static cpu_tiles dispatch_tiles;
 static attn_arch dispatch_arch = ATTN_ARCH_SCALAR;
-static char dispatch_reason[640];
+static char dispatch_reason[768];
 
 static void dispatch_decide(void);
 
@@ -340,6 +342,52 @@ static void decide_tiles(const cpu_features *f, cpu_tiles *t)
     }
 }
 
+/* ---- Micro-tile shapes per microarchitecture ---------------------------------
+ *
+ * The AVX-512 build of the fused kernel comes in two bodies that differ only in
+ * which products run together (src/kernels/sdpa_fused_4x4_avx512.c says why): 8 x 2
+ * (8 key broadcasts against 2 vectors of query rows; 8 rows x 2 vectors of value
+ * columns) and 4 x 4 (4 broadcasts against 4 vectors; 4 rows x 4 vectors). Zen 4
+ * and Zen 5 get 4 x 4, which llvm-mca-19 models about 20% faster there (their
+ * 512-bit broadcasts take an FP pipe from the FMAs); the Sapphire Rapids class and
+ * every other core get 8 x 2, which measured as fast or faster on family 6 model 207
+ * (docs/performance.md says which figures are measured and which modelled).
+ * ATTN_MICROTILE=8x2|4x4 overrides the choice; any other value is ignored, and the
+ * reason says so. The AVX2 and portable builds have one shape each. */
+static attn__microtile default_microtile(const char *uarch)
+{
+    if (strcmp(uarch, "AMD Zen 4") == 0 || strcmp(uarch, "AMD Zen 5") == 0)
+        return ATTN__MICROTILE_4X4; /* modelled, not measured */
+    return ATTN__MICROTILE_8X2;
+}
+
+static const char *microtile_name(attn__microtile m)
+{
+    return m == ATTN__MICROTILE_4X4 ? "4x4" : "8x2";
+}
+
+static void decide_microtile(cpu_tiles *t)
+{
+    t->microtile = default_microtile(t->uarch);
+    snprintf(t->mt_source, sizeof t->mt_source, "chosen for it");
+    const char *env = getenv("ATTN_MICROTILE");
+    if (!env || !*env)
+        return;
+    if (strcmp(env, "8x2") == 0 || strcmp(env, "4x4") == 0) {
+        t->microtile = env[0] == '4' ? ATTN__MICROTILE_4X4 : ATTN__MICROTILE_8X2;
+        snprintf(t->mt_source, sizeof t->mt_source, "forced by ATTN_MICROTILE=%s", env);
+    } else {
+        snprintf(t->mt_source, sizeof t->mt_source, "ATTN_MICROTILE=%.16s ignored (not 8x2|4x4)",
+                 env);
+    }
+}
+
+attn__microtile attn__fused_microtile(void)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    return dispatch_tiles.microtile;
+}
+
 void attn__fused_tiles(int64_t *br, int64_t *bc)
 {
     pthread_once(&dispatch_once, dispatch_decide);
@@ -396,6 +444,7 @@ static void dispatch_decide(void)
     const char *emu = getenv("ATTN_BF16_EMULATE");
     bf16_emulate = emu && strcmp(emu, "1") == 0;
     decide_tiles(&dispatch_cpu, &dispatch_tiles);
+    decide_microtile(&dispatch_tiles);
     const unsigned x = dispatch_cpu.extra;
     snprintf(dispatch_cpu.extra_words, sizeof dispatch_cpu.extra_words,
              "f16c%s avx512-bf16%s avx512-fp16%s amx-bf16%s", x & ATTN_CPU_F16C ? "" : ":no",
@@ -431,10 +480,11 @@ static void dispatch_decide(void)
     const cpu_features *f = &dispatch_cpu;
     snprintf(dispatch_reason + used, sizeof dispatch_reason - used,
              "; %s (%s family %u model %u, L1d %lld KiB, L2 %lld KiB): fused tiles "
-             "%lldx%lld, %s",
+             "%lldx%lld, %s; AVX-512 micro-tiles %s, %s",
              dispatch_tiles.uarch, f->vendor[0] ? f->vendor : "unknown vendor", f->family,
              f->model, (long long)f->l1d_kib, (long long)f->l2_kib,
-             (long long)dispatch_tiles.br, (long long)dispatch_tiles.bc, dispatch_tiles.source);
+             (long long)dispatch_tiles.br, (long long)dispatch_tiles.bc, dispatch_tiles.source,
+             microtile_name(dispatch_tiles.microtile), dispatch_tiles.mt_source);
 }
 
 const char *attn_arch_name(attn_arch arch)

@@ -18,6 +18,17 @@ int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
  * ATTN_TILE=BRxBC; br is a multiple of 32 and bc of 8. Never depends on the thread
  * count. */
 void attn__fused_tiles(int64_t *br, int64_t *bc);
+
+/* The AVX-512 build's micro-tile shapes (keys x vectors of query rows for the
+ * scores, rows x vectors of value columns for the weighted sum): two bodies of
+ * src/kernels/fused_kernel.h, chosen once per process for the microarchitecture or
+ * forced by ATTN_MICROTILE=8x2|4x4. Both give the same bits
+ * (tests/test_fused_microtile.c); only their speed differs. */
+typedef enum attn__microtile {
+    ATTN__MICROTILE_8X2, /* src/kernels/sdpa_fused_avx512.c */
+    ATTN__MICROTILE_4X4  /* src/kernels/sdpa_fused_4x4_avx512.c */
+} attn__microtile;
+attn__microtile attn__fused_microtile(void);
 /* The instruction-set build that runs arch's float32 kernels, GEMM and converters:
  * avx512bf16 and amx are the avx512 build plus a bfloat16 attention kernel of
  * their own (src/kernels/half_dot.h), so they map to ATTN_ARCH_AVX512; every other

@@ -1,0 +1,306 @@
+/*
+ * test_fused_microtile.c - the AVX-512 fused kernel's two micro-tile shapes
+ * (src/kernels/sdpa_fused_avx512.c, 8 x 2, and src/kernels/sdpa_fused_4x4_avx512.c,
+ * 4 x 4; chosen per microarchitecture in src/runtime/dispatch.c) give the same bits.
+ *
+ * Why they must: a score is summed over d in increasing order and an output over
+ * keys in increasing order whatever the micro-tile, and the key tiles start at
+ * multiples of bc for both; the shapes change only which products run side by side
+ * and how many keys past a row's causal end are skipped as -inf (weight exactly 0).
+ *
+ * The choice is made once per process, so each shape runs in a child process
+ * (fork) that sets ATTN_MICROTILE before its first call and writes every output
+ * into memory shared with the parent, which compares the two bit for bit. Each
+ * child also checks that the shape it asked for is the one the reason reports, that
+ * 2 threads give the 1-thread bits, and that the output is near the reference
+ * (below). The problems: Tq and Tk in {1, 3, 17, 113} and longer, D from 1 to 128,
+ * Dv = D or not, and in turn no option, causal (both alignments, Tq < and > Tk), a
+ * window, softcap, an additive bias, ALiBi, a boolean mask, sinks, grouped-query
+ * heads, with the log-sum-exp and the weights asked for on some; and the row path
+ * (Tq <= 8) with its split-key decoding (Tq = 1, 1100 keys).
+ *
+ * The bound against the reference, |fused - ref| <= 3e-5 + 1e-4 |ref|, is loose: it
+ * only catches a body wired wrong in a way that gives the same wrong bits in both
+ * shapes. The tight bound is test_fused_sweep.c's against a float64 oracle, which
+ * the 8 x 2 body meets and which the equal bits carry over to 4 x 4 (CTest also
+ * runs that sweep under ATTN_MICROTILE=4x4: test_fused_sweep_4x4).
+ */
+#define _DEFAULT_SOURCE 1 /* MAP_ANONYMOUS */
+#define _POSIX_C_SOURCE 200809L
+#include "attn.h"
+#include "check.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A child's exit status when this CPU or build has no AVX-512 path. */
+#define SKIPPED 77
+
+#define ATOL 3e-5
+#define RTOL 1e-4
+
+enum { OPT_NONE, OPT_CAUSAL_TL, OPT_CAUSAL_BR, OPT_WINDOW, OPT_SOFTCAP, OPT_BIAS,
+       OPT_ALIBI, OPT_MASK, OPT_SINKS, OPT_GQA, OPT_KINDS };
+static const char *opt_names[OPT_KINDS] = {"none", "causal top-left", "causal bottom-right",
+                                           "window", "softcap", "bias", "alibi", "mask",
+                                           "sinks", "gqa"};
+
+typedef struct problem {
+    int64_t B, H, Hkv, Tq, Tk, D, Dv;
+    int opt, lse, weights;
+} problem;
+
+static const int64_t sizes[] = {1, 3, 17, 113, 200};
+static const int64_t dims[] = {1, 3, 17, 64, 128};
+#define N_SIZES 5
+#define N_DIMS 5
+
+/* Problem n of the sweep: every (Tq, Tk) pair meets every option once over the
+ * sweep's length; D, Dv and the outputs asked for cycle with co-prime periods. The
+ * last two are the row path's split-key decoding. */
+#define N_GRID (N_SIZES * N_SIZES * 2)
+#define N_PROBLEMS (N_GRID + 2)
+static problem problem_of(int n)
+{
+    problem p = {1, 2, 2, 1, 1, 1, 1, OPT_NONE, 0, 0};
+    if (n >= N_GRID) {
+        p.Tq = 1;
+        p.Tk = 1100;
+        p.D = p.Dv = 64;
+        p.opt = n == N_GRID ? OPT_NONE : OPT_GQA;
+        p.H = 4;
+        p.Hkv = p.opt == OPT_GQA ? 1 : 4;
+        p.lse = 1;
+        return p;
+    }
+    p.Tq = sizes[(n / 2) % N_SIZES];
+    p.Tk = sizes[(n / 2 / N_SIZES) % N_SIZES];
+    p.opt = (n * 3 + n / 7) % OPT_KINDS;
+    p.D = dims[(n * 2 + 1) % N_DIMS];
+    p.Dv = n % 3 == 0 ? dims[(n + 3) % N_DIMS] : p.D;
+    p.B = 1 + n % 2;
+    if (p.opt == OPT_GQA) {
+        p.H = 4;
+        p.Hkv = 2;
+    }
+    p.lse = n % 2 == 0;
+    p.weights = n % 4 == 1;
+    return p;
+}
+
+/* Floats of one problem's results: out, then lse and weights when asked for. */
+static int64_t result_floats(const problem *p)
+{
+    const int64_t rows = p->B * p->H * p->Tq;
+    return rows * p->Dv + (p->lse ? rows : 0) + (p->weights ? rows * p->Tk : 0);
+}
+
+/* Runs problem p on ctx into res (result_floats of it); 0 on success. */
+static int run(attn_ctx *ctx, const problem *p, int n, float *res)
+{
+    const int64_t nq = p->B * p->H * p->Tq * p->D, nk = p->B * p->Hkv * p->Tk * p->D;
+    const int64_t nv = p->B * p->Hkv * p->Tk * p->Dv, nw = p->B * p->H * p->Tq * p->Tk;
+    float *q = malloc((size_t)nq * sizeof *q), *k = malloc((size_t)nk * sizeof *k);
+    float *v = malloc((size_t)nv * sizeof *v), *bias = malloc((size_t)nw * sizeof *bias);
+    unsigned char *mask = malloc((size_t)nw);
+    float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    tu_fill(q, nq, 1000 + (uint64_t)n);
+    tu_fill(k, nk, 2000 + (uint64_t)n);
+    tu_fill(v, nv, 3000 + (uint64_t)n);
+    tu_fill(bias, nw, 4000 + (uint64_t)n);
+    for (int64_t i = 0; i < nw; i++) /* about one entry in five masked, never a whole row */
+        mask[i] = (i % p->Tk == 0) || ((i * 2654435761u) >> 7) % 5 != 0;
+
+    attn_tensor tq = tu_tensor4(q, p->B, p->H, p->Tq, p->D);
+    attn_tensor tk = tu_tensor4(k, p->B, p->Hkv, p->Tk, p->D);
+    attn_tensor tv = tu_tensor4(v, p->B, p->Hkv, p->Tk, p->Dv);
+    const int64_t rows = p->B * p->H * p->Tq;
+    attn_tensor to = tu_tensor4(res, p->B, p->H, p->Tq, p->Dv);
+    float *lse = res + rows * p->Dv, *w = lse + (p->lse ? rows : 0);
+    attn_tensor tl = tu_tensor3(lse, p->B, p->H, p->Tq);
+    attn_tensor tw = tu_tensor4(w, p->B, p->H, p->Tq, p->Tk);
+    attn_tensor tb = tu_tensor4(bias, p->B, p->H, p->Tq, p->Tk);
+    attn_tensor tm = tu_tensor4((float *)mask, p->B, p->H, p->Tq, p->Tk);
+    tm.dtype = ATTN_DTYPE_BOOL;
+    attn_tensor tsk;
+    const int64_t hshape[1] = {p->H};
+    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, sinks, 1, hshape);
+
+    attn_sdpa_params pa;
+    attn_sdpa_params_init(&pa);
+    pa.empty_rows = ATTN_EMPTY_ROWS_ZERO;
+    switch (p->opt) {
+    case OPT_CAUSAL_TL: pa.causal = ATTN_CAUSAL_TOP_LEFT; break;
+    case OPT_CAUSAL_BR: pa.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
+    case OPT_WINDOW: pa.has_window = 1; pa.window_left = 9; pa.window_right = 4; break;
+    case OPT_SOFTCAP: pa.softcap = 0.7f; pa.has_scale = 1; pa.scale = 2.0f; break;
+    case OPT_BIAS: pa.bias = &tb; break;
+    case OPT_ALIBI: pa.alibi = 1; pa.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
+    case OPT_MASK: pa.mask = &tm; break;
+    case OPT_SINKS: pa.sinks = &tsk; pa.causal = ATTN_CAUSAL_TOP_LEFT; break;
+    default: break;
+    }
+    if (p->lse)
+        pa.lse = &tl;
+    const int rc = attn_sdpa(ctx, &tq, &tk, &tv, &pa, &to, p->weights ? &tw : NULL);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   problem %d: %s\n", n, ctx->message);
+    free(q);
+    free(k);
+    free(v);
+    free(bias);
+    free(mask);
+    return rc;
+}
+
+static void describe(int n, const problem *p)
+{
+    fprintf(stderr, "   problem %d: B %lld H %lld/%lld Tq %lld Tk %lld D %lld Dv %lld, %s%s%s\n", n,
+            (long long)p->B, (long long)p->H, (long long)p->Hkv, (long long)p->Tq,
+            (long long)p->Tk, (long long)p->D, (long long)p->Dv, opt_names[p->opt],
+            p->lse ? ", lse" : "", p->weights ? ", weights" : "");
+}
+
+/* The child for one shape: every problem on the AVX-512 fused path with 1 thread
+ * (into res) and 2 threads, and on the reference. The parent calls nothing of the
+ * library before the forks, so each child decides the dispatch itself, under its
+ * own ATTN_MICROTILE. Exits with 1 on a failure, SKIPPED without AVX-512. */
+static void child(const char *shape, float *res)
+{
+    setenv("ATTN_MICROTILE", shape, 1);
+    if (!attn_arch_supported(ATTN_ARCH_AVX512))
+        _exit(SKIPPED);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = ATTN_IMPL_FUSED;
+    ctx.arch = ATTN_ARCH_AVX512;
+    char want[32];
+    snprintf(want, sizeof want, "micro-tiles %s, forced", shape);
+    const char *reason = attn_arch_reason(NULL);
+    if (!strstr(reason, want))
+        fprintf(stderr, "   %s: the reason does not say \"%s\": %s\n", shape, want, reason);
+    CHECK(strstr(reason, want) != NULL);
+    for (int n = 0; n < N_PROBLEMS; n++) {
+        const problem p = problem_of(n);
+        const int64_t nf = result_floats(&p);
+        float *two = malloc((size_t)nf * sizeof *two), *ref = malloc((size_t)nf * sizeof *ref);
+        memset(res, 0, (size_t)nf * sizeof *res);
+        memset(two, 0, (size_t)nf * sizeof *two);
+        memset(ref, 0, (size_t)nf * sizeof *ref);
+        ctx.threads = 1;
+        ctx.impl = ATTN_IMPL_FUSED;
+        CHECK_INT(run(&ctx, &p, n, res), ATTN_OK);
+        ctx.threads = 2;
+        CHECK_INT(run(&ctx, &p, n, two), ATTN_OK);
+        ctx.impl = ATTN_IMPL_REF;
+        CHECK_INT(run(&ctx, &p, n, ref), ATTN_OK);
+        int bad_threads = 0, bad_ref = 0;
+        for (int64_t i = 0; i < nf; i++) {
+            if (memcmp(&res[i], &two[i], sizeof *res) != 0 && bad_threads++ < 3)
+                fprintf(stderr, "   %s, [%lld]: 1 thread %.9g, 2 threads %.9g\n", shape,
+                        (long long)i, res[i], two[i]);
+            const double err = fabs((double)res[i] - (double)ref[i]);
+            const int near = err <= ATOL + RTOL * fabs((double)ref[i]) ||
+                             (isinf(res[i]) && res[i] == ref[i]);
+            if (!near && bad_ref++ < 3)
+                fprintf(stderr, "   %s, [%lld]: fused %.9g, reference %.9g\n", shape, (long long)i,
+                        res[i], ref[i]);
+        }
+        if (bad_threads || bad_ref)
+            describe(n, &p);
+        CHECK_INT(bad_threads, 0);
+        CHECK_INT(bad_ref, 0);
+        res += nf;
+        free(two);
+        free(ref);
+    }
+    _exit(check_failures_ > 0);
+}
+
+/* A child that sets ATTN_MICROTILE to something that is not a shape: the value is
+ * ignored, and the reason says so and names the shape used instead. */
+static void child_invalid(void)
+{
+    setenv("ATTN_MICROTILE", "5x5", 1);
+    const char *reason = attn_arch_reason(NULL);
+    const int said = strstr(reason, "ATTN_MICROTILE=5x5 ignored") != NULL &&
+                     (strstr(reason, "micro-tiles 8x2") || strstr(reason, "micro-tiles 4x4"));
+    if (!said)
+        fprintf(stderr, "   ATTN_MICROTILE=5x5: the reason does not say it was ignored: %s\n",
+                reason);
+    CHECK(said);
+    _exit(check_failures_ > 0);
+}
+
+int main(void)
+{
+    TEST("the AVX-512 fused kernel's 8 x 2 and 4 x 4 micro-tiles give the same bits, "
+         "for 1 and 2 threads, near the reference");
+    int64_t total = 0;
+    for (int n = 0; n < N_PROBLEMS; n++) {
+        const problem p = problem_of(n);
+        total += result_floats(&p);
+    }
+    const size_t bytes = 2 * (size_t)total * sizeof(float);
+    float *shared = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(shared != MAP_FAILED);
+    if (shared == MAP_FAILED)
+        return check_summary("test_fused_microtile");
+    static const char *shapes[2] = {"8x2", "4x4"};
+    for (int s = 0; s < 2; s++) {
+        fflush(NULL);
+        const pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0)
+            child(shapes[s], shared + s * total);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == SKIPPED) {
+            printf("test_fused_microtile: skipped (this CPU or build has no AVX-512 path)\n");
+            munmap(shared, bytes);
+            return check_summary("test_fused_microtile");
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fprintf(stderr, "   the %s child failed (status %d)\n", shapes[s], status);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    TEST("an ATTN_MICROTILE value that is not 8x2 or 4x4 is ignored, and the reason says so");
+    fflush(NULL);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0)
+        child_invalid();
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* The two shapes' results, problem by problem, bit for bit. */
+    const float *a = shared, *b = shared + total;
+    int differing = 0;
+    for (int n = 0; n < N_PROBLEMS; n++) {
+        const problem p = problem_of(n);
+        const int64_t nf = result_floats(&p);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < nf; i++)
+            if (memcmp(&a[i], &b[i], sizeof *a) != 0 && diff++ < 3)
+                fprintf(stderr, "   [%lld]: 8x2 %.9g, 4x4 %.9g\n", (long long)i, a[i], b[i]);
+        if (diff) {
+            describe(n, &p);
+            differing++;
+        }
+        a += nf;
+        b += nf;
+    }
+    CHECK_INT(differing, 0);
+    printf("test_fused_microtile: %d problems, 8x2 and 4x4 %s\n", N_PROBLEMS,
+           differing ? "differ" : "give the same bits");
+    munmap(shared, bytes);
+    return check_summary("test_fused_microtile");
+}
