@@ -119,10 +119,12 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
         const float *bp = pw->bp + p * GK_NR;
         const int64_t n0 = p * GK_NR;
         const int64_t nc = N - n0 < GK_NR ? N - n0 : GK_NR;
-        /* Where the panel's columns, and its vectors, start within a row of y. */
+        /* Where the panel's columns, and its vectors, start within a row of y. The
+         * columns past a partial panel's nc are set too (never used), so that no
+         * compiler can read vo's loop as using an unset element. */
         int64_t coff[GK_NR], vo[GK_NRV];
-        for (int64_t c = 0; c < nc; c++)
-            coff[c] = attn__gemm_col(yr, n0 + c);
+        for (int64_t c = 0; c < GK_NR; c++)
+            coff[c] = c < nc ? attn__gemm_col(yr, n0 + c) : 0;
         for (int c = 0; c < GK_NRV; c++)
             vo[c] = nc == GK_NR ? coff[c * SIMD_W] - coff[0] : 0;
         for (int64_t m = m0; m < m1; m += GK_MR) {
