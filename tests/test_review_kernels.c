@@ -131,6 +131,7 @@ typedef struct problem {
     int qview;            /* 0 contiguous, 1 transposed ([B,H,D,Tq] storage), 2 padded rows */
     int oview;            /* 0 contiguous, 1 transposed */
     int kvbcast;          /* k and v with batch stride 0 */
+    int kview;            /* k, v (and the gradients) stored transposed, or not */
     int nonfinite;        /* NaN in one k row and one v row, inf in another v row */
     attn_empty_rows empty;
 } problem;
@@ -139,11 +140,11 @@ static void describe(const problem *p, char *buf, size_t n)
 {
     snprintf(buf, n,
              "B%lld H%lld/%lld Tq%lld Tk%lld D%lld Dv%lld causal%d win(%lld,%lld) cap%g "
-             "alibi%d bias%d sinks%d mask%d w%d qv%d ov%d bc%d nf%d empty%d",
+             "alibi%d bias%d sinks%d mask%d w%d qv%d ov%d kv%d bc%d nf%d empty%d",
              (long long)p->B, (long long)p->H, (long long)p->Hkv, (long long)p->Tq,
              (long long)p->Tk, (long long)p->D, (long long)p->Dv, p->causal, (long long)p->wl,
              (long long)p->wr, (double)p->softcap, p->alibi, p->bias, p->sinks, p->mask,
-             p->weights, p->qview, p->oview, p->kvbcast, p->nonfinite, (int)p->empty);
+             p->weights, p->qview, p->oview, p->kview, p->kvbcast, p->nonfinite, (int)p->empty);
 }
 
 /* A float32 tensor over fresh storage with the strides a view kind gives. */
@@ -199,15 +200,15 @@ typedef struct inputs {
 static void make_inputs(inputs *in, problem *p)
 {
     in->pq = make4(&in->q, p->B, p->H, p->Tq, p->D, p->qview);
-    in->pk = make4(&in->k, p->B, p->Hkv, p->Tk, p->D, 0);
-    in->pv = make4(&in->v, p->B, p->Hkv, p->Tk, p->Dv, 0);
-    in->pdo = make4(&in->dout, p->B, p->H, p->Tq, p->Dv, 0);
+    in->pk = make4(&in->k, p->B, p->Hkv, p->Tk, p->D, p->kview);
+    in->pv = make4(&in->v, p->B, p->Hkv, p->Tk, p->Dv, p->kview);
+    in->pdo = make4(&in->dout, p->B, p->H, p->Tq, p->Dv, p->kview ? 2 : 0);
     if (p->kvbcast)
         in->k.stride[0] = in->v.stride[0] = 0;
     if (p->nonfinite) {
         /* Batch 0, kv head 0: k row Tk/3 NaN, v row Tk/2 NaN, v row Tk-1 inf. */
         in->pk[(p->Tk / 3) * in->k.stride[2]] = NAN;
-        in->pv[(p->Tk / 2) * in->v.stride[2] + (p->Dv - 1)] = NAN;
+        in->pv[(p->Tk / 2) * in->v.stride[2] + (p->Dv - 1) * in->v.stride[3]] = NAN;
         in->pv[(p->Tk - 1) * in->v.stride[2]] = INFINITY;
     }
     attn_sdpa_params_init(&in->prm);
@@ -291,9 +292,9 @@ typedef struct bwd_out {
 
 static void bwd_alloc(bwd_out *g, const problem *p)
 {
-    g->pq = make4(&g->dq, p->B, p->H, p->Tq, p->D, 0);
-    g->pk = make4(&g->dk, p->B, p->Hkv, p->Tk, p->D, 0);
-    g->pv = make4(&g->dv, p->B, p->Hkv, p->Tk, p->Dv, 0);
+    g->pq = make4(&g->dq, p->B, p->H, p->Tq, p->D, p->kview);
+    g->pk = make4(&g->dk, p->B, p->Hkv, p->Tk, p->D, p->kview);
+    g->pv = make4(&g->dv, p->B, p->Hkv, p->Tk, p->Dv, p->kview);
     g->ps = malloc((size_t)p->H * sizeof *g->ps);
     int64_t sh[1] = {p->H};
     attn_tensor_init(NULL, &g->ds, ATTN_DTYPE_F32, g->ps, 1, sh);
@@ -397,7 +398,8 @@ static void attention(void)
 {
     TEST("the fused forward and backward agree with the reference kernels, and with "
          "themselves bit for bit on 1 and 2 threads, on every path, where the day's "
-         "changes have edges: tails of T, D and Dv, strided and transposed q and out, "
+         "changes have edges: tails of T, D and Dv, strided and transposed q, k, v, out, "
+         "dO and gradients, "
          "k/v with batch stride 0, GQA and MQA, causal both ways with Tq < Tk and "
          "Tq > Tk, two-sided windows and a window hiding whole query tiles, sinks, "
          "softcap, ALiBi, a bias with -inf, a mask hiding the diagonal, lse and weights, "
@@ -408,7 +410,7 @@ static void attention(void)
     static const int64_t DS[][2] = {{1, 1}, {3, 17}, {17, 3}, {40, 33}, {64, 64}, {16, 8}};
     int n = 0;
     for (int ti = 0; ti < 8; ti++)
-        for (int opt = 0; opt < 12; opt++) {
+        for (int opt = 0; opt < 13; opt++) {
             problem p;
             memset(&p, 0, sizeof p);
             const int64_t *ds = DS[(ti * 5 + opt) % 6];
@@ -420,24 +422,26 @@ static void attention(void)
             p.qview = opt % 3;
             p.oview = (opt / 2) % 2;
             p.kvbcast = p.B > 1 && opt % 4 == 1;
+            p.kview = (opt + ti) % 3 == 2;
             p.weights = opt % 5 == 2 && p.Tq * p.Tk < 20000;
             switch (opt) {
             case 0: p.causal = ATTN_CAUSAL_TOP_LEFT; break;
             case 1: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
             case 2: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.wl = 5, p.wr = 0; break;
             case 3: p.wl = 9, p.wr = 4; break; /* both sides */
-            case 4: p.wl = 0, p.wr = -1; break; /* unbounded on the right */
+            case 4: p.wl = 0, p.wr = -1, p.bias = 1; break; /* unbounded on the right */
             case 5: /* top-left causal whose window ends before the diagonal's tile:
                      * with Tk < Tq, later query tiles see no key at all */
                 p.causal = ATTN_CAUSAL_TOP_LEFT, p.wl = 2, p.wr = 0;
                 p.empty = ATTN_EMPTY_ROWS_ERROR;
                 break;
             case 6: p.causal = ATTN_CAUSAL_TOP_LEFT, p.softcap = 3.0f, p.sinks = 1; break;
-            case 7: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.alibi = 1, p.bias = 1; break;
+            case 7: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.alibi = 1; break;
             case 8: p.causal = ATTN_CAUSAL_TOP_LEFT, p.mask = 1; break;
             case 9: p.causal = ATTN_CAUSAL_TOP_LEFT, p.nonfinite = 1; break;
             case 10: p.wl = 3, p.wr = 3, p.nonfinite = 1, p.sinks = 1; break;
-            default: p.nonfinite = 1, p.softcap = 2.0f; break;
+            case 11: p.nonfinite = 1, p.softcap = 2.0f; break;
+            default: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.alibi = 1, p.bias = 1; break;
             }
             if (p.qview == 1 && p.oview == 1 && p.Tq == 1)
                 p.qview = 2;
