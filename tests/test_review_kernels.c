@@ -13,6 +13,9 @@
  *     weights out, GQA/MQA, k/v/mask broadcast with stride 0, and NaN/inf in k and
  *     v at visible and hidden keys;
  *   - the fused backward on the same problems (dq, dk, dv, dsinks);
+ *   - the kernels' e^x at its edges (0, -0, tiny, around -87.33 where it stops,
+ *     -88, -100, -150, -FLT_MAX, -inf, NaN) in every lane of a vector and of a
+ *     tail, now that the clamp before 2^n is gone;
  *   - the GEMM behind attn_linear with M, N, K = 1 .. 113, bias, transposed
  *     weights, and a caller workspace of exactly the planned size (under
  *     AddressSanitizer a read or write past it is reported).
@@ -25,6 +28,9 @@
 #define _POSIX_C_SOURCE 200112L
 #include "attn.h"
 #include "check.h"
+#include "sdpa_fused.h"
+
+#include <float.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -451,6 +457,60 @@ static void attention(void)
     fprintf(stderr, "  %d problems\n", n);
 }
 
+/* ---- e^x at its edges ------------------------------------------------------------ */
+
+static void exp_edges(void)
+{
+    TEST("the fused kernels' e^x gives exactly 1 at 0, -0 and tiny x, is within 2 ulp "
+         "and a normal float from -87.33 to 0, exactly +0 below -87.33 (-88, -100, "
+         "-150, -FLT_MAX, -inf: the dropped clamp's range) and NaN for NaN, in every "
+         "lane of a vector and of a tail, on every path");
+    const float special[] = {0.0f, -0.0f, -1e-45f, -FLT_MIN, -1e-30f, -1e-7f, -0.5f,
+                             -87.33f, nextafterf(-87.33f, 0.0f), nextafterf(-87.33f, -1e9f),
+                             -87.3365f, -88.0f, -100.0f, -103.98f, -150.0f, -1000.0f,
+                             -FLT_MAX, -INFINITY, NAN, -NAN};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    static const int lens[] = {1, 7, 16, 17, 33};
+    for (int a = 0; a < 3; a++) {
+        const attn__fused_kernel *k = attn__fused_kernel_for(ARCHS[a]);
+        if (!attn_arch_supported(ARCHS[a]) || !k)
+            continue;
+        int bad = 0;
+        for (int li = 0; li < 5; li++)
+            for (int pos = 0; pos < lens[li]; pos++)
+                for (int si = 0; si < ns; si++) {
+                    float x[33], y[33];
+                    for (int i = 0; i < lens[li]; i++)
+                        x[i] = -1.0f;
+                    x[pos] = special[si];
+                    k->exp_nonpos(x, y, lens[li]);
+                    for (int i = 0; i < lens[li]; i++) {
+                        const float xi = x[i], yi = y[i];
+                        const double want = exp((double)xi);
+                        int ok;
+                        if (isnan(xi))
+                            ok = isnan(yi);
+                        else if (xi < -87.33f)
+                            ok = yi == 0.0f && !signbit(yi);
+                        else if (fabsf(xi) < 1e-8f)
+                            ok = yi == 1.0f;
+                        else {
+                            int e;
+                            frexp(want, &e);
+                            ok = fabs((double)yi - want) <= 2.0 * ldexp(1.0, e - 24) &&
+                                 yi >= FLT_MIN && yi <= 1.0f;
+                        }
+                        if (!ok && bad++ < 5)
+                            fprintf(stderr, "  exp %s: x = %.9g (lane %d of %d): got %.9g, "
+                                            "want %.9g\n",
+                                    attn_arch_name(ARCHS[a]), (double)xi, i, lens[li],
+                                    (double)yi, want);
+                    }
+                }
+        CHECK(bad == 0);
+    }
+}
+
 /* ---- GEMM (attn_linear) ------------------------------------------------------------ */
 
 static void linear_one(int64_t M, int64_t N, int64_t K, int bias, int wt)
@@ -536,6 +596,7 @@ static void linear(void)
 int main(void)
 {
     attention();
+    exp_edges();
     linear();
     return check_summary("test_review_kernels");
 }
