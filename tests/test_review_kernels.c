@@ -216,6 +216,8 @@ static void make_inputs(inputs *in, problem *p)
         in->pk[(p->Tk / 3) * in->k.stride[2]] = NAN;
         in->pv[(p->Tk / 2) * in->v.stride[2] + (p->Dv - 1) * in->v.stride[3]] = NAN;
         in->pv[(p->Tk - 1) * in->v.stride[2]] = INFINITY;
+        /* and a NaN in dO's row Tq/2 of batch 0, head 0 (the backward's) */
+        in->pdo[(p->Tq / 2) * in->dout.stride[2]] = NAN;
     }
     attn_sdpa_params_init(&in->prm);
     attn_sdpa_params *r = &in->prm;
@@ -341,9 +343,10 @@ static void attention_problem(problem *p)
     fwd_out ref;
     fwd_alloc(&ref, p);
     run_fwd(ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, &in, p, &ref);
-    /* The backward only where the forward succeeded and the inputs are finite (the
-     * reference backward's NaN placement is test_fused_backward's subject). */
-    const int do_bwd = ref.status == ATTN_OK && !p->nonfinite && !p->weights;
+    /* The backward wherever the forward succeeded (the weights' problems excepted, to
+     * keep the test short); with NaN and inf in k, v and dO, the NaN must land in
+     * exactly the gradients' entries where the reference puts them. */
+    const int do_bwd = ref.status == ATTN_OK && !p->weights;
     bwd_out gref;
     if (do_bwd) {
         bwd_alloc(&gref, p);
@@ -409,7 +412,8 @@ static void attention(void)
          "k/v with batch stride 0, GQA and MQA, causal both ways with Tq < Tk and "
          "Tq > Tk, two-sided windows and a window hiding whole query tiles, sinks, "
          "softcap, ALiBi, a bias with -inf, a mask hiding the diagonal, lse and weights, "
-         "NaN and inf in k and v");
+         "NaN and inf in k and v (and NaN in dO: the gradients hold NaN exactly where the "
+         "reference puts it)");
     /* Sizes: awkward ones around the tiles and vectors (1, 3, 17, 113, 130). */
     static const int64_t TS[][2] = {{1, 1}, {3, 17}, {17, 3}, {113, 113}, {17, 130},
                                     {130, 17}, {113, 200}, {200, 113}};
