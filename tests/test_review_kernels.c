@@ -135,10 +135,10 @@ typedef struct problem {
     int alibi, bias, sinks, mask; /* mask: a bool [Tq, Tk] broadcast, diagonal hidden */
     int weights;
     int qview;            /* 0 contiguous, 1 transposed ([B,H,D,Tq] storage), 2 padded rows */
-    int oview;            /* 0 contiguous, 1 transposed */
+    int oview;            /* 0 contiguous, 1 transposed, 2 padded rows */
     int kvbcast;          /* k and v with batch stride 0 */
     int kview;            /* k, v (and the gradients) stored transposed, or not */
-    int nonfinite;        /* NaN in one k row and one v row, inf in another v row */
+    int nonfinite;        /* NaN in a row of k, v, q and dO, inf in another v row */
     attn_empty_rows empty;
 } problem;
 
@@ -216,8 +216,10 @@ static void make_inputs(inputs *in, problem *p)
         in->pk[(p->Tk / 3) * in->k.stride[2]] = NAN;
         in->pv[(p->Tk / 2) * in->v.stride[2] + (p->Dv - 1) * in->v.stride[3]] = NAN;
         in->pv[(p->Tk - 1) * in->v.stride[2]] = INFINITY;
-        /* and a NaN in dO's row Tq/2 of batch 0, head 0 (the backward's) */
+        /* a NaN in dO's row Tq/2 of batch 0, head 0 (the backward's), and one in
+         * q's last row of batch 0, head 0 */
         in->pdo[(p->Tq / 2) * in->dout.stride[2]] = NAN;
+        in->pq[(p->Tq - 1) * in->q.stride[2] + (p->D - 1) * in->q.stride[3]] = NAN;
     }
     attn_sdpa_params_init(&in->prm);
     attn_sdpa_params *r = &in->prm;
@@ -420,7 +422,7 @@ static void attention(void)
     static const int64_t DS[][2] = {{1, 1}, {3, 17}, {17, 3}, {40, 33}, {64, 64}, {16, 8}};
     int n = 0;
     for (int ti = 0; ti < 8; ti++)
-        for (int opt = 0; opt < 13; opt++) {
+        for (int opt = 0; opt < 14; opt++) {
             problem p;
             memset(&p, 0, sizeof p);
             const int64_t *ds = DS[(ti * 5 + opt) % 6];
@@ -430,7 +432,7 @@ static void attention(void)
             p.wl = -2;
             p.empty = ATTN_EMPTY_ROWS_ZERO;
             p.qview = opt % 3;
-            p.oview = (opt / 2) % 2;
+            p.oview = (opt / 2) % 3;
             p.kvbcast = p.B > 1 && opt % 4 == 1;
             p.kview = (opt + ti) % 3 == 2;
             p.weights = opt % 5 == 2 && p.Tq * p.Tk < 20000;
@@ -439,6 +441,7 @@ static void attention(void)
             case 1: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
             case 2: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.wl = 5, p.wr = 0; break;
             case 3: p.wl = 9, p.wr = 4; break; /* both sides */
+            case 13: p.wl = -1, p.wr = 2; break; /* unbounded on the left */
             case 4: p.wl = 0, p.wr = -1, p.bias = 1; break; /* unbounded on the right */
             case 5: /* top-left causal whose window ends before the diagonal's tile:
                      * with Tk < Tq, later query tiles see no key at all */
@@ -451,7 +454,8 @@ static void attention(void)
             case 9: p.causal = ATTN_CAUSAL_TOP_LEFT, p.nonfinite = 1; break;
             case 10: p.wl = 3, p.wr = 3, p.nonfinite = 1, p.sinks = 1; break;
             case 11: p.nonfinite = 1, p.softcap = 2.0f; break;
-            default: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.alibi = 1, p.bias = 1; break;
+            case 12: p.causal = ATTN_CAUSAL_BOTTOM_RIGHT, p.alibi = 1, p.bias = 1; break;
+            default: break;
             }
             if (p.qview == 1 && p.oview == 1 && p.Tq == 1)
                 p.qview = 2;
