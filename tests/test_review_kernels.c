@@ -56,9 +56,7 @@ static void fill(float *x, int64_t n)
 
 static const attn_arch ARCHS[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
 
-/* Compares n floats of got against want (both read through index maps given as
- * strides of a 4-D shape), tolerance atol * max|want| + rtol * |want|; reports the
- * first few mismatches with both values and counts one failed check per call. */
+/* A tensor read as 4-D through its own strides (leading sizes of 1). */
 typedef struct view4 {
     const float *p;
     int64_t sh[4], st[4];
@@ -94,7 +92,10 @@ static double max_abs(const view4 *v)
     return m;
 }
 
-/* exact: bit for bit (the thread-count check); otherwise within the tolerance. */
+/* Compares got with want element by element: with exact, bit for bit (the
+ * thread-count check); otherwise within tol * (1 + max |want|), NaN only against
+ * NaN and an infinity only against the same one. Prints the first few mismatches
+ * with both values and counts one check per call. */
 static void compare(const char *what, const char *problem, const char *path,
                     const attn_tensor *got, const attn_tensor *want, double tol, int exact)
 {
