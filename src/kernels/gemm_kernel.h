@@ -123,8 +123,11 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
         int64_t coff[GK_NR], vo[GK_NRV];
         for (int64_t c = 0; c < nc; c++)
             coff[c] = attn__gemm_col(yr, n0 + c);
+        /* From attn__gemm_col itself rather than coff: the same numbers, but GCC
+         * with -fsanitize=thread cannot see that nc == GK_NR fills every coff read
+         * here, and its -Wmaybe-uninitialized stopped the -Werror build. */
         for (int c = 0; c < GK_NRV; c++)
-            vo[c] = nc == GK_NR ? coff[c * SIMD_W] - coff[0] : 0;
+            vo[c] = nc == GK_NR ? attn__gemm_col(yr, n0 + c * SIMD_W) - attn__gemm_col(yr, n0) : 0;
         for (int64_t m = m0; m < m1; m += GK_MR) {
             const int64_t mr = m1 - m < GK_MR ? m1 - m : GK_MR;
             const float *xr[GK_MR];
