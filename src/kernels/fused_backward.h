@@ -290,66 +290,6 @@ static fb_sub fb_sub_of(const attn__fused_bwd_job *job, const fb_ws *w, int sb)
     return r;
 }
 
-/* dst[c * ldd + r] = src[r * lds + c] for r, c < SIMD_W: one square block of a
- * transpose, in registers (unpack within 128-bit lanes, then move whole lanes). */
-#if defined(ATTN_SIMD_AVX512)
-#define FB_TRANSPOSE 1
-static void fb_transpose_block(float *dst, int64_t ldd, const float *src, int64_t lds)
-{
-    __m512 t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        const __m512 a = _mm512_loadu_ps(src + i * lds), b = _mm512_loadu_ps(src + (i + 1) * lds);
-        t[i] = _mm512_unpacklo_ps(a, b);     /* per lane: a0 b0 a1 b1 */
-        t[i + 1] = _mm512_unpackhi_ps(a, b); /* per lane: a2 b2 a3 b3 */
-    }
-    /* u[4g + k], lane L: element 4L + k of rows 4g .. 4g+3. */
-    for (int g = 0; g < 4; g++) {
-        const __m512d lo0 = _mm512_castps_pd(t[4 * g]), hi0 = _mm512_castps_pd(t[4 * g + 1]);
-        const __m512d lo1 = _mm512_castps_pd(t[4 * g + 2]), hi1 = _mm512_castps_pd(t[4 * g + 3]);
-        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
-        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
-        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
-        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
-    }
-    /* Column 4L + k gathers lane L of u[k], u[4 + k], u[8 + k], u[12 + k]. */
-    for (int k = 0; k < 4; k++) {
-        const __m512 v01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44);
-        const __m512 w01 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
-        const __m512 v23 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
-        const __m512 w23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
-        _mm512_storeu_ps(dst + (0 + k) * ldd, _mm512_shuffle_f32x4(v01, w01, 0x88));
-        _mm512_storeu_ps(dst + (4 + k) * ldd, _mm512_shuffle_f32x4(v01, w01, 0xDD));
-        _mm512_storeu_ps(dst + (8 + k) * ldd, _mm512_shuffle_f32x4(v23, w23, 0x88));
-        _mm512_storeu_ps(dst + (12 + k) * ldd, _mm512_shuffle_f32x4(v23, w23, 0xDD));
-    }
-}
-#elif defined(ATTN_SIMD_AVX2)
-#define FB_TRANSPOSE 1
-static void fb_transpose_block(float *dst, int64_t ldd, const float *src, int64_t lds)
-{
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        const __m256 a = _mm256_loadu_ps(src + i * lds), b = _mm256_loadu_ps(src + (i + 1) * lds);
-        t[i] = _mm256_unpacklo_ps(a, b);     /* per lane: a0 b0 a1 b1 */
-        t[i + 1] = _mm256_unpackhi_ps(a, b); /* per lane: a2 b2 a3 b3 */
-    }
-    /* u[4g + k], lane L: element 4L + k of rows 4g .. 4g+3. */
-    for (int g = 0; g < 2; g++) {
-        u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    /* Column 4L + k is lane L of u[k] (rows 0 .. 3) and of u[4 + k] (rows 4 .. 7). */
-    for (int k = 0; k < 4; k++) {
-        _mm256_storeu_ps(dst + k * ldd, _mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
-        _mm256_storeu_ps(dst + (4 + k) * ldd, _mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
-    }
-}
-#else
-#define FB_TRANSPOSE 0
-#endif
-
 /* dst[d * bcp + j] = x[j * ld0 + d * ld1] for j < n, d < cols, and 0 for n <= j <
  * bcp: K^T or V^T of a key tile. Whole SIMD_W x SIMD_W blocks of rows whose d is
  * contiguous go through registers; the rest element by element. */
@@ -357,13 +297,13 @@ static void fb_pack_t(float *dst, int64_t bcp, const float *x, int64_t ld0, int6
                       int64_t n, int64_t cols)
 {
     int64_t jb = 0, db = 0;
-#if FB_TRANSPOSE
+#if SIMD_HAS_TRANSPOSE
     if (ld1 == 1) {
         jb = n / SIMD_W * SIMD_W;
         db = cols / SIMD_W * SIMD_W;
         for (int64_t j = 0; j < jb; j += SIMD_W)
             for (int64_t d = 0; d < db; d += SIMD_W)
-                fb_transpose_block(dst + d * bcp + j, bcp, x + j * ld0 + d, ld0);
+                simd_transpose_block(dst + d * bcp + j, bcp, x + j * ld0 + d, ld0);
     }
 #endif
     for (int64_t d = 0; d < cols; d++) {

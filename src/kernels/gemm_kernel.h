@@ -154,10 +154,10 @@ static void gk_tile_item(void *arg, int64_t item, int worker)
     }
 }
 
-#ifdef GK_TRANSPOSE
+#if SIMD_HAS_TRANSPOSE
 /* Packing's fast part (attn__gemm_kernel.pack_body): SIMD_W x SIMD_W blocks of
  * the panel's features and k, each read as SIMD_W row segments of w and written,
- * transposed in registers (GK_TRANSPOSE, from the build's file), as SIMD_W rows of
+ * transposed in registers (simd_transpose_block), as SIMD_W rows of
  * the panel. The portable loop moved one float at a time, about four cycles each
  * (1.3 ns a float for a 2048 x 2048 weight, a twentieth of the GEMM's time). */
 static int64_t gk_pack_body(const float *w, int64_t w_rs, int64_t K, float *dst)
@@ -165,7 +165,7 @@ static int64_t gk_pack_body(const float *w, int64_t w_rs, int64_t K, float *dst)
     int64_t k = 0;
     for (; k + SIMD_W <= K; k += SIMD_W)
         for (int g = 0; g < GK_NRV; g++)
-            GK_TRANSPOSE(w + g * SIMD_W * w_rs + k, w_rs, dst + k * GK_NR + g * SIMD_W, GK_NR);
+            simd_transpose_block(dst + k * GK_NR + g * SIMD_W, GK_NR, w + g * SIMD_W * w_rs + k, w_rs);
     return k;
 }
 #define GK_PACK_BODY gk_pack_body

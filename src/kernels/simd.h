@@ -23,6 +23,10 @@
  *     simd_store_n(p, v, n)   the first n < SIMD_W lanes of v to p
  *     simd_load_strided(p, s) lane r from p[r * s] (a gather); the caller keeps
  *                             (SIMD_W - 1) * s within int32_t
+ *     simd_transpose_block(dst, ldd, src, lds)
+ *                             dst[c * ldd + r] = src[r * lds + c] for r, c < SIMD_W,
+ *                             in registers; only where SIMD_HAS_TRANSPOSE is 1 (the
+ *                             GEMM's and the backward's packing use it)
  *     simd_exp_nonpos(x)      e^x for x <= 0 (including -inf), see below
  *     simd_div, simd_abs      a / b, |a|
  *     simd_copysign(a, b)     |a| with the sign of b
@@ -195,6 +199,40 @@ static inline simd_f32 simd_exp_nonpos(simd_f32 x)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
+/* Three rounds: 32-bit interleaves of row pairs, 64-bit interleaves of those pairs,
+ * then two rounds of 128-bit lane shuffles that bring each column's four groups of
+ * four rows together. Pure data movement: the floats are copied, never changed. */
+#define SIMD_HAS_TRANSPOSE 1
+static inline void simd_transpose_block(float *d, int64_t ld, const float *s, int64_t ls)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(s + i * ls);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);     /* a0 b0 a1 b1 per lane */
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]); /* a2 b2 a3 b3 */
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 1]), e = _mm512_castps_pd(t[4 * i + 3]);
+        /* r[4i + j], lane L: rows 4i .. 4i+3 of column j + 4L. */
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512 t1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88); /* columns j, j + 8 */
+        const __m512 t2 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd); /* j + 4, j + 12 */
+        const __m512 t3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+        const __m512 t4 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+        _mm512_storeu_ps(d + j * ld, _mm512_shuffle_f32x4(t1, t3, 0x88));
+        _mm512_storeu_ps(d + (j + 8) * ld, _mm512_shuffle_f32x4(t1, t3, 0xdd));
+        _mm512_storeu_ps(d + (j + 4) * ld, _mm512_shuffle_f32x4(t2, t4, 0x88));
+        _mm512_storeu_ps(d + (j + 12) * ld, _mm512_shuffle_f32x4(t2, t4, 0xdd));
+    }
+}
+
 #elif defined(ATTN_SIMD_AVX2)
 #include <immintrin.h>
 
@@ -305,7 +343,36 @@ static inline simd_f32 simd_exp_nonpos(simd_f32 x)
     return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+/* 32-bit interleaves of row pairs, 64-bit interleaves of those, then the 128-bit
+ * halves of rows 0-3 and 4-7 put together. Pure data movement. */
+#define SIMD_HAS_TRANSPOSE 1
+static inline void simd_transpose_block(float *d, int64_t ld, const float *s, int64_t ls)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(s + i * ls);
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);     /* a0 b0 a1 b1 per half */
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]); /* a2 b2 a3 b3 */
+    }
+    for (int i = 0; i < 2; i++) {
+        const __m256d a = _mm256_castps_pd(t[4 * i]), b = _mm256_castps_pd(t[4 * i + 2]);
+        const __m256d c = _mm256_castps_pd(t[4 * i + 1]), e = _mm256_castps_pd(t[4 * i + 3]);
+        /* r[4i + j], half H: rows 4i .. 4i+3 of column j + 4H. */
+        r[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, b));
+        r[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, b));
+        r[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(c, e));
+        r[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(c, e));
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm256_storeu_ps(d + j * ld, _mm256_permute2f128_ps(r[j], r[4 + j], 0x20));
+        _mm256_storeu_ps(d + (j + 4) * ld, _mm256_permute2f128_ps(r[j], r[4 + j], 0x31));
+    }
+}
+
 #else /* ATTN_SIMD_SCALAR */
+
+#define SIMD_HAS_TRANSPOSE 0
 
 #define SIMD_W 1
 typedef float simd_f32;
