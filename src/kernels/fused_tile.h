@@ -150,7 +150,19 @@ static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
     for (int64_t p0 = 0; p0 < nr; p0 += FK_QW) {
         float *panel = qt + p0 * D;
         const int64_t live = fk_min(FK_QW, rows - p0); /* may be <= 0 */
-        for (int64_t d = 0; d < D; d++) {
+        int64_t d = 0;
+#if SIMD_HAS_TRANSPOSE
+        /* Whole panels of unit-stride rows go SIMD_W x SIMD_W blocks at a time,
+         * transposed in registers: a row's SIMD_W values of d are one load, where
+         * the gather below reads them one by one. With D = 64 this halved the
+         * item's fixed cost of packing (docs/performance.md). */
+        if (live == FK_QW && s->q_s[3] == 1)
+            for (; d + SIMD_W <= D; d += SIMD_W)
+                for (int64_t r0 = 0; r0 < FK_QW; r0 += SIMD_W)
+                    simd_transpose_block(panel + d * FK_QW + r0, FK_QW,
+                                         qb + (i0 + p0 + r0) * qs2 + d, qs2);
+#endif
+        for (; d < D; d++) {
             float *dst = panel + d * FK_QW;
             const float *src = qb + (i0 + p0) * qs2 + d * s->q_s[3];
             int64_t r = 0;
@@ -672,13 +684,16 @@ static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int wor
         inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
     for (int64_t r = 0; r < t->i1 - t->i0; r++) {
         const int64_t i = t->i0 + r;
-        float lse = t->m[r] + logf(l[r]);
+        float lse = t->sink; /* an empty row's: -inf without sinks */
         if (l[r] == 0.0f) {
-            lse = t->sink; /* -inf without sinks */
             if (fk_row_sees_a_key(s, t->b, t->h, i))
                 inv[r] = lse = NAN;
             else if (empty == INT64_MAX && !s->sinks)
                 empty = (t->b * s->H + t->h) * s->Tq + i;
+        } else if (s->lse) {
+            /* Only when asked for: a call to logf per row, 64 an item, took
+             * about a fifth of an item's fixed cost (docs/performance.md). */
+            lse = t->m[r] + logf(l[r]);
         }
         if (s->lse)
             s->lse[t->b * s->lse_s[0] + t->h * s->lse_s[1] + i * s->lse_s[2]] = lse;
