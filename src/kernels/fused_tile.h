@@ -261,9 +261,13 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     for (int64_t r = 0; r < t->nr; r++) {
         t->m[r] = t->sink;
         t->l[r] = t->sink > -INFINITY ? 1.0f : 0.0f;
-        for (int64_t e = 0; e < t->dvp; e++)
-            t->O[r * t->dvp + e] = 0.0f;
     }
+    /* O's rows are contiguous: zeroed as one block, in vectors (dvp is a multiple
+     * of SIMD_W). Row by row, GCC called memset 64 times an item, about 6% of the
+     * time of items with one key tile. */
+    const simd_f32 zero = simd_zero();
+    for (int64_t e = 0; e < t->nr * t->dvp; e += SIMD_W)
+        simd_store(t->O + e, zero);
 }
 
 /* Where the weighted sum reads a key tile's values from. */
