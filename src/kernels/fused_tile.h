@@ -319,27 +319,28 @@ static int64_t fk_keys_seen(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
 
 /* Score micro-kernel, transposed: ST[kk][c] = (sum_d k_kk[d] * qt[d][c]) * scale for
  * FK_MK keys kk (key rows read in place at krow[kk], element stride ks, broadcast
- * one element at a time) and FK_QW query rows c (qt, a packed micro-panel
- * [D][FK_QW]), summed over d in increasing order; ST has key stride ldst. */
+ * one element at a time) and nq * SIMD_W query rows c (qt, within a packed
+ * micro-panel [D][FK_QW]; nq <= FK_NQV, a constant at each call site), summed over
+ * d in increasing order; ST has key stride ldst. */
 FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const float *qt,
-                         float *ST, int64_t ldst, simd_f32 vscale)
+                         float *ST, int64_t ldst, simd_f32 vscale, const int nq)
 {
     simd_f32 acc[FK_MK][FK_NQV];
     for (int kk = 0; kk < FK_MK; kk++)
-        for (int c = 0; c < FK_NQV; c++)
+        for (int c = 0; c < nq; c++)
             acc[kk][c] = simd_zero();
     for (int64_t d = 0; d < D; d++) {
         simd_f32 qv[FK_NQV];
-        for (int c = 0; c < FK_NQV; c++)
+        for (int c = 0; c < nq; c++)
             qv[c] = simd_load(qt + d * FK_QW + c * SIMD_W);
         for (int kk = 0; kk < FK_MK; kk++) {
             simd_f32 kv = simd_set1(krow[kk][d * ks]);
-            for (int c = 0; c < FK_NQV; c++)
+            for (int c = 0; c < nq; c++)
                 acc[kk][c] = simd_fma(kv, qv[c], acc[kk][c]);
         }
     }
     for (int kk = 0; kk < FK_MK; kk++)
-        for (int c = 0; c < FK_NQV; c++)
+        for (int c = 0; c < nq; c++)
             simd_store(ST + kk * ldst + c * SIMD_W, simd_mul(acc[kk][c], vscale));
 }
 
@@ -385,6 +386,19 @@ static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
     }
 }
 
+/* x[0 .. n-1] = -inf, a vector at a time: the causal diagonal's hidden prefix of
+ * each key's row, which GCC's loop wrote one float at a time (about 1% of S2's
+ * time). */
+static void fk_fill_neginf(float *x, int64_t n)
+{
+    const simd_f32 ninf = simd_set1(-INFINITY);
+    int64_t r = 0;
+    for (; r + SIMD_W <= n; r += SIMD_W)
+        simd_store(x + r, ninf);
+    if (r < n)
+        simd_store_n(x + r, ninf, n - r);
+}
+
 /* Step 2c, for a PARTIAL tile: -inf at every hidden entry of ST's nkp keys from j0
  * (keys past Tk, keys outside each row's causal and window range, a false mask
  * entry, a -inf bias), after the score modifications, so that a hidden entry is
@@ -400,8 +414,7 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
         const int64_t j = j0 + c;
         float *strow = ST + c * ldst;
         if (j >= s->Tk) {
-            for (int64_t r = 0; r < nr; r++)
-                strow[r] = -INFINITY;
+            fk_fill_neginf(strow, nr);
             continue;
         }
         if (by_position && !s->has_window) {
@@ -409,9 +422,7 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
              * i + off + 1 <= j (off = 0 top-left, Tk - Tq bottom-right), form a
              * prefix of the tile, and no range starts after j. */
             const int64_t off = s->causal == ATTN_CAUSAL_TOP_LEFT ? 0 : s->offset;
-            const int64_t n = fk_min(rows, j - off - i0 > 0 ? j - off - i0 : 0);
-            for (int64_t r = 0; r < n; r++)
-                strow[r] = -INFINITY;
+            fk_fill_neginf(strow, fk_min(rows, j - off - i0 > 0 ? j - off - i0 : 0));
         } else if (by_position) {
             /* The rows whose range ends at or before j form a prefix of the tile,
              * and those whose range starts after j a suffix (fk_row_range's ends
@@ -473,8 +484,20 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
             krow[kk] = t->kb + j * s->k_s[2];
         }
         for (int64_t rb = 0; rb < nr; rb += FK_QW) {
+            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW - SIMD_W)) {
+                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale,
+                          FK_NQV);
+                continue;
+            }
             if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW)) {
-                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale);
+                /* On the causal diagonal, only the micro-panel's last vector of
+                 * rows may see these keys: the others are hidden, never computed
+                 * (the softmax and the weighted sum read no further than their
+                 * rows see, fk_keys_seen). */
+                for (int kk = 0; kk < FK_MK; kk++)
+                    fk_fill_neginf(ST + (kg + kk) * ldst + rb, FK_QW - SIMD_W);
+                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D + FK_QW - SIMD_W,
+                          ST + kg * ldst + rb + FK_QW - SIMD_W, ldst, vscale, 1);
                 continue;
             }
             /* Keys past what these rows may see: hidden, never computed. */
