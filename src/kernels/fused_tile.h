@@ -154,8 +154,9 @@ static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
 #if SIMD_HAS_TRANSPOSE
         /* Whole panels of unit-stride rows go SIMD_W x SIMD_W blocks at a time,
          * transposed in registers: a row's SIMD_W values of d are one load, where
-         * the gather below reads them one by one. With D = 64 this halved the
-         * item's fixed cost of packing (docs/performance.md). */
+         * the gather below reads them one by one. Together with the logf that
+         * fk_finish_rows no longer calls unasked, this took an item's fixed cost
+         * from about 2.2 to 1.5 us (docs/performance.md). */
         if (live == FK_QW && s->q_s[3] == 1)
             for (; d + SIMD_W <= D; d += SIMD_W)
                 for (int64_t r0 = 0; r0 < FK_QW; r0 += SIMD_W)
@@ -263,8 +264,8 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
         t->l[r] = t->sink > -INFINITY ? 1.0f : 0.0f;
     }
     /* O's rows are contiguous: zeroed as one block, in vectors (dvp is a multiple
-     * of SIMD_W). Row by row, GCC called memset 64 times an item, about 6% of the
-     * time of items with one key tile. */
+     * of SIMD_W). Row by row, GCC called memset 64 times an item: about 4% of the
+     * kernel's samples (perf) where each item has one key tile. */
     const simd_f32 zero = simd_zero();
     for (int64_t e = 0; e < t->nr * t->dvp; e += SIMD_W)
         simd_store(t->O + e, zero);
@@ -388,7 +389,7 @@ static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
 
 /* x[0 .. n-1] = -inf, a vector at a time: the causal diagonal's hidden prefix of
  * each key's row, which GCC's loop wrote one float at a time (about 1% of S2's
- * time). */
+ * samples in perf). */
 static void fk_fill_neginf(float *x, int64_t n)
 {
     const simd_f32 ninf = simd_set1(-INFINITY);
@@ -718,8 +719,8 @@ static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int wor
             else if (empty == INT64_MAX && !s->sinks)
                 empty = (t->b * s->H + t->h) * s->Tq + i;
         } else if (s->lse) {
-            /* Only when asked for: a call to logf per row, 64 an item, took
-             * about a fifth of an item's fixed cost (docs/performance.md). */
+            /* Only when asked for: it is a call to libm per row, 64 an item,
+             * part of the item's fixed cost (fk_pack_qt, docs/performance.md). */
             lse = t->m[r] + logf(l[r]);
         }
         if (s->lse)
