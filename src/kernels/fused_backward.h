@@ -546,14 +546,14 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *L,
  * are scored (rounded out to whole key steps: the diagonal tiles of a causal mask
  * cost about half), and only they may be read afterwards; [*vlo, *vhi) is the
  * range of key vectors scored, which holds it. */
-static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
-                         const fb_rows *rs, int64_t j0, int64_t n, float slope,
-                         const fb_ws *w0, int sb, int fast, int64_t *jlo, int64_t *jhi,
-                         int64_t *vlo, int64_t *vhi)
+/* The part of fb_rows_tile's work that needs no key: the tile's range [ra[r],
+ * re[r]) of each row of sub-block sb, and [*jlo, *jhi), [*vlo, *vhi) as above. */
+static void fb_sub_range(const attn__fused_bwd_job *job, const fb_rows *rs, int sb, int64_t j0,
+                         int64_t n, int64_t ra[FB_R], int64_t re[FB_R], int64_t *jlo,
+                         int64_t *jhi, int64_t *vlo, int64_t *vhi)
 {
-    const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
     const int64_t *rows = rs->i + sb * FB_R;
-    int64_t ra[FB_R], re[FB_R], ulo = n, uhi = 0;
+    int64_t ulo = n, uhi = 0;
     for (int r = 0; r < FB_R; r++) {
         ra[r] = re[r] = 0;
         if (rows[r] < 0)
@@ -570,6 +570,21 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const int64_t jv0 = ulo / step * step, jv1 = fb_min(job->bcp, (uhi + step - 1) / step * step);
     *vlo = jv0;
     *vhi = jv1;
+}
+
+/* fb_rows_tile itself (described above), in the general form: the scores and dP
+ * stored, then the options applied row by row. fb_block_tile does the same work
+ * with fb_rows_tile_fast when fb_simple allows. */
+static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                         const fb_rows *rs, int64_t j0, int64_t n, float slope,
+                         const fb_ws *w0, int sb, int64_t *jlo, int64_t *jhi, int64_t *vlo,
+                         int64_t *vhi)
+{
+    const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
+    const int64_t *rows = rs->i + sb * FB_R;
+    int64_t ra[FB_R], re[FB_R];
+    fb_sub_range(job, rs, sb, j0, n, ra, re, jlo, jhi, vlo, vhi);
+    const int64_t jv0 = *vlo, jv1 = *vhi;
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
     const int64_t bcp = job->bcp;
@@ -578,10 +593,6 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
     const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
 
-    if (fast) {
-        fb_rows_tile_fast(job, rs->L + sb * FB_R, rs->delta + sb * FB_R, w, ra, re, jv0, jv1);
-        return;
-    }
     /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
      * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
      * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
@@ -659,7 +670,8 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
 }
 
 /* Scores a block's nsb sub-blocks of FB_R rows (rs's slots 0 .. nsb*FB_R-1, -1 an
- * unused slot) against the packed key tile j0 .. j0+n-1 with fb_rows_tile, each
+ * unused slot) against the packed key tile j0 .. j0+n-1 as fb_rows_tile does
+ * (with fb_rows_tile_fast when fast is set), each
  * over the keys its own rows reach, [jlo[sb], jhi[sb]); a sub-block none of whose
  * rows reaches the tile is not scored (jlo = jhi = 0). [*ulo, *uhi) is the union
  * (empty: both 0); within it, each sub-block's p, ds, dsx and vis outside the key
@@ -670,7 +682,8 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                           const fb_ws *w, int fast, int64_t jlo[FB_SB], int64_t jhi[FB_SB],
                           int64_t *ulo, int64_t *uhi)
 {
-    int64_t vlo[FB_SB], vhi[FB_SB], lo = n, hi = 0;
+    int64_t vlo[FB_SB], vhi[FB_SB], ra[FB_SB][FB_R], re[FB_SB][FB_R], lo = n, hi = 0;
+    int64_t vmin = job->bcp, vmax = 0;
     for (int sb = 0; sb < nsb; sb++) {
         int reach = 0;
         for (int u = sb * FB_R; u < (sb + 1) * FB_R; u++)
@@ -678,12 +691,34 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         jlo[sb] = jhi[sb] = vlo[sb] = vhi[sb] = 0;
         if (!reach)
             continue;
-        fb_rows_tile(job, b, h, rs, j0, n, slope, w, sb, fast, &jlo[sb], &jhi[sb], &vlo[sb],
-                     &vhi[sb]);
+        if (fast)
+            fb_sub_range(job, rs, sb, j0, n, ra[sb], re[sb], &jlo[sb], &jhi[sb], &vlo[sb],
+                         &vhi[sb]);
+        else
+            fb_rows_tile(job, b, h, rs, j0, n, slope, w, sb, &jlo[sb], &jhi[sb], &vlo[sb],
+                         &vhi[sb]);
         if (jlo[sb] < jhi[sb]) {
             lo = fb_min(lo, jlo[sb]);
             hi = fb_max(hi, jhi[sb]);
         }
+        if (vlo[sb] < vhi[sb]) {
+            vmin = fb_min(vmin, vlo[sb]);
+            vmax = fb_max(vmax, vhi[sb]);
+        }
+    }
+    if (fast) {
+        /* Key steps outside, sub-blocks inside: the step's slices of K^T and V^T
+         * (D x FB_NV vectors each) are read by every sub-block while they are in
+         * the first-level cache, where the whole packed tile is not. Each
+         * (sub-block, step) is computed exactly as in fb_rows_tile. */
+        const int64_t step = FB_NV * SIMD_W;
+        for (int64_t jv = vmin; jv < vmax; jv += step)
+            for (int sb = 0; sb < nsb; sb++)
+                if (jv >= vlo[sb] && jv < vhi[sb]) {
+                    const fb_sub sub = fb_sub_of(job, w, sb);
+                    fb_rows_tile_fast(job, rs->L + sb * FB_R, rs->delta + sb * FB_R, &sub,
+                                      ra[sb], re[sb], jv, jv + step);
+                }
     }
     if (hi <= lo) {
         *ulo = *uhi = 0;
@@ -1185,7 +1220,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 fb_load_row(job, b, h, -1, u, &w);
             }
             int64_t jlo, jhi, vlo, vhi;
-            fb_rows_tile(job, b, h, &rs, j0, n, slope, &w, 0, 0, &jlo, &jhi, &vlo, &vhi);
+            fb_rows_tile(job, b, h, &rs, j0, n, slope, &w, 0, &jlo, &jhi, &vlo, &vhi);
             if (kfinite) {
                 /* A hidden key adds 0 * a finite k: nothing. */
                 float *dqrow[FB_R];
