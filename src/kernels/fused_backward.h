@@ -143,8 +143,10 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #define FB_RB (FB_SB * FB_R)
 /* Keys of a slice in fb_block_tile's fast scores: a multiple of every build's key
  * step (FB_NV vectors: 32 keys for AVX-512, 8 for AVX2, 1 for portable C). With
- * AVX2, slices of one step (8 keys) took about 1% more time than the whole range
- * per sub-block; 32 keys made AVX-512 1.5-2.8% faster (S2, one thread). */
+ * AVX2, slices of one step (8 keys) took 1.5% more time than the whole range per
+ * sub-block, slices of 32 keys 0.9% less; with AVX-512 the slices took 0-3% less
+ * on S2 and 1-4% less on S3, S4 and S8 (one thread, CPU time, interleaved runs;
+ * docs/performance.md). */
 #define FB_SLICE 32
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
