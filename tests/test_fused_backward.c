@@ -512,6 +512,38 @@ static void test_threads_used(void)
     run_problem(&P, 98, &worst);
 }
 
+static void test_many_key_groups(void)
+{
+    TEST("with more key tiles than one group of the one-pass form holds (Tk = 300 and "
+         "330: a second group starts at key 256), causal, bottom-right causal with Tq < "
+         "Tk and a window (the path that makes P and dS in registers, whose rows for a "
+         "group start at the first row that reaches it and stop at the first past it) "
+         "are within the bound on every instruction set, 1 and 2 threads the same bits");
+    static const struct {
+        int64_t Tq, Tk, D;
+        int opt;
+    } cases[] = {
+        {300, 300, 32, OPT_CAUSAL_TL},
+        {130, 330, 32, OPT_CAUSAL_BR},
+        {300, 300, 32, OPT_WINDOW},
+        {130, 300, 17, OPT_NONE},
+    };
+    double worst = 0.0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        problem P;
+        memset(&P, 0, sizeof P);
+        P.B = 2; /* two (b, hk) items: the one-pass form */
+        P.H = 2;
+        P.Hkv = 1;
+        P.Tq = cases[c].Tq;
+        P.Tk = cases[c].Tk;
+        P.D = P.Dv = cases[c].D;
+        P.opt = cases[c].opt;
+        run_problem(&P, 5100 + (uint64_t)c, &worst);
+    }
+    printf("   the largest fused error is %.2f of its bound\n", worst);
+}
+
 static void test_hidden_key_exact_zero(void)
 {
     TEST("a key no row may see (masked everywhere) gets exactly zero dk and dv on every "
@@ -746,6 +778,7 @@ int main(void)
     test_forms_agree();
     test_hidden_key_exact_zero();
     test_threads_used();
+    test_many_key_groups();
     test_sweep();
     return check_summary("test_fused_backward");
 }

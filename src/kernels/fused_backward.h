@@ -141,6 +141,13 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
  * time with four sub-blocks than with one, and eight gave no more. */
 #define FB_SB 4
 #define FB_RB (FB_SB * FB_R)
+/* Keys of a slice in fb_block_tile's fast scores: a multiple of every build's key
+ * step (FB_NV vectors: 32 keys for AVX-512, 8 for AVX2, 1 for portable C). With
+ * AVX2, slices of one step (8 keys) took 1.5% more time than the whole range per
+ * sub-block, slices of 32 keys 0.9% less; with AVX-512 the slices took 0-3% less
+ * on S2 and 1-4% less on S3, S4 and S8 (one thread, CPU time, interleaved runs;
+ * docs/performance.md). */
+#define FB_SLICE 32
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
 #if defined(ATTN_SIMD_AVX512)
@@ -188,6 +195,50 @@ typedef struct fb_sub {
     const float *kt, *vt;
     float *p, *ds, *dsx, *t, *vis;
 } fb_sub;
+
+/* A block's rows as its key tiles see them: each slot's row i of (b, h) (-1 for an
+ * unused slot), the keys [lo, hi) the causal alignment and the window let it see,
+ * and its L and Delta. Found once per block and read by every tile the block
+ * visits, instead of once per tile and sub-block (on S2 the block meets eight
+ * tiles on average). An unused slot has lo = hi = 0 and L = Delta = 0. */
+typedef struct fb_rows {
+    int64_t i[FB_RB], lo[FB_RB], hi[FB_RB];
+    float L[FB_RB], delta[FB_RB];
+} fb_rows;
+
+static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb_rows *rs,
+                        int r, int64_t i)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    rs->i[r] = i;
+    rs->lo[r] = rs->hi[r] = 0;
+    rs->L[r] = rs->delta[r] = 0.0f;
+    if (i < 0)
+        return;
+    fb_row_range(s, i, &rs->lo[r], &rs->hi[r]);
+    rs->L[r] = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    rs->delta[r] = job->delta[(b * s->H + h) * s->Tq + i];
+}
+
+/* The first row whose key range ends after key j (Tq when none does). Both ends
+ * of a row's range grow with the row (fb_row_range), so the rows that reach a
+ * run of keys [j, j') are one run of rows too: from this one up to the first
+ * whose range starts at j' or later. */
+static int64_t fb_first_row_past(const attn__sdpa_shapes *s, int64_t j)
+{
+    int64_t lo = 0, hi = s->Tq;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        int64_t a, e;
+        fb_row_range(s, mid, &a, &e);
+        if (e > j)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -448,19 +499,15 @@ FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e
  * computes, by the same operations in the same order: P = exp(scale x - L), dS =
  * P (dP - Delta), and 0 chosen for a hidden key in both. dS goes to dsx only
  * (without a softcap the two are the same). */
-static void fb_rows_tile_fast(const attn__fused_bwd_job *job, int64_t b, int64_t h,
-                              const int64_t *rows, const fb_sub *w, const int64_t *ra,
+static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *L,
+                              const float *delta, const fb_sub *w, const int64_t *ra,
                               const int64_t *re, int64_t jv0, int64_t jv1)
 {
-    const attn__sdpa_bwd_shapes *bs = job->bs;
-    const attn__sdpa_shapes *s = &bs->s;
+    const attn__sdpa_shapes *s = &job->bs->s;
     const int64_t bcp = job->bcp;
     const simd_f32 vscale = simd_set1(s->scale), iota = simd_load(fb_iota);
-    float L[FB_R], delta[FB_R], fa[FB_R], fe[FB_R];
+    float fa[FB_R], fe[FB_R];
     for (int r = 0; r < FB_R; r++) {
-        const int64_t i = rows[r];
-        L[r] = i < 0 ? 0.0f : job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
-        delta[r] = i < 0 ? 0.0f : job->delta[(b * s->H + h) * s->Tq + i];
         fa[r] = (float)ra[r];
         fe[r] = (float)re[r];
     }
@@ -496,8 +543,8 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, int64_t b, int64_t
     }
 }
 
-/* For sub-block sb of w's block, the FB_R rows rows[0 .. FB_R-1] of (b, h)
- * (already in w->qi, w->doi from slot sb * FB_R on; a row of -1 is an unused
+/* For sub-block sb of w's block, the FB_R rows of (b, h) in slots sb * FB_R on
+ * of rs (their q and dO already in w->qrow, w->drow; a row of -1 is an unused
  * slot), against the packed key tile j0 .. j0+n-1: in the sub-block's slot r,
  * w->p = P_ij, w->ds = dS_ij, w->dsx = dS_ij times the softcap's factor, w->vis = 1
  * for the visible keys. Hidden keys (and unused slots) get 0 in p, ds and dsx by
@@ -506,22 +553,20 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, int64_t b, int64_t
  * are scored (rounded out to whole key steps: the diagonal tiles of a causal mask
  * cost about half), and only they may be read afterwards; [*vlo, *vhi) is the
  * range of key vectors scored, which holds it. */
-static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
-                         const int64_t *rows, int64_t j0, int64_t n, float slope,
-                         const fb_ws *w0, int sb, int fast, int64_t *jlo, int64_t *jhi,
-                         int64_t *vlo, int64_t *vhi)
+/* The part of fb_rows_tile's work that needs no key: the tile's range [ra[r],
+ * re[r]) of each row of sub-block sb, and [*jlo, *jhi), [*vlo, *vhi) as above. */
+static void fb_sub_range(const attn__fused_bwd_job *job, const fb_rows *rs, int sb, int64_t j0,
+                         int64_t n, int64_t ra[FB_R], int64_t re[FB_R], int64_t *jlo,
+                         int64_t *jhi, int64_t *vlo, int64_t *vhi)
 {
-    const attn__sdpa_shapes *s0 = &job->bs->s;
-    const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
-    int64_t ra[FB_R], re[FB_R], ulo = n, uhi = 0;
+    const int64_t *rows = rs->i + sb * FB_R;
+    int64_t ulo = n, uhi = 0;
     for (int r = 0; r < FB_R; r++) {
         ra[r] = re[r] = 0;
         if (rows[r] < 0)
             continue;
-        int64_t lo, hi;
-        fb_row_range(s0, rows[r], &lo, &hi);
-        ra[r] = fb_max(0, fb_min(n, lo - j0));
-        re[r] = fb_max(ra[r], fb_min(n, hi - j0));
+        ra[r] = fb_max(0, fb_min(n, rs->lo[sb * FB_R + r] - j0));
+        re[r] = fb_max(ra[r], fb_min(n, rs->hi[sb * FB_R + r] - j0));
         ulo = fb_min(ulo, ra[r]);
         uhi = fb_max(uhi, re[r]);
     }
@@ -532,6 +577,21 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const int64_t jv0 = ulo / step * step, jv1 = fb_min(job->bcp, (uhi + step - 1) / step * step);
     *vlo = jv0;
     *vhi = jv1;
+}
+
+/* fb_rows_tile itself (described above), in the general form: the scores and dP
+ * stored, then the options applied row by row. fb_block_tile does the same work
+ * with fb_rows_tile_fast when fb_simple allows. */
+static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
+                         const fb_rows *rs, int64_t j0, int64_t n, float slope,
+                         const fb_ws *w0, int sb, int64_t *jlo, int64_t *jhi, int64_t *vlo,
+                         int64_t *vhi)
+{
+    const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
+    const int64_t *rows = rs->i + sb * FB_R;
+    int64_t ra[FB_R], re[FB_R];
+    fb_sub_range(job, rs, sb, j0, n, ra, re, jlo, jhi, vlo, vhi);
+    const int64_t jv0 = *vlo, jv1 = *vhi;
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
     const int64_t bcp = job->bcp;
@@ -540,10 +600,6 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
     const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
 
-    if (fast) {
-        fb_rows_tile_fast(job, b, h, rows, w, ra, re, jv0, jv1);
-        return;
-    }
     /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
      * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
      * each loaded K^T (V^T) vector feeds FB_R FMAs, each broadcast q_i[d]
@@ -602,9 +658,8 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
             }
         /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2; a
          * hidden key's three are 0, chosen, not multiplied. */
-        const simd_f32 vL = simd_set1(job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] +
-                                               i * bs->lse_s[2]]);
-        const simd_f32 vdelta = simd_set1(job->delta[(b * s->H + h) * s->Tq + i]);
+        const simd_f32 vL = simd_set1(rs->L[sb * FB_R + r]);
+        const simd_f32 vdelta = simd_set1(rs->delta[sb * FB_R + r]);
         for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
             const simd_f32 vv = simd_load(vis + jv);
             const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
@@ -621,39 +676,58 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     }
 }
 
-/* Scores a block's nsb sub-blocks of FB_R rows (rows[0 .. nsb*FB_R-1], -1 an
- * unused slot) against the packed key tile j0 .. j0+n-1 with fb_rows_tile, each
+/* Scores a block's nsb sub-blocks of FB_R rows (rs's slots 0 .. nsb*FB_R-1, -1 an
+ * unused slot) against the packed key tile j0 .. j0+n-1 as fb_rows_tile does
+ * (with fb_rows_tile_fast when fast is set), each
  * over the keys its own rows reach, [jlo[sb], jhi[sb]); a sub-block none of whose
  * rows reaches the tile is not scored (jlo = jhi = 0). [*ulo, *uhi) is the union
  * (empty: both 0); within it, each sub-block's p, ds, dsx and vis outside the key
  * vectors it scored are set to 0, so that fb_kv_accumulate may take the whole
  * block over the union: those are hidden pairs' terms, zero by selection. */
 static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
-                          const int64_t *rows, int nsb, int64_t j0, int64_t n, float slope,
+                          const fb_rows *rs, int nsb, int64_t j0, int64_t n, float slope,
                           const fb_ws *w, int fast, int64_t jlo[FB_SB], int64_t jhi[FB_SB],
                           int64_t *ulo, int64_t *uhi)
 {
-    const attn__sdpa_shapes *s = &job->bs->s;
-    int64_t vlo[FB_SB], vhi[FB_SB], lo = n, hi = 0;
+    int64_t vlo[FB_SB], vhi[FB_SB], ra[FB_SB][FB_R], re[FB_SB][FB_R], lo = n, hi = 0;
+    int64_t vmin = job->bcp, vmax = 0;
     for (int sb = 0; sb < nsb; sb++) {
         int reach = 0;
-        for (int r = 0; r < FB_R; r++) {
-            const int64_t i = rows[sb * FB_R + r];
-            int64_t a, e;
-            if (i < 0)
-                continue;
-            fb_row_range(s, i, &a, &e);
-            reach |= e > j0 && a < j0 + n;
-        }
+        for (int u = sb * FB_R; u < (sb + 1) * FB_R; u++)
+            reach |= rs->i[u] >= 0 && rs->hi[u] > j0 && rs->lo[u] < j0 + n;
         jlo[sb] = jhi[sb] = vlo[sb] = vhi[sb] = 0;
         if (!reach)
             continue;
-        fb_rows_tile(job, b, h, rows + sb * FB_R, j0, n, slope, w, sb, fast, &jlo[sb],
-                     &jhi[sb], &vlo[sb], &vhi[sb]);
+        if (fast)
+            fb_sub_range(job, rs, sb, j0, n, ra[sb], re[sb], &jlo[sb], &jhi[sb], &vlo[sb],
+                         &vhi[sb]);
+        else
+            fb_rows_tile(job, b, h, rs, j0, n, slope, w, sb, &jlo[sb], &jhi[sb], &vlo[sb],
+                         &vhi[sb]);
         if (jlo[sb] < jhi[sb]) {
             lo = fb_min(lo, jlo[sb]);
             hi = fb_max(hi, jhi[sb]);
         }
+        if (vlo[sb] < vhi[sb]) {
+            vmin = fb_min(vmin, vlo[sb]);
+            vmax = fb_max(vmax, vhi[sb]);
+        }
+    }
+    if (fast) {
+        /* Slices of FB_SLICE keys outside, sub-blocks inside: the slice's columns
+         * of K^T and V^T (2 x D x FB_SLICE floats, 16 KiB for D = 64) are read by
+         * every sub-block while they are in the first-level cache, where the
+         * whole packed tile is not. Each sub-block's key steps are computed
+         * exactly as in fb_rows_tile, whatever the slices. */
+        for (int64_t jv = vmin / FB_SLICE * FB_SLICE; jv < vmax; jv += FB_SLICE)
+            for (int sb = 0; sb < nsb; sb++) {
+                const int64_t a = fb_max(jv, vlo[sb]), e = fb_min(jv + FB_SLICE, vhi[sb]);
+                if (a < e) {
+                    const fb_sub sub = fb_sub_of(job, w, sb);
+                    fb_rows_tile_fast(job, rs->L + sb * FB_R, rs->delta + sb * FB_R, &sub,
+                                      ra[sb], re[sb], a, e);
+                }
+            }
     }
     if (hi <= lo) {
         *ulo = *uhi = 0;
@@ -902,17 +976,21 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     fb_pack_kv(job, b, hk, j0, n, &w, 0);
     for (int64_t h = hk * s->group; h < (hk + 1) * s->group; h++) {
         const float slope = attn__alibi_slope(s, h);
-        int64_t i = 0;
+        int64_t i = fb_first_row_past(s, j0);
         while (i < s->Tq) {
             /* The next FB_RB rows, in order, that see a key of this tile. */
-            int64_t rows[FB_RB];
+            fb_rows rs;
             int r = 0, finite = 1;
             for (; i < s->Tq && r < FB_RB; i++) {
                 int64_t lo, hi;
                 fb_row_range(s, i, &lo, &hi);
-                if (hi <= j0 || lo >= j0 + n || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
+                if (lo >= j0 + n) {
+                    i = s->Tq; /* and so does every later row's */
+                    break;
+                }
+                if (hi <= j0 || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
                     continue;
-                rows[r] = i;
+                fb_rows_set(job, b, h, &rs, r, i);
                 finite &= fb_load_row(job, b, h, i, r, &w);
                 r++;
             }
@@ -920,11 +998,11 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
                 break;
             const int nsb = (r + FB_R - 1) / FB_R;
             for (int u = r; u < nsb * FB_R; u++) {
-                rows[u] = -1;
+                fb_rows_set(job, b, h, &rs, u, -1);
                 fb_load_row(job, b, h, -1, u, &w);
             }
             int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
-            fb_block_tile(job, b, h, rows, nsb, j0, n, slope, &w, fb_simple(s) && finite, jlo,
+            fb_block_tile(job, b, h, &rs, nsb, j0, n, slope, &w, fb_simple(s) && finite, jlo,
                           jhi, &ulo, &uhi);
             fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, finite);
         }
@@ -1022,21 +1100,26 @@ static void fb_head_item(void *arg, int64_t item, int worker)
             memset(wt[c].acc2, 0, (size_t)(n[c] * dvp) * sizeof(float));
         }
         const int64_t J0 = j0[0], J1 = j0[nt - 1] + n[nt - 1];
+        const int64_t first = fb_first_row_past(s, J0);
         for (int64_t g = 0; g < s->group; g++) {
             const int64_t h = hk * s->group + g;
             const float slope = attn__alibi_slope(s, h);
-            int64_t i = 0;
+            int64_t i = first;
             while (i < s->Tq) {
                 /* The next FB_RB rows, in order, that see a key of these tiles. */
-                int64_t rows[FB_RB], lo[FB_RB], hi[FB_RB];
+                fb_rows rs;
                 float *dqrow[FB_RB];
                 int r = 0, finite = 1;
                 for (; i < s->Tq && r < FB_RB; i++) {
-                    fb_row_range(s, i, &lo[r], &hi[r]);
-                    if (hi[r] <= J0 || lo[r] >= J1 ||
-                        !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
+                    int64_t lo, hi;
+                    fb_row_range(s, i, &lo, &hi);
+                    if (lo >= J1) {
+                        i = s->Tq; /* and so does every later row's */
+                        break;
+                    }
+                    if (hi <= J0 || !(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
                         continue;
-                    rows[r] = i;
+                    fb_rows_set(job, b, h, &rs, r, i);
                     dqrow[r] = dqacc + (g * s->Tq + i) * dp;
                     finite &= fb_load_row(job, b, h, i, r, &w);
                     r++;
@@ -1045,7 +1128,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     break;
                 const int nsb = (r + FB_R - 1) / FB_R;
                 for (int u = r; u < nsb * FB_R; u++) {
-                    rows[u] = -1;
+                    fb_rows_set(job, b, h, &rs, u, -1);
                     dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
                     fb_load_row(job, b, h, -1, u, &w);
                 }
@@ -1053,7 +1136,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     /* Only the tiles some row of the block reaches. */
                     int reach = 0;
                     for (int u = 0; u < r; u++)
-                        reach |= hi[u] > j0[c] && lo[u] < j0[c] + n[c];
+                        reach |= rs.hi[u] > j0[c] && rs.lo[u] < j0[c] + n[c];
                     if (!reach)
                         continue;
                     if (!packed[c]) {
@@ -1064,7 +1147,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     memcpy(v->qrow, w.qrow, sizeof w.qrow);
                     memcpy(v->drow, w.drow, sizeof w.drow);
                     int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
-                    fb_block_tile(job, b, h, rows, nsb, j0[c], n[c], slope, v,
+                    fb_block_tile(job, b, h, &rs, nsb, j0[c], n[c], slope, v,
                                   fb_simple(s) && finite && kfinite[c], jlo, jhi, &ulo, &uhi);
                     fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi, finite);
                     for (int sb = 0; sb < nsb; sb++) {
@@ -1121,7 +1204,8 @@ static void fb_q_item(void *arg, int64_t item, int worker)
         int packed = 0, kfinite = 1;
         int64_t r0 = 0;
         while (r0 < m) {
-            int64_t rows[FB_R], slot[FB_R];
+            fb_rows rs;
+            int64_t slot[FB_R];
             int r = 0;
             for (; r0 < m && r < FB_R; r0++) {
                 const int64_t i = i0 + r0;
@@ -1133,7 +1217,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                     kfinite = fb_pack_kv(job, b, hk, j0, n, &w, 1);
                     packed = 1;
                 }
-                rows[r] = i;
+                fb_rows_set(job, b, h, &rs, r, i);
                 slot[r] = r0;
                 fb_load_row(job, b, h, i, r, &w);
                 r++;
@@ -1141,11 +1225,11 @@ static void fb_q_item(void *arg, int64_t item, int worker)
             if (r == 0)
                 break;
             for (int u = r; u < FB_R; u++) {
-                rows[u] = -1;
+                fb_rows_set(job, b, h, &rs, u, -1);
                 fb_load_row(job, b, h, -1, u, &w);
             }
             int64_t jlo, jhi, vlo, vhi;
-            fb_rows_tile(job, b, h, rows, j0, n, slope, &w, 0, 0, &jlo, &jhi, &vlo, &vhi);
+            fb_rows_tile(job, b, h, &rs, j0, n, slope, &w, 0, &jlo, &jhi, &vlo, &vhi);
             if (kfinite) {
                 /* A hidden key adds 0 * a finite k: nothing. */
                 float *dqrow[FB_R];
@@ -1162,7 +1246,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
                 if (bs->dbias)
                     for (int64_t j = jlo; j < jhi; j++)
                         if (vis[j] != 0.0f)
-                            bs->dbias[attn__off4(bs->dbias_s, b, h, rows[u], j0 + j)] +=
+                            bs->dbias[attn__off4(bs->dbias_s, b, h, rs.i[u], j0 + j)] +=
                                 w.ds[u * bcp + j];
             }
         }
