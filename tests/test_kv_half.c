@@ -18,8 +18,15 @@
  *     bits of the 16-bit q, and a float32 out rounds to the 16-bit out's bits;
  *   - a batch of unequal lengths (1, 17, 113), with and without the weights:
  *     each sequence's bits are attn_sdpa's on its views;
+ *   - a batch of 3, 300, 700 and 2100 keys (every layout of the 16-bit row path:
+ *     unsplit, split by the float32 rule, split in half-chunks), GQA, 1 and 3
+ *     query rows, q/out float32 or 16-bit, RoPE, a window with softcap, a mask
+ *     and lse: the batched attend (one parallel job) gives the bits of each
+ *     sequence attended on its own, on every path, 1, 2 (and on avx512 3 and 7)
+ *     threads;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
- *     of workspace allocates nothing per step.
+ *     of workspace allocates nothing per step, for one batch whose lengths cross
+ *     the layouts' thresholds during the loop too.
  */
 #include "attn.h"
 #include "check.h"
@@ -612,6 +619,183 @@ static void test_batch(void)
     attn_ctx_release(&ctx);
 }
 
+/* How many bytes of two tensors of one shape and dtype (contiguous) differ. */
+static int64_t diff_bytes(const attn_tensor *a, const attn_tensor *b)
+{
+    int64_t n = 1, bad = 0;
+    for (int d = 0; d < a->ndim; d++)
+        n *= a->shape[d];
+    const size_t es = attn_dtype_size(a->dtype);
+    for (int64_t i = 0; i < n; i++)
+        bad += memcmp((const char *)a->data + i * es, (const char *)b->data + i * es, es) != 0;
+    return bad;
+}
+
+/* A batch long enough to take every 16-bit row-path layout at once, D = 64 (a
+ * half-chunk of 512 keys): 3 and 300 keys unsplit, 700 split by the float32 rule
+ * (three chunks of 240), 2100 split in half-chunks (five). The batched attend runs
+ * them as one parallel job (src/kernels/sdpa_fused.c, attn__sdpa_fused_run_batch);
+ * each sequence attended on its own runs the 16-bit call one by one. */
+static void test_batch_split(void)
+{
+    enum { B = 4, H = 8, HKV = 2, CAP = 2112, D = 64, TQ = 3 };
+    static const int64_t len[B] = {3, 300, 700, 2100};
+    static float kb[HKV * CAP * D], vb[HKV * CAP * D], qb[B * H * TQ * D], lb[B * H * TQ],
+        l1b[B * H * TQ];
+    static uint8_t mb[CAP];
+    for (int64_t j = 0; j < CAP; j++)
+        mb[j] = j % 7 != 3;
+    const int64_t mshape[4] = {1, 1, 1, CAP};
+    attn_tensor mt;
+    attn_tensor_init(NULL, &mt, ATTN_DTYPE_BOOL, mb, 4, mshape);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = DTS[di];
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * len[b] * D, 300 + (uint64_t)b);
+            tu_fill(vb, HKV * len[b] * D, 400 + (uint64_t)b);
+            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * TQ * D, 9);
+        for (int tq = 1; tq <= TQ; tq += TQ - 1)
+            for (int f32io = 0; f32io < 2; f32io++)
+                for (int opt = 0; opt < 3; opt++) {
+                    /* opt 0: plain; 1: RoPE on attend; 2: a window, softcap, a
+                     * mask hiding every seventh key, and lse. */
+                    char what[320];
+                    snprintf(what, sizeof what,
+                             "%s cache, a batch of 3, 300, 700 and 2100 keys (GQA 8/2, %d "
+                             "query rows, %s q/out, %s): the batched attend gives each "
+                             "sequence's own attend bits, on every path and 1, 2, 3, 7 threads",
+                             attn_dtype_name(dt), tq, f32io ? "float32" : "16-bit",
+                             opt == 0 ? "no options" : opt == 1 ? "RoPE" : "window, softcap, mask, lse");
+                    TEST(what);
+                    const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
+                    attn_tensor q32 = tu_tensor4(qb, B, H, tq, D), q, o, o1;
+                    CHECK_INT(copy_as(&ctx, &q32, iot, &q), ATTN_OK);
+                    CHECK_INT(attn_tensor_alloc(&ctx, &o, iot, 4, q.shape), ATTN_OK);
+                    CHECK_INT(attn_tensor_alloc(&ctx, &o1, iot, 4, q.shape), ATTN_OK);
+                    attn_tensor lt = tu_tensor3(lb, B, H, tq), l1t = tu_tensor3(l1b, B, H, tq);
+                    attn_sdpa_params p;
+                    attn_sdpa_params_init(&p);
+                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                    attn_rope_params rope;
+                    attn_rope_params_init(&rope);
+                    const attn_rope_params *rp = opt == 1 ? &rope : NULL;
+                    if (opt == 2) {
+                        p.has_window = 1;
+                        p.window_left = 250;
+                        p.window_right = -1;
+                        p.softcap = 20.0f;
+                        p.mask = &mt;
+                    }
+                    int64_t bad = 0;
+                    for (size_t pi = 0; pi < N_PATHS; pi++) {
+                        if (!attn_arch_supported(PATHS[pi].arch))
+                            continue;
+                        ctx.impl = PATHS[pi].impl;
+                        ctx.arch = PATHS[pi].arch;
+                        static const int THREADS[4] = {1, 2, 3, 7};
+                        for (int ti = 0; ti < 4; ti++) {
+                            /* Every thread count on one path; 1 and 2 on the others. */
+                            if (ti >= 2 && PATHS[pi].arch != ATTN_ARCH_AVX512)
+                                continue;
+                            ctx.threads = THREADS[ti];
+                            p.lse = opt == 2 ? &lt : NULL;
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, rp, &o, NULL), ATTN_OK);
+                            for (int64_t b = 0; b < B; b++) {
+                                attn_tensor qv, ov, lv;
+                                attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
+                                attn_tensor_narrow(&ctx, &o1, 0, b, 1, &ov);
+                                attn_tensor_narrow(&ctx, &l1t, 0, b, 1, &lv);
+                                p.lse = opt == 2 ? &lv : NULL;
+                                CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, rp, &ov, NULL),
+                                          ATTN_OK);
+                            }
+                            const int64_t n = diff_bytes(&o, &o1) +
+                                              (opt == 2 ? diff_bytes(&lt, &l1t) : 0);
+                            if (n)
+                                fprintf(stderr, "   %s, %d threads: %lld values differ\n",
+                                        PATHS[pi].name, THREADS[ti], (long long)n);
+                            bad += n;
+                        }
+                    }
+                    CHECK_INT(bad, 0);
+                    ctx.impl = ATTN_IMPL_AUTO;
+                    ctx.arch = ATTN_ARCH_AUTO;
+                    ctx.threads = 0;
+                    attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o), attn_tensor_free(&ctx, &o1);
+                }
+        attn_kv_cache_free(&ctx, c);
+    }
+    attn_ctx_release(&ctx);
+}
+
+/* A decoding loop over a batch whose lengths cross the 16-bit row path's layouts
+ * (unsplit below 512 keys, split by the float32 rule, split in half-chunks from
+ * 1024 at D = 64) during the steps: the workspace sized at the first step serves
+ * every later one, in one parallel job (the batch path). */
+static void test_loop_batch(void)
+{
+    enum { B = 3, H = 4, HKV = 2, CAP = 1100, D = 64, STEPS = 12 };
+    static const int64_t pre[B] = {505, 1017, 60};
+    static float kb[B * HKV * CAP * D], qb[B * H * D];
+    for (int i = 0; i < 2; i++) {
+        const attn_dtype dt = DTS[i];
+        char what[200];
+        snprintf(what, sizeof what,
+                 "%s cache, a batch of 505, 1017 and 60 keys growing past 512 and 1024: "
+                 "attn_kv_cache_workspace_size bytes at the first step serve every step, "
+                 "no allocation",
+                 attn_dtype_name(dt));
+        TEST(what);
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.threads = 2;
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * pre[b] * D, 70 + (uint64_t)b);
+            attn_tensor kp = tu_tensor4(kb, 1, HKV, pre[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kp, &kp, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * D, 6);
+        attn_tensor q = tu_tensor4(qb, B, H, 1, D), qh, oh;
+        CHECK_INT(copy_as(&ctx, &q, dt, &qh), ATTN_OK);
+        CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, qh.shape), ATTN_OK);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        size_t bytes = 0;
+        CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
+                  ATTN_OK);
+        void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+        ctx.workspace = ws;
+        ctx.workspace_size = bytes;
+        tu_counting count = {0};
+        const attn_allocator orig = ctx.allocator;
+        ctx.allocator.alloc = tu_count_alloc;
+        ctx.allocator.free = tu_count_free;
+        ctx.allocator.user = &count;
+        for (int st = 0; st < STEPS; st++) {
+            tu_fill(kb, B * HKV * D, 80 + (uint64_t)st);
+            attn_tensor k = tu_tensor4(kb, B, HKV, 1, D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &k, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
+        }
+        CHECK_INT(count.allocs, 0);
+        ctx.workspace = NULL;
+        ctx.workspace_size = 0;
+        ctx.allocator = orig;
+        attn_kv_cache_free(&ctx, c);
+        attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
+        free(ws);
+        attn_ctx_release(&ctx);
+    }
+}
+
 static void test_loop(void)
 {
     enum { B = 2, H = 4, HKV = 2, CAP = 600, D = 64, STEPS = 6 };
@@ -678,6 +862,8 @@ int main(void)
     test_rope_append();
     test_golden();
     test_batch();
+    test_batch_split();
     test_loop();
+    test_loop_batch();
     return check_summary("test_kv_half");
 }
