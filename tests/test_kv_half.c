@@ -24,6 +24,12 @@
  *     and lse: the batched attend (one parallel job) gives the bits of each
  *     sequence attended on its own, on every path, 1, 2 (and on avx512 3 and 7)
  *     threads;
+ *   - where the 16-bit row path chunks the keys as the float32 one does (S7's
+ *     heads, one head a group, D 113 and 120, and unsplit): a 16-bit cache's
+ *     float32 output
+ *     has the bits of a float32 cache of the widened values (the AVX-512 split
+ *     items widen in registers, the others into a copy), and is within 1e-5 of
+ *     a float64 oracle;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
  *     of workspace allocates nothing per step, for one batch whose lengths cross
  *     the layouts' thresholds during the loop too.
@@ -734,6 +740,136 @@ static void test_batch_split(void)
     attn_ctx_release(&ctx);
 }
 
+/* Shapes where the 16-bit row path cuts the keys into the chunks the float32 one
+ * cuts them into (half-chunks of HALF_CHUNK_BYTES / (4 (D + Dv)) keys, rounded
+ * down to 16, against ATTN__SPLIT_ITEMS / Hkv chunks of the float32 rule): there,
+ * a 16-bit cache's float32 result must have the bits of a float32 cache holding
+ * the widened keys and values, whether the split items widen each chunk into a
+ * float32 copy first or in registers as they load it (AVX-512). Both are checked
+ * against a float64 oracle too, so that a fault common to both cannot pass. */
+static void test_widen_bits(void)
+{
+    static const struct {
+        int64_t H, Hkv, D, Tk;
+    } SH[] = {{32, 8, 128, 2000}, /* S7's heads: groups of four, 8 chunks of 256 */
+              {8, 8, 64, 4096},   /* one head a group: 8 chunks of 512 */
+              {16, 8, 113, 2300}, /* an odd D, pairs: 8 chunks of 288 */
+              {32, 8, 120, 2170}, /* groups of four, a last block of 56 columns: 8 chunks of 272 */
+              {4, 2, 120, 300}};  /* the unsplit row path, the same last block */
+    enum { TQ = 3, MAXN = 8 * 4096 * 128 };
+    static float kb[MAXN], vb[MAXN], qb[32 * TQ * 128], o16[32 * TQ * 128], o32[32 * TQ * 128];
+    static uint8_t mb[4096];
+    for (int64_t j = 0; j < 4096; j++)
+        mb[j] = j % 5 != 1;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (size_t si = 0; si < sizeof SH / sizeof SH[0]; si++)
+        for (int di = 0; di < 2; di++) {
+            const attn_dtype dt = DTS[di];
+            const int64_t H = SH[si].H, Hkv = SH[si].Hkv, D = SH[si].D, Tk = SH[si].Tk;
+            char what[300];
+            snprintf(what, sizeof what,
+                     "%s cache, H %lld / Hkv %lld, D %lld, %lld keys (the float32 layout): its "
+                     "float32 output has the bits of a float32 cache of the widened keys and "
+                     "values and both are within 1e-5 of a float64 oracle, 1 and 3 query rows, three "
+                     "sets of options, every path, 1 and 2 threads",
+                     attn_dtype_name(dt), (long long)H, (long long)Hkv, (long long)D,
+                     (long long)Tk);
+            TEST(what);
+            const int64_t n = Hkv * Tk * D;
+            tu_fill(kb, n, 500 + si);
+            tu_fill(vb, n, 600 + si);
+            for (int64_t i = 0; i < n; i++) { /* the values a 16-bit cache holds */
+                kb[i] = widen(dt, round_to(dt, kb[i]));
+                vb[i] = widen(dt, round_to(dt, vb[i]));
+            }
+            attn_kv_cache *c16 = make_cache(&ctx, 1, Hkv, Tk, D, 0, dt);
+            attn_kv_cache *c32 = make_cache(&ctx, 1, Hkv, Tk, D, 0, ATTN_DTYPE_F32);
+            attn_tensor k = tu_tensor4(kb, 1, Hkv, Tk, D), v = tu_tensor4(vb, 1, Hkv, Tk, D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c16, 0, &k, &v, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_append(&ctx, c32, 0, &k, &v, NULL), ATTN_OK);
+            tu_fill(qb, H * TQ * D, 700 + si);
+            const int64_t mshape[4] = {1, 1, 1, Tk};
+            attn_tensor mt;
+            attn_tensor_init(NULL, &mt, ATTN_DTYPE_BOOL, mb, 4, mshape);
+            int64_t bad = 0;
+            double worst = 0.0;
+            for (int tq = 1; tq <= TQ; tq += TQ - 1)
+                for (int opt = 0; opt < 3; opt++) {
+                    attn_tensor q = tu_tensor4(qb, 1, H, tq, D), a = tu_tensor4(o16, 1, H, tq, D),
+                                b = tu_tensor4(o32, 1, H, tq, D);
+                    attn_sdpa_params p;
+                    attn_sdpa_params_init(&p);
+                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                    if (opt == 1) { /* a window and softcap */
+                        p.has_window = 1;
+                        p.window_left = 700;
+                        p.window_right = -1;
+                        p.softcap = 15.0f;
+                    }
+                    if (opt == 2) /* a mask: no quads or pairs in phase 3 */
+                        p.mask = &mt;
+                    /* The float64 oracle of one output row: (h, i) = (H - 1, tq - 1). */
+                    const int64_t h = H - 1, i = tq - 1, kvh = h / (H / Hkv), ip = Tk - tq + i;
+                    const float *qr = qb + (h * tq + i) * D;
+                    double m = -INFINITY, l = 0.0, ref[128] = {0};
+                    for (int pass = 0; pass < 2; pass++)
+                        for (int64_t j = 0; j < Tk; j++) {
+                            if (j > ip || (opt == 1 && j < ip - 700) || (opt == 2 && !mb[j]))
+                                continue;
+                            double sc = 0.0;
+                            for (int64_t d = 0; d < D; d++)
+                                sc += (double)qr[d] * kb[(kvh * Tk + j) * D + d];
+                            sc /= sqrt((double)D);
+                            if (opt == 1)
+                                sc = 15.0 * tanh(sc / 15.0);
+                            if (pass == 0) {
+                                m = sc > m ? sc : m;
+                                continue;
+                            }
+                            const double w = exp(sc - m);
+                            l += w;
+                            for (int64_t d = 0; d < D; d++)
+                                ref[d] += w * vb[(kvh * Tk + j) * D + d];
+                        }
+                    for (size_t pi = 1; pi < N_PATHS; pi++) {
+                        if (!attn_arch_supported(PATHS[pi].arch))
+                            continue;
+                        ctx.impl = PATHS[pi].impl;
+                        ctx.arch = PATHS[pi].arch;
+                        for (int threads = 1; threads <= 2; threads++) {
+                            ctx.threads = threads;
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c16, 0, &q, &p, NULL, &a, NULL), ATTN_OK);
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c32, 0, &q, &p, NULL, &b, NULL), ATTN_OK);
+                            const int64_t nb = diff_bytes(&a, &b);
+                            double err = 0.0;
+                            for (int64_t d = 0; d < D; d++) {
+                                const double e = fabs(o16[(h * tq + i) * D + d] - ref[d] / l),
+                                             e32 = fabs(o32[(h * tq + i) * D + d] - ref[d] / l);
+                                err = e > err || e != e ? e : err;
+                                err = e32 > err || e32 != e32 ? e32 : err;
+                            }
+                            if (nb || !(err <= 1e-5))
+                                fprintf(stderr, "   %s, %d threads, %d rows, options %d: %lld of %lld "
+                                        "differ; error %g against the oracle\n",
+                                        PATHS[pi].name, threads, tq, opt, (long long)nb,
+                                        (long long)(H * tq * D), err);
+                            bad += nb;
+                            worst = err > worst || err != err ? err : worst;
+                        }
+                    }
+                    ctx.impl = ATTN_IMPL_AUTO;
+                    ctx.arch = ATTN_ARCH_AUTO;
+                    ctx.threads = 0;
+                }
+            CHECK_INT(bad, 0);
+            CHECK(worst <= 1e-5);
+            attn_kv_cache_free(&ctx, c16);
+            attn_kv_cache_free(&ctx, c32);
+        }
+    attn_ctx_release(&ctx);
+}
+
 /* A decoding loop over a batch whose lengths cross the 16-bit row path's layouts
  * (unsplit below 512 keys, split by the float32 rule, split in half-chunks from
  * 1024 at D = 64) during the steps: the workspace sized at the first step serves
@@ -863,6 +999,7 @@ int main(void)
     test_golden();
     test_batch();
     test_batch_split();
+    test_widen_bits();
     test_loop();
     test_loop_batch();
     return check_summary("test_kv_half");

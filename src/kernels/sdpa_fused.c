@@ -368,6 +368,30 @@ static void half_head_item(void *arg, int64_t item, int worker)
         g.kern->item(&job, b * s->H + kvh * s->group + u, worker);
 }
 
+/* Whether the split items of a 16-bit row-path job read the caller's K and V
+ * themselves, widening in registers (fused_split.h, job->kv_dtype), instead of
+ * widening each chunk into a worker's float32 copy first: on the AVX-512 build
+ * (the only one with the widening loads), for rows of unit stride. */
+static int half_direct(const attn__fused_kernel *kern, const attn__fused_job *job,
+                       const attn__sdpa_shapes *s0)
+{
+    return job->row_path && job->n_chunks && kern->width >= 16 && s0->k_s[3] == 1 &&
+           s0->v_s[3] == 1;
+}
+
+/* Points a 16-bit split job at the caller's K and V (half_direct): st, the job's
+ * staged shapes, takes their strides. */
+static void half_direct_setup(attn__fused_job *job, attn__sdpa_shapes *st,
+                              const attn__sdpa_shapes *s0, const void *k, const void *v)
+{
+    memcpy(st->k_s, s0->k_s, sizeof st->k_s);
+    memcpy(st->v_s, s0->v_s, sizeof st->v_s);
+    job->kv_dtype = s0->dtype;
+    job->k16 = (const uint16_t *)k;
+    job->v16 = (const uint16_t *)v;
+    job->kv_first = 0;
+}
+
 static void half_merge(void *arg, int64_t item, int worker)
 {
     const half_group *g = (const half_group *)arg;
@@ -447,7 +471,10 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
                     lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, job.chunk};
     const int split = job.row_path && job.n_chunks;
-    if (split) {
+    if (split && half_direct(kern, &job, s0)) {
+        half_direct_setup(&job, &st, s0, k, v);
+        attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, kern->item, &job);
+    } else if (split) {
         g.kb16 = (const uint16_t *)k;
         g.vb16 = (const uint16_t *)v;
         attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, half_split_item,
@@ -695,7 +722,7 @@ static void batch_item(void *arg, int64_t item, int worker)
 {
     const fused_batch *fb = (const fused_batch *)arg;
     const int64_t j = batch_find(fb->start, fb->n, item), own = item - fb->start[j];
-    if (!fb->groups)
+    if (!fb->groups || fb->jobs[j].kv_dtype != ATTN_DTYPE_F32)
         fb->kern->item(&fb->jobs[j], own, worker);
     else if (fb->jobs[j].n_chunks)
         half_split_item(&fb->groups[j], own, worker);
@@ -781,6 +808,8 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
                                   (float *)job->k, (float *)job->v, lo0 < lo1 ? lo0 : lo1,
                                   hi0 > hi1 ? hi0 : hi1, wrows};
             groups[j] = g;
+            if (half_direct(kern, job, s0))
+                half_direct_setup(job, &shapes[j], s0, io[j].k, io[j].v);
         }
         start[j + 1] = start[j] + n_items;
         mstart[j + 1] = mstart[j] + (job->n_chunks ? s->B * s->H : 0);
