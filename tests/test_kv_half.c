@@ -25,7 +25,7 @@
  *     sequence attended on its own, on every path, 1, 2 (and on avx512 3 and 7)
  *     threads;
  *   - where the 16-bit row path chunks the keys as the float32 one does (S7's
- *     heads, one head a group, D 113 and 120, and unsplit): a 16-bit cache's
+ *     heads, one head a group, D 113, 120 and 62, and unsplit): a 16-bit cache's
  *     float32 output
  *     has the bits of a float32 cache of the widened values (the AVX-512 split
  *     items widen in registers, the others into a copy), and is within 1e-5 of
@@ -755,7 +755,9 @@ static void test_widen_bits(void)
               {8, 8, 64, 4096},   /* one head a group: 8 chunks of 512 */
               {16, 8, 113, 2300}, /* an odd D, pairs: 8 chunks of 288 */
               {32, 8, 120, 2170}, /* groups of four, a last block of 56 columns: 8 chunks of 272 */
-              {4, 2, 120, 300}};  /* the unsplit row path, the same last block */
+              {4, 2, 120, 300},   /* the unsplit row path, the same last block */
+              {32, 8, 62, 4200},  /* AVX2's last blocks: 14 columns of four heads, */
+              {16, 8, 62, 4200}}; /* and 30 of two: 8 chunks of 528 */
     enum { TQ = 3, MAXN = 8 * 4096 * 128 };
     static float kb[MAXN], vb[MAXN], qb[32 * TQ * 128], o16[32 * TQ * 128], o32[32 * TQ * 128];
     static uint8_t mb[4096];
