@@ -30,6 +30,8 @@
  *     has the bits of a float32 cache of the widened values (the AVX-512 split
  *     items widen in registers, the others into a copy), and is within 1e-5 of
  *     a float64 oracle;
+ *   - a NaN key and an inf value in a batch: the reference's classes, and each
+ *     sequence's own bits for the finite outputs;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
  *     of workspace allocates nothing per step, for one batch whose lengths cross
  *     the layouts' thresholds during the loop too.
@@ -872,6 +874,95 @@ static void test_widen_bits(void)
     attn_ctx_release(&ctx);
 }
 
+/* The class of x: 0 finite, 1 NaN, 2 +inf, 3 -inf. */
+static int value_class(float x)
+{
+    return x != x ? 1 : x == INFINITY ? 2 : x == -INFINITY ? 3 : 0;
+}
+
+/* Non-finite keys and values through the batch: a NaN key (sequence 1, key/value
+ * head 0, key 1000, in a half-chunk the AVX-512 items widen in registers) and an
+ * inf value (sequence 0, key/value head 1, key 5, in an unsplit call): each
+ * element of the batched output has the reference's class (a NaN or an inf
+ * reaches exactly the rows whose softmax includes it) and the finite ones the
+ * bits of each sequence attended on its own. */
+static void test_batch_nonfinite(void)
+{
+    enum { B = 2, H = 8, HKV = 2, CAP = 2100, D = 64 };
+    static const int64_t len[B] = {300, 2100};
+    static float kb[HKV * CAP * D], vb[HKV * CAP * D], qb[B * H * D], oa[B * H * D],
+        o1[B * H * D], orf[B * H * D];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = DTS[di];
+        char what[240];
+        snprintf(what, sizeof what,
+                 "%s cache, a batch with a NaN key and an inf value: every output has the "
+                 "reference's class, and the bits of each sequence's own attend, every path, "
+                 "1 and 2 threads",
+                 attn_dtype_name(dt));
+        TEST(what);
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * len[b] * D, 800 + (uint64_t)b);
+            tu_fill(vb, HKV * len[b] * D, 900 + (uint64_t)b);
+            if (b == 1)
+                kb[(0 * len[b] + 1000) * D + 7] = NAN;
+            else
+                vb[(1 * len[b] + 5) * D + 3] = INFINITY;
+            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * D, 11);
+        attn_tensor q = tu_tensor4(qb, B, H, 1, D), a = tu_tensor4(oa, B, H, 1, D),
+                    r = tu_tensor4(orf, B, H, 1, D);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        ctx.impl = ATTN_IMPL_REF;
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, NULL, &r, NULL), ATTN_OK);
+        int64_t nonfinite = 0;
+        for (int64_t e = 0; e < B * H * D; e++)
+            nonfinite += value_class(orf[e]) != 0;
+        /* Every column of heads 0-3 of sequence 1 (the NaN key), column 3 of heads
+         * 4-7 of sequence 0 (the inf value). */
+        CHECK_INT(nonfinite, 4 * D + 4);
+        int64_t bad = 0;
+        for (size_t pi = 1; pi < N_PATHS; pi++) {
+            if (!attn_arch_supported(PATHS[pi].arch))
+                continue;
+            ctx.impl = PATHS[pi].impl;
+            ctx.arch = PATHS[pi].arch;
+            for (int threads = 1; threads <= 2; threads++) {
+                ctx.threads = threads;
+                CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, NULL, &a, NULL), ATTN_OK);
+                for (int64_t b = 0; b < B; b++) {
+                    attn_tensor qv, ov, o1t = tu_tensor4(o1, B, H, 1, D);
+                    attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
+                    attn_tensor_narrow(&ctx, &o1t, 0, b, 1, &ov);
+                    CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, NULL, &ov, NULL), ATTN_OK);
+                }
+                int64_t n = 0;
+                for (int64_t e = 0; e < B * H * D; e++)
+                    n += value_class(oa[e]) != value_class(orf[e]) ||
+                         (value_class(oa[e]) == 0 && memcmp(&oa[e], &o1[e], sizeof oa[e]) != 0) ||
+                         value_class(oa[e]) != value_class(o1[e]);
+                if (n)
+                    fprintf(stderr, "   %s, %d threads: %lld of %d outputs differ\n",
+                            PATHS[pi].name, threads, (long long)n, B * H * D);
+                bad += n;
+            }
+        }
+        CHECK_INT(bad, 0);
+        ctx.impl = ATTN_IMPL_AUTO;
+        ctx.arch = ATTN_ARCH_AUTO;
+        ctx.threads = 0;
+        attn_kv_cache_free(&ctx, c);
+    }
+    attn_ctx_release(&ctx);
+}
+
 /* A decoding loop over a batch whose lengths cross the 16-bit row path's layouts
  * (unsplit below 512 keys, split by the float32 rule, split in half-chunks from
  * 1024 at D = 64) during the steps: the workspace sized at the first step serves
@@ -1002,6 +1093,7 @@ int main(void)
     test_batch();
     test_batch_split();
     test_widen_bits();
+    test_batch_nonfinite();
     test_loop();
     test_loop_batch();
     return check_summary("test_kv_half");
