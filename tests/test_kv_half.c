@@ -978,50 +978,60 @@ static void test_loop_batch(void)
         snprintf(what, sizeof what,
                  "%s cache, a batch of 505, 1017 and 60 keys growing past 512 and 1024: "
                  "attn_kv_cache_workspace_size bytes at the first step serve every step, "
-                 "no allocation",
+                 "no allocation, every fused path, 1 and 2 threads",
                  attn_dtype_name(dt));
         TEST(what);
-        attn_ctx ctx;
-        attn_ctx_init(&ctx);
-        ctx.threads = 2;
-        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
-        for (int64_t b = 0; b < B; b++) {
-            tu_fill(kb, HKV * pre[b] * D, 70 + (uint64_t)b);
-            attn_tensor kp = tu_tensor4(kb, 1, HKV, pre[b], D);
-            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kp, &kp, NULL), ATTN_OK);
-        }
-        tu_fill(qb, B * H * D, 6);
-        attn_tensor q = tu_tensor4(qb, B, H, 1, D), qh, oh;
-        CHECK_INT(copy_as(&ctx, &q, dt, &qh), ATTN_OK);
-        CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, qh.shape), ATTN_OK);
-        attn_sdpa_params p;
-        attn_sdpa_params_init(&p);
-        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-        size_t bytes = 0;
-        CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
-                  ATTN_OK);
-        void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-        ctx.workspace = ws;
-        ctx.workspace_size = bytes;
-        tu_counting count = {0};
-        const attn_allocator orig = ctx.allocator;
-        ctx.allocator.alloc = tu_count_alloc;
-        ctx.allocator.free = tu_count_free;
-        ctx.allocator.user = &count;
-        for (int st = 0; st < STEPS; st++) {
-            tu_fill(kb, B * HKV * D, 80 + (uint64_t)st);
-            attn_tensor k = tu_tensor4(kb, B, HKV, 1, D);
-            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &k, NULL), ATTN_OK);
-            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
-        }
-        CHECK_INT(count.allocs, 0);
-        ctx.workspace = NULL;
-        ctx.workspace_size = 0;
-        ctx.allocator = orig;
-        attn_kv_cache_free(&ctx, c);
-        attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
-        free(ws);
-        attn_ctx_release(&ctx);
+        for (size_t pi = 1; pi < N_PATHS; pi++)
+            for (int threads = 1; threads <= 2; threads++) {
+                if (!attn_arch_supported(PATHS[pi].arch))
+                    continue;
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.threads = threads;
+                ctx.impl = PATHS[pi].impl;
+                ctx.arch = PATHS[pi].arch;
+                attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+                for (int64_t b = 0; b < B; b++) {
+                    tu_fill(kb, HKV * pre[b] * D, 70 + (uint64_t)b);
+                    attn_tensor kp = tu_tensor4(kb, 1, HKV, pre[b], D);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kp, &kp, NULL), ATTN_OK);
+                }
+                tu_fill(qb, B * H * D, 6);
+                attn_tensor q = tu_tensor4(qb, B, H, 1, D), qh, oh;
+                CHECK_INT(copy_as(&ctx, &q, dt, &qh), ATTN_OK);
+                CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, qh.shape), ATTN_OK);
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                size_t bytes = 0;
+                CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
+                          ATTN_OK);
+                void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+                ctx.workspace = ws;
+                ctx.workspace_size = bytes;
+                tu_counting count = {0};
+                const attn_allocator orig = ctx.allocator;
+                ctx.allocator.alloc = tu_count_alloc;
+                ctx.allocator.free = tu_count_free;
+                ctx.allocator.user = &count;
+                for (int st = 0; st < STEPS; st++) {
+                    tu_fill(kb, B * HKV * D, 80 + (uint64_t)st);
+                    attn_tensor k = tu_tensor4(kb, B, HKV, 1, D);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &k, NULL), ATTN_OK);
+                    CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
+                }
+                if (count.allocs)
+                    fprintf(stderr, "   %s, %d threads: %lld allocations\n", PATHS[pi].name, threads,
+                            (long long)count.allocs);
+                CHECK_INT(count.allocs, 0);
+                ctx.workspace = NULL;
+                ctx.workspace_size = 0;
+                ctx.allocator = orig;
+                attn_kv_cache_free(&ctx, c);
+                attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
+                free(ws);
+                attn_ctx_release(&ctx);
+            }
     }
 }
 

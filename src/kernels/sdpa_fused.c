@@ -399,12 +399,16 @@ static void half_merge(void *arg, int64_t item, int worker)
 }
 
 /* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path widens
- * k and v whole and runs every item at once. The row path goes one (b, key/value
- * head) at a time: its K and V rows are widened into one head's float32 copy (the
- * staged shapes give k and v batch and head strides of 0, so every item of the head
- * reads the copy), on the split-key form by each item for its own chunk. out is
- * rounded once at the end. The groups and their items depend on the shapes only,
- * so the bits do not depend on the thread count. */
+ * k and v whole and runs every item at once. The row path's split-key form runs
+ * every item at once: on AVX-512 each reads its chunk of the caller's K and V and
+ * widens in registers (half_direct), elsewhere each widens its chunk into its
+ * worker's copy first (half_split_item). Unsplit, the row path goes one (b,
+ * key/value head) at a time: its K and V rows are widened into one head's float32
+ * copy (the staged shapes give k and v batch and head strides of 0, so every item
+ * of the head reads the copy). out is rounded once at the end. The groups and
+ * their items depend on the shapes only, so the bits do not depend on the thread
+ * count, and the widened values are exact, so neither do they depend on where
+ * they are widened. */
 static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
                            const void *v, void *out, float *weights, void *scratch,
                            int64_t *empty)
