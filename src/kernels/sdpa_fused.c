@@ -576,8 +576,9 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void 
  *
  * A 16-bit batch runs the 16-bit row path's items: each call's q widened (by the
  * calling thread: a decoding step's few rows), then in the one job every call's
- * split-key items (half_split_item: the item widens its chunk into its worker's
- * copy) and the (b, key/value head) items of the calls too short to split
+ * split-key items (on AVX-512 the kernel's own, widening in registers:
+ * half_direct; elsewhere half_split_item, which widens its chunk into its
+ * worker's copy) and the (b, key/value head) items of the calls too short to split
  * (half_head_item), then every merge, then each out rounded. The workers' copies
  * hold max(2 half-chunks, ATTN__SPLIT_MIN_TK) key rows: an unsplit row-path call
  * without weights has fewer keys than that (half_layout splits from two
