@@ -47,8 +47,8 @@ typedef struct attn__fused_job {
                                (b, key/value head)) holds; 0, except for the 16-bit
                                path's chunk-sized copy, where it is the chunk's first
                                key. A split item reads key j at row j - kv_first. */
-    attn_dtype kv_dtype;    /* split-key path: F32 (0), K and V in k and v; or, on
-                               the AVX-512 build, BF16 or F16: the split items read
+    attn_dtype kv_dtype;    /* split-key path: F32 (0), K and V in k and v; or BF16
+                               or F16 (AVX-512; BF16 on AVX2): the split items read
                                the caller's 16-bit K and V, k16 and v16 (strides
                                s->k_s, s->v_s), widening them in registers */
     const uint16_t *k16, *v16;
