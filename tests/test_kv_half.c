@@ -26,10 +26,9 @@
  *     threads;
  *   - where the 16-bit row path chunks the keys as the float32 one does (S7's
  *     heads, one head a group, D 113, 120 and 62, and unsplit): a 16-bit cache's
- *     float32 output
- *     has the bits of a float32 cache of the widened values (the AVX-512 split
- *     items widen in registers, the others into a copy), and is within 1e-5 of
- *     a float64 oracle;
+ *     float32 output has the bits of a float32 cache of the widened values (the
+ *     split items widen in registers on AVX-512, and for bfloat16 on AVX2, the
+ *     others into a copy), and is within 1e-5 of a float64 oracle;
  *   - a NaN key and an inf value in a batch: the reference's classes, and each
  *     sequence's own bits for the finite outputs;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
@@ -747,7 +746,8 @@ static void test_batch_split(void)
  * down to 16, against ATTN__SPLIT_ITEMS / Hkv chunks of the float32 rule): there,
  * a 16-bit cache's float32 result must have the bits of a float32 cache holding
  * the widened keys and values, whether the split items widen each chunk into a
- * float32 copy first or in registers as they load it (AVX-512). Both are checked
+ * float32 copy first or in registers as they load it (AVX-512; bfloat16 on AVX2).
+ * Both are checked
  * against a float64 oracle too, so that a fault common to both cannot pass. */
 static void test_widen_bits(void)
 {
@@ -882,8 +882,9 @@ static int value_class(float x)
 }
 
 /* Non-finite keys and values through the batch: a NaN key (sequence 1, key/value
- * head 0, key 1000, in a half-chunk the AVX-512 items widen in registers) and an
- * inf value (sequence 0, key/value head 1, key 5, in an unsplit call): each
+ * head 0, key 1000, in a half-chunk that AVX-512's items, and AVX2's for
+ * bfloat16, widen in registers) and an inf value (sequence 0, key/value head 1,
+ * key 5, in an unsplit call): each
  * element of the batched output has the reference's class (a NaN or an inf
  * reaches exactly the rows whose softmax includes it) and the finite ones the
  * bits of each sequence attended on its own. */
