@@ -28,6 +28,7 @@
  */
 #include "attn.h"
 #include "check.h"
+#include "option_problems.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -36,20 +37,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ATOL 3e-5
-#define RTOL 1e-4
-
-enum { OPT_NONE, OPT_CAUSAL_TL, OPT_CAUSAL_BR, OPT_WINDOW, OPT_SOFTCAP, OPT_BIAS,
-       OPT_ALIBI, OPT_MASK, OPT_SINKS, OPT_GQA, OPT_KINDS };
-static const char *opt_names[OPT_KINDS] = {"none", "causal top-left", "causal bottom-right",
-                                           "window", "softcap", "bias", "alibi", "mask",
-                                           "sinks", "gqa"};
-
-typedef struct problem {
-    int64_t B, H, Hkv, Tq, Tk, D, Dv;
-    int opt, lse, weights;
-} problem;
-
 static const int64_t tqs[] = {9, 23, 25, 49, 73, 113, 200};
 static const int64_t tks[] = {1, 5, 17, 65, 130};
 static const int64_t dims[] = {1, 5, 7, 13, 64, 71, 128};
@@ -57,6 +44,7 @@ static const int64_t dims[] = {1, 5, 7, 13, 64, 71, 128};
 #define N_TK 5
 #define N_DIMS 7
 #define N_PROBLEMS (N_TQ * N_TK * 2)
+#define SEED 4000 /* inputs apart from test_fused_microtile.c's */
 
 /* Problem n: every (Tq, Tk) pair twice, with the options, D, Dv and the outputs
  * asked for cycling with periods co-prime to the grid's. */
@@ -76,92 +64,6 @@ static problem problem_of(int n)
     p.lse = n % 2 == 0;
     p.weights = n % 4 == 1;
     return p;
-}
-
-/* Floats of one problem's results: out, then lse and weights when asked for. */
-static int64_t result_floats(const problem *p)
-{
-    const int64_t rows = p->B * p->H * p->Tq;
-    return rows * p->Dv + (p->lse ? rows : 0) + (p->weights ? rows * p->Tk : 0);
-}
-
-/* Runs problem p on ctx into res (result_floats of it, zeroed first); 0 on success. */
-static int run(attn_ctx *ctx, const problem *p, int n, float *res)
-{
-    const int64_t nq = p->B * p->H * p->Tq * p->D, nk = p->B * p->Hkv * p->Tk * p->D;
-    const int64_t nv = p->B * p->Hkv * p->Tk * p->Dv, nw = p->B * p->H * p->Tq * p->Tk;
-    float *q = malloc((size_t)nq * sizeof *q), *k = malloc((size_t)nk * sizeof *k);
-    float *v = malloc((size_t)nv * sizeof *v), *bias = malloc((size_t)nw * sizeof *bias);
-    unsigned char *mask = malloc((size_t)nw);
-    float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
-    memset(res, 0, (size_t)result_floats(p) * sizeof *res);
-    tu_fill(q, nq, 5000 + (uint64_t)n);
-    tu_fill(k, nk, 6000 + (uint64_t)n);
-    tu_fill(v, nv, 7000 + (uint64_t)n);
-    tu_fill(bias, nw, 8000 + (uint64_t)n);
-    for (int64_t i = 0; i < nw; i++) /* about one entry in five masked, never a whole row */
-        mask[i] = (i % p->Tk == 0) || ((i * 2654435761u) >> 7) % 5 != 0;
-
-    attn_tensor tq = tu_tensor4(q, p->B, p->H, p->Tq, p->D);
-    attn_tensor tk = tu_tensor4(k, p->B, p->Hkv, p->Tk, p->D);
-    attn_tensor tv = tu_tensor4(v, p->B, p->Hkv, p->Tk, p->Dv);
-    const int64_t rows = p->B * p->H * p->Tq;
-    attn_tensor to = tu_tensor4(res, p->B, p->H, p->Tq, p->Dv);
-    float *lse = res + rows * p->Dv, *w = lse + (p->lse ? rows : 0);
-    attn_tensor tl = tu_tensor3(lse, p->B, p->H, p->Tq);
-    attn_tensor tw = tu_tensor4(w, p->B, p->H, p->Tq, p->Tk);
-    attn_tensor tb = tu_tensor4(bias, p->B, p->H, p->Tq, p->Tk);
-    attn_tensor tm = tu_tensor4((float *)mask, p->B, p->H, p->Tq, p->Tk);
-    tm.dtype = ATTN_DTYPE_BOOL;
-    attn_tensor tsk;
-    const int64_t hshape[1] = {p->H};
-    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, sinks, 1, hshape);
-
-    attn_sdpa_params pa;
-    attn_sdpa_params_init(&pa);
-    pa.empty_rows = ATTN_EMPTY_ROWS_ZERO;
-    switch (p->opt) {
-    case OPT_CAUSAL_TL: pa.causal = ATTN_CAUSAL_TOP_LEFT; break;
-    case OPT_CAUSAL_BR: pa.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
-    case OPT_WINDOW: pa.has_window = 1; pa.window_left = 11; pa.window_right = 3; break;
-    case OPT_SOFTCAP: pa.softcap = 0.7f; pa.has_scale = 1; pa.scale = 2.0f; break;
-    case OPT_BIAS: pa.bias = &tb; break;
-    case OPT_ALIBI: pa.alibi = 1; pa.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
-    case OPT_MASK: pa.mask = &tm; break;
-    case OPT_SINKS: pa.sinks = &tsk; pa.causal = ATTN_CAUSAL_TOP_LEFT; break;
-    default: break;
-    }
-    if (p->lse)
-        pa.lse = &tl;
-    const int rc = attn_sdpa(ctx, &tq, &tk, &tv, &pa, &to, p->weights ? &tw : NULL);
-    if (rc != ATTN_OK)
-        fprintf(stderr, "   problem %d: %s\n", n, ctx->message);
-    free(q);
-    free(k);
-    free(v);
-    free(bias);
-    free(mask);
-    return rc;
-}
-
-static void describe(int n, const problem *p)
-{
-    fprintf(stderr, "   problem %d: B %lld H %lld/%lld Tq %lld Tk %lld D %lld Dv %lld, %s%s%s\n", n,
-            (long long)p->B, (long long)p->H, (long long)p->Hkv, (long long)p->Tq,
-            (long long)p->Tk, (long long)p->D, (long long)p->Dv, opt_names[p->opt],
-            p->lse ? ", lse" : "", p->weights ? ", weights" : "");
-}
-
-/* How many of the nf floats of a and b differ in their bits; prints the first few. */
-static int64_t count_bit_differences(const float *a, const float *b, int64_t nf, const char *what_a,
-                                     const char *what_b)
-{
-    int64_t diff = 0;
-    for (int64_t i = 0; i < nf; i++)
-        if (memcmp(&a[i], &b[i], sizeof *a) != 0 && diff++ < 3)
-            fprintf(stderr, "   [%lld]: %s %.9g, %s %.9g\n", (long long)i, what_a, a[i], what_b,
-                    b[i]);
-    return diff;
 }
 
 int main(void)
@@ -184,27 +86,20 @@ int main(void)
         ctx.impl = ATTN_IMPL_FUSED;
         ctx.arch = ATTN_ARCH_AVX2;
         ctx.threads = 1;
-        CHECK_INT(run(&ctx, &p, n, one), ATTN_OK);
+        CHECK_INT(run_problem(&ctx, &p, n, SEED, one), ATTN_OK);
         ctx.threads = 2;
-        CHECK_INT(run(&ctx, &p, n, two), ATTN_OK);
+        CHECK_INT(run_problem(&ctx, &p, n, SEED, two), ATTN_OK);
         ctx.impl = ATTN_IMPL_REF;
         ctx.threads = 1;
-        CHECK_INT(run(&ctx, &p, n, ref), ATTN_OK);
-        const int64_t bad_threads = count_bit_differences(one, two, nf, "1 thread", "2 threads");
-        int64_t bad_ref = 0, bad_wide = 0;
-        for (int64_t i = 0; i < nf; i++) {
-            const double err = fabs((double)one[i] - (double)ref[i]);
-            const int near = err <= ATOL + RTOL * fabs((double)ref[i]) ||
-                             (isinf(one[i]) && one[i] == ref[i]);
-            if (!near && bad_ref++ < 3)
-                fprintf(stderr, "   [%lld]: avx2 %.9g, reference %.9g\n", (long long)i, one[i],
-                        ref[i]);
-        }
+        CHECK_INT(run_problem(&ctx, &p, n, SEED, ref), ATTN_OK);
+        const int64_t bad_threads = count_bit_differences(one, two, nf, "", "1 thread", "2 threads");
+        const int64_t bad_ref = count_far_from_reference(one, ref, nf, "", "avx2");
+        int64_t bad_wide = 0;
         if (with_avx512) {
             ctx.impl = ATTN_IMPL_FUSED;
             ctx.arch = ATTN_ARCH_AVX512;
-            CHECK_INT(run(&ctx, &p, n, wide), ATTN_OK);
-            bad_wide = count_bit_differences(one, wide, nf, "avx2", "avx512");
+            CHECK_INT(run_problem(&ctx, &p, n, SEED, wide), ATTN_OK);
+            bad_wide = count_bit_differences(one, wide, nf, "", "avx2", "avx512");
             compared++;
         }
         if (bad_threads || bad_ref || bad_wide)

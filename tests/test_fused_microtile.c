@@ -29,6 +29,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "check.h"
+#include "option_problems.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -42,20 +43,6 @@
 
 /* A child's exit status when this CPU or build has no AVX-512 path. */
 #define SKIPPED 77
-
-#define ATOL 3e-5
-#define RTOL 1e-4
-
-enum { OPT_NONE, OPT_CAUSAL_TL, OPT_CAUSAL_BR, OPT_WINDOW, OPT_SOFTCAP, OPT_BIAS,
-       OPT_ALIBI, OPT_MASK, OPT_SINKS, OPT_GQA, OPT_KINDS };
-static const char *opt_names[OPT_KINDS] = {"none", "causal top-left", "causal bottom-right",
-                                           "window", "softcap", "bias", "alibi", "mask",
-                                           "sinks", "gqa"};
-
-typedef struct problem {
-    int64_t B, H, Hkv, Tq, Tk, D, Dv;
-    int opt, lse, weights;
-} problem;
 
 static const int64_t sizes[] = {1, 3, 17, 113, 200};
 static const int64_t dims[] = {1, 3, 17, 64, 128};
@@ -95,79 +82,6 @@ static problem problem_of(int n)
     return p;
 }
 
-/* Floats of one problem's results: out, then lse and weights when asked for. */
-static int64_t result_floats(const problem *p)
-{
-    const int64_t rows = p->B * p->H * p->Tq;
-    return rows * p->Dv + (p->lse ? rows : 0) + (p->weights ? rows * p->Tk : 0);
-}
-
-/* Runs problem p on ctx into res (result_floats of it); 0 on success. */
-static int run(attn_ctx *ctx, const problem *p, int n, float *res)
-{
-    const int64_t nq = p->B * p->H * p->Tq * p->D, nk = p->B * p->Hkv * p->Tk * p->D;
-    const int64_t nv = p->B * p->Hkv * p->Tk * p->Dv, nw = p->B * p->H * p->Tq * p->Tk;
-    float *q = malloc((size_t)nq * sizeof *q), *k = malloc((size_t)nk * sizeof *k);
-    float *v = malloc((size_t)nv * sizeof *v), *bias = malloc((size_t)nw * sizeof *bias);
-    unsigned char *mask = malloc((size_t)nw);
-    float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
-    tu_fill(q, nq, 1000 + (uint64_t)n);
-    tu_fill(k, nk, 2000 + (uint64_t)n);
-    tu_fill(v, nv, 3000 + (uint64_t)n);
-    tu_fill(bias, nw, 4000 + (uint64_t)n);
-    for (int64_t i = 0; i < nw; i++) /* about one entry in five masked, never a whole row */
-        mask[i] = (i % p->Tk == 0) || ((i * 2654435761u) >> 7) % 5 != 0;
-
-    attn_tensor tq = tu_tensor4(q, p->B, p->H, p->Tq, p->D);
-    attn_tensor tk = tu_tensor4(k, p->B, p->Hkv, p->Tk, p->D);
-    attn_tensor tv = tu_tensor4(v, p->B, p->Hkv, p->Tk, p->Dv);
-    const int64_t rows = p->B * p->H * p->Tq;
-    attn_tensor to = tu_tensor4(res, p->B, p->H, p->Tq, p->Dv);
-    float *lse = res + rows * p->Dv, *w = lse + (p->lse ? rows : 0);
-    attn_tensor tl = tu_tensor3(lse, p->B, p->H, p->Tq);
-    attn_tensor tw = tu_tensor4(w, p->B, p->H, p->Tq, p->Tk);
-    attn_tensor tb = tu_tensor4(bias, p->B, p->H, p->Tq, p->Tk);
-    attn_tensor tm = tu_tensor4((float *)mask, p->B, p->H, p->Tq, p->Tk);
-    tm.dtype = ATTN_DTYPE_BOOL;
-    attn_tensor tsk;
-    const int64_t hshape[1] = {p->H};
-    attn_tensor_init(NULL, &tsk, ATTN_DTYPE_F32, sinks, 1, hshape);
-
-    attn_sdpa_params pa;
-    attn_sdpa_params_init(&pa);
-    pa.empty_rows = ATTN_EMPTY_ROWS_ZERO;
-    switch (p->opt) {
-    case OPT_CAUSAL_TL: pa.causal = ATTN_CAUSAL_TOP_LEFT; break;
-    case OPT_CAUSAL_BR: pa.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
-    case OPT_WINDOW: pa.has_window = 1; pa.window_left = 9; pa.window_right = 4; break;
-    case OPT_SOFTCAP: pa.softcap = 0.7f; pa.has_scale = 1; pa.scale = 2.0f; break;
-    case OPT_BIAS: pa.bias = &tb; break;
-    case OPT_ALIBI: pa.alibi = 1; pa.causal = ATTN_CAUSAL_BOTTOM_RIGHT; break;
-    case OPT_MASK: pa.mask = &tm; break;
-    case OPT_SINKS: pa.sinks = &tsk; pa.causal = ATTN_CAUSAL_TOP_LEFT; break;
-    default: break;
-    }
-    if (p->lse)
-        pa.lse = &tl;
-    const int rc = attn_sdpa(ctx, &tq, &tk, &tv, &pa, &to, p->weights ? &tw : NULL);
-    if (rc != ATTN_OK)
-        fprintf(stderr, "   problem %d: %s\n", n, ctx->message);
-    free(q);
-    free(k);
-    free(v);
-    free(bias);
-    free(mask);
-    return rc;
-}
-
-static void describe(int n, const problem *p)
-{
-    fprintf(stderr, "   problem %d: B %lld H %lld/%lld Tq %lld Tk %lld D %lld Dv %lld, %s%s%s\n", n,
-            (long long)p->B, (long long)p->H, (long long)p->Hkv, (long long)p->Tq,
-            (long long)p->Tk, (long long)p->D, (long long)p->Dv, opt_names[p->opt],
-            p->lse ? ", lse" : "", p->weights ? ", weights" : "");
-}
-
 /* The child for one shape: every problem on the AVX-512 fused path with 1 thread
  * (into res) and 2 threads, and on the reference. The parent calls nothing of the
  * library before the forks, so each child decides the dispatch itself, under its
@@ -191,28 +105,15 @@ static void child(const char *shape, float *res)
         const problem p = problem_of(n);
         const int64_t nf = result_floats(&p);
         float *two = malloc((size_t)nf * sizeof *two), *ref = malloc((size_t)nf * sizeof *ref);
-        memset(res, 0, (size_t)nf * sizeof *res);
-        memset(two, 0, (size_t)nf * sizeof *two);
-        memset(ref, 0, (size_t)nf * sizeof *ref);
         ctx.threads = 1;
         ctx.impl = ATTN_IMPL_FUSED;
-        CHECK_INT(run(&ctx, &p, n, res), ATTN_OK);
+        CHECK_INT(run_problem(&ctx, &p, n, 0, res), ATTN_OK);
         ctx.threads = 2;
-        CHECK_INT(run(&ctx, &p, n, two), ATTN_OK);
+        CHECK_INT(run_problem(&ctx, &p, n, 0, two), ATTN_OK);
         ctx.impl = ATTN_IMPL_REF;
-        CHECK_INT(run(&ctx, &p, n, ref), ATTN_OK);
-        int bad_threads = 0, bad_ref = 0;
-        for (int64_t i = 0; i < nf; i++) {
-            if (memcmp(&res[i], &two[i], sizeof *res) != 0 && bad_threads++ < 3)
-                fprintf(stderr, "   %s, [%lld]: 1 thread %.9g, 2 threads %.9g\n", shape,
-                        (long long)i, res[i], two[i]);
-            const double err = fabs((double)res[i] - (double)ref[i]);
-            const int near = err <= ATOL + RTOL * fabs((double)ref[i]) ||
-                             (isinf(res[i]) && res[i] == ref[i]);
-            if (!near && bad_ref++ < 3)
-                fprintf(stderr, "   %s, [%lld]: fused %.9g, reference %.9g\n", shape, (long long)i,
-                        res[i], ref[i]);
-        }
+        CHECK_INT(run_problem(&ctx, &p, n, 0, ref), ATTN_OK);
+        const int64_t bad_threads = count_bit_differences(res, two, nf, shape, "1 thread", "2 threads");
+        const int64_t bad_ref = count_far_from_reference(res, ref, nf, shape, "fused");
         if (bad_threads || bad_ref)
             describe(n, &p);
         CHECK_INT(bad_threads, 0);
@@ -287,10 +188,7 @@ int main(void)
     for (int n = 0; n < N_PROBLEMS; n++) {
         const problem p = problem_of(n);
         const int64_t nf = result_floats(&p);
-        int64_t diff = 0;
-        for (int64_t i = 0; i < nf; i++)
-            if (memcmp(&a[i], &b[i], sizeof *a) != 0 && diff++ < 3)
-                fprintf(stderr, "   [%lld]: 8x2 %.9g, 4x4 %.9g\n", (long long)i, a[i], b[i]);
+        const int64_t diff = count_bit_differences(a, b, nf, "", "8x2", "4x4");
         if (diff) {
             describe(n, &p);
             differing++;

@@ -969,6 +969,35 @@ static void test_batch_nonfinite(void)
  * (unsplit below 512 keys, split by the float32 rule, split in half-chunks from
  * 1024 at D = 64) during the steps: the workspace sized at the first step serves
  * every later one, in one parallel job (the batch path). */
+/* Plans the cache's attend of q into o with p, gives ctx a workspace of exactly
+ * that size and an allocator that counts into *count instead of allocating;
+ * returns the workspace (for end_counted_steps). */
+static void *begin_counted_steps(attn_ctx *ctx, const attn_kv_cache *c, const attn_tensor *q,
+                                 const attn_sdpa_params *p, const attn_tensor *o,
+                                 tu_counting *count, attn_allocator *orig)
+{
+    size_t bytes = 0;
+    CHECK_INT(attn_kv_cache_workspace_size(ctx, c, 0, q, p, NULL, o, NULL, &bytes), ATTN_OK);
+    void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    ctx->workspace = ws;
+    ctx->workspace_size = bytes;
+    *count = (tu_counting){0};
+    *orig = ctx->allocator;
+    ctx->allocator.alloc = tu_count_alloc;
+    ctx->allocator.free = tu_count_free;
+    ctx->allocator.user = count;
+    return ws;
+}
+
+/* Gives ctx back its own allocator and no workspace, and frees ws. */
+static void end_counted_steps(attn_ctx *ctx, const attn_allocator *orig, void *ws)
+{
+    ctx->workspace = NULL;
+    ctx->workspace_size = 0;
+    ctx->allocator = *orig;
+    free(ws);
+}
+
 static void test_loop_batch(void)
 {
     enum { B = 3, H = 4, HKV = 2, CAP = 1100, D = 64, STEPS = 12 };
@@ -1005,17 +1034,9 @@ static void test_loop_batch(void)
                 attn_sdpa_params p;
                 attn_sdpa_params_init(&p);
                 p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-                size_t bytes = 0;
-                CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
-                          ATTN_OK);
-                void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-                ctx.workspace = ws;
-                ctx.workspace_size = bytes;
-                tu_counting count = {0};
-                const attn_allocator orig = ctx.allocator;
-                ctx.allocator.alloc = tu_count_alloc;
-                ctx.allocator.free = tu_count_free;
-                ctx.allocator.user = &count;
+                tu_counting count;
+                attn_allocator orig;
+                void *ws = begin_counted_steps(&ctx, c, &qh, &p, &oh, &count, &orig);
                 for (int st = 0; st < STEPS; st++) {
                     tu_fill(kb, B * HKV * D, 80 + (uint64_t)st);
                     attn_tensor k = tu_tensor4(kb, B, HKV, 1, D);
@@ -1026,12 +1047,9 @@ static void test_loop_batch(void)
                     fprintf(stderr, "   %s, %d threads: %lld allocations\n", PATHS[pi].name, threads,
                             (long long)count.allocs);
                 CHECK_INT(count.allocs, 0);
-                ctx.workspace = NULL;
-                ctx.workspace_size = 0;
-                ctx.allocator = orig;
+                end_counted_steps(&ctx, &orig, ws);
                 attn_kv_cache_free(&ctx, c);
                 attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
-                free(ws);
                 attn_ctx_release(&ctx);
             }
     }
@@ -1063,17 +1081,9 @@ static void test_loop(void)
         attn_sdpa_params p;
         attn_sdpa_params_init(&p);
         p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-        size_t bytes = 0;
-        CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
-                  ATTN_OK);
-        void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-        ctx.workspace = ws;
-        ctx.workspace_size = bytes;
-        tu_counting count = {0};
-        const attn_allocator orig = ctx.allocator;
-        ctx.allocator.alloc = tu_count_alloc;
-        ctx.allocator.free = tu_count_free;
-        ctx.allocator.user = &count;
+        tu_counting count;
+        attn_allocator orig;
+        void *ws = begin_counted_steps(&ctx, c, &qh, &p, &oh, &count, &orig);
         for (int st = 0; st < STEPS; st++) {
             tu_fill(kb, B * HKV * D, 50 + (uint64_t)st);
             tu_fill(vb, B * HKV * D, 60 + (uint64_t)st);
@@ -1082,12 +1092,9 @@ static void test_loop(void)
             CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
         }
         CHECK_INT(count.allocs, 0);
-        ctx.workspace = NULL;
-        ctx.workspace_size = 0;
-        ctx.allocator = orig;
+        end_counted_steps(&ctx, &orig, ws);
         attn_kv_cache_free(&ctx, c);
         attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
-        free(ws);
         attn_ctx_release(&ctx);
     }
 }

@@ -311,6 +311,23 @@ static void half_group_item(void *arg, int64_t item, int worker)
     g->kern->item(g->job, g->first + item, worker);
 }
 
+/* The group g0 narrowed to key/value head (b, kvh) and to worker's own float32
+ * copy, with a job of its own (copied from g0's) that reads keys from that copy. */
+static void half_worker_group(const half_group *g0, int64_t b, int64_t kvh, int worker,
+                              half_group *g, attn__fused_job *job)
+{
+    const attn__sdpa_shapes *s = g0->job->s;
+    *g = *g0;
+    *job = *g0->job;
+    g->job = job;
+    g->kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
+    g->vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
+    g->kf = g0->kf + (int64_t)worker * g0->wrows * s->D;
+    g->vf = g0->vf + (int64_t)worker * g0->wrows * s->Dv;
+    job->k = g->kf;
+    job->v = g->vf;
+}
+
 /* A split-key item, any (b, key/value head, chunk) of the call: it widens its own
  * chunk's keys into its worker's chunk-sized copy (no other item reads them), key
  * c0 at row 0, and runs the float32 item on a copy of the job that reads that
@@ -325,16 +342,10 @@ static void half_split_item(void *arg, int64_t item, int worker)
     const attn__sdpa_shapes *s = g0->job->s;
     const int64_t nc = g0->job->n_chunks, c = item % nc, kvh = (item / nc) % s->Hkv,
                   b = item / (nc * s->Hkv);
-    half_group g = *g0;
-    attn__fused_job job = *g0->job;
-    g.job = &job;
-    g.kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
-    g.vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
-    g.kf = g0->kf + (int64_t)worker * g0->wrows * s->D;
-    g.vf = g0->vf + (int64_t)worker * g0->wrows * s->Dv;
+    half_group g;
+    attn__fused_job job;
+    half_worker_group(g0, b, kvh, worker, &g, &job);
     const int64_t c0 = c * job.chunk, c1 = c0 + job.chunk;
-    job.k = g.kf;
-    job.v = g.vf;
     job.kv_first = c0;
     half_widen_kv(&g, c0 > g.lo ? c0 : g.lo, fk_min(c1, g.hi), c0);
     g.kern->item(&job, item, worker);
@@ -353,15 +364,9 @@ static void half_head_item(void *arg, int64_t item, int worker)
     const half_group *g0 = (const half_group *)arg;
     const attn__sdpa_shapes *s = g0->job->s;
     const int64_t b = item / s->Hkv, kvh = item % s->Hkv;
-    half_group g = *g0;
-    attn__fused_job job = *g0->job;
-    g.job = &job;
-    g.kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
-    g.vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
-    g.kf = g0->kf + (int64_t)worker * g0->wrows * s->D;
-    g.vf = g0->vf + (int64_t)worker * g0->wrows * s->Dv;
-    job.k = g.kf;
-    job.v = g.vf;
+    half_group g;
+    attn__fused_job job;
+    half_worker_group(g0, b, kvh, worker, &g, &job);
     if (g.hi > g.lo)
         half_widen_kv(&g, g.lo, g.hi, 0);
     for (int64_t u = 0; u < s->group; u++)
