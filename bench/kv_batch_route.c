@@ -2,10 +2,10 @@
  * kv_batch_route.c - what the KV cache's batch path saves, per dtype: S9's decode
  * step (B = 4 sequences of 1024, 2048, 3072 and 4096 positions, H = Hkv = 16,
  * D = 64, one query each, bottom-right causal) as one attn_kv_cache_attend over the
- * four sequences and as four attends of one sequence each. A float32 cache runs the
- * first as one parallel job (docs/decoding.md, split-key decoding); a 16-bit cache
- * runs its sequences one after another either way, so the two columns show what
- * that route costs. Uses include/attn.h only.
+ * four sequences and as four attends of one sequence each. Every dtype runs the
+ * first as one parallel job (docs/decoding.md, split-key decoding; 16-bit caches
+ * since issue 16), so the two columns show what the one job saves. Uses
+ * include/attn.h only.
  *
  *     cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude bench/kv_batch_route.c \
  *         build/libattn.a -lm -lpthread -o kv_batch_route

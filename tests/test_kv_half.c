@@ -18,8 +18,23 @@
  *     bits of the 16-bit q, and a float32 out rounds to the 16-bit out's bits;
  *   - a batch of unequal lengths (1, 17, 113), with and without the weights:
  *     each sequence's bits are attn_sdpa's on its views;
+ *   - a batch of 3, 300, 700 and 2100 keys (every layout of the 16-bit row path:
+ *     unsplit, split by the float32 rule, split in half-chunks), GQA, 1 and 3
+ *     query rows, q/out float32 or 16-bit, RoPE, a window with softcap, a mask
+ *     and lse: the batched attend (one parallel job) gives the bits of each
+ *     sequence attended on its own, on every path, 1, 2 (and on avx512 3 and 7)
+ *     threads;
+ *   - where the 16-bit row path chunks the keys as the float32 one does (S7's
+ *     heads, one head a group, D 113, 120 and 62, and unsplit): a 16-bit cache's
+ *     float32 output
+ *     has the bits of a float32 cache of the widened values (the AVX-512 split
+ *     items widen in registers, the others into a copy), and is within 1e-5 of
+ *     a float64 oracle;
+ *   - a NaN key and an inf value in a batch: the reference's classes, and each
+ *     sequence's own bits for the finite outputs;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
- *     of workspace allocates nothing per step.
+ *     of workspace allocates nothing per step, for one batch whose lengths cross
+ *     the layouts' thresholds during the loop too.
  */
 #include "attn.h"
 #include "check.h"
@@ -612,6 +627,415 @@ static void test_batch(void)
     attn_ctx_release(&ctx);
 }
 
+/* How many bytes of two tensors of one shape and dtype (contiguous) differ. */
+static int64_t diff_bytes(const attn_tensor *a, const attn_tensor *b)
+{
+    int64_t n = 1, bad = 0;
+    for (int d = 0; d < a->ndim; d++)
+        n *= a->shape[d];
+    const size_t es = attn_dtype_size(a->dtype);
+    for (int64_t i = 0; i < n; i++)
+        bad += memcmp((const char *)a->data + i * es, (const char *)b->data + i * es, es) != 0;
+    return bad;
+}
+
+/* A batch long enough to take every 16-bit row-path layout at once, D = 64 (a
+ * half-chunk of 512 keys): 3 and 300 keys unsplit, 700 split by the float32 rule
+ * (three chunks of 240), 2100 split in half-chunks (five). The batched attend runs
+ * them as one parallel job (src/kernels/sdpa_fused.c, attn__sdpa_fused_run_batch);
+ * each sequence attended on its own runs the 16-bit call one by one. */
+static void test_batch_split(void)
+{
+    enum { B = 4, H = 8, HKV = 2, CAP = 2112, D = 64, TQ = 3 };
+    static const int64_t len[B] = {3, 300, 700, 2100};
+    static float kb[HKV * CAP * D], vb[HKV * CAP * D], qb[B * H * TQ * D], lb[B * H * TQ],
+        l1b[B * H * TQ];
+    static uint8_t mb[CAP];
+    for (int64_t j = 0; j < CAP; j++)
+        mb[j] = j % 7 != 3;
+    const int64_t mshape[4] = {1, 1, 1, CAP};
+    attn_tensor mt;
+    attn_tensor_init(NULL, &mt, ATTN_DTYPE_BOOL, mb, 4, mshape);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = DTS[di];
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * len[b] * D, 300 + (uint64_t)b);
+            tu_fill(vb, HKV * len[b] * D, 400 + (uint64_t)b);
+            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * TQ * D, 9);
+        for (int tq = 1; tq <= TQ; tq += TQ - 1)
+            for (int f32io = 0; f32io < 2; f32io++)
+                for (int opt = 0; opt < 3; opt++) {
+                    /* opt 0: plain; 1: RoPE on attend; 2: a window, softcap, a
+                     * mask hiding every seventh key, and lse. */
+                    char what[320];
+                    snprintf(what, sizeof what,
+                             "%s cache, a batch of 3, 300, 700 and 2100 keys (GQA 8/2, %d "
+                             "query rows, %s q/out, %s): the batched attend gives each "
+                             "sequence's own attend bits, on every path and 1, 2, 3, 7 threads",
+                             attn_dtype_name(dt), tq, f32io ? "float32" : "16-bit",
+                             opt == 0 ? "no options" : opt == 1 ? "RoPE" : "window, softcap, mask, lse");
+                    TEST(what);
+                    const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
+                    attn_tensor q32 = tu_tensor4(qb, B, H, tq, D), q, o, o1;
+                    CHECK_INT(copy_as(&ctx, &q32, iot, &q), ATTN_OK);
+                    CHECK_INT(attn_tensor_alloc(&ctx, &o, iot, 4, q.shape), ATTN_OK);
+                    CHECK_INT(attn_tensor_alloc(&ctx, &o1, iot, 4, q.shape), ATTN_OK);
+                    attn_tensor lt = tu_tensor3(lb, B, H, tq), l1t = tu_tensor3(l1b, B, H, tq);
+                    attn_sdpa_params p;
+                    attn_sdpa_params_init(&p);
+                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                    attn_rope_params rope;
+                    attn_rope_params_init(&rope);
+                    const attn_rope_params *rp = opt == 1 ? &rope : NULL;
+                    if (opt == 2) {
+                        p.has_window = 1;
+                        p.window_left = 250;
+                        p.window_right = -1;
+                        p.softcap = 20.0f;
+                        p.mask = &mt;
+                    }
+                    int64_t bad = 0;
+                    for (size_t pi = 0; pi < N_PATHS; pi++) {
+                        if (!attn_arch_supported(PATHS[pi].arch))
+                            continue;
+                        ctx.impl = PATHS[pi].impl;
+                        ctx.arch = PATHS[pi].arch;
+                        static const int THREADS[4] = {1, 2, 3, 7};
+                        for (int ti = 0; ti < 4; ti++) {
+                            /* Every thread count on one path; 1 and 2 on the others. */
+                            if (ti >= 2 && PATHS[pi].arch != ATTN_ARCH_AVX512)
+                                continue;
+                            ctx.threads = THREADS[ti];
+                            p.lse = opt == 2 ? &lt : NULL;
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, rp, &o, NULL), ATTN_OK);
+                            for (int64_t b = 0; b < B; b++) {
+                                attn_tensor qv, ov, lv;
+                                attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
+                                attn_tensor_narrow(&ctx, &o1, 0, b, 1, &ov);
+                                attn_tensor_narrow(&ctx, &l1t, 0, b, 1, &lv);
+                                p.lse = opt == 2 ? &lv : NULL;
+                                CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, rp, &ov, NULL),
+                                          ATTN_OK);
+                            }
+                            const int64_t n = diff_bytes(&o, &o1) +
+                                              (opt == 2 ? diff_bytes(&lt, &l1t) : 0);
+                            if (n)
+                                fprintf(stderr, "   %s, %d threads: %lld values differ\n",
+                                        PATHS[pi].name, THREADS[ti], (long long)n);
+                            bad += n;
+                        }
+                    }
+                    CHECK_INT(bad, 0);
+                    ctx.impl = ATTN_IMPL_AUTO;
+                    ctx.arch = ATTN_ARCH_AUTO;
+                    ctx.threads = 0;
+                    attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o), attn_tensor_free(&ctx, &o1);
+                }
+        attn_kv_cache_free(&ctx, c);
+    }
+    attn_ctx_release(&ctx);
+}
+
+/* Shapes where the 16-bit row path cuts the keys into the chunks the float32 one
+ * cuts them into (half-chunks of HALF_CHUNK_BYTES / (4 (D + Dv)) keys, rounded
+ * down to 16, against ATTN__SPLIT_ITEMS / Hkv chunks of the float32 rule): there,
+ * a 16-bit cache's float32 result must have the bits of a float32 cache holding
+ * the widened keys and values, whether the split items widen each chunk into a
+ * float32 copy first or in registers as they load it (AVX-512). Both are checked
+ * against a float64 oracle too, so that a fault common to both cannot pass. */
+static void test_widen_bits(void)
+{
+    static const struct {
+        int64_t H, Hkv, D, Tk;
+    } SH[] = {{32, 8, 128, 2000}, /* S7's heads: groups of four, 8 chunks of 256 */
+              {8, 8, 64, 4096},   /* one head a group: 8 chunks of 512 */
+              {16, 8, 113, 2300}, /* an odd D, pairs: 8 chunks of 288 */
+              {32, 8, 120, 2170}, /* groups of four, a last block of 56 columns: 8 chunks of 272 */
+              {4, 2, 120, 300},   /* the unsplit row path, the same last block */
+              {32, 8, 62, 4200},  /* AVX2's last blocks: 14 columns of four heads, */
+              {16, 8, 62, 4200}}; /* and 30 of two: 8 chunks of 528 */
+    enum { TQ = 3, MAXN = 8 * 4096 * 128 };
+    static float kb[MAXN], vb[MAXN], qb[32 * TQ * 128], o16[32 * TQ * 128], o32[32 * TQ * 128];
+    static uint8_t mb[4224]; /* the longest Tk below */
+    for (int64_t j = 0; j < (int64_t)sizeof mb; j++)
+        mb[j] = j % 5 != 1;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (size_t si = 0; si < sizeof SH / sizeof SH[0]; si++)
+        for (int di = 0; di < 2; di++) {
+            const attn_dtype dt = DTS[di];
+            const int64_t H = SH[si].H, Hkv = SH[si].Hkv, D = SH[si].D, Tk = SH[si].Tk;
+            char what[300];
+            snprintf(what, sizeof what,
+                     "%s cache, H %lld / Hkv %lld, D %lld, %lld keys (the float32 layout): its "
+                     "float32 output has the bits of a float32 cache of the widened keys and "
+                     "values and both are within 1e-5 of a float64 oracle, 1 and 3 query rows, three "
+                     "sets of options, every path, 2 threads",
+                     attn_dtype_name(dt), (long long)H, (long long)Hkv, (long long)D,
+                     (long long)Tk);
+            TEST(what);
+            const int64_t n = Hkv * Tk * D;
+            tu_fill(kb, n, 500 + si);
+            tu_fill(vb, n, 600 + si);
+            for (int64_t i = 0; i < n; i++) { /* the values a 16-bit cache holds */
+                kb[i] = widen(dt, round_to(dt, kb[i]));
+                vb[i] = widen(dt, round_to(dt, vb[i]));
+            }
+            attn_kv_cache *c16 = make_cache(&ctx, 1, Hkv, Tk, D, 0, dt);
+            attn_kv_cache *c32 = make_cache(&ctx, 1, Hkv, Tk, D, 0, ATTN_DTYPE_F32);
+            attn_tensor k = tu_tensor4(kb, 1, Hkv, Tk, D), v = tu_tensor4(vb, 1, Hkv, Tk, D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c16, 0, &k, &v, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_append(&ctx, c32, 0, &k, &v, NULL), ATTN_OK);
+            tu_fill(qb, H * TQ * D, 700 + si);
+            const int64_t mshape[4] = {1, 1, 1, Tk};
+            attn_tensor mt;
+            attn_tensor_init(NULL, &mt, ATTN_DTYPE_BOOL, mb, 4, mshape);
+            int64_t bad = 0;
+            double worst = 0.0;
+            for (int tq = 1; tq <= TQ; tq += TQ - 1)
+                for (int opt = 0; opt < 3; opt++) {
+                    attn_tensor q = tu_tensor4(qb, 1, H, tq, D), a = tu_tensor4(o16, 1, H, tq, D),
+                                b = tu_tensor4(o32, 1, H, tq, D);
+                    attn_sdpa_params p;
+                    attn_sdpa_params_init(&p);
+                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                    if (opt == 1) { /* a window and softcap */
+                        p.has_window = 1;
+                        p.window_left = 700;
+                        p.window_right = -1;
+                        p.softcap = 15.0f;
+                    }
+                    if (opt == 2) /* a mask: no quads or pairs in phase 3 */
+                        p.mask = &mt;
+                    /* The float64 oracle of one output row: (h, i) = (H - 1, tq - 1). */
+                    const int64_t h = H - 1, i = tq - 1, kvh = h / (H / Hkv), ip = Tk - tq + i;
+                    const float *qr = qb + (h * tq + i) * D;
+                    double m = -INFINITY, l = 0.0, ref[128] = {0};
+                    for (int pass = 0; pass < 2; pass++)
+                        for (int64_t j = 0; j < Tk; j++) {
+                            if (j > ip || (opt == 1 && j < ip - 700) || (opt == 2 && !mb[j]))
+                                continue;
+                            double sc = 0.0;
+                            for (int64_t d = 0; d < D; d++)
+                                sc += (double)qr[d] * kb[(kvh * Tk + j) * D + d];
+                            sc /= sqrt((double)D);
+                            if (opt == 1)
+                                sc = 15.0 * tanh(sc / 15.0);
+                            if (pass == 0) {
+                                m = sc > m ? sc : m;
+                                continue;
+                            }
+                            const double w = exp(sc - m);
+                            l += w;
+                            for (int64_t d = 0; d < D; d++)
+                                ref[d] += w * vb[(kvh * Tk + j) * D + d];
+                        }
+                    for (size_t pi = 1; pi < N_PATHS; pi++) {
+                        if (!attn_arch_supported(PATHS[pi].arch))
+                            continue;
+                        ctx.impl = PATHS[pi].impl;
+                        ctx.arch = PATHS[pi].arch;
+                        /* 2 threads: the batch tests above cover 1 against 2. */
+                        for (int threads = 2; threads <= 2; threads++) {
+                            ctx.threads = threads;
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c16, 0, &q, &p, NULL, &a, NULL), ATTN_OK);
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c32, 0, &q, &p, NULL, &b, NULL), ATTN_OK);
+                            const int64_t nb = diff_bytes(&a, &b);
+                            double err = 0.0;
+                            for (int64_t d = 0; d < D; d++) {
+                                const double e = fabs(o16[(h * tq + i) * D + d] - ref[d] / l),
+                                             e32 = fabs(o32[(h * tq + i) * D + d] - ref[d] / l);
+                                err = e > err || e != e ? e : err;
+                                err = e32 > err || e32 != e32 ? e32 : err;
+                            }
+                            if (nb || !(err <= 1e-5))
+                                fprintf(stderr, "   %s, %d threads, %d rows, options %d: %lld of %lld "
+                                        "differ; error %g against the oracle\n",
+                                        PATHS[pi].name, threads, tq, opt, (long long)nb,
+                                        (long long)(H * tq * D), err);
+                            bad += nb;
+                            worst = err > worst || err != err ? err : worst;
+                        }
+                    }
+                    ctx.impl = ATTN_IMPL_AUTO;
+                    ctx.arch = ATTN_ARCH_AUTO;
+                    ctx.threads = 0;
+                }
+            CHECK_INT(bad, 0);
+            CHECK(worst <= 1e-5);
+            attn_kv_cache_free(&ctx, c16);
+            attn_kv_cache_free(&ctx, c32);
+        }
+    attn_ctx_release(&ctx);
+}
+
+/* The class of x: 0 finite, 1 NaN, 2 +inf, 3 -inf. */
+static int value_class(float x)
+{
+    return x != x ? 1 : x == INFINITY ? 2 : x == -INFINITY ? 3 : 0;
+}
+
+/* Non-finite keys and values through the batch: a NaN key (sequence 1, key/value
+ * head 0, key 1000, in a half-chunk the AVX-512 items widen in registers) and an
+ * inf value (sequence 0, key/value head 1, key 5, in an unsplit call): each
+ * element of the batched output has the reference's class (a NaN or an inf
+ * reaches exactly the rows whose softmax includes it) and the finite ones the
+ * bits of each sequence attended on its own. */
+static void test_batch_nonfinite(void)
+{
+    enum { B = 2, H = 8, HKV = 2, CAP = 2100, D = 64 };
+    static const int64_t len[B] = {300, 2100};
+    static float kb[HKV * CAP * D], vb[HKV * CAP * D], qb[B * H * D], oa[B * H * D],
+        o1[B * H * D], orf[B * H * D];
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = DTS[di];
+        char what[240];
+        snprintf(what, sizeof what,
+                 "%s cache, a batch with a NaN key and an inf value: every output has the "
+                 "reference's class, and the bits of each sequence's own attend, every path, "
+                 "1 and 2 threads",
+                 attn_dtype_name(dt));
+        TEST(what);
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * len[b] * D, 800 + (uint64_t)b);
+            tu_fill(vb, HKV * len[b] * D, 900 + (uint64_t)b);
+            if (b == 1)
+                kb[(0 * len[b] + 1000) * D + 7] = NAN;
+            else
+                vb[(1 * len[b] + 5) * D + 3] = INFINITY;
+            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * D, 11);
+        attn_tensor q = tu_tensor4(qb, B, H, 1, D), a = tu_tensor4(oa, B, H, 1, D),
+                    r = tu_tensor4(orf, B, H, 1, D);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        ctx.impl = ATTN_IMPL_REF;
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, NULL, &r, NULL), ATTN_OK);
+        int64_t nonfinite = 0;
+        for (int64_t e = 0; e < B * H * D; e++)
+            nonfinite += value_class(orf[e]) != 0;
+        /* Every column of heads 0-3 of sequence 1 (the NaN key), column 3 of heads
+         * 4-7 of sequence 0 (the inf value). */
+        CHECK_INT(nonfinite, 4 * D + 4);
+        int64_t bad = 0;
+        for (size_t pi = 1; pi < N_PATHS; pi++) {
+            if (!attn_arch_supported(PATHS[pi].arch))
+                continue;
+            ctx.impl = PATHS[pi].impl;
+            ctx.arch = PATHS[pi].arch;
+            for (int threads = 1; threads <= 2; threads++) {
+                ctx.threads = threads;
+                CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, NULL, &a, NULL), ATTN_OK);
+                for (int64_t b = 0; b < B; b++) {
+                    attn_tensor qv, ov, o1t = tu_tensor4(o1, B, H, 1, D);
+                    attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
+                    attn_tensor_narrow(&ctx, &o1t, 0, b, 1, &ov);
+                    CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, NULL, &ov, NULL), ATTN_OK);
+                }
+                int64_t n = 0;
+                for (int64_t e = 0; e < B * H * D; e++)
+                    n += value_class(oa[e]) != value_class(orf[e]) ||
+                         (value_class(oa[e]) == 0 && memcmp(&oa[e], &o1[e], sizeof oa[e]) != 0) ||
+                         value_class(oa[e]) != value_class(o1[e]);
+                if (n)
+                    fprintf(stderr, "   %s, %d threads: %lld of %d outputs differ\n",
+                            PATHS[pi].name, threads, (long long)n, B * H * D);
+                bad += n;
+            }
+        }
+        CHECK_INT(bad, 0);
+        ctx.impl = ATTN_IMPL_AUTO;
+        ctx.arch = ATTN_ARCH_AUTO;
+        ctx.threads = 0;
+        attn_kv_cache_free(&ctx, c);
+    }
+    attn_ctx_release(&ctx);
+}
+
+/* A decoding loop over a batch whose lengths cross the 16-bit row path's layouts
+ * (unsplit below 512 keys, split by the float32 rule, split in half-chunks from
+ * 1024 at D = 64) during the steps: the workspace sized at the first step serves
+ * every later one, in one parallel job (the batch path). */
+static void test_loop_batch(void)
+{
+    enum { B = 3, H = 4, HKV = 2, CAP = 1100, D = 64, STEPS = 12 };
+    static const int64_t pre[B] = {505, 1017, 60};
+    static float kb[B * HKV * CAP * D], qb[B * H * D];
+    for (int i = 0; i < 2; i++) {
+        const attn_dtype dt = DTS[i];
+        char what[200];
+        snprintf(what, sizeof what,
+                 "%s cache, a batch of 505, 1017 and 60 keys growing past 512 and 1024: "
+                 "attn_kv_cache_workspace_size bytes at the first step serve every step, "
+                 "no allocation, every fused path, 1 and 2 threads",
+                 attn_dtype_name(dt));
+        TEST(what);
+        for (size_t pi = 1; pi < N_PATHS; pi++)
+            for (int threads = 1; threads <= 2; threads++) {
+                if (!attn_arch_supported(PATHS[pi].arch))
+                    continue;
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.threads = threads;
+                ctx.impl = PATHS[pi].impl;
+                ctx.arch = PATHS[pi].arch;
+                attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+                for (int64_t b = 0; b < B; b++) {
+                    tu_fill(kb, HKV * pre[b] * D, 70 + (uint64_t)b);
+                    attn_tensor kp = tu_tensor4(kb, 1, HKV, pre[b], D);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kp, &kp, NULL), ATTN_OK);
+                }
+                tu_fill(qb, B * H * D, 6);
+                attn_tensor q = tu_tensor4(qb, B, H, 1, D), qh, oh;
+                CHECK_INT(copy_as(&ctx, &q, dt, &qh), ATTN_OK);
+                CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, qh.shape), ATTN_OK);
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                size_t bytes = 0;
+                CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qh, &p, NULL, &oh, NULL, &bytes),
+                          ATTN_OK);
+                void *ws = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+                ctx.workspace = ws;
+                ctx.workspace_size = bytes;
+                tu_counting count = {0};
+                const attn_allocator orig = ctx.allocator;
+                ctx.allocator.alloc = tu_count_alloc;
+                ctx.allocator.free = tu_count_free;
+                ctx.allocator.user = &count;
+                for (int st = 0; st < STEPS; st++) {
+                    tu_fill(kb, B * HKV * D, 80 + (uint64_t)st);
+                    attn_tensor k = tu_tensor4(kb, B, HKV, 1, D);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k, &k, NULL), ATTN_OK);
+                    CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qh, &p, NULL, &oh, NULL), ATTN_OK);
+                }
+                if (count.allocs)
+                    fprintf(stderr, "   %s, %d threads: %lld allocations\n", PATHS[pi].name, threads,
+                            (long long)count.allocs);
+                CHECK_INT(count.allocs, 0);
+                ctx.workspace = NULL;
+                ctx.workspace_size = 0;
+                ctx.allocator = orig;
+                attn_kv_cache_free(&ctx, c);
+                attn_tensor_free(&ctx, &qh), attn_tensor_free(&ctx, &oh);
+                free(ws);
+                attn_ctx_release(&ctx);
+            }
+    }
+}
+
 static void test_loop(void)
 {
     enum { B = 2, H = 4, HKV = 2, CAP = 600, D = 64, STEPS = 6 };
@@ -678,6 +1102,10 @@ int main(void)
     test_rope_append();
     test_golden();
     test_batch();
+    test_batch_split();
+    test_widen_bits();
+    test_batch_nonfinite();
     test_loop();
+    test_loop_batch();
     return check_summary("test_kv_half");
 }

@@ -655,10 +655,11 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     }
     size_t most = 0;
     /* The batch's scratch, for the current lengths and for a full cache. */
-    attn__fused_batch_size now = {0, 0, 0, 0, 0}, full = {0, 0, 0, 0, 0};
-    /* The batch path runs the float32 kernel's items; a 16-bit cache goes one
-     * sequence at a time through the 16-bit call (each parallel in itself). */
-    a->batched = !weights && a->Bn > 1 && c->dtype == ATTN_DTYPE_F32;
+    attn__fused_batch_size now = {0, 0, 0, 0, 0, 0, 0, 0, 0}, full = now;
+    /* The batch path runs the float32 kernel's items, or the 16-bit row path's (a
+     * 16-bit call of more than a handful of query rows, on the tile path, goes one
+     * sequence at a time, each parallel in itself: now.one_by_one, below). */
+    a->batched = !weights && a->Bn > 1;
     for (int64_t i = -1; i < a->Bn; i++) {
         /* i = -1 plans a full cache, so the scratch serves every later step too. */
         const int64_t Tk = i < 0 ? c->cap : c->len[first + i];
@@ -689,6 +690,8 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     if (most > SIZE_MAX - a->q_bytes)
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s: scratch overflows", fn);
     a->scratch = a->q_bytes + most;
+    if (now.one_by_one || full.one_by_one)
+        a->batched = 0;
     if (a->batched) {
         /* One plan and one set of data pointers per sequence, then each sequence's
          * rotated queries, then the batch's scratch (the larger of now and full). */

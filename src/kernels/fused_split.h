@@ -73,20 +73,74 @@
 #define FK_PREFETCH_L2(p) ((void)(p))
 #endif
 
+/* What a split item reads K and V as (job->kv_dtype): float32, or, on the
+ * AVX-512 build, the caller's bfloat16 or float16 rows themselves, widened in
+ * registers as they are loaded (a 16-lane load of 16-bit elements, then a shift
+ * by 16 for bfloat16, vcvtph2ps for float16). Widening is exact, so each product
+ * and sum sees the values a float32 copy would hold, in the same order: the bits
+ * are those of the copy. A float32 item compiles to the loads it always had. The
+ * kind is a constant in each of fk_split_item's instances, so its tests fold. */
+#define FK_KV_F32 0
+#define FK_KV_BF16 1
+#define FK_KV_F16 2
+
+/* Bytes of one element of K or V of a kind. */
+#define FK_KV_ES(kind) ((kind) == FK_KV_F32 ? (int64_t)sizeof(float) : (int64_t)sizeof(uint16_t))
+
+/* SIMD_W elements of kind from element i of p, as float32. */
+FK_INLINE simd_f32 fk_kv_load(const void *p, int64_t i, const int kind)
+{
+    (void)kind; /* float32 only below AVX-512 */
+#if SIMD_W >= 16
+    if (kind != FK_KV_F32) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+        return kind == FK_KV_BF16
+                   ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                   : _mm512_cvtph_ps(h);
+    }
+#endif
+    return simd_load((const float *)p + i);
+}
+
+/* The first n < SIMD_W elements of kind from element i of p, as float32; the
+ * other lanes 0 (simd_load_n's fill of 0: both 16-bit zeros widen to 0.0f). The
+ * masked load reads only the n elements. */
+FK_INLINE simd_f32 fk_kv_load_n(const void *p, int64_t i, int64_t n, const int kind)
+{
+    (void)kind;
+#if SIMD_W >= 16
+    if (kind != FK_KV_F32) {
+        const __m256i h =
+            _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1u), (const uint16_t *)p + i);
+        return kind == FK_KV_BF16
+                   ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                   : _mm512_cvtph_ps(h);
+    }
+#endif
+    return simd_load_n((const float *)p + i, n, 0.0f);
+}
+
+/* Element i of p, an array of kind. */
+FK_INLINE const void *fk_kv_at(const void *p, int64_t i, const int kind)
+{
+    return (const char *)p + i * FK_KV_ES(kind);
+}
+
 /* Prefetches rows [j, j1) of K FK_SPLIT_PF_K bytes ahead (when still inside the
  * chunk, which ends at row c1) and rows [j, j1) of V, every 64-byte line. The rows
- * count from kb and vb, the chunk's first key. */
-FK_INLINE void fk_split_prefetch(const float *kb, int64_t ldk, int64_t kbytes, const float *vb,
+ * count from kb and vb, the chunk's first key; ldk and ldv are row strides in
+ * bytes, kbytes and vbytes a row's bytes (float32 or 16-bit). */
+FK_INLINE void fk_split_prefetch(const char *kb, int64_t ldk, int64_t kbytes, const char *vb,
                                  int64_t ldv, int64_t vbytes, int64_t j, int64_t j1, int64_t c1)
 {
-    const int64_t ahead = FK_SPLIT_PF_K / (ldk * (int64_t)sizeof(float)) + 1;
+    const int64_t ahead = FK_SPLIT_PF_K / ldk + 1;
     for (int64_t r = j; r < j1; r++) {
         if (r + ahead < c1) {
-            const char *kr = (const char *)(kb + (r + ahead) * ldk);
+            const char *kr = kb + (r + ahead) * ldk;
             for (int64_t x = 0; x < kbytes; x += 64)
                 FK_PREFETCH_L1(kr + x);
         }
-        const char *vr = (const char *)(vb + r * ldv);
+        const char *vr = vb + r * ldv;
         for (int64_t x = 0; x < vbytes; x += 64)
             FK_PREFETCH_L2(vr + x);
     }
@@ -109,16 +163,17 @@ FK_INLINE void fk_split_prefetch(const float *kb, int64_t ldk, int64_t kbytes, c
  * fk_dot's: a row paired here and the same row scored alone (an odd group's last
  * row, the keys after the last four) may differ in the last bit, but the pairing
  * depends on the shapes alone, never on the thread count. */
-FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64_t ldk,
-                         int64_t n, float scale, float *o0, float *o1)
+FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const void *k, int64_t ldk,
+                         int64_t n, float scale, float *o0, float *o1, const int kind)
 {
     simd_f32 a0 = simd_zero(), a1 = simd_zero(), a2 = simd_zero(), a3 = simd_zero();
     simd_f32 b0 = simd_zero(), b1 = simd_zero(), b2 = simd_zero(), b3 = simd_zero();
     int64_t d = 0;
     for (; d + SIMD_W <= n; d += SIMD_W) {
         const simd_f32 x = simd_load(q0 + d), y = simd_load(q1 + d);
-        const simd_f32 k0 = simd_load(k + d), k1 = simd_load(k + ldk + d);
-        const simd_f32 k2 = simd_load(k + 2 * ldk + d), k3 = simd_load(k + 3 * ldk + d);
+        const simd_f32 k0 = fk_kv_load(k, d, kind), k1 = fk_kv_load(k, ldk + d, kind);
+        const simd_f32 k2 = fk_kv_load(k, 2 * ldk + d, kind);
+        const simd_f32 k3 = fk_kv_load(k, 3 * ldk + d, kind);
         a0 = simd_fma(x, k0, a0), b0 = simd_fma(y, k0, b0);
         a1 = simd_fma(x, k1, a1), b1 = simd_fma(y, k1, b1);
         a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
@@ -127,9 +182,9 @@ FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64
     if (d < n) {
         const int64_t r = n - d;
         const simd_f32 x = simd_load_n(q0 + d, r, 0.0f), y = simd_load_n(q1 + d, r, 0.0f);
-        const simd_f32 k0 = simd_load_n(k + d, r, 0.0f), k1 = simd_load_n(k + ldk + d, r, 0.0f);
-        const simd_f32 k2 = simd_load_n(k + 2 * ldk + d, r, 0.0f);
-        const simd_f32 k3 = simd_load_n(k + 3 * ldk + d, r, 0.0f);
+        const simd_f32 k0 = fk_kv_load_n(k, d, r, kind), k1 = fk_kv_load_n(k, ldk + d, r, kind);
+        const simd_f32 k2 = fk_kv_load_n(k, 2 * ldk + d, r, kind);
+        const simd_f32 k3 = fk_kv_load_n(k, 3 * ldk + d, r, kind);
         a0 = simd_fma(x, k0, a0), b0 = simd_fma(y, k0, b0);
         a1 = simd_fma(x, k1, a1), b1 = simd_fma(y, k1, b1);
         a2 = simd_fma(x, k2, a2), b2 = simd_fma(y, k2, b2);
@@ -150,8 +205,8 @@ FK_INLINE void fk_dot4x2(const float *q0, const float *q1, const float *k, int64
  * this puts the group's four rows in one pass over a block of keys, so that the
  * block's prefetches spread over all of the phase's arithmetic, where two passes
  * of fk_dot4x2 left the second one without any. */
-FK_INLINE void fk_dot4x4(const float *q, int64_t ldq, const float *k, int64_t ldk, int64_t n,
-                         float scale, float *o, int64_t ldo)
+FK_INLINE void fk_dot4x4(const float *q, int64_t ldq, const void *k, int64_t ldk, int64_t n,
+                         float scale, float *o, int64_t ldo, const int kind)
 {
     simd_f32 acc[4][4];
     for (int r = 0; r < 4; r++)
@@ -161,7 +216,7 @@ FK_INLINE void fk_dot4x4(const float *q, int64_t ldq, const float *k, int64_t ld
     for (; d + SIMD_W <= n; d += SIMD_W) {
         simd_f32 kv[4];
         for (int j = 0; j < 4; j++)
-            kv[j] = simd_load(k + j * ldk + d);
+            kv[j] = fk_kv_load(k, j * ldk + d, kind);
         for (int r = 0; r < 4; r++) {
             const simd_f32 x = simd_load(q + r * ldq + d);
             for (int j = 0; j < 4; j++)
@@ -172,7 +227,7 @@ FK_INLINE void fk_dot4x4(const float *q, int64_t ldq, const float *k, int64_t ld
         const int64_t rest = n - d;
         simd_f32 kv[4];
         for (int j = 0; j < 4; j++)
-            kv[j] = simd_load_n(k + j * ldk + d, rest, 0.0f);
+            kv[j] = fk_kv_load_n(k, j * ldk + d, rest, kind);
         for (int r = 0; r < 4; r++) {
             const simd_f32 x = simd_load_n(q + r * ldq + d, rest, 0.0f);
             for (int j = 0; j < 4; j++)
@@ -184,26 +239,147 @@ FK_INLINE void fk_dot4x4(const float *q, int64_t ldq, const float *k, int64_t ld
 }
 #endif
 
+/* fused_row.h's fk_dot, fk_dot4 and fk_row_pv(_rest) on K or V of a kind: the
+ * float32 kind calls them, the 16-bit kinds take the same steps with widening
+ * loads, so each sum has the same order and the same bits. */
+FK_INLINE float fk_kv_dot(const float *a, const void *x, int64_t n, const int kind)
+{
+    if (kind == FK_KV_F32)
+        return fk_dot(a, (const float *)x, n);
+    simd_f32 acc0 = simd_zero(), acc1 = simd_zero();
+    int64_t d = 0;
+    for (; d + 2 * SIMD_W <= n; d += 2 * SIMD_W) {
+        acc0 = simd_fma(simd_load(a + d), fk_kv_load(x, d, kind), acc0);
+        acc1 = simd_fma(simd_load(a + d + SIMD_W), fk_kv_load(x, d + SIMD_W, kind), acc1);
+    }
+    for (; d + SIMD_W <= n; d += SIMD_W)
+        acc0 = simd_fma(simd_load(a + d), fk_kv_load(x, d, kind), acc0);
+    if (d < n)
+        acc1 = simd_fma(simd_load_n(a + d, n - d, 0.0f), fk_kv_load_n(x, d, n - d, kind), acc1);
+    return simd_hsum(simd_add(acc0, acc1));
+}
+
+FK_INLINE void fk_kv_dot4(const float *q, const void *k, int64_t ldk, int64_t n, float scale,
+                          float *out, const int kind)
+{
+    if (kind == FK_KV_F32) {
+        fk_dot4(q, (const float *)k, ldk, n, scale, out);
+        return;
+    }
+    simd_f32 a0 = simd_zero(), a1 = simd_zero(), a2 = simd_zero(), a3 = simd_zero();
+    simd_f32 b0 = simd_zero(), b1 = simd_zero(), b2 = simd_zero(), b3 = simd_zero();
+    int64_t d = 0;
+    for (; d + 2 * SIMD_W <= n; d += 2 * SIMD_W) {
+        const simd_f32 x = simd_load(q + d), y = simd_load(q + d + SIMD_W);
+        a0 = simd_fma(x, fk_kv_load(k, d, kind), a0);
+        b0 = simd_fma(y, fk_kv_load(k, d + SIMD_W, kind), b0);
+        a1 = simd_fma(x, fk_kv_load(k, ldk + d, kind), a1);
+        b1 = simd_fma(y, fk_kv_load(k, ldk + d + SIMD_W, kind), b1);
+        a2 = simd_fma(x, fk_kv_load(k, 2 * ldk + d, kind), a2);
+        b2 = simd_fma(y, fk_kv_load(k, 2 * ldk + d + SIMD_W, kind), b2);
+        a3 = simd_fma(x, fk_kv_load(k, 3 * ldk + d, kind), a3);
+        b3 = simd_fma(y, fk_kv_load(k, 3 * ldk + d + SIMD_W, kind), b3);
+    }
+    for (; d + SIMD_W <= n; d += SIMD_W) {
+        const simd_f32 x = simd_load(q + d);
+        a0 = simd_fma(x, fk_kv_load(k, d, kind), a0);
+        a1 = simd_fma(x, fk_kv_load(k, ldk + d, kind), a1);
+        a2 = simd_fma(x, fk_kv_load(k, 2 * ldk + d, kind), a2);
+        a3 = simd_fma(x, fk_kv_load(k, 3 * ldk + d, kind), a3);
+    }
+    if (d < n) {
+        const int64_t t = n - d;
+        const simd_f32 y = simd_load_n(q + d, t, 0.0f);
+        b0 = simd_fma(y, fk_kv_load_n(k, d, t, kind), b0);
+        b1 = simd_fma(y, fk_kv_load_n(k, ldk + d, t, kind), b1);
+        b2 = simd_fma(y, fk_kv_load_n(k, 2 * ldk + d, t, kind), b2);
+        b3 = simd_fma(y, fk_kv_load_n(k, 3 * ldk + d, t, kind), b3);
+    }
+    out[0] = simd_hsum(simd_add(a0, b0)) * scale;
+    out[1] = simd_hsum(simd_add(a1, b1)) * scale;
+    out[2] = simd_hsum(simd_add(a2, b2)) * scale;
+    out[3] = simd_hsum(simd_add(a3, b3)) * scale;
+}
+
+FK_INLINE void fk_kv_row_pv(const float *p, int64_t nkeys, const uint8_t *mrow, int64_t ms3,
+                            const float *brow, int64_t bs3, const void *v, int64_t ldv,
+                            float *acc, const int nv, int64_t last, const int kind)
+{
+    if (kind == FK_KV_F32) {
+        fk_row_pv(p, nkeys, mrow, ms3, brow, bs3, (const float *)v, ldv, acc, nv, last, 1);
+        return;
+    }
+    simd_f32 a[FK_ROW_NV];
+    for (int c = 0; c < nv; c++)
+        a[c] = simd_load(acc + c * SIMD_W);
+    for (int64_t j = 0; j < nkeys; j++) {
+        if ((mrow && !mrow[j * ms3]) || (brow && brow[j * bs3] == -INFINITY))
+            continue;
+        const simd_f32 pj = simd_set1(p[j]);
+        const int64_t vrow = j * ldv;
+        for (int c = 0; c < nv - 1; c++)
+            a[c] = simd_fma(pj, fk_kv_load(v, vrow + c * SIMD_W, kind), a[c]);
+        const int64_t vlast = vrow + (nv - 1) * SIMD_W;
+        a[nv - 1] = simd_fma(pj,
+                             last == SIMD_W ? fk_kv_load(v, vlast, kind)
+                                            : fk_kv_load_n(v, vlast, last, kind),
+                             a[nv - 1]);
+    }
+    for (int c = 0; c < nv; c++)
+        simd_store(acc + c * SIMD_W, a[c]);
+}
+
+FK_INLINE void fk_kv_row_pv_rest(const float *p, int64_t nkeys, const uint8_t *mrow,
+                                 int64_t ms3, const float *brow, int64_t bs3, const void *v,
+                                 int64_t ldv, float *acc, int64_t cols, const int kind)
+{
+    if (kind == FK_KV_F32) {
+        fk_row_pv_rest(p, nkeys, mrow, ms3, brow, bs3, (const float *)v, ldv, acc, cols, 1);
+        return;
+    }
+    const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
+    const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
+    switch (nv) {
+#define FK_KV_PV_CASE(N)                                                                    \
+    case N:                                                                                 \
+        fk_kv_row_pv(p, nkeys, mrow, ms3, brow, bs3, v, ldv, acc, N, last, kind);          \
+        break;
+        FK_KV_PV_CASE(1)
+        FK_KV_PV_CASE(2)
+        FK_KV_PV_CASE(3)
+        FK_KV_PV_CASE(4)
+        FK_KV_PV_CASE(5)
+        FK_KV_PV_CASE(6)
+        FK_KV_PV_CASE(7)
+        FK_KV_PV_CASE(8)
+#undef FK_KV_PV_CASE
+    default:
+        break; /* cols is at most FK_ROW_NV vectors */
+    }
+}
+
 /* acc0[c] += sum_j p0[j] v[j][c] and acc1[c] += sum_j p1[j] v[j][c] over nkeys keys,
  * for nv vectors of columns (the last holding `last` columns): fk_row_pv for two
  * rows that see the same keys (no mask, no bias), each value vector loaded once for
  * both. Each row's sums run in fk_row_pv's order, so its bits are the same. */
-FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const float *v,
-                          int64_t ldv, float *acc0, float *acc1, const int nv, int64_t last)
+FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const void *v,
+                          int64_t ldv, float *acc0, float *acc1, const int nv, int64_t last,
+                          const int kind)
 {
     simd_f32 a[FK_SPLIT_NV2], b[FK_SPLIT_NV2];
     for (int c = 0; c < nv; c++)
         a[c] = simd_load(acc0 + c * SIMD_W), b[c] = simd_load(acc1 + c * SIMD_W);
     for (int64_t j = 0; j < nkeys; j++) {
         const simd_f32 x = simd_set1(p0[j]), y = simd_set1(p1[j]);
-        const float *vrow = v + j * ldv;
+        const int64_t vrow = j * ldv;
         for (int c = 0; c < nv - 1; c++) {
-            const simd_f32 vv = simd_load(vrow + c * SIMD_W);
+            const simd_f32 vv = fk_kv_load(v, vrow + c * SIMD_W, kind);
             a[c] = simd_fma(x, vv, a[c]);
             b[c] = simd_fma(y, vv, b[c]);
         }
-        const float *vlast = vrow + (nv - 1) * SIMD_W;
-        const simd_f32 vv = last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f);
+        const int64_t vlast = vrow + (nv - 1) * SIMD_W;
+        const simd_f32 vv = last == SIMD_W ? fk_kv_load(v, vlast, kind)
+                                           : fk_kv_load_n(v, vlast, last, kind);
         a[nv - 1] = simd_fma(x, vv, a[nv - 1]);
         b[nv - 1] = simd_fma(y, vv, b[nv - 1]);
     }
@@ -227,8 +403,8 @@ FK_INLINE void fk_row_pv2(const float *p0, const float *p1, int64_t nkeys, const
  * rows, each value vector loaded once for the four (a GQA group of four query heads
  * reads its value rows once instead of twice). Each row's sums run in fk_row_pv's
  * order, so its bits are the same. */
-FK_INLINE void fk_row_pv4(const float *const *p, int64_t nkeys, const float *v, int64_t ldv,
-                          float *const *acc, const int nv, int64_t last)
+FK_INLINE void fk_row_pv4(const float *const *p, int64_t nkeys, const void *v, int64_t ldv,
+                          float *const *acc, const int nv, int64_t last, const int kind)
 {
     simd_f32 a[FK_SPLIT_NV4], b[FK_SPLIT_NV4], c2[FK_SPLIT_NV4], d[FK_SPLIT_NV4];
     const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
@@ -239,14 +415,15 @@ FK_INLINE void fk_row_pv4(const float *const *p, int64_t nkeys, const float *v, 
     for (int64_t j = 0; j < nkeys; j++) {
         const simd_f32 x0 = simd_set1(p0[j]), x1 = simd_set1(p1[j]);
         const simd_f32 x2 = simd_set1(p2[j]), x3 = simd_set1(p3[j]);
-        const float *vrow = v + j * ldv;
+        const int64_t vrow = j * ldv;
         for (int c = 0; c < nv - 1; c++) {
-            const simd_f32 vv = simd_load(vrow + c * SIMD_W);
+            const simd_f32 vv = fk_kv_load(v, vrow + c * SIMD_W, kind);
             a[c] = simd_fma(x0, vv, a[c]), b[c] = simd_fma(x1, vv, b[c]);
             c2[c] = simd_fma(x2, vv, c2[c]), d[c] = simd_fma(x3, vv, d[c]);
         }
-        const float *vlast = vrow + (nv - 1) * SIMD_W;
-        const simd_f32 vv = last == SIMD_W ? simd_load(vlast) : simd_load_n(vlast, last, 0.0f);
+        const int64_t vlast = vrow + (nv - 1) * SIMD_W;
+        const simd_f32 vv = last == SIMD_W ? fk_kv_load(v, vlast, kind)
+                                           : fk_kv_load_n(v, vlast, last, kind);
         a[nv - 1] = simd_fma(x0, vv, a[nv - 1]), b[nv - 1] = simd_fma(x1, vv, b[nv - 1]);
         c2[nv - 1] = simd_fma(x2, vv, c2[nv - 1]), d[nv - 1] = simd_fma(x3, vv, d[nv - 1]);
     }
@@ -258,33 +435,38 @@ FK_INLINE void fk_row_pv4(const float *const *p, int64_t nkeys, const float *v, 
 
 /* fk_row_pv4 over all Dv columns: blocks of FK_SPLIT_NV4 vectors, then the rest in
  * one pass with a constant vector count for the registers. */
-FK_INLINE void fk_split_pv4(const float *const *p, int64_t nkeys, const float *v, int64_t ldv,
-                            float *const *acc, int64_t Dv)
+FK_INLINE void fk_split_pv4(const float *const *p, int64_t nkeys, const void *v, int64_t ldv,
+                            float *const *acc, int64_t Dv, const int kind)
 {
     int64_t e0 = 0;
     for (; e0 + FK_SPLIT_NV4 * SIMD_W <= Dv; e0 += FK_SPLIT_NV4 * SIMD_W) {
         float *const a[4] = {acc[0] + e0, acc[1] + e0, acc[2] + e0, acc[3] + e0};
-        fk_row_pv4(p, nkeys, v + e0, ldv, a, FK_SPLIT_NV4, SIMD_W);
+        fk_row_pv4(p, nkeys, fk_kv_at(v, e0, kind), ldv, a, FK_SPLIT_NV4, SIMD_W, kind);
     }
     if (e0 < Dv) {
         const int64_t cols = Dv - e0;
         const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
         const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
         float *const a[4] = {acc[0] + e0, acc[1] + e0, acc[2] + e0, acc[3] + e0};
+        /* The rest has fewer than FK_SPLIT_NV4 vectors' columns, so 1 to
+         * FK_SPLIT_NV4 vectors, the last of them partial. */
         switch (nv) {
         case 1:
-            fk_row_pv4(p, nkeys, v + e0, ldv, a, 1, last);
+            fk_row_pv4(p, nkeys, fk_kv_at(v, e0, kind), ldv, a, 1, last, kind);
+            break;
+        case 2:
+            fk_row_pv4(p, nkeys, fk_kv_at(v, e0, kind), ldv, a, 2, last, kind);
             break;
 #if FK_SPLIT_NV4 > 2
-        case 2:
-            fk_row_pv4(p, nkeys, v + e0, ldv, a, 2, last);
-            break;
         case 3:
-            fk_row_pv4(p, nkeys, v + e0, ldv, a, 3, last);
+            fk_row_pv4(p, nkeys, fk_kv_at(v, e0, kind), ldv, a, 3, last, kind);
+            break;
+        case 4:
+            fk_row_pv4(p, nkeys, fk_kv_at(v, e0, kind), ldv, a, 4, last, kind);
             break;
 #endif
         default:
-            break; /* fewer than FK_SPLIT_NV4 vectors remain */
+            break; /* more than FK_SPLIT_NV4 vectors never remain */
         }
     }
 }
@@ -324,8 +506,8 @@ static float *fk_split_part(const attn__fused_job *job, int64_t b, int64_t h, in
 }
 
 /* One (b, key/value head, chunk) on the split path: the partials of every query
- * row of the group for the chunk's keys. */
-static void fk_split_item(void *arg, int64_t item, int worker)
+ * row of the group for the chunk's keys, K and V read as `kind`. */
+FK_INLINE void fk_split_body(void *arg, int64_t item, int worker, const int kind)
 {
     const attn__fused_job *job = (const attn__fused_job *)arg;
     const attn__sdpa_shapes *s = job->s;
@@ -341,9 +523,12 @@ static void fk_split_item(void *arg, int64_t item, int worker)
     /* kb and vb point at the chunk's first key, c0: key j is row j - c0. job->k
      * and job->v hold key kv_first at their row 0 (0, or the chunk's own start on
      * the 16-bit path's chunk-sized copy), and c0 >= kv_first, so no pointer here
-     * is ever formed before the start of its array. */
-    const float *kb = job->k + b * s->k_s[0] + kvh * s->k_s[1] + (c0 - job->kv_first) * ldk;
-    const float *vb = job->v + b * s->v_s[0] + kvh * s->v_s[1] + (c0 - job->kv_first) * ldv;
+     * is ever formed before the start of its array. A 16-bit kind reads the
+     * caller's rows, job->k16 and job->v16, with kv_first 0. */
+    const void *kb = fk_kv_at(kind == FK_KV_F32 ? (const void *)job->k : (const void *)job->k16,
+                              b * s->k_s[0] + kvh * s->k_s[1] + (c0 - job->kv_first) * ldk, kind);
+    const void *vb = fk_kv_at(kind == FK_KV_F32 ? (const void *)job->v : (const void *)job->v16,
+                              b * s->v_s[0] + kvh * s->v_s[1] + (c0 - job->kv_first) * ldv, kind);
 
     /* Row r is query i = r % Tq of query head h = kvh * group + r / Tq. */
     for (int64_t r = 0; r < R; r++) {
@@ -353,8 +538,10 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             qrows[r * ldq + d] = qsrc[d * s->q_s[3]];
     }
 
-    /* Rows of K and V in bytes, for the prefetches. */
-    const int64_t kbytes = D * (int64_t)sizeof(float), vbytes = Dv * (int64_t)sizeof(float);
+    /* Rows of K and V in bytes, and their strides, for the prefetches. */
+    const int64_t es = FK_KV_ES(kind), kbytes = D * es, vbytes = Dv * es;
+    const int64_t pk = ldk * es, pv = ldv * es;
+    const char *kpf = (const char *)kb, *vpf = (const char *)vb;
 
     /* Phase 1, over K, a block of keys at a time for every row. */
     for (int64_t j0 = c0; j0 < c1; j0 += FK_SPLIT_KB) {
@@ -378,18 +565,20 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 if (g + 3 < s->group) {
                     for (; j + 4 <= hi; j += 4) {
                         if (fetch)
-                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0,
+                            fk_split_prefetch(kpf, pk, kbytes, vpf, pv, vbytes, j - c0,
                                               j + 4 - c0, c1 - c0);
-                        fk_dot4x4(qrow, Tq * ldq, kb + (j - c0) * ldk, ldk, D, s->scale, sc + j,
-                                  Tq * ldsc);
+                        fk_dot4x4(qrow, Tq * ldq, fk_kv_at(kb, (j - c0) * ldk, kind), ldk, D,
+                                  s->scale, sc + j, Tq * ldsc, kind);
                     }
                     if (fetch)
-                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0, hi - c0,
+                        fk_split_prefetch(kpf, pk, kbytes, vpf, pv, vbytes, j - c0, hi - c0,
                                           c1 - c0);
                     for (; j < hi; j++)
                         for (int64_t u = 0; u < 4; u++)
                             sc[u * Tq * ldsc + j] =
-                                fk_dot(qrow + u * Tq * ldq, kb + (j - c0) * ldk, D) * s->scale;
+                                fk_kv_dot(qrow + u * Tq * ldq, fk_kv_at(kb, (j - c0) * ldk, kind),
+                                          D, kind) *
+                                s->scale;
                     g += 2; /* with the loop's own 2: the next four heads */
                     continue;
                 }
@@ -397,24 +586,26 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 if (pair)
                     for (; j + 4 <= hi; j += 4) {
                         if (fetch)
-                            fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0,
+                            fk_split_prefetch(kpf, pk, kbytes, vpf, pv, vbytes, j - c0,
                                               j + 4 - c0, c1 - c0);
-                        fk_dot4x2(qrow, qrow1, kb + (j - c0) * ldk, ldk, D, s->scale, sc + j,
-                                  sc1 + j);
+                        fk_dot4x2(qrow, qrow1, fk_kv_at(kb, (j - c0) * ldk, kind), ldk, D,
+                                  s->scale, sc + j, sc1 + j, kind);
                     }
                 for (; j + 4 <= hi; j += 4) {
                     if (fetch)
-                        fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0,
+                        fk_split_prefetch(kpf, pk, kbytes, vpf, pv, vbytes, j - c0,
                                           j + 4 - c0, c1 - c0);
-                    fk_dot4(qrow, kb + (j - c0) * ldk, ldk, D, s->scale, sc + j);
+                    fk_kv_dot4(qrow, fk_kv_at(kb, (j - c0) * ldk, kind), ldk, D, s->scale,
+                               sc + j, kind);
                 }
                 if (fetch)
-                    fk_split_prefetch(kb, ldk, kbytes, vb, ldv, vbytes, j - c0, hi - c0,
+                    fk_split_prefetch(kpf, pk, kbytes, vpf, pv, vbytes, j - c0, hi - c0,
                                       c1 - c0);
                 for (; j < hi; j++) {
-                    sc[j] = fk_dot(qrow, kb + (j - c0) * ldk, D) * s->scale;
+                    const void *kj = fk_kv_at(kb, (j - c0) * ldk, kind);
+                    sc[j] = fk_kv_dot(qrow, kj, D, kind) * s->scale;
                     if (pair)
-                        sc1[j] = fk_dot(qrow1, kb + (j - c0) * ldk, D) * s->scale;
+                        sc1[j] = fk_kv_dot(qrow1, kj, D, kind) * s->scale;
                 }
             }
         }
@@ -472,7 +663,7 @@ static void fk_split_item(void *arg, int64_t item, int worker)
          * fewer heads the phase has little arithmetic per value line for the 8
          * prefetches a key to hide in, and S5 did not gain from them. */
         for (int64_t r = j1; quad_heads > 0 && r < fk_min(j1 + FK_SPLIT_KB, c1); r++) {
-            const char *vr = (const char *)(vb + (r - c0) * ldv);
+            const char *vr = vpf + (r - c0) * pv;
             for (int64_t x = 0; x < vbytes; x += 64)
                 FK_PREFETCH_L2(vr + x);
         }
@@ -499,7 +690,8 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                 float *const aq[4] = {part + 16, fk_split_part(job, b, h + 1, i, c) + 16,
                                       fk_split_part(job, b, h + 2, i, c) + 16,
                                       fk_split_part(job, b, h + 3, i, c) + 16};
-                fk_split_pv4(pq, hi - lo, vb + (lo - c0) * ldv, ldv, aq, Dv);
+                fk_split_pv4(pq, hi - lo, fk_kv_at(vb, (lo - c0) * ldv, kind), ldv, aq, Dv,
+                             kind);
                 continue;
             }
             if (pair_pv && (g - quad_heads) % 2 == 1)
@@ -507,13 +699,16 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             if (pair_pv && r / Tq + 1 < s->group) {
                 float *part1 = fk_split_part(job, b, h + 1, i, c);
                 const float *p0 = scores + r * ldsc - c0 + lo, *p1 = p0 + Tq * ldsc;
-                const float *vlo = vb + (lo - c0) * ldv;
+                const void *vlo = fk_kv_at(vb, (lo - c0) * ldv, kind);
                 int64_t e0 = 0;
                 for (; e0 + FK_SPLIT_NV2 * SIMD_W <= Dv; e0 += FK_SPLIT_NV2 * SIMD_W)
-                    fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, part + 16 + e0, part1 + 16 + e0,
-                               FK_SPLIT_NV2, SIMD_W);
+                    fk_row_pv2(p0, p1, hi - lo, fk_kv_at(vlo, e0, kind), ldv, part + 16 + e0,
+                               part1 + 16 + e0, FK_SPLIT_NV2, SIMD_W, kind);
                 if (e0 < Dv) {
-                    /* The rest in one pass, a constant count for the registers. */
+                    /* The rest in one pass, a constant count for the registers: 1
+                     * to FK_SPLIT_NV2 vectors, the last of them partial (a count
+                     * of FK_SPLIT_NV2 itself, Dv 113 to 127 on AVX-512, once had
+                     * no case and summed nothing). */
                     const int64_t cols = Dv - e0;
                     const int nv = (int)((cols + SIMD_W - 1) / SIMD_W);
                     const int64_t last = cols - (int64_t)(nv - 1) * SIMD_W;
@@ -521,20 +716,21 @@ static void fk_split_item(void *arg, int64_t item, int worker)
                     switch (nv) {
 #define FK_PV2_CASE(N)                                                                      \
     case N:                                                                                 \
-        fk_row_pv2(p0, p1, hi - lo, vlo + e0, ldv, a0, a1, N, last);                         \
+        fk_row_pv2(p0, p1, hi - lo, fk_kv_at(vlo, e0, kind), ldv, a0, a1, N, last, kind);    \
         break;
                         FK_PV2_CASE(1)
                         FK_PV2_CASE(2)
                         FK_PV2_CASE(3)
-#if FK_SPLIT_NV2 > 4
                         FK_PV2_CASE(4)
+#if FK_SPLIT_NV2 > 4
                         FK_PV2_CASE(5)
                         FK_PV2_CASE(6)
                         FK_PV2_CASE(7)
+                        FK_PV2_CASE(8)
 #endif
 #undef FK_PV2_CASE
                     default:
-                        break; /* fewer than FK_SPLIT_NV2 vectors remain */
+                        break; /* more than FK_SPLIT_NV2 vectors never remain */
                     }
                 }
                 continue;
@@ -544,16 +740,61 @@ static void fk_split_item(void *arg, int64_t item, int worker)
             const uint8_t *mr = mrow ? mrow + lo * ms3 : NULL;
             const float *br = brow ? brow + lo * bs3 : NULL;
             const float *p = scores + r * ldsc - c0 + lo;
-            const float *vlo = vb + (lo - c0) * ldv;
+            const void *vlo = fk_kv_at(vb, (lo - c0) * ldv, kind);
             float *acc = part + 16;
             int64_t e0 = 0;
             for (; e0 + FK_ROW_NV * SIMD_W <= Dv; e0 += FK_ROW_NV * SIMD_W)
-                fk_row_pv(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, FK_ROW_NV,
-                          SIMD_W, 1);
+                fk_kv_row_pv(p, hi - lo, mr, ms3, br, bs3, fk_kv_at(vlo, e0, kind), ldv, acc + e0,
+                             FK_ROW_NV, SIMD_W, kind);
             if (e0 < Dv)
-                fk_row_pv_rest(p, hi - lo, mr, ms3, br, bs3, vlo + e0, ldv, acc + e0, Dv - e0, 1);
+                fk_kv_row_pv_rest(p, hi - lo, mr, ms3, br, bs3, fk_kv_at(vlo, e0, kind), ldv,
+                                  acc + e0, Dv - e0, kind);
         }
     }
+}
+
+/* The split item's instances, one per kind, each a function of its own: inlined
+ * into one, the three copies made the float32 one measurably slower on S7 (4-5%,
+ * AVX-512). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FK_NOINLINE __attribute__((noinline))
+#else
+#define FK_NOINLINE
+#endif
+
+static FK_NOINLINE void fk_split_item_f32(void *arg, int64_t item, int worker)
+{
+    fk_split_body(arg, item, worker, FK_KV_F32);
+}
+
+#if SIMD_W >= 16
+static FK_NOINLINE void fk_split_item_bf16(void *arg, int64_t item, int worker)
+{
+    fk_split_body(arg, item, worker, FK_KV_BF16);
+}
+
+static FK_NOINLINE void fk_split_item_f16(void *arg, int64_t item, int worker)
+{
+    fk_split_body(arg, item, worker, FK_KV_F16);
+}
+#endif
+
+/* One (b, key/value head, chunk) on the split path, K and V as job->kv_dtype says
+ * (16-bit only on the AVX-512 build, where the planner asks for it). */
+static void fk_split_item(void *arg, int64_t item, int worker)
+{
+#if SIMD_W >= 16
+    const attn__fused_job *job = (const attn__fused_job *)arg;
+    if (job->kv_dtype == ATTN_DTYPE_BF16) {
+        fk_split_item_bf16(arg, item, worker);
+        return;
+    }
+    if (job->kv_dtype == ATTN_DTYPE_F16) {
+        fk_split_item_f16(arg, item, worker);
+        return;
+    }
+#endif
+    fk_split_item_f32(arg, item, worker);
 }
 
 /* One (b, h): merges each query row's partials in chunk order into out and lse. */

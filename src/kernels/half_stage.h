@@ -5,7 +5,8 @@
  *
  * The fused kernel's tile path widens q, k and v whole and runs every work item in
  * one parallel pass, as in float32; its row path (decoding) widens q, then each
- * chunk of keys of one (batch, key/value head) inside the work item that uses it,
+ * chunk of keys of one (batch, key/value head) inside the work item that uses it
+ * (on AVX-512 in registers as the split item loads it, src/kernels/fused_split.h),
  * so K and V are read from the caller once, in 16 bits. Both round the output once
  * to nearest even at the end (src/kernels/sdpa_fused.c). The reference widens
  * everything up front: it is the proof, not the fast path.

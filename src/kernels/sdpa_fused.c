@@ -264,6 +264,9 @@ typedef struct half_group {
     const int64_t *k_s, *v_s; /* the caller's strides */
     float *kf, *vf;
     int64_t lo, hi;           /* the keys any query row of the call may see */
+    int64_t wrows;            /* key rows of each worker's copy (split-key form and
+                                 the batch's head items): worker w's rows start at
+                                 kf + w * wrows * D and vf + w * wrows * Dv */
 } half_group;
 
 /* Rows [j0, j1) of the head's K and V widened into kf and vf, key j at row
@@ -327,14 +330,66 @@ static void half_split_item(void *arg, int64_t item, int worker)
     g.job = &job;
     g.kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
     g.vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
-    g.kf = g0->kf + (int64_t)worker * job.chunk * s->D;
-    g.vf = g0->vf + (int64_t)worker * job.chunk * s->Dv;
+    g.kf = g0->kf + (int64_t)worker * g0->wrows * s->D;
+    g.vf = g0->vf + (int64_t)worker * g0->wrows * s->Dv;
     const int64_t c0 = c * job.chunk, c1 = c0 + job.chunk;
     job.k = g.kf;
     job.v = g.vf;
     job.kv_first = c0;
     half_widen_kv(&g, c0 > g.lo ? c0 : g.lo, fk_min(c1, g.hi), c0);
     g.kern->item(&job, item, worker);
+}
+
+/* One (b, key/value head) of an unsplit row-path call in a batch (below): its
+ * keys widened once into the worker's own copy, key j at row j, then the row item
+ * of each query head of its group on that copy. Unbatched, the head's keys are
+ * widened by every worker into one shared copy before its group's items start;
+ * here the head's items and its widening are one item, so the batch needs no pass
+ * of its own per head. The copy holds the values the shared one holds, and each
+ * row item reads only keys of its rows' ranges, which lie in [lo, hi), so the bits
+ * are the same. */
+static void half_head_item(void *arg, int64_t item, int worker)
+{
+    const half_group *g0 = (const half_group *)arg;
+    const attn__sdpa_shapes *s = g0->job->s;
+    const int64_t b = item / s->Hkv, kvh = item % s->Hkv;
+    half_group g = *g0;
+    attn__fused_job job = *g0->job;
+    g.job = &job;
+    g.kb16 = g0->kb16 + b * g0->k_s[0] + kvh * g0->k_s[1];
+    g.vb16 = g0->vb16 + b * g0->v_s[0] + kvh * g0->v_s[1];
+    g.kf = g0->kf + (int64_t)worker * g0->wrows * s->D;
+    g.vf = g0->vf + (int64_t)worker * g0->wrows * s->Dv;
+    job.k = g.kf;
+    job.v = g.vf;
+    if (g.hi > g.lo)
+        half_widen_kv(&g, g.lo, g.hi, 0);
+    for (int64_t u = 0; u < s->group; u++)
+        g.kern->item(&job, b * s->H + kvh * s->group + u, worker);
+}
+
+/* Whether the split items of a 16-bit row-path job read the caller's K and V
+ * themselves, widening in registers (fused_split.h, job->kv_dtype), instead of
+ * widening each chunk into a worker's float32 copy first: on the AVX-512 build
+ * (the only one with the widening loads), for rows of unit stride. */
+static int half_direct(const attn__fused_kernel *kern, const attn__fused_job *job,
+                       const attn__sdpa_shapes *s0)
+{
+    return job->row_path && job->n_chunks && kern->width >= 16 && s0->k_s[3] == 1 &&
+           s0->v_s[3] == 1;
+}
+
+/* Points a 16-bit split job at the caller's K and V (half_direct): st, the job's
+ * staged shapes, takes their strides. */
+static void half_direct_setup(attn__fused_job *job, attn__sdpa_shapes *st,
+                              const attn__sdpa_shapes *s0, const void *k, const void *v)
+{
+    memcpy(st->k_s, s0->k_s, sizeof st->k_s);
+    memcpy(st->v_s, s0->v_s, sizeof st->v_s);
+    job->kv_dtype = s0->dtype;
+    job->k16 = (const uint16_t *)k;
+    job->v16 = (const uint16_t *)v;
+    job->kv_first = 0;
 }
 
 static void half_merge(void *arg, int64_t item, int worker)
@@ -344,12 +399,16 @@ static void half_merge(void *arg, int64_t item, int worker)
 }
 
 /* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path widens
- * k and v whole and runs every item at once. The row path goes one (b, key/value
- * head) at a time: its K and V rows are widened into one head's float32 copy (the
- * staged shapes give k and v batch and head strides of 0, so every item of the head
- * reads the copy), on the split-key form by each item for its own chunk. out is
- * rounded once at the end. The groups and their items depend on the shapes only,
- * so the bits do not depend on the thread count. */
+ * k and v whole and runs every item at once. The row path's split-key form runs
+ * every item at once: on AVX-512 each reads its chunk of the caller's K and V and
+ * widens in registers (half_direct), elsewhere each widens its chunk into its
+ * worker's copy first (half_split_item). Unsplit, the row path goes one (b,
+ * key/value head) at a time: its K and V rows are widened into one head's float32
+ * copy (the staged shapes give k and v batch and head strides of 0, so every item
+ * of the head reads the copy). out is rounded once at the end. The groups and
+ * their items depend on the shapes only, so the bits do not depend on the thread
+ * count, and the widened values are exact, so neither do they depend on where
+ * they are widened. */
 static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
                            const void *v, void *out, float *weights, void *scratch,
                            int64_t *empty)
@@ -414,9 +473,12 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     }
     const int64_t G = st.group;
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
-                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
+                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, job.chunk};
     const int split = job.row_path && job.n_chunks;
-    if (split) {
+    if (split && half_direct(kern, &job, s0)) {
+        half_direct_setup(&job, &st, s0, k, v);
+        attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, kern->item, &job);
+    } else if (split) {
         g.kb16 = (const uint16_t *)k;
         g.vb16 = (const uint16_t *)v;
         attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, half_split_item,
@@ -510,18 +572,76 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void 
  * after another (sequence 0's items, then sequence 1's, ...) and handed to one
  * attn__parallel_for, then their split-key merges likewise. Every item still writes
  * only what it wrote in its own call, into the same places, so the bits are those
- * of the calls made one by one, for any thread count. */
+ * of the calls made one by one, for any thread count.
+ *
+ * A 16-bit batch runs the 16-bit row path's items: each call's q widened (by the
+ * calling thread: a decoding step's few rows), then in the one job every call's
+ * split-key items (on AVX-512 the kernel's own, widening in registers:
+ * half_direct; elsewhere half_split_item, which widens its chunk into its
+ * worker's copy) and the (b, key/value head) items of the calls too short to split
+ * (half_head_item), then every merge, then each out rounded. The workers' copies
+ * hold max(2 half-chunks, ATTN__SPLIT_MIN_TK) key rows: an unsplit row-path call
+ * without weights has fewer keys than that (half_layout splits from two
+ * half-chunks, job_layout from ATTN__SPLIT_MIN_TK where the pairs are few), and a
+ * split one's chunks are at most a half-chunk. The rows depend on D and Dv only,
+ * so the scratch planned for a full cache serves every length. */
+
+/* Key rows of a worker's copy in a 16-bit batch (above): at least the plan's
+ * unsplit key count, should a layout ever leave more keys unsplit. */
+static int64_t half_batch_rows(const attn__fused_job *job, const attn__sdpa_shapes *st)
+{
+    int64_t rows = 2 * half_chunk_keys(st);
+    if (rows < ATTN__SPLIT_MIN_TK)
+        rows = ATTN__SPLIT_MIN_TK;
+    if (!job->n_chunks && st->Tk > rows)
+        rows = round_up(st->Tk, 16);
+    return rows; /* a multiple of 16, so that each worker's rows start 64-byte aligned */
+}
+
+/* The layout of one plan as the batch runs it: its job, its items (for a 16-bit
+ * call, `st` gets the staged shapes the job points to), and whether it can be
+ * batched at all. */
+static int batch_layout(const attn__sdpa_plan *plan, attn__sdpa_shapes *st,
+                        attn__fused_job *job, int64_t *n_items)
+{
+    const attn__fused_kernel *kern = kernel_of(plan->arch);
+    if (plan->s.dtype == ATTN_DTYPE_F32) {
+        job_layout(kern, &plan->s, plan->br, plan->bc, job, n_items);
+        return 1;
+    }
+    attn__half_staged_shapes(&plan->s, 1, st);
+    half_layout(kern, st, plan->br, plan->bc, job, n_items);
+    if (!job->n_chunks)
+        *n_items = st->B * st->Hkv; /* half_head_item's */
+    return job->row_path && !plan->s.weights && !attn__bf16_eligible(&plan->s, plan->arch);
+}
 
 /* The sizes the batch's scratch depends on, over every plan added. */
 void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *plan)
 {
+    attn__sdpa_shapes st;
     attn__fused_job job;
     int64_t n_items, parts = 0;
-    job_layout(kernel_of(plan->arch), &plan->s, plan->br, plan->bc, &job, &n_items);
-    if (!part_floats(&plan->s, &job, &parts) || parts > INT64_MAX / 2 - acc->parts)
+    const int half = plan->s.dtype != ATTN_DTYPE_F32;
+    if (!batch_layout(plan, &st, &job, &n_items) || (acc->n > 0 && half != acc->half))
+        acc->one_by_one = 1;
+    acc->half = half;
+    const attn__sdpa_shapes *s = half ? &st : &plan->s;
+    if (!part_floats(s, &job, &parts) || parts > INT64_MAX / 2 - acc->parts)
         acc->overflow = 1;
     else
         acc->parts += round_up(parts, 16);
+    if (half) {
+        int64_t f[4], kv;
+        if (!half_floats(s, 0, 0, f) || f[0] + f[1] > INT64_MAX / 2 - acc->qo_floats ||
+            !attn__mul_i64(half_batch_rows(&job, s), s->D + s->Dv, &kv))
+            acc->overflow = 1;
+        else {
+            acc->qo_floats += f[0] + f[1];
+            if (kv > acc->kv_floats)
+                acc->kv_floats = kv;
+        }
+    }
     if (plan->threads > acc->threads)
         acc->threads = plan->threads;
     if (plan->ws_floats > acc->ws_floats)
@@ -529,24 +649,43 @@ void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *p
     acc->n++;
 }
 
-/* Bytes of each region of the batch's scratch, in order; 0 on overflow. */
-static size_t batch_regions(const attn__fused_batch_size *acc, size_t r[5])
+/* The batch's scratch regions, in order. */
+enum {
+    BATCH_JOBS,   /* n attn__fused_job */
+    BATCH_STARTS, /* item and merge starts, 2 (n + 1) int64 */
+    BATCH_EMPTY,  /* empty-row records, n * threads int64 */
+    BATCH_WS,     /* the kernel's per-worker scratch */
+    BATCH_PARTS,  /* split-key partials */
+    BATCH_GROUPS, /* 16-bit: n half_group */
+    BATCH_SHAPES, /* 16-bit: n staged attn__sdpa_shapes */
+    BATCH_QO,     /* 16-bit: q and out in float32 */
+    BATCH_KV,     /* 16-bit: each worker's K and V rows in float32 */
+    BATCH_REGIONS
+};
+
+/* Bytes of each region of the batch's scratch (each a multiple of 64); the total,
+ * or 0 on overflow. */
+static size_t batch_regions(const attn__fused_batch_size *acc, size_t r[BATCH_REGIONS])
 {
-    const size_t n = (size_t)acc->n, t = (size_t)acc->threads;
-    r[0] = attn__align64(n * sizeof(attn__fused_job));
-    r[1] = attn__align64(2 * (n + 1) * sizeof(int64_t)); /* item and merge starts */
-    r[2] = attn__align64(n * t * sizeof(int64_t));        /* empty-row records */
-    int64_t ws;
-    size_t b1, b2;
+    const size_t n = (size_t)acc->n, t = (size_t)acc->threads, hn = acc->half ? n : 0;
+    r[BATCH_JOBS] = n * sizeof(attn__fused_job);
+    r[BATCH_STARTS] = 2 * (n + 1) * sizeof(int64_t);
+    r[BATCH_EMPTY] = n * t * sizeof(int64_t);
+    r[BATCH_GROUPS] = hn * sizeof(half_group);
+    r[BATCH_SHAPES] = hn * sizeof(attn__sdpa_shapes);
+    int64_t ws, kv;
     if (acc->overflow || !attn__mul_i64(acc->ws_floats, acc->threads, &ws) ||
-        !attn__bytes(ws, sizeof(float), &b1) || !attn__bytes(acc->parts, sizeof(float), &b2))
+        !attn__mul_i64(acc->kv_floats, acc->threads, &kv) ||
+        !attn__bytes(ws, sizeof(float), &r[BATCH_WS]) ||
+        !attn__bytes(acc->parts, sizeof(float), &r[BATCH_PARTS]) ||
+        !attn__bytes(acc->qo_floats, sizeof(float), &r[BATCH_QO]) ||
+        !attn__bytes(kv, sizeof(float), &r[BATCH_KV]))
         return 0;
-    r[3] = b1;
-    r[4] = b2;
     size_t total = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < BATCH_REGIONS; i++) {
         if (r[i] > SIZE_MAX - total - 64)
             return 0;
+        r[i] = attn__align64(r[i]);
         total += r[i];
     }
     return total;
@@ -554,7 +693,7 @@ static size_t batch_regions(const attn__fused_batch_size *acc, size_t r[5])
 
 int attn__fused_batch_bytes(attn_ctx *ctx, const attn__fused_batch_size *acc, size_t *bytes)
 {
-    size_t r[5];
+    size_t r[BATCH_REGIONS];
     if (acc->n > INT64_MAX / 1024 || !(*bytes = batch_regions(acc, r)))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "batched attention scratch for %lld calls overflows",
@@ -565,6 +704,7 @@ int attn__fused_batch_bytes(attn_ctx *ctx, const attn__fused_batch_size *acc, si
 typedef struct fused_batch {
     const attn__fused_kernel *kern;
     attn__fused_job *jobs;
+    half_group *groups;   /* [n] for a 16-bit batch, else NULL */
     const int64_t *start; /* [n + 1]: the first global item of each call */
     int64_t n;
 } fused_batch;
@@ -586,8 +726,13 @@ static int64_t batch_find(const int64_t *start, int64_t n, int64_t item)
 static void batch_item(void *arg, int64_t item, int worker)
 {
     const fused_batch *fb = (const fused_batch *)arg;
-    const int64_t j = batch_find(fb->start, fb->n, item);
-    fb->kern->item(&fb->jobs[j], item - fb->start[j], worker);
+    const int64_t j = batch_find(fb->start, fb->n, item), own = item - fb->start[j];
+    if (!fb->groups || fb->jobs[j].kv_dtype != ATTN_DTYPE_F32)
+        fb->kern->item(&fb->jobs[j], own, worker);
+    else if (fb->jobs[j].n_chunks)
+        half_split_item(&fb->groups[j], own, worker);
+    else
+        half_head_item(&fb->groups[j], own, worker);
 }
 
 static void batch_merge(void *arg, int64_t item, int worker)
@@ -600,31 +745,43 @@ static void batch_merge(void *arg, int64_t item, int worker)
 int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int64_t n,
                                const attn__fused_io *io, void *scratch)
 {
-    attn__fused_batch_size acc = {0, 0, 0, 0, 0};
+    attn__fused_batch_size acc = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t j = 0; j < n; j++)
         attn__fused_batch_add(&acc, &plans[j]);
-    size_t r[5];
+    size_t r[BATCH_REGIONS], off[BATCH_REGIONS];
     if (n < 1 || !batch_regions(&acc, r))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW, "batched attention scratch overflows");
+    if (acc.one_by_one)
+        return attn__fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                          "batched attention: a %s call of %lld query rows cannot join a batch",
+                          attn_dtype_name(plans[0].s.dtype), (long long)plans[0].s.Tq);
     unsigned char *base = (unsigned char *)scratch;
-    attn__fused_job *jobs = (attn__fused_job *)base;
-    int64_t *start = (int64_t *)(base + r[0]), *mstart = start + n + 1;
-    int64_t *empty = (int64_t *)(base + r[0] + r[1]);
-    float *ws = (float *)(base + r[0] + r[1] + r[2]);
-    float *part = (float *)(base + r[0] + r[1] + r[2] + r[3]);
+    off[0] = 0;
+    for (int i = 1; i < BATCH_REGIONS; i++)
+        off[i] = off[i - 1] + r[i - 1];
+    attn__fused_job *jobs = (attn__fused_job *)(base + off[BATCH_JOBS]);
+    int64_t *start = (int64_t *)(base + off[BATCH_STARTS]), *mstart = start + n + 1;
+    int64_t *empty = (int64_t *)(base + off[BATCH_EMPTY]);
+    float *ws = (float *)(base + off[BATCH_WS]);
+    float *part = (float *)(base + off[BATCH_PARTS]);
+    half_group *groups = acc.half ? (half_group *)(base + off[BATCH_GROUPS]) : NULL;
+    attn__sdpa_shapes *shapes = (attn__sdpa_shapes *)(base + off[BATCH_SHAPES]);
+    float *qo = (float *)(base + off[BATCH_QO]), *kvf = (float *)(base + off[BATCH_KV]);
     const int threads = acc.threads;
     const attn__fused_kernel *kern = kernel_of(plans[0].arch);
+    const attn__half_kernels *hk = attn__half_for(plans[0].arch);
     start[0] = mstart[0] = 0;
     for (int64_t j = 0; j < n; j++) {
-        const attn__sdpa_shapes *s = &plans[j].s;
+        const attn__sdpa_shapes *s0 = &plans[j].s;
         attn__fused_job *job = &jobs[j];
         int64_t n_items, parts = 0;
-        job_layout(kern, s, plans[j].br, plans[j].bc, job, &n_items);
+        batch_layout(&plans[j], &shapes[j], job, &n_items);
+        const attn__sdpa_shapes *s = groups ? &shapes[j] : s0;
         part_floats(s, job, &parts);
-        job->q = io[j].q;
-        job->k = io[j].k;
-        job->v = io[j].v;
-        job->out = io[j].out;
+        job->q = (const float *)io[j].q;
+        job->k = (const float *)io[j].k;
+        job->v = (const float *)io[j].v;
+        job->out = (float *)io[j].out;
         job->weights = NULL;
         job->ws_floats = acc.ws_floats;
         job->ws = ws;
@@ -633,15 +790,51 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
         job->empty_first = empty + j * threads;
         for (int t = 0; t < threads; t++)
             job->empty_first[t] = INT64_MAX;
+        if (groups) {
+            /* q in float32 (fused_run_half's), then K and V in the workers' copies. */
+            int64_t f[4], lo0, hi0, lo1, hi1;
+            half_floats(s, 0, 0, f);
+            float *const qf = qo, *const of = qo + f[0];
+            qo += f[0] + f[1];
+            const attn__half_rows rq = {hk, s0->q_f32 ? ATTN_DTYPE_F32 : s0->dtype, 0,
+                                        (void *)(uintptr_t)io[j].q, qf,
+                                        {s0->B, s0->H, s0->Tq, s0->D},
+                                        {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
+            attn__half_rows_run(&rq, 1);
+            const int64_t wrows = acc.kv_floats / (s->D + s->Dv);
+            job->q = qf;
+            job->out = of;
+            job->k = kvf;
+            job->v = kvf + (int64_t)threads * wrows * s->D;
+            fk_row_range(s, 0, &lo0, &hi0);
+            fk_row_range(s, s->Tq - 1, &lo1, &hi1);
+            const half_group g = {kern, hk, job, 0, s0->dtype, (const uint16_t *)io[j].k,
+                                  (const uint16_t *)io[j].v, s0->k_s, s0->v_s,
+                                  (float *)job->k, (float *)job->v, lo0 < lo1 ? lo0 : lo1,
+                                  hi0 > hi1 ? hi0 : hi1, wrows};
+            groups[j] = g;
+            if (half_direct(kern, job, s0))
+                half_direct_setup(job, &shapes[j], s0, io[j].k, io[j].v);
+        }
         start[j + 1] = start[j] + n_items;
         mstart[j + 1] = mstart[j] + (job->n_chunks ? s->B * s->H : 0);
     }
-    fused_batch fb = {kern, jobs, start, n};
+    fused_batch fb = {kern, jobs, groups, start, n};
     attn__parallel_for(threads, start[n], batch_item, &fb);
     if (mstart[n] > 0) {
         /* The merges read what every chunk wrote, so they start after the last. */
         fb.start = mstart;
         attn__parallel_for(threads, mstart[n], batch_merge, &fb);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const attn__sdpa_shapes *s = &plans[j].s;
+        if (groups) {
+            const attn__half_rows ro = {hk, s->out_f32 ? ATTN_DTYPE_F32 : s->dtype, 1,
+                                        io[j].out, jobs[j].out,
+                                        {s->B, s->H, s->Tq, s->Dv},
+                                        {s->o_s[0], s->o_s[1], s->o_s[2], s->o_s[3]}};
+            attn__half_rows_run(&ro, 1);
+        }
     }
     for (int64_t j = 0; j < n; j++) {
         const attn__sdpa_shapes *s = &plans[j].s;

@@ -47,6 +47,11 @@ typedef struct attn__fused_job {
                                (b, key/value head)) holds; 0, except for the 16-bit
                                path's chunk-sized copy, where it is the chunk's first
                                key. A split item reads key j at row j - kv_first. */
+    attn_dtype kv_dtype;    /* split-key path: F32 (0), K and V in k and v; or, on
+                               the AVX-512 build, BF16 or F16: the split items read
+                               the caller's 16-bit K and V, k16 and v16 (strides
+                               s->k_s, s->v_s), widening them in registers */
+    const uint16_t *k16, *v16;
     int64_t pst;            /* floats per partial result: 16 of header (m, l, seen)
                                and then dvp of unnormalised output */
     float *part;            /* partials [B, H, Tq, n_chunks][pst] */
@@ -95,19 +100,30 @@ const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
  * cache's batched attend, one call per sequence. attn__fused_batch_add takes every
  * plan in turn into a zeroed attn__fused_batch_size, attn__fused_batch_bytes says
  * the scratch, and attn__sdpa_fused_run_batch runs plans[0 .. n-1] (fused plans of
- * one arch, no weights) on io[j]'s data with that scratch, 64-byte aligned. It
- * allocates nothing; the bits are those of the calls run one by one. */
+ * one arch and one dtype, no weights) on io[j]'s data with that scratch, 64-byte
+ * aligned. A 16-bit batch runs the row path's items (split-key chunks widened by
+ * the item that uses them, or one key/value head widened once for its group); a
+ * 16-bit plan on the tile path, or on the bfloat16 kernel's, sets one_by_one and
+ * must run as its own call. It allocates nothing; the bits are those of the calls
+ * run one by one, for any thread count. */
 typedef struct attn__fused_batch_size {
     int64_t n;         /* plans added */
     int threads;       /* the most any plan uses */
     int64_t ws_floats; /* the most any plan needs per worker */
     int64_t parts;     /* split-key partials of all, each rounded up to 16 floats */
+    int64_t qo_floats; /* 16-bit: float32 copies of every plan's q and out, each
+                          rounded up to 16 floats */
+    int64_t kv_floats; /* 16-bit: one worker's float32 copy of K and V rows */
+    int half;          /* 1: the plans are 16-bit */
+    int one_by_one;    /* 1: some plan cannot join a batch */
     int overflow;
 } attn__fused_batch_size;
 
+/* One call's arrays: float32, or the 16-bit dtype of a 16-bit plan (q and out
+ * as the plan's q_f32 and out_f32 say). */
 typedef struct attn__fused_io {
-    const float *q, *k, *v;
-    float *out;
+    const void *q, *k, *v;
+    void *out;
 } attn__fused_io;
 
 void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *plan);
