@@ -1,0 +1,779 @@
+/*
+ * test_dim_sweep.c - every head size from 1 to 264 on every kernel path that has code
+ * of its own for a tail of the head size.
+ *
+ * Hand-picked "awkward" sizes (1, 3, 17, 113 ...) miss the switch cases of a
+ * kernel's tail: main's row and split-key paths once summed nothing into the last
+ * weighted-sum block of exactly NV vectors, so that on AVX-512 Dv 113..127 came out
+ * wrong while tests/test_fused_sweep.c and tests/test_review_kernels.c passed. This
+ * sweep takes every size instead, in three families of (D, Dv) pairs:
+ *
+ *   D = Dv = n,   D = 64 with Dv = n,   Dv = 64 with D = n,   for n = 1 .. 264,
+ *
+ * and runs each pair (792 in all) through
+ *   - the float32 forward on the row path (Tq 1..8, a few keys), the split-key path
+ *     (Tq 1, 520 keys, which the plan splits in chunks: checked) and the tile path
+ *     (Tq 17, Tk 33), with grouped-query heads (groups of 2 and 3) on some pairs;
+ *   - the same three shapes with bfloat16 and with float16 q, k, v and out;
+ *   - a 16-bit KV cache attended with 16-bit queries (row and split shapes);
+ *   - the backward (attn_sdpa_backward) on a 3 x 5 and a 17 x 33 problem;
+ *   - attn_linear's GEMM with K = D and N = Dv (and M = 1 .. 20 rows);
+ * on every instruction-set path this machine runs (scalar, avx2, avx512; for
+ * bfloat16 also avx512bf16, with vdpbf16ps emulated where the CPU lacks it, and
+ * amx where the CPU has it), each with 1 and 2 threads, which must give the same
+ * bits. Paths this machine cannot run are announced as skipped.
+ *
+ * The bounds are the existing sweeps', not new ones:
+ *   - float32 forward (tests/test_fused_sweep.c): max |fused - oracle| <= 2 max
+ *     |reference - oracle| + 2e-6, against a float64 oracle;
+ *   - 16-bit forward and KV cache (tests/test_bf16_paths.c): every output within
+ *     2^-p (max |v| + |reference's output|) of the reference on the same 16-bit
+ *     arrays, p = 8 for bfloat16 and 11 for float16 (one unit of the dtype, the
+ *     floor of tests/test_half.c);
+ *   - backward (tests/test_fused_backward.c): per gradient, max |fused - oracle| <=
+ *     2 max |reference - oracle| + 16 FLT_EPSILON max |oracle of absolute terms|;
+ *   - GEMM (tests/test_gemm.c): 2 max |reference - oracle| + 1e-6.
+ * Under a sanitizer every seventh pair runs (still every residue of the vector
+ * widths over the sweep).
+ */
+#define _POSIX_C_SOURCE 200112L
+#include "attn.h"
+#include "check.h"
+#include "half.h"
+#include "sdpa_contract.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SWEEP_QUICK 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define SWEEP_QUICK 1
+#endif
+#endif
+#ifndef SWEEP_QUICK
+#define SWEEP_QUICK 0
+#endif
+
+#define NMAX 264
+#define FLOOR 2e-6 /* tests/test_fused_sweep.c's floor */
+#define MAX_REPORTS 30 /* failures printed in full; the rest only counted */
+
+static uint64_t rng_state = 0x6a09e667f3bcc909ull;
+
+static float uni(void) /* uniform in [-1, 1), xorshift64* */
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (float)((double)((rng_state * 2685821657736338717ull) >> 40) / 8388608.0 - 1.0);
+}
+
+static void fill(float *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        p[i] = uni();
+}
+
+static int reports = 0;
+
+/* Prints a failure's description while there are few; a sweep gone wrong prints
+ * the first MAX_REPORTS and counts the rest through CHECK. */
+static void report(const char *what, const char *detail)
+{
+    if (reports++ < MAX_REPORTS)
+        fprintf(stderr, "   %s: %s\n", what, detail);
+}
+
+/* ---- Shapes ------------------------------------------------------------------ */
+
+typedef struct shape {
+    int64_t H, Hkv, Tq, Tk, D, Dv;
+} shape;
+
+enum { PATH_ROW, PATH_SPLIT, PATH_TILE, PATHS };
+static const char *const path_names[PATHS] = {"row", "split", "tile"};
+
+/* The i-th (D, Dv) pair of the three families. */
+static void pair_of(int i, int64_t *D, int64_t *Dv)
+{
+    const int64_t n = i % NMAX + 1;
+    switch (i / NMAX) {
+    case 0:
+        *D = *Dv = n;
+        break;
+    case 1:
+        *D = 64, *Dv = n;
+        break;
+    default:
+        *D = n, *Dv = 64;
+        break;
+    }
+}
+
+/* Pair i's problem on a path. Query heads per key/value head cycle through 1, 2 and
+ * 3 (the split path takes a group's heads several at a time, so 2 and 3 land on
+ * its boundaries); the row path's key count keeps Tk >= Tq for the KV cache. */
+static shape shape_of(int path, int i, int64_t D, int64_t Dv)
+{
+    static const int64_t groups[3][2] = {{2, 2}, {2, 1}, {3, 1}};
+    shape s = {groups[i % 3][0], groups[i % 3][1], 0, 0, D, Dv};
+    switch (path) {
+    case PATH_ROW:
+        s.Tq = 1 + i % 8;
+        s.Tk = s.Tq + (7 * i) % 19;
+        break;
+    case PATH_SPLIT: /* one (batch, key/value head) pair, 520 keys: two chunks or more */
+        s.Tq = 1;
+        s.Tk = 520;
+        if (s.Hkv == 2)
+            s.H = 1, s.Hkv = 1;
+        break;
+    default:
+        s.Tq = 17;
+        s.Tk = 33;
+        break;
+    }
+    return s;
+}
+
+static void shape_text(char *buf, size_t size, const char *what, const shape *s,
+                       attn_arch arch)
+{
+    snprintf(buf, size, "%s H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld arch=%s", what,
+             (long long)s->H, (long long)s->Hkv, (long long)s->Tq, (long long)s->Tk,
+             (long long)s->D, (long long)s->Dv, attn_arch_name(arch));
+}
+
+static attn_tensor tensor4(attn_dtype dt, void *data, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    attn_tensor t;
+    const int64_t sh[4] = {a, b, c, d};
+    attn_tensor_init(NULL, &t, dt, data, 4, sh);
+    return t;
+}
+
+/* One attn_sdpa call on contiguous q [1, H, Tq, D], k [1, Hkv, Tk, D], v [1, Hkv,
+ * Tk, Dv] and out [1, H, Tq, Dv] of dtype dt; with chunks, also the number of key
+ * chunks the call's plan splits the keys into (0: not split). */
+static int sdpa(attn_dtype dt, const shape *s, const void *q, const void *k, const void *v,
+                void *out, attn_impl impl, attn_arch arch, int threads, int64_t *chunks)
+{
+    attn_tensor tq = tensor4(dt, (void *)q, 1, s->H, s->Tq, s->D);
+    attn_tensor tk = tensor4(dt, (void *)k, 1, s->Hkv, s->Tk, s->D);
+    attn_tensor tv = tensor4(dt, (void *)v, 1, s->Hkv, s->Tk, s->Dv);
+    attn_tensor to = tensor4(dt, out, 1, s->H, s->Tq, s->Dv);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    ctx.arch = arch;
+    ctx.threads = threads;
+    if (chunks) {
+        attn__sdpa_shapes sh;
+        attn__sdpa_plan plan;
+        *chunks = -1;
+        if (attn__sdpa_prepare(&ctx, &tq, &tk, &tv, &p, &to, NULL, &sh) == ATTN_OK &&
+            attn__sdpa_plan_for_ctx(&ctx, &sh, &plan) == ATTN_OK)
+            *chunks = plan.n_chunks;
+    }
+    const int rc = attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   attn_sdpa: %s\n", ctx.message);
+    attn_ctx_release(&ctx);
+    return rc;
+}
+
+static double max_err(const float *a, const double *o, int64_t n)
+{
+    double e = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - o[i]);
+        if (!(d <= e))
+            e = isnan(d) ? INFINITY : d; /* a NaN fails every bound */
+    }
+    return e;
+}
+
+/* ---- Paths ------------------------------------------------------------------- */
+
+static attn_arch archs[3], archs16[5];
+static int n_archs = 0, n_archs16 = 0;
+
+static void find_paths(void)
+{
+    const attn_arch all[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    const attn_arch half_only[2] = {ATTN_ARCH_AVX512_BF16, ATTN_ARCH_AMX};
+    fprintf(stderr, "-- paths on this machine:");
+    for (int a = 0; a < 3; a++)
+        if (attn_arch_supported(all[a])) {
+            archs[n_archs++] = all[a];
+            archs16[n_archs16++] = all[a];
+            fprintf(stderr, " %s", attn_arch_name(all[a]));
+        }
+    for (int a = 0; a < 2; a++)
+        if (attn_arch_supported(half_only[a])) {
+            archs16[n_archs16++] = half_only[a];
+            fprintf(stderr, " %s (bfloat16 only)", attn_arch_name(half_only[a]));
+        }
+    fprintf(stderr, "\n");
+    for (int a = 0; a < 3; a++)
+        if (!attn_arch_supported(all[a]))
+            fprintf(stderr, "-- skipped: the %s path: this CPU or build lacks it\n",
+                    attn_arch_name(all[a]));
+    for (int a = 0; a < 2; a++)
+        if (!attn_arch_supported(half_only[a]))
+            fprintf(stderr, "-- skipped: the %s path: this CPU, OS or build lacks it\n",
+                    attn_arch_name(half_only[a]));
+}
+
+/* ---- float32 forward ----------------------------------------------------------- */
+
+typedef struct tally {
+    int runs;
+    double worst;
+    char where[200];
+} tally;
+
+static void tally_add(tally *t, double ratio, const char *what)
+{
+    t->runs++;
+    if (ratio > t->worst) {
+        t->worst = ratio;
+        snprintf(t->where, sizeof t->where, "%s", what);
+    }
+}
+
+static tally t_f32, t_half[2], t_kv[2], t_bwd, t_gemm;
+static int split_runs = 0;
+
+static void check_f32(int path, int i, int64_t D, int64_t Dv)
+{
+    const shape s = shape_of(path, i, D, Dv);
+    const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
+    const int64_t no = s.H * s.Tq * Dv;
+    float *q = malloc(sizeof(float) * (size_t)nq), *k = malloc(sizeof(float) * (size_t)nk);
+    float *v = malloc(sizeof(float) * (size_t)nv);
+    float *ref = malloc(sizeof(float) * (size_t)no), *o1 = malloc(sizeof(float) * (size_t)no),
+          *o2 = malloc(sizeof(float) * (size_t)no);
+    double *oracle = calloc((size_t)no, sizeof(double)), *sc = malloc(sizeof(double) * (size_t)s.Tk);
+    fill(q, nq), fill(k, nk), fill(v, nv);
+    const double scale = 1.0 / sqrt((double)D);
+    for (int64_t h = 0; h < s.H; h++) {
+        const int64_t hk = h / (s.H / s.Hkv);
+        for (int64_t r = 0; r < s.Tq; r++) {
+            const float *qr = q + (h * s.Tq + r) * D;
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j < s.Tk; j++) {
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)qr[d] * (double)k[(hk * s.Tk + j) * D + d];
+                sc[j] = dot * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int64_t j = 0; j < s.Tk; j++)
+                sum += (sc[j] = exp(sc[j] - mx));
+            double *orow = oracle + (h * s.Tq + r) * Dv;
+            for (int64_t j = 0; j < s.Tk; j++)
+                for (int64_t e = 0; e < Dv; e++)
+                    orow[e] += sc[j] / sum * (double)v[(hk * s.Tk + j) * Dv + e];
+        }
+    }
+    CHECK_INT(sdpa(ATTN_DTYPE_F32, &s, q, k, v, ref, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, NULL),
+              ATTN_OK);
+    const double bound = 2.0 * max_err(ref, oracle, no) + FLOOR;
+    for (int a = 0; a < n_archs; a++) {
+        char what[200], detail[200];
+        shape_text(what, sizeof what, path_names[path], &s, archs[a]);
+        int64_t chunks = 0;
+        for (int64_t x = 0; x < no; x++)
+            o1[x] = o2[x] = NAN; /* an element never written fails */
+        CHECK_INT(sdpa(ATTN_DTYPE_F32, &s, q, k, v, o1, ATTN_IMPL_FUSED, archs[a], 1,
+                       path == PATH_SPLIT ? &chunks : NULL),
+                  ATTN_OK);
+        CHECK_INT(sdpa(ATTN_DTYPE_F32, &s, q, k, v, o2, ATTN_IMPL_FUSED, archs[a], 2, NULL),
+                  ATTN_OK);
+        if (path == PATH_SPLIT) {
+            if (chunks < 2) {
+                snprintf(detail, sizeof detail, "the plan has %lld key chunks, not 2 or more",
+                         (long long)chunks);
+                report(what, detail);
+            }
+            CHECK(chunks >= 2);
+            split_runs++;
+        }
+        const double err = max_err(o1, oracle, no);
+        if (!(err <= bound)) {
+            snprintf(detail, sizeof detail, "error %.3g against the oracle, bound %.3g", err,
+                     bound);
+            report(what, detail);
+        }
+        CHECK(err <= bound);
+        const int same = memcmp(o1, o2, sizeof(float) * (size_t)no) == 0;
+        if (!same)
+            report(what, "1 and 2 threads give other bits");
+        CHECK(same);
+        tally_add(&t_f32, err / bound, what);
+    }
+    free(q), free(k), free(v), free(ref), free(o1), free(o2), free(oracle), free(sc);
+}
+
+/* ---- 16-bit forward and KV cache ------------------------------------------------ */
+
+static uint16_t narrow(attn_dtype dt, float x)
+{
+    return dt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(x) : attn__f32_to_f16(x);
+}
+
+static float widen(attn_dtype dt, uint16_t h)
+{
+    return dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+}
+
+static uint16_t *fill16(attn_dtype dt, int64_t n)
+{
+    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = narrow(dt, uni());
+    return p;
+}
+
+/* tests/test_bf16_paths.c's rule: got within 2^-p (vmax + |ref|) of ref, element by
+ * element (p = 8 for bfloat16, 11 for float16). Returns the worst error / bound and
+ * describes the first element out of bounds in detail (empty when none). */
+static double half_rule(attn_dtype dt, const uint16_t *got, const uint16_t *ref, int64_t n,
+                        double vmax, char *detail, size_t size)
+{
+    const int p = dt == ATTN_DTYPE_BF16 ? 8 : 11;
+    double worst = 0.0;
+    detail[0] = 0;
+    for (int64_t x = 0; x < n; x++) {
+        const double a = widen(dt, ref[x]), b = widen(dt, got[x]);
+        const double e = fabs(a - b), bound = ldexp(vmax + fabs(a), -p);
+        if (!(e <= bound)) {
+            if (!detail[0])
+                snprintf(detail, size, "out[%lld] %.6g, the reference's %.6g", (long long)x, b, a);
+            worst = INFINITY;
+        } else if (e / bound > worst) {
+            worst = e / bound;
+        }
+    }
+    return worst;
+}
+
+static double vmax_of(attn_dtype dt, const uint16_t *v, int64_t n)
+{
+    double m = 0.0;
+    for (int64_t x = 0; x < n; x++)
+        m = fmax(m, fabs(widen(dt, v[x])));
+    return m;
+}
+
+/* One 16-bit forward problem on a path: the fused kernel of every path (16-bit
+ * ones for bfloat16 only) against the reference on the same arrays. */
+static void check_half(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
+{
+    const shape s = shape_of(path, i, D, Dv);
+    const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
+    const int64_t no = s.H * s.Tq * Dv;
+    uint16_t *q = fill16(dt, nq), *k = fill16(dt, nk), *v = fill16(dt, nv);
+    uint16_t *ref = malloc(2 * (size_t)no), *o1 = malloc(2 * (size_t)no),
+             *o2 = malloc(2 * (size_t)no);
+    const double vmax = vmax_of(dt, v, nv);
+    tally *t = &t_half[dt == ATTN_DTYPE_BF16 ? 0 : 1];
+    CHECK_INT(sdpa(dt, &s, q, k, v, ref, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, NULL), ATTN_OK);
+    for (int a = 0; a < n_archs16; a++) {
+        if (dt != ATTN_DTYPE_BF16 && a >= n_archs)
+            continue;
+        char what[200], detail[200];
+        char name[40];
+        snprintf(name, sizeof name, "%s %s", attn_dtype_name(dt), path_names[path]);
+        shape_text(what, sizeof what, name, &s, archs16[a]);
+        memset(o1, 0xff, 2 * (size_t)no); /* NaN bits in both dtypes */
+        memset(o2, 0xff, 2 * (size_t)no);
+        CHECK_INT(sdpa(dt, &s, q, k, v, o1, ATTN_IMPL_FUSED, archs16[a], 1, NULL), ATTN_OK);
+        CHECK_INT(sdpa(dt, &s, q, k, v, o2, ATTN_IMPL_FUSED, archs16[a], 2, NULL), ATTN_OK);
+        const double worst = half_rule(dt, o1, ref, no, vmax, detail, sizeof detail);
+        if (detail[0])
+            report(what, detail);
+        CHECK(worst <= 1.0);
+        const int same = memcmp(o1, o2, 2 * (size_t)no) == 0;
+        if (!same)
+            report(what, "1 and 2 threads give other bits");
+        CHECK(same);
+        tally_add(t, worst, what);
+    }
+    free(q), free(k), free(v), free(ref), free(o1), free(o2);
+}
+
+/* A 16-bit KV cache holding k and v, attended by a 16-bit q into a 16-bit out. */
+static int kv_attend(attn_dtype dt, const shape *s, const uint16_t *q, const uint16_t *k,
+                     const uint16_t *v, uint16_t *out, attn_impl impl, attn_arch arch,
+                     int threads)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.impl = impl;
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_kv_cache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.batch = 1, cfg.kv_heads = s->Hkv, cfg.capacity = s->Tk;
+    cfg.head_dim = s->D, cfg.value_dim = s->Dv, cfg.dtype = dt;
+    attn_kv_cache *cache = NULL;
+    int rc = attn_kv_cache_create(&ctx, &cfg, NULL, 0, &cache);
+    attn_tensor tk = tensor4(dt, (void *)k, 1, s->Hkv, s->Tk, s->D);
+    attn_tensor tv = tensor4(dt, (void *)v, 1, s->Hkv, s->Tk, s->Dv);
+    attn_tensor tq = tensor4(dt, (void *)q, 1, s->H, s->Tq, s->D);
+    attn_tensor to = tensor4(dt, out, 1, s->H, s->Tq, s->Dv);
+    if (rc == ATTN_OK)
+        rc = attn_kv_cache_append(&ctx, cache, 0, &tk, &tv, NULL);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    if (rc == ATTN_OK)
+        rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   attn_kv_cache: %s\n", ctx.message);
+    attn_kv_cache_free(&ctx, cache);
+    attn_ctx_release(&ctx);
+    return rc;
+}
+
+static void check_kv(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
+{
+    const shape s = shape_of(path, i, D, Dv);
+    const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
+    const int64_t no = s.H * s.Tq * Dv;
+    uint16_t *q = fill16(dt, nq), *k = fill16(dt, nk), *v = fill16(dt, nv);
+    uint16_t *ref = malloc(2 * (size_t)no), *o1 = malloc(2 * (size_t)no),
+             *o2 = malloc(2 * (size_t)no);
+    const double vmax = vmax_of(dt, v, nv);
+    tally *t = &t_kv[dt == ATTN_DTYPE_BF16 ? 0 : 1];
+    CHECK_INT(kv_attend(dt, &s, q, k, v, ref, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1), ATTN_OK);
+    for (int a = 0; a < n_archs16; a++) {
+        if (dt != ATTN_DTYPE_BF16 && a >= n_archs)
+            continue;
+        char what[200], detail[200], name[40];
+        snprintf(name, sizeof name, "%s cache %s", attn_dtype_name(dt), path_names[path]);
+        shape_text(what, sizeof what, name, &s, archs16[a]);
+        memset(o1, 0xff, 2 * (size_t)no);
+        memset(o2, 0xff, 2 * (size_t)no);
+        CHECK_INT(kv_attend(dt, &s, q, k, v, o1, ATTN_IMPL_FUSED, archs16[a], 1), ATTN_OK);
+        CHECK_INT(kv_attend(dt, &s, q, k, v, o2, ATTN_IMPL_FUSED, archs16[a], 2), ATTN_OK);
+        const double worst = half_rule(dt, o1, ref, no, vmax, detail, sizeof detail);
+        if (detail[0])
+            report(what, detail);
+        CHECK(worst <= 1.0);
+        const int same = memcmp(o1, o2, 2 * (size_t)no) == 0;
+        if (!same)
+            report(what, "1 and 2 threads give other bits");
+        CHECK(same);
+        tally_add(t, worst, what);
+    }
+    free(q), free(k), free(v), free(ref), free(o1), free(o2);
+}
+
+/* ---- Backward ------------------------------------------------------------------ */
+
+/* The float64 backward of tests/test_fused_backward.c without the options: with
+ * absolute set, every term taken in absolute value (the scale the gradients are
+ * summed from, for the floor). dq, dk and dv are zeroed here. */
+static void bwd_oracle(const shape *s, const float *q, const float *k, const float *v,
+                       const float *dout, int absolute, double *dq, double *dk, double *dv)
+{
+#define A_(x) (absolute ? fabs((double)(x)) : (double)(x))
+    const int64_t D = s->D, Dv = s->Dv, Tk = s->Tk, group = s->H / s->Hkv;
+    const double scale = 1.0 / sqrt((double)D);
+    memset(dq, 0, sizeof(double) * (size_t)(s->H * s->Tq * D));
+    memset(dk, 0, sizeof(double) * (size_t)(s->Hkv * Tk * D));
+    memset(dv, 0, sizeof(double) * (size_t)(s->Hkv * Tk * Dv));
+    double *pw = malloc(sizeof(double) * (size_t)Tk), *o = malloc(sizeof(double) * (size_t)Dv);
+    for (int64_t h = 0; h < s->H; h++) {
+        const int64_t hk = h / group;
+        const float *K = k + hk * Tk * D, *V = v + hk * Tk * Dv;
+        for (int64_t r = 0; r < s->Tq; r++) {
+            const float *qi = q + (h * s->Tq + r) * D, *doi = dout + (h * s->Tq + r) * Dv;
+            double *dqi = dq + (h * s->Tq + r) * D, m = -INFINITY, l = 0.0, delta = 0.0;
+            for (int64_t j = 0; j < Tk; j++) {
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)qi[d] * K[j * D + d];
+                pw[j] = scale * dot;
+                m = pw[j] > m ? pw[j] : m;
+            }
+            for (int64_t j = 0; j < Tk; j++)
+                l += (pw[j] = exp(pw[j] - m));
+            memset(o, 0, sizeof(double) * (size_t)Dv);
+            for (int64_t j = 0; j < Tk; j++) {
+                pw[j] /= l;
+                for (int64_t e = 0; e < Dv; e++)
+                    o[e] += pw[j] * A_(V[j * Dv + e]);
+            }
+            for (int64_t e = 0; e < Dv; e++)
+                delta += A_(doi[e]) * o[e];
+            for (int64_t j = 0; j < Tk; j++) {
+                double dp = 0.0;
+                for (int64_t e = 0; e < Dv; e++) {
+                    dp += A_(doi[e]) * A_(V[j * Dv + e]);
+                    dv[(hk * Tk + j) * Dv + e] += pw[j] * A_(doi[e]);
+                }
+                const double ds = pw[j] * (absolute ? dp + delta : dp - delta);
+                for (int64_t d = 0; d < D; d++) {
+                    dqi[d] += scale * ds * A_(K[j * D + d]);
+                    dk[(hk * Tk + j) * D + d] += scale * ds * A_(qi[d]);
+                }
+            }
+        }
+    }
+    free(pw), free(o);
+#undef A_
+}
+
+static int backward(const shape *s, float *q, float *k, float *v, float *out, float *lse,
+                    float *dout, float *dq, float *dk, float *dv, attn_arch arch, int threads)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_tensor tq = tensor4(ATTN_DTYPE_F32, q, 1, s->H, s->Tq, s->D);
+    attn_tensor tk = tensor4(ATTN_DTYPE_F32, k, 1, s->Hkv, s->Tk, s->D);
+    attn_tensor tv = tensor4(ATTN_DTYPE_F32, v, 1, s->Hkv, s->Tk, s->Dv);
+    attn_tensor to = tensor4(ATTN_DTYPE_F32, out, 1, s->H, s->Tq, s->Dv);
+    attn_tensor tdo = tensor4(ATTN_DTYPE_F32, dout, 1, s->H, s->Tq, s->Dv);
+    attn_tensor tdq = tensor4(ATTN_DTYPE_F32, dq, 1, s->H, s->Tq, s->D);
+    attn_tensor tdk = tensor4(ATTN_DTYPE_F32, dk, 1, s->Hkv, s->Tk, s->D);
+    attn_tensor tdv = tensor4(ATTN_DTYPE_F32, dv, 1, s->Hkv, s->Tk, s->Dv);
+    attn_tensor tl;
+    const int64_t ls[3] = {1, s->H, s->Tq};
+    attn_tensor_init(NULL, &tl, ATTN_DTYPE_F32, lse, 3, ls);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    attn_sdpa_grads g = {&tdq, &tdk, &tdv, NULL, NULL};
+    int rc;
+    if (arch == ATTN_ARCH_REF) {
+        p.lse = &tl; /* the forward on the reference first: out and lse */
+        ctx.impl = ATTN_IMPL_REF;
+        rc = attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL);
+        p.lse = NULL;
+        if (rc == ATTN_OK)
+            rc = attn_sdpa_backward_ref(&ctx, &tq, &tk, &tv, &p, &to, &tl, &tdo, &g);
+    } else {
+        rc = attn_sdpa_backward(&ctx, &tq, &tk, &tv, &p, &to, &tl, &tdo, &g);
+    }
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   backward on %s: %s\n", attn_arch_name(arch), ctx.message);
+    attn_ctx_release(&ctx);
+    return rc;
+}
+
+static double max_abs(const double *o, int64_t n)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(o[i]));
+    return m;
+}
+
+static void check_backward(int i, int64_t D, int64_t Dv)
+{
+    shape s = shape_of(PATH_TILE, i, D, Dv);
+    if (i % 2 == 0)
+        s.Tq = 3, s.Tk = 5;
+    const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
+    const int64_t no = s.H * s.Tq * Dv, n3[3] = {nq, nk, nv};
+    float *q = malloc(sizeof(float) * (size_t)nq), *k = malloc(sizeof(float) * (size_t)nk);
+    float *v = malloc(sizeof(float) * (size_t)nv), *dout = malloc(sizeof(float) * (size_t)no);
+    float *out = malloc(sizeof(float) * (size_t)no), *lse = malloc(sizeof(float) * (size_t)(s.H * s.Tq));
+    fill(q, nq), fill(k, nk), fill(v, nv), fill(dout, no);
+    float *g[3][3]; /* [reference, 1 thread, 2 threads][dq, dk, dv] */
+    double *o[3], *ab[3];
+    for (int x = 0; x < 3; x++) {
+        for (int y = 0; y < 3; y++)
+            g[y][x] = malloc(sizeof(float) * (size_t)n3[x]);
+        o[x] = malloc(sizeof(double) * (size_t)n3[x]);
+        ab[x] = malloc(sizeof(double) * (size_t)n3[x]);
+    }
+    bwd_oracle(&s, q, k, v, dout, 0, o[0], o[1], o[2]);
+    bwd_oracle(&s, q, k, v, dout, 1, ab[0], ab[1], ab[2]);
+    CHECK_INT(backward(&s, q, k, v, out, lse, dout, g[0][0], g[0][1], g[0][2], ATTN_ARCH_REF, 1),
+              ATTN_OK);
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    for (int a = 0; a < n_archs; a++) {
+        char what[200], detail[200];
+        shape_text(what, sizeof what, "backward", &s, archs[a]);
+        for (int t = 1; t <= 2; t++)
+            CHECK_INT(backward(&s, q, k, v, out, lse, dout, g[t][0], g[t][1], g[t][2], archs[a],
+                               t),
+                      ATTN_OK);
+        for (int x = 0; x < 3; x++) {
+            const double eref = max_err(g[0][x], o[x], n3[x]);
+            const double efus = max_err(g[1][x], o[x], n3[x]);
+            const double bound = 2.0 * eref + 16.0 * FLT_EPSILON * max_abs(ab[x], n3[x]);
+            if (!(efus <= bound)) {
+                snprintf(detail, sizeof detail, "%s error %.3g, bound %.3g (reference %.3g)",
+                         names[x], efus, bound, eref);
+                report(what, detail);
+            }
+            CHECK(efus <= bound);
+            const int same = memcmp(g[1][x], g[2][x], sizeof(float) * (size_t)n3[x]) == 0;
+            if (!same) {
+                snprintf(detail, sizeof detail, "%s: 1 and 2 threads give other bits", names[x]);
+                report(what, detail);
+            }
+            CHECK(same);
+            tally_add(&t_bwd, efus / bound, what);
+        }
+    }
+    for (int x = 0; x < 3; x++) {
+        for (int y = 0; y < 3; y++)
+            free(g[y][x]);
+        free(o[x]), free(ab[x]);
+    }
+    free(q), free(k), free(v), free(dout), free(out), free(lse);
+}
+
+/* ---- GEMM ---------------------------------------------------------------------- */
+
+static int linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
+                  int64_t K, attn_arch arch, int threads)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    attn_tensor tx, tw, tb, ty;
+    const int64_t sx[2] = {M, K}, sw[2] = {N, K}, sb[1] = {N}, sy[2] = {M, N};
+    attn_tensor_init(NULL, &tx, ATTN_DTYPE_F32, (void *)x, 2, sx);
+    attn_tensor_init(NULL, &tw, ATTN_DTYPE_F32, (void *)w, 2, sw);
+    attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, (void *)b, 1, sb);
+    attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, y, 2, sy);
+    const int rc = attn_linear(&ctx, &tx, &tw, &tb, &ty);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   attn_linear: %s\n", ctx.message);
+    attn_ctx_release(&ctx);
+    return rc;
+}
+
+/* y [M, N] = x [M, K] W [N, K]^T + b with K = D and N = Dv of pair i. */
+static void check_gemm(int i, int64_t K, int64_t N)
+{
+    const int64_t M = 1 + i % 20;
+    float *x = malloc(sizeof(float) * (size_t)(M * K)), *w = malloc(sizeof(float) * (size_t)(N * K));
+    float *b = malloc(sizeof(float) * (size_t)N), *ref = malloc(sizeof(float) * (size_t)(M * N));
+    float *y1 = malloc(sizeof(float) * (size_t)(M * N)), *y2 = malloc(sizeof(float) * (size_t)(M * N));
+    double *oracle = malloc(sizeof(double) * (size_t)(M * N));
+    fill(x, M * K), fill(w, N * K), fill(b, N);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = b[n];
+            for (int64_t kk = 0; kk < K; kk++)
+                acc += (double)x[m * K + kk] * (double)w[n * K + kk];
+            oracle[m * N + n] = acc;
+        }
+    CHECK_INT(linear(x, w, b, ref, M, N, K, ATTN_ARCH_REF, 1), ATTN_OK);
+    const double bound = 2.0 * max_err(ref, oracle, M * N) + 1e-6;
+    for (int a = 0; a < n_archs; a++) {
+        char what[200], detail[200];
+        snprintf(what, sizeof what, "gemm M=%lld N=%lld K=%lld arch=%s", (long long)M,
+                 (long long)N, (long long)K, attn_arch_name(archs[a]));
+        for (int64_t e = 0; e < M * N; e++)
+            y1[e] = y2[e] = NAN;
+        CHECK_INT(linear(x, w, b, y1, M, N, K, archs[a], 1), ATTN_OK);
+        CHECK_INT(linear(x, w, b, y2, M, N, K, archs[a], 2), ATTN_OK);
+        const double err = max_err(y1, oracle, M * N);
+        if (!(err <= bound)) {
+            snprintf(detail, sizeof detail, "error %.3g, bound %.3g", err, bound);
+            report(what, detail);
+        }
+        CHECK(err <= bound);
+        const int same = memcmp(y1, y2, sizeof(float) * (size_t)(M * N)) == 0;
+        if (!same)
+            report(what, "1 and 2 threads give other bits");
+        CHECK(same);
+        tally_add(&t_gemm, err / bound, what);
+    }
+    free(x), free(w), free(b), free(ref), free(y1), free(y2), free(oracle);
+}
+
+static void summary(const char *name, const tally *t)
+{
+    fprintf(stderr, "   %-22s %6d runs; worst error / bound %.3f at %s\n", name, t->runs,
+            t->worst, t->where);
+}
+
+int main(void)
+{
+    /* As in tests/test_bf16_paths.c: lets the avx512bf16 path run, with vdpbf16ps
+     * emulated, on an AVX-512 CPU without AVX512-BF16. */
+    setenv("ATTN_BF16_EMULATE", "1", 1);
+    find_paths();
+    const int step = SWEEP_QUICK ? 7 : 1, pairs = 3 * NMAX;
+
+    TEST("every head size 1..264 (D = Dv, D = 64, Dv = 64): the float32 forward's row, "
+         "split-key and tile paths stay within twice the reference's error against a "
+         "float64 oracle (plus 2e-6), 1 and 2 threads the same bits, and 520 keys are split");
+    for (int i = 0; i < pairs; i += step) {
+        int64_t D, Dv;
+        pair_of(i, &D, &Dv);
+        for (int path = 0; path < PATHS; path++)
+            check_f32(path, i, D, Dv);
+    }
+    summary("float32 forward", &t_f32);
+    CHECK(split_runs > 0);
+
+    TEST("every head size 1..264: bfloat16 and float16 q, k, v and out on the row, "
+         "split-key and tile paths are within one unit of the dtype of (max |v| + |out|) "
+         "of the reference, 1 and 2 threads the same bits");
+    for (int i = 0; i < pairs; i += step) {
+        int64_t D, Dv;
+        pair_of(i, &D, &Dv);
+        for (int path = 0; path < PATHS; path++) {
+            check_half(ATTN_DTYPE_BF16, path, i, D, Dv);
+            check_half(ATTN_DTYPE_F16, path, i, D, Dv);
+        }
+    }
+    summary("bfloat16 forward", &t_half[0]);
+    summary("float16 forward", &t_half[1]);
+
+    TEST("every head size 1..264: a bfloat16 and a float16 KV cache attended by 16-bit "
+         "queries (a few keys, and 520 keys) keeps the same rule against the reference");
+    for (int i = 0; i < pairs; i += step) {
+        int64_t D, Dv;
+        pair_of(i, &D, &Dv);
+        for (int path = 0; path < 2; path++) {
+            check_kv(ATTN_DTYPE_BF16, path, i, D, Dv);
+            check_kv(ATTN_DTYPE_F16, path, i, D, Dv);
+        }
+    }
+    summary("bfloat16 KV cache", &t_kv[0]);
+    summary("float16 KV cache", &t_kv[1]);
+
+    TEST("every head size 1..264: the fused backward's dq, dk and dv stay within twice the "
+         "reference's error against a float64 backward (plus 16 ulps of the terms' scale), "
+         "1 and 2 threads the same bits");
+    for (int i = 0; i < pairs; i += step) {
+        int64_t D, Dv;
+        pair_of(i, &D, &Dv);
+        check_backward(i, D, Dv);
+    }
+    summary("backward", &t_bwd);
+
+    TEST("every K and N in 1..264 (K = N, K = 64, N = 64): attn_linear's GEMM stays within "
+         "twice the reference's error (plus 1e-6), 1 and 2 threads the same bits");
+    for (int i = 0; i < pairs; i += step) {
+        int64_t D, Dv;
+        pair_of(i, &D, &Dv);
+        check_gemm(i, D, Dv);
+    }
+    summary("gemm", &t_gemm);
+    if (reports > MAX_REPORTS)
+        fprintf(stderr, "   (%d more failures not printed)\n", reports - MAX_REPORTS);
+    return check_summary("test_dim_sweep");
+}
