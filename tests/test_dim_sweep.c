@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define SWEEP_QUICK 1
@@ -78,6 +79,16 @@ static void fill(float *p, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         p[i] = uni();
+}
+
+static float *fbuf(int64_t n)
+{
+    return malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+}
+
+static double *dbuf(int64_t n)
+{
+    return malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
 }
 
 static int reports = 0;
@@ -116,23 +127,27 @@ static void pair_of(int i, int64_t *D, int64_t *Dv)
     }
 }
 
-/* Pair i's problem on a path. Query heads per key/value head cycle through 1, 2 and
- * 3 (the split path takes a group's heads several at a time, so 2 and 3 land on
- * its boundaries); the row path's key count keeps Tk >= Tq for the KV cache. */
+/* Pair i's problem on a path. Query heads per key/value head cycle through 1, 2, 3
+ * and 4 on the row and tile paths, and 1, 2, 4 and 7 on the split-key path, which
+ * takes a group's heads four, then two, then one at a time (fused_split.h), so that
+ * 7 crosses every boundary; the cycle shifts by one from family to family, so that
+ * each size meets three of the group sizes. The row path's key count keeps
+ * Tk >= Tq for the KV cache. */
 static shape shape_of(int path, int i, int64_t D, int64_t Dv)
 {
-    static const int64_t groups[3][2] = {{2, 2}, {2, 1}, {3, 1}};
-    shape s = {groups[i % 3][0], groups[i % 3][1], 0, 0, D, Dv};
+    static const int64_t groups[4][2] = {{2, 2}, {2, 1}, {3, 1}, {4, 1}};
+    static const int64_t split_groups[4][2] = {{1, 1}, {2, 1}, {4, 1}, {7, 1}};
+    const int g = (i + i / NMAX) % 4;
+    shape s = {groups[g][0], groups[g][1], 0, 0, D, Dv};
     switch (path) {
     case PATH_ROW:
         s.Tq = 1 + i % 8;
         s.Tk = s.Tq + (7 * i) % 19;
         break;
     case PATH_SPLIT: /* one (batch, key/value head) pair, 520 keys: two chunks or more */
+        s.H = split_groups[g][0], s.Hkv = split_groups[g][1];
         s.Tq = 1;
         s.Tk = 520;
-        if (s.Hkv == 2)
-            s.H = 1, s.Hkv = 1;
         break;
     default:
         s.Tq = 17;
@@ -258,11 +273,9 @@ static void check_f32(int path, int i, int64_t D, int64_t Dv)
     const shape s = shape_of(path, i, D, Dv);
     const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
     const int64_t no = s.H * s.Tq * Dv;
-    float *q = malloc(sizeof(float) * (size_t)nq), *k = malloc(sizeof(float) * (size_t)nk);
-    float *v = malloc(sizeof(float) * (size_t)nv);
-    float *ref = malloc(sizeof(float) * (size_t)no), *o1 = malloc(sizeof(float) * (size_t)no),
-          *o2 = malloc(sizeof(float) * (size_t)no);
-    double *oracle = calloc((size_t)no, sizeof(double)), *sc = malloc(sizeof(double) * (size_t)s.Tk);
+    float *q = fbuf(nq), *k = fbuf(nk), *v = fbuf(nv);
+    float *ref = fbuf(no), *o1 = fbuf(no), *o2 = fbuf(no);
+    double *oracle = calloc((size_t)no, sizeof(double)), *sc = dbuf(s.Tk);
     fill(q, nq), fill(k, nk), fill(v, nv);
     const double scale = 1.0 / sqrt((double)D);
     for (int64_t h = 0; h < s.H; h++) {
@@ -379,7 +392,9 @@ static double vmax_of(attn_dtype dt, const uint16_t *v, int64_t n)
  * ones for bfloat16 only) against the reference on the same arrays. */
 static void check_half(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
 {
-    const shape s = shape_of(path, i, D, Dv);
+    shape s = shape_of(path, i, D, Dv);
+    if (path == PATH_TILE)
+        s.Tq = 9; /* one query row past the row path: half the time of 17 rows */
     const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
     const int64_t no = s.H * s.Tq * Dv;
     uint16_t *q = fill16(dt, nq), *k = fill16(dt, nk), *v = fill16(dt, nv);
@@ -397,8 +412,17 @@ static void check_half(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
         shape_text(what, sizeof what, name, &s, archs16[a]);
         memset(o1, 0xff, 2 * (size_t)no); /* NaN bits in both dtypes */
         memset(o2, 0xff, 2 * (size_t)no);
-        CHECK_INT(sdpa(dt, &s, q, k, v, o1, ATTN_IMPL_FUSED, archs16[a], 1, NULL), ATTN_OK);
+        int64_t chunks = 0;
+        CHECK_INT(sdpa(dt, &s, q, k, v, o1, ATTN_IMPL_FUSED, archs16[a], 1,
+                       path == PATH_SPLIT ? &chunks : NULL),
+                  ATTN_OK);
         CHECK_INT(sdpa(dt, &s, q, k, v, o2, ATTN_IMPL_FUSED, archs16[a], 2, NULL), ATTN_OK);
+        if (path == PATH_SPLIT && chunks < 2) {
+            snprintf(detail, sizeof detail, "the plan has %lld key chunks, not 2 or more",
+                     (long long)chunks);
+            report(what, detail);
+        }
+        CHECK(path != PATH_SPLIT || chunks >= 2);
         const double worst = half_rule(dt, o1, ref, no, vmax, detail, sizeof detail);
         if (detail[0])
             report(what, detail);
@@ -493,7 +517,7 @@ static void bwd_oracle(const shape *s, const float *q, const float *k, const flo
     memset(dq, 0, sizeof(double) * (size_t)(s->H * s->Tq * D));
     memset(dk, 0, sizeof(double) * (size_t)(s->Hkv * Tk * D));
     memset(dv, 0, sizeof(double) * (size_t)(s->Hkv * Tk * Dv));
-    double *pw = malloc(sizeof(double) * (size_t)Tk), *o = malloc(sizeof(double) * (size_t)Dv);
+    double *pw = dbuf(Tk), *o = dbuf(Dv);
     for (int64_t h = 0; h < s->H; h++) {
         const int64_t hk = h / group;
         const float *K = k + hk * Tk * D, *V = v + hk * Tk * Dv;
@@ -588,17 +612,16 @@ static void check_backward(int i, int64_t D, int64_t Dv)
         s.Tq = 3, s.Tk = 5;
     const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
     const int64_t no = s.H * s.Tq * Dv, n3[3] = {nq, nk, nv};
-    float *q = malloc(sizeof(float) * (size_t)nq), *k = malloc(sizeof(float) * (size_t)nk);
-    float *v = malloc(sizeof(float) * (size_t)nv), *dout = malloc(sizeof(float) * (size_t)no);
-    float *out = malloc(sizeof(float) * (size_t)no), *lse = malloc(sizeof(float) * (size_t)(s.H * s.Tq));
+    float *q = fbuf(nq), *k = fbuf(nk), *v = fbuf(nv), *dout = fbuf(no);
+    float *out = fbuf(no), *lse = fbuf(s.H * s.Tq);
     fill(q, nq), fill(k, nk), fill(v, nv), fill(dout, no);
     float *g[3][3]; /* [reference, 1 thread, 2 threads][dq, dk, dv] */
     double *o[3], *ab[3];
     for (int x = 0; x < 3; x++) {
         for (int y = 0; y < 3; y++)
-            g[y][x] = malloc(sizeof(float) * (size_t)n3[x]);
-        o[x] = malloc(sizeof(double) * (size_t)n3[x]);
-        ab[x] = malloc(sizeof(double) * (size_t)n3[x]);
+            g[y][x] = fbuf(n3[x]);
+        o[x] = dbuf(n3[x]);
+        ab[x] = dbuf(n3[x]);
     }
     bwd_oracle(&s, q, k, v, dout, 0, o[0], o[1], o[2]);
     bwd_oracle(&s, q, k, v, dout, 1, ab[0], ab[1], ab[2]);
@@ -665,10 +688,9 @@ static int linear(const float *x, const float *w, const float *b, float *y, int6
 static void check_gemm(int i, int64_t K, int64_t N)
 {
     const int64_t M = 1 + i % 20;
-    float *x = malloc(sizeof(float) * (size_t)(M * K)), *w = malloc(sizeof(float) * (size_t)(N * K));
-    float *b = malloc(sizeof(float) * (size_t)N), *ref = malloc(sizeof(float) * (size_t)(M * N));
-    float *y1 = malloc(sizeof(float) * (size_t)(M * N)), *y2 = malloc(sizeof(float) * (size_t)(M * N));
-    double *oracle = malloc(sizeof(double) * (size_t)(M * N));
+    float *x = fbuf(M * K), *w = fbuf(N * K), *b = fbuf(N), *ref = fbuf(M * N);
+    float *y1 = fbuf(M * N), *y2 = fbuf(M * N);
+    double *oracle = dbuf(M * N);
     fill(x, M * K), fill(w, N * K), fill(b, N);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
@@ -704,75 +726,112 @@ static void check_gemm(int i, int64_t K, int64_t N)
 
 static void summary(const char *name, const tally *t)
 {
-    fprintf(stderr, "   %-22s %6d runs; worst error / bound %.3f at %s\n", name, t->runs,
+    fprintf(stderr, "   %-18s %6d runs; worst error / bound %.3f at %s\n", name, t->runs,
             t->worst, t->where);
 }
 
-int main(void)
+/* The CPU time of each part, to keep the whole test within a few seconds. */
+static clock_t lap_start;
+
+static void lap(void)
+{
+    fprintf(stderr, "   (%.1f s)\n", (double)(clock() - lap_start) / CLOCKS_PER_SEC);
+    lap_start = clock();
+}
+
+/* Whether the part named runs: all of them without arguments, else those named
+ * (CTest runs "f32" once more under ATTN_MICROTILE=4x4). */
+static int part(int argc, char **argv, const char *name)
+{
+    for (int a = 1; a < argc; a++)
+        if (strcmp(argv[a], name) == 0)
+            return 1;
+    return argc < 2;
+}
+
+int main(int argc, char **argv)
 {
     /* As in tests/test_bf16_paths.c: lets the avx512bf16 path run, with vdpbf16ps
      * emulated, on an AVX-512 CPU without AVX512-BF16. */
     setenv("ATTN_BF16_EMULATE", "1", 1);
     find_paths();
+    lap_start = clock();
     const int step = SWEEP_QUICK ? 7 : 1, pairs = 3 * NMAX;
 
-    TEST("every head size 1..264 (D = Dv, D = 64, Dv = 64): the float32 forward's row, "
-         "split-key and tile paths stay within twice the reference's error against a "
-         "float64 oracle (plus 2e-6), 1 and 2 threads the same bits, and 520 keys are split");
-    for (int i = 0; i < pairs; i += step) {
-        int64_t D, Dv;
-        pair_of(i, &D, &Dv);
-        for (int path = 0; path < PATHS; path++)
-            check_f32(path, i, D, Dv);
-    }
-    summary("float32 forward", &t_f32);
-    CHECK(split_runs > 0);
-
-    TEST("every head size 1..264: bfloat16 and float16 q, k, v and out on the row, "
-         "split-key and tile paths are within one unit of the dtype of (max |v| + |out|) "
-         "of the reference, 1 and 2 threads the same bits");
-    for (int i = 0; i < pairs; i += step) {
-        int64_t D, Dv;
-        pair_of(i, &D, &Dv);
-        for (int path = 0; path < PATHS; path++) {
-            check_half(ATTN_DTYPE_BF16, path, i, D, Dv);
-            check_half(ATTN_DTYPE_F16, path, i, D, Dv);
+    if (part(argc, argv, "f32")) {
+        TEST("every head size 1..264 (D = Dv, D = 64, Dv = 64): the float32 forward's row, "
+             "split-key and tile paths stay within twice the reference's error against a "
+             "float64 oracle (plus 2e-6), 1 and 2 threads the same bits, and 520 keys are "
+             "split");
+        for (int i = 0; i < pairs; i += step) {
+            int64_t D, Dv;
+            pair_of(i, &D, &Dv);
+            for (int path = 0; path < PATHS; path++)
+                check_f32(path, i, D, Dv);
         }
+        summary("float32 forward", &t_f32);
+        CHECK(split_runs > 0);
+        lap();
     }
-    summary("bfloat16 forward", &t_half[0]);
-    summary("float16 forward", &t_half[1]);
 
-    TEST("every head size 1..264: a bfloat16 and a float16 KV cache attended by 16-bit "
-         "queries (a few keys, and 520 keys) keeps the same rule against the reference");
-    for (int i = 0; i < pairs; i += step) {
-        int64_t D, Dv;
-        pair_of(i, &D, &Dv);
-        for (int path = 0; path < 2; path++) {
-            check_kv(ATTN_DTYPE_BF16, path, i, D, Dv);
-            check_kv(ATTN_DTYPE_F16, path, i, D, Dv);
+    if (part(argc, argv, "half")) {
+        TEST("every head size 1..264: bfloat16 and float16 q, k, v and out on the row, "
+             "split-key and tile paths are within one unit of the dtype of (max |v| + |out|) "
+             "of the reference, 1 and 2 threads the same bits");
+        for (int i = 0; i < pairs; i += step) {
+            int64_t D, Dv;
+            pair_of(i, &D, &Dv);
+            for (int path = 0; path < PATHS; path++) {
+                check_half(ATTN_DTYPE_BF16, path, i, D, Dv);
+                check_half(ATTN_DTYPE_F16, path, i, D, Dv);
+            }
         }
+        summary("bfloat16 forward", &t_half[0]);
+        summary("float16 forward", &t_half[1]);
+        lap();
     }
-    summary("bfloat16 KV cache", &t_kv[0]);
-    summary("float16 KV cache", &t_kv[1]);
 
-    TEST("every head size 1..264: the fused backward's dq, dk and dv stay within twice the "
-         "reference's error against a float64 backward (plus 16 ulps of the terms' scale), "
-         "1 and 2 threads the same bits");
-    for (int i = 0; i < pairs; i += step) {
-        int64_t D, Dv;
-        pair_of(i, &D, &Dv);
-        check_backward(i, D, Dv);
+    if (part(argc, argv, "kv")) {
+        TEST("every head size 1..264: a bfloat16 and a float16 KV cache attended by 16-bit "
+             "queries (a few keys or 520 keys, in turn) keeps the same rule against the "
+             "reference");
+        for (int i = 0; i < pairs; i += step) {
+            int64_t D, Dv;
+            pair_of(i, &D, &Dv);
+            /* The cache's attend runs attn_sdpa's kernels on the cache's views, which
+             * the part above sweeps on both shapes: here each pair takes one of them. */
+            check_kv(ATTN_DTYPE_BF16, i % 2 ? PATH_SPLIT : PATH_ROW, i, D, Dv);
+            check_kv(ATTN_DTYPE_F16, i % 2 ? PATH_ROW : PATH_SPLIT, i, D, Dv);
+        }
+        summary("bfloat16 KV cache", &t_kv[0]);
+        summary("float16 KV cache", &t_kv[1]);
+        lap();
     }
-    summary("backward", &t_bwd);
 
-    TEST("every K and N in 1..264 (K = N, K = 64, N = 64): attn_linear's GEMM stays within "
-         "twice the reference's error (plus 1e-6), 1 and 2 threads the same bits");
-    for (int i = 0; i < pairs; i += step) {
-        int64_t D, Dv;
-        pair_of(i, &D, &Dv);
-        check_gemm(i, D, Dv);
+    if (part(argc, argv, "backward")) {
+        TEST("every head size 1..264: the fused backward's dq, dk and dv stay within twice the "
+             "reference's error against a float64 backward (plus 16 ulps of the terms' scale), "
+             "1 and 2 threads the same bits");
+        for (int i = 0; i < pairs; i += step) {
+            int64_t D, Dv;
+            pair_of(i, &D, &Dv);
+            check_backward(i, D, Dv);
+        }
+        summary("backward", &t_bwd);
+        lap();
     }
-    summary("gemm", &t_gemm);
+
+    if (part(argc, argv, "gemm")) {
+        TEST("every K and N in 1..264 (K = N, K = 64, N = 64): attn_linear's GEMM stays within "
+             "twice the reference's error (plus 1e-6), 1 and 2 threads the same bits");
+        for (int i = 0; i < pairs; i += step) {
+            int64_t D, Dv;
+            pair_of(i, &D, &Dv);
+            check_gemm(i, D, Dv);
+        }
+        summary("gemm", &t_gemm);
+        lap();
+    }
     if (reports > MAX_REPORTS)
         fprintf(stderr, "   (%d more failures not printed)\n", reports - MAX_REPORTS);
     return check_summary("test_dim_sweep");
