@@ -105,6 +105,8 @@ static void report(const char *what, const char *detail)
 
 typedef struct shape {
     int64_t H, Hkv, Tq, Tk, D, Dv;
+    int64_t pad; /* attn_sdpa's q, k, v and out with rows this many elements apart
+                    more than their length (0: contiguous) */
 } shape;
 
 enum { PATH_ROW, PATH_SPLIT, PATH_TILE, PATHS };
@@ -132,13 +134,15 @@ static void pair_of(int i, int64_t *D, int64_t *Dv)
  * takes a group's heads four, then two, then one at a time (fused_split.h), so that
  * 7 crosses every boundary; the cycle shifts by one from family to family, so that
  * each size meets three of the group sizes. The row path's key count keeps
- * Tk >= Tq for the KV cache. */
+ * Tk >= Tq for the KV cache. Every third pair reads and writes attn_sdpa's tensors
+ * through rows padded by 3 elements (NaN in the inputs' padding, which a kernel
+ * reading past a row's end would carry into the output). */
 static shape shape_of(int path, int i, int64_t D, int64_t Dv)
 {
     static const int64_t groups[4][2] = {{2, 2}, {2, 1}, {3, 1}, {4, 1}};
     static const int64_t split_groups[4][2] = {{1, 1}, {2, 1}, {4, 1}, {7, 1}};
     const int g = (i + i / NMAX) % 4;
-    shape s = {groups[g][0], groups[g][1], 0, 0, D, Dv};
+    shape s = {groups[g][0], groups[g][1], 0, 0, D, Dv, i % 3 == 2 ? 3 : 0};
     switch (path) {
     case PATH_ROW:
         s.Tq = 1 + i % 8;
@@ -160,9 +164,10 @@ static shape shape_of(int path, int i, int64_t D, int64_t Dv)
 static void shape_text(char *buf, size_t size, const char *what, const shape *s,
                        attn_arch arch)
 {
-    snprintf(buf, size, "%s H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld arch=%s", what,
+    snprintf(buf, size, "%s H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld%s arch=%s", what,
              (long long)s->H, (long long)s->Hkv, (long long)s->Tq, (long long)s->Tk,
-             (long long)s->D, (long long)s->Dv, attn_arch_name(arch));
+             (long long)s->D, (long long)s->Dv, s->pad ? " padded rows" : "",
+             attn_arch_name(arch));
 }
 
 static attn_tensor tensor4(attn_dtype dt, void *data, int64_t a, int64_t b, int64_t c, int64_t d)
@@ -173,16 +178,55 @@ static attn_tensor tensor4(attn_dtype dt, void *data, int64_t a, int64_t b, int6
     return t;
 }
 
-/* One attn_sdpa call on contiguous q [1, H, Tq, D], k [1, Hkv, Tk, D], v [1, Hkv,
- * Tk, Dv] and out [1, H, Tq, Dv] of dtype dt; with chunks, also the number of key
- * chunks the call's plan splits the keys into (0: not split). */
+/* Logical [n, dim] rows (n = heads x tokens) of elem-byte elements copied into
+ * storage whose rows are dim + pad elements apart, the padding filled with the
+ * bytes of fill (elem bytes); or back out of it. */
+static void *padded(const void *src, int64_t n, int64_t dim, int64_t pad, size_t elem,
+                    const void *fill)
+{
+    const int64_t ld = dim + pad;
+    unsigned char *st = malloc(elem * (size_t)(n * ld > 0 ? n * ld : 1));
+    for (int64_t r = 0; r < n; r++) {
+        memcpy(st + elem * (size_t)(r * ld), (const unsigned char *)src + elem * (size_t)(r * dim),
+               elem * (size_t)dim);
+        for (int64_t e = dim; e < ld; e++)
+            memcpy(st + elem * (size_t)(r * ld + e), fill, elem);
+    }
+    return st;
+}
+
+static attn_tensor view4(attn_dtype dt, void *data, int64_t heads, int64_t T, int64_t dim,
+                         int64_t pad)
+{
+    attn_tensor t = tensor4(dt, data, 1, heads, T, dim);
+    t.stride[2] = dim + pad, t.stride[1] = T * (dim + pad), t.stride[0] = heads * T * (dim + pad);
+    return t;
+}
+
+/* One attn_sdpa call on q [1, H, Tq, D], k [1, Hkv, Tk, D], v [1, Hkv, Tk, Dv] and
+ * out [1, H, Tq, Dv] of dtype dt, given contiguous; the call sees them through
+ * padded rows when s->pad is set (out's padding must come back untouched). With
+ * chunks, also the number of key chunks the call's plan splits the keys into (0:
+ * not split). */
 static int sdpa(attn_dtype dt, const shape *s, const void *q, const void *k, const void *v,
                 void *out, attn_impl impl, attn_arch arch, int threads, int64_t *chunks)
 {
-    attn_tensor tq = tensor4(dt, (void *)q, 1, s->H, s->Tq, s->D);
-    attn_tensor tk = tensor4(dt, (void *)k, 1, s->Hkv, s->Tk, s->D);
-    attn_tensor tv = tensor4(dt, (void *)v, 1, s->Hkv, s->Tk, s->Dv);
-    attn_tensor to = tensor4(dt, out, 1, s->H, s->Tq, s->Dv);
+    const size_t elem = attn_dtype_size(dt);
+    const uint32_t nan32 = 0x7fc00000u;
+    const uint16_t nan16 = dt == ATTN_DTYPE_BF16 ? 0x7fc0 : 0x7e00, mark[2] = {0x5a5a, 0x5a5a};
+    const void *nan = dt == ATTN_DTYPE_F32 ? (const void *)&nan32 : (const void *)&nan16;
+    const int64_t pad = s->pad, nq = s->H * s->Tq, nk = s->Hkv * s->Tk;
+    void *pq = (void *)q, *pk = (void *)k, *pv = (void *)v, *po = out;
+    if (pad) {
+        pq = padded(q, nq, s->D, pad, elem, nan);
+        pk = padded(k, nk, s->D, pad, elem, nan);
+        pv = padded(v, nk, s->Dv, pad, elem, nan);
+        po = padded(out, nq, s->Dv, pad, elem, mark);
+    }
+    attn_tensor tq = view4(dt, pq, s->H, s->Tq, s->D, pad);
+    attn_tensor tk = view4(dt, pk, s->Hkv, s->Tk, s->D, pad);
+    attn_tensor tv = view4(dt, pv, s->Hkv, s->Tk, s->Dv, pad);
+    attn_tensor to = view4(dt, po, s->H, s->Tq, s->Dv, pad);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     attn_ctx ctx;
@@ -202,6 +246,21 @@ static int sdpa(attn_dtype dt, const shape *s, const void *q, const void *k, con
     if (rc != ATTN_OK)
         fprintf(stderr, "   attn_sdpa: %s\n", ctx.message);
     attn_ctx_release(&ctx);
+    if (pad) {
+        const unsigned char *st = po;
+        int untouched = 1;
+        for (int64_t r = 0; r < nq; r++) {
+            memcpy((unsigned char *)out + elem * (size_t)(r * s->Dv),
+                   st + elem * (size_t)(r * (s->Dv + pad)), elem * (size_t)s->Dv);
+            for (int64_t e = s->Dv; e < s->Dv + pad; e++)
+                untouched &= memcmp(st + elem * (size_t)(r * (s->Dv + pad) + e), mark, elem) == 0;
+        }
+        if (!untouched)
+            fprintf(stderr, "   out's padding written (%s, H=%lld Tq=%lld Dv=%lld)\n",
+                    attn_arch_name(arch), (long long)s->H, (long long)s->Tq, (long long)s->Dv);
+        CHECK(untouched);
+        free(pq), free(pk), free(pv), free(po);
+    }
     return rc;
 }
 
@@ -471,7 +530,8 @@ static int kv_attend(attn_dtype dt, const shape *s, const uint16_t *q, const uin
 
 static void check_kv(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
 {
-    const shape s = shape_of(path, i, D, Dv);
+    shape s = shape_of(path, i, D, Dv);
+    s.pad = 0; /* the cache's tensors are contiguous here */
     const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
     const int64_t no = s.H * s.Tq * Dv;
     uint16_t *q = fill16(dt, nq), *k = fill16(dt, nk), *v = fill16(dt, nv);
@@ -608,6 +668,7 @@ static double max_abs(const double *o, int64_t n)
 static void check_backward(int i, int64_t D, int64_t Dv)
 {
     shape s = shape_of(PATH_TILE, i, D, Dv);
+    s.pad = 0; /* the backward's tensors are contiguous here */
     if (i % 2 == 0)
         s.Tq = 3, s.Tk = 5;
     const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
