@@ -324,8 +324,42 @@ static void tally_add(tally *t, double ratio, const char *what)
     }
 }
 
-static tally t_f32, t_half[2], t_kv[2], t_bwd, t_gemm;
+static tally t_f32, t_half[2], t_kv[3], t_bwd, t_gemm;
 static int split_runs = 0;
+
+/* The float64 forward: o [H, Tq, Dv] = softmax(q k^T / sqrt(D)) v for contiguous q
+ * [H, Tq, D], k [Hkv, Tk, D] and v [Hkv, Tk, Dv]; with causal, bottom-right (query
+ * row r sees keys 0 .. r + Tk - Tq). */
+static void oracle_fwd(const shape *s, int causal, const float *q, const float *k,
+                       const float *v, double *o)
+{
+    const int64_t D = s->D, Dv = s->Dv;
+    const double scale = 1.0 / sqrt((double)D);
+    double *sc = dbuf(s->Tk);
+    memset(o, 0, sizeof(double) * (size_t)(s->H * s->Tq * Dv));
+    for (int64_t h = 0; h < s->H; h++) {
+        const int64_t hk = h / (s->H / s->Hkv);
+        for (int64_t r = 0; r < s->Tq; r++) {
+            const float *qr = q + (h * s->Tq + r) * D;
+            const int64_t seen = causal ? r + s->Tk - s->Tq + 1 : s->Tk;
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j < seen; j++) {
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)qr[d] * (double)k[(hk * s->Tk + j) * D + d];
+                sc[j] = dot * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int64_t j = 0; j < seen; j++)
+                sum += (sc[j] = exp(sc[j] - mx));
+            double *orow = o + (h * s->Tq + r) * Dv;
+            for (int64_t j = 0; j < seen; j++)
+                for (int64_t e = 0; e < Dv; e++)
+                    orow[e] += sc[j] / sum * (double)v[(hk * s->Tk + j) * Dv + e];
+        }
+    }
+    free(sc);
+}
 
 static void check_f32(int path, int i, int64_t D, int64_t Dv)
 {
@@ -334,29 +368,9 @@ static void check_f32(int path, int i, int64_t D, int64_t Dv)
     const int64_t no = s.H * s.Tq * Dv;
     float *q = fbuf(nq), *k = fbuf(nk), *v = fbuf(nv);
     float *ref = fbuf(no), *o1 = fbuf(no), *o2 = fbuf(no);
-    double *oracle = calloc((size_t)no, sizeof(double)), *sc = dbuf(s.Tk);
+    double *oracle = dbuf(no);
     fill(q, nq), fill(k, nk), fill(v, nv);
-    const double scale = 1.0 / sqrt((double)D);
-    for (int64_t h = 0; h < s.H; h++) {
-        const int64_t hk = h / (s.H / s.Hkv);
-        for (int64_t r = 0; r < s.Tq; r++) {
-            const float *qr = q + (h * s.Tq + r) * D;
-            double mx = -INFINITY, sum = 0.0;
-            for (int64_t j = 0; j < s.Tk; j++) {
-                double dot = 0.0;
-                for (int64_t d = 0; d < D; d++)
-                    dot += (double)qr[d] * (double)k[(hk * s.Tk + j) * D + d];
-                sc[j] = dot * scale;
-                mx = sc[j] > mx ? sc[j] : mx;
-            }
-            for (int64_t j = 0; j < s.Tk; j++)
-                sum += (sc[j] = exp(sc[j] - mx));
-            double *orow = oracle + (h * s.Tq + r) * Dv;
-            for (int64_t j = 0; j < s.Tk; j++)
-                for (int64_t e = 0; e < Dv; e++)
-                    orow[e] += sc[j] / sum * (double)v[(hk * s.Tk + j) * Dv + e];
-        }
-    }
+    oracle_fwd(&s, 0, q, k, v, oracle);
     CHECK_INT(sdpa(ATTN_DTYPE_F32, &s, q, k, v, ref, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, NULL),
               ATTN_OK);
     const double bound = 2.0 * max_err(ref, oracle, no) + FLOOR;
@@ -393,7 +407,7 @@ static void check_f32(int path, int i, int64_t D, int64_t Dv)
         CHECK(same);
         tally_add(&t_f32, err / bound, what);
     }
-    free(q), free(k), free(v), free(ref), free(o1), free(o2), free(oracle), free(sc);
+    free(q), free(k), free(v), free(ref), free(o1), free(o2), free(oracle);
 }
 
 /* ---- 16-bit forward and KV cache ------------------------------------------------ */
@@ -495,11 +509,28 @@ static void check_half(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
     free(q), free(k), free(v), free(ref), free(o1), free(o2);
 }
 
-/* A 16-bit KV cache holding k and v, attended by a 16-bit q into a 16-bit out. */
-static int kv_attend(attn_dtype dt, const shape *s, const uint16_t *q, const uint16_t *k,
-                     const uint16_t *v, uint16_t *out, attn_impl impl, attn_arch arch,
-                     int threads)
+/* ---- KV cache -------------------------------------------------------------------- */
+
+/* A cache of dtype dt holding two sequences: 0 with len[0] keys (a few: the row
+ * path), 1 with 520 (the split-key path), attended at once by q [2, H, Tq, D] into
+ * out [2, H, Tq, Dv], both in dt (the cache's attend takes 16-bit q and out with a
+ * 16-bit cache). The queries are the last Tq positions of each sequence, so the
+ * mask is bottom-right causal. */
+typedef struct kv_problem {
+    attn_dtype dt;
+    shape s; /* H, Hkv, Tq, D, Dv; Tk is the capacity, 520 */
+    int64_t len[2];
+    void *q, *k[2], *v[2]; /* k[b] [1, Hkv, len[b], D], v[b] [1, Hkv, len[b], Dv] */
+} kv_problem;
+
+/* Runs kp's attend into out; with solo (not NULL), also attn_sdpa on each
+ * sequence's own views of the cache, with the same ctx, into solo. */
+static int kv_run(const kv_problem *kp, void *out, void *solo, attn_impl impl, attn_arch arch,
+                  int threads)
 {
+    const attn_dtype dt = kp->dt;
+    const shape *s = &kp->s;
+    const size_t elem = attn_dtype_size(dt);
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     ctx.impl = impl;
@@ -507,20 +538,32 @@ static int kv_attend(attn_dtype dt, const shape *s, const uint16_t *q, const uin
     ctx.threads = threads;
     attn_kv_cache_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.batch = 1, cfg.kv_heads = s->Hkv, cfg.capacity = s->Tk;
+    cfg.batch = 2, cfg.kv_heads = s->Hkv, cfg.capacity = s->Tk;
     cfg.head_dim = s->D, cfg.value_dim = s->Dv, cfg.dtype = dt;
     attn_kv_cache *cache = NULL;
     int rc = attn_kv_cache_create(&ctx, &cfg, NULL, 0, &cache);
-    attn_tensor tk = tensor4(dt, (void *)k, 1, s->Hkv, s->Tk, s->D);
-    attn_tensor tv = tensor4(dt, (void *)v, 1, s->Hkv, s->Tk, s->Dv);
-    attn_tensor tq = tensor4(dt, (void *)q, 1, s->H, s->Tq, s->D);
-    attn_tensor to = tensor4(dt, out, 1, s->H, s->Tq, s->Dv);
-    if (rc == ATTN_OK)
-        rc = attn_kv_cache_append(&ctx, cache, 0, &tk, &tv, NULL);
+    for (int b = 0; b < 2 && rc == ATTN_OK; b++) {
+        attn_tensor tk = tensor4(dt, kp->k[b], 1, s->Hkv, kp->len[b], s->D);
+        attn_tensor tv = tensor4(dt, kp->v[b], 1, s->Hkv, kp->len[b], s->Dv);
+        rc = attn_kv_cache_append(&ctx, cache, b, &tk, &tv, NULL);
+    }
+    attn_tensor tq = tensor4(dt, kp->q, 2, s->H, s->Tq, s->D);
+    attn_tensor to = tensor4(dt, out, 2, s->H, s->Tq, s->Dv);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT; /* what attend does with the queries at the end */
     if (rc == ATTN_OK)
         rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+    for (int b = 0; solo && b < 2 && rc == ATTN_OK; b++) {
+        attn_tensor kview, vview;
+        const size_t qo = elem * (size_t)(b * s->H * s->Tq * s->D);
+        const size_t oo = elem * (size_t)(b * s->H * s->Tq * s->Dv);
+        attn_tensor tqb = tensor4(dt, (unsigned char *)kp->q + qo, 1, s->H, s->Tq, s->D);
+        attn_tensor tob = tensor4(dt, (unsigned char *)solo + oo, 1, s->H, s->Tq, s->Dv);
+        rc = attn_kv_cache_view(&ctx, cache, b, &kview, &vview);
+        if (rc == ATTN_OK)
+            rc = attn_sdpa(&ctx, &tqb, &kview, &vview, &p, &tob, NULL);
+    }
     if (rc != ATTN_OK)
         fprintf(stderr, "   attn_kv_cache: %s\n", ctx.message);
     attn_kv_cache_free(&ctx, cache);
@@ -528,39 +571,88 @@ static int kv_attend(attn_dtype dt, const shape *s, const uint16_t *q, const uin
     return rc;
 }
 
-static void check_kv(attn_dtype dt, int path, int i, int64_t D, int64_t Dv)
+/* Pair i in a cache of dtype dt: the fused attend of every path against the
+ * reference's (float32: within the sweep's bound of a float64 oracle; 16-bit:
+ * tests/test_bf16_paths.c's rule), 1 and 2 threads the same bits, and each
+ * sequence's bits those of attn_sdpa on its own views. */
+static void check_kv(attn_dtype dt, int i, int64_t D, int64_t Dv)
 {
-    shape s = shape_of(path, i, D, Dv);
-    s.pad = 0; /* the cache's tensors are contiguous here */
-    const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
-    const int64_t no = s.H * s.Tq * Dv;
-    uint16_t *q = fill16(dt, nq), *k = fill16(dt, nk), *v = fill16(dt, nv);
-    uint16_t *ref = malloc(2 * (size_t)no), *o1 = malloc(2 * (size_t)no),
-             *o2 = malloc(2 * (size_t)no);
-    const double vmax = vmax_of(dt, v, nv);
-    tally *t = &t_kv[dt == ATTN_DTYPE_BF16 ? 0 : 1];
-    CHECK_INT(kv_attend(dt, &s, q, k, v, ref, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1), ATTN_OK);
-    for (int a = 0; a < n_archs16; a++) {
-        if (dt != ATTN_DTYPE_BF16 && a >= n_archs)
-            continue;
-        char what[200], detail[200], name[40];
-        snprintf(name, sizeof name, "%s cache %s", attn_dtype_name(dt), path_names[path]);
-        shape_text(what, sizeof what, name, &s, archs16[a]);
-        memset(o1, 0xff, 2 * (size_t)no);
-        memset(o2, 0xff, 2 * (size_t)no);
-        CHECK_INT(kv_attend(dt, &s, q, k, v, o1, ATTN_IMPL_FUSED, archs16[a], 1), ATTN_OK);
-        CHECK_INT(kv_attend(dt, &s, q, k, v, o2, ATTN_IMPL_FUSED, archs16[a], 2), ATTN_OK);
-        const double worst = half_rule(dt, o1, ref, no, vmax, detail, sizeof detail);
-        if (detail[0])
+    kv_problem kp;
+    memset(&kp, 0, sizeof kp);
+    kp.dt = dt;
+    kp.s = shape_of(PATH_ROW, i, D, Dv);
+    kp.s.pad = 0;
+    kp.s.Tq = 1 + i % 3;
+    kp.s.Tk = 520;
+    kp.len[0] = kp.s.Tq + (7 * i) % 19, kp.len[1] = 520;
+    const shape *s = &kp.s;
+    const size_t elem = attn_dtype_size(dt);
+    const int64_t nq = 2 * s->H * s->Tq * D, no = 2 * s->H * s->Tq * Dv;
+    if (dt == ATTN_DTYPE_F32) {
+        kp.q = fbuf(nq), fill(kp.q, nq);
+        for (int b = 0; b < 2; b++) {
+            kp.k[b] = fbuf(s->Hkv * kp.len[b] * D), fill(kp.k[b], s->Hkv * kp.len[b] * D);
+            kp.v[b] = fbuf(s->Hkv * kp.len[b] * Dv), fill(kp.v[b], s->Hkv * kp.len[b] * Dv);
+        }
+    } else {
+        kp.q = fill16(dt, nq);
+        for (int b = 0; b < 2; b++)
+            kp.k[b] = fill16(dt, s->Hkv * kp.len[b] * D),
+            kp.v[b] = fill16(dt, s->Hkv * kp.len[b] * Dv);
+    }
+    void *ref = malloc(elem * (size_t)no), *o1 = malloc(elem * (size_t)no);
+    void *o2 = malloc(elem * (size_t)no), *solo = malloc(elem * (size_t)no);
+    CHECK_INT(kv_run(&kp, ref, NULL, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1), ATTN_OK);
+    double bound = 0.0, vmax = 0.0, *oracle = NULL;
+    if (dt == ATTN_DTYPE_F32) {
+        oracle = dbuf(no);
+        for (int b = 0; b < 2; b++) {
+            shape sb = *s;
+            sb.Tk = kp.len[b];
+            oracle_fwd(&sb, 1, (const float *)kp.q + b * s->H * s->Tq * D, kp.k[b], kp.v[b],
+                       oracle + b * s->H * s->Tq * Dv);
+        }
+        bound = 2.0 * max_err(ref, oracle, no) + FLOOR;
+    } else {
+        for (int b = 0; b < 2; b++)
+            vmax = fmax(vmax, vmax_of(dt, kp.v[b], s->Hkv * kp.len[b] * Dv));
+    }
+    tally *t = &t_kv[dt == ATTN_DTYPE_F32 ? 0 : dt == ATTN_DTYPE_BF16 ? 1 : 2];
+    const attn_arch *paths = dt == ATTN_DTYPE_BF16 ? archs16 : archs;
+    const int n_paths = dt == ATTN_DTYPE_BF16 ? n_archs16 : n_archs;
+    for (int a = 0; a < n_paths; a++) {
+        char what[200], detail[200], name[60];
+        snprintf(name, sizeof name, "%s cache of %lld and 520 keys", attn_dtype_name(dt),
+                 (long long)kp.len[0]);
+        shape_text(what, sizeof what, name, s, paths[a]);
+        memset(o1, 0xff, elem * (size_t)no); /* NaN bits in every dtype */
+        memset(o2, 0xff, elem * (size_t)no);
+        CHECK_INT(kv_run(&kp, o1, NULL, ATTN_IMPL_FUSED, paths[a], 1), ATTN_OK);
+        CHECK_INT(kv_run(&kp, o2, solo, ATTN_IMPL_FUSED, paths[a], 2), ATTN_OK);
+        double worst;
+        if (dt == ATTN_DTYPE_F32) {
+            const double err = max_err(o1, oracle, no);
+            worst = err / bound;
+            snprintf(detail, sizeof detail, "error %.3g against the oracle, bound %.3g", err,
+                     bound);
+        } else {
+            worst = half_rule(dt, o1, ref, no, vmax, detail, sizeof detail);
+        }
+        if (!(worst <= 1.0))
             report(what, detail);
         CHECK(worst <= 1.0);
-        const int same = memcmp(o1, o2, 2 * (size_t)no) == 0;
+        const int same = memcmp(o1, o2, elem * (size_t)no) == 0;
         if (!same)
             report(what, "1 and 2 threads give other bits");
         CHECK(same);
+        const int as_sdpa = memcmp(o2, solo, elem * (size_t)no) == 0;
+        if (!as_sdpa)
+            report(what, "the batch's bits differ from attn_sdpa's on each sequence's views");
+        CHECK(as_sdpa);
         tally_add(t, worst, what);
     }
-    free(q), free(k), free(v), free(ref), free(o1), free(o2);
+    free(kp.q), free(kp.k[0]), free(kp.k[1]), free(kp.v[0]), free(kp.v[1]);
+    free(ref), free(o1), free(o2), free(solo), free(oracle);
 }
 
 /* ---- Backward ------------------------------------------------------------------ */
@@ -853,19 +945,21 @@ int main(int argc, char **argv)
     }
 
     if (part(argc, argv, "kv")) {
-        TEST("every head size 1..264: a bfloat16 and a float16 KV cache attended by 16-bit "
-             "queries (a few keys or 520 keys, in turn) keeps the same rule against the "
-             "reference");
+        TEST("every head size 1..264: a float32, bfloat16 or float16 KV cache of two "
+             "sequences (a few keys and 520) attended at once keeps its rule against the "
+             "reference, 1 and 2 threads the same bits, each sequence attn_sdpa's bits on "
+             "its views");
         for (int i = 0; i < pairs; i += step) {
             int64_t D, Dv;
             pair_of(i, &D, &Dv);
-            /* The cache's attend runs attn_sdpa's kernels on the cache's views, which
-             * the part above sweeps on both shapes: here each pair takes one of them. */
-            check_kv(ATTN_DTYPE_BF16, i % 2 ? PATH_SPLIT : PATH_ROW, i, D, Dv);
-            check_kv(ATTN_DTYPE_F16, i % 2 ? PATH_ROW : PATH_SPLIT, i, D, Dv);
+            /* One dtype a pair, shifted from family to family so that every size
+             * meets all three. */
+            static const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+            check_kv(dts[(i + i / NMAX) % 3], i, D, Dv);
         }
-        summary("bfloat16 KV cache", &t_kv[0]);
-        summary("float16 KV cache", &t_kv[1]);
+        summary("float32 KV cache", &t_kv[0]);
+        summary("bfloat16 KV cache", &t_kv[1]);
+        summary("float16 KV cache", &t_kv[2]);
         lap();
     }
 
