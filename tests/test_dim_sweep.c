@@ -13,9 +13,15 @@
  * and runs each pair (792 in all) through
  *   - the float32 forward on the row path (Tq 1..8, a few keys), the split-key path
  *     (Tq 1, 520 keys, which the plan splits in chunks: checked) and the tile path
- *     (Tq 17, Tk 33), with grouped-query heads (groups of 2 and 3) on some pairs;
- *   - the same three shapes with bfloat16 and with float16 q, k, v and out;
- *   - a 16-bit KV cache attended with 16-bit queries (row and split shapes);
+ *     (Tq 17, Tk 33), with grouped-query heads (groups of 2, 3 and 4; on the split
+ *     path 2, 4 and 7) on most pairs;
+ *   - the same three shapes with bfloat16 and with float16 q, k, v and out (the
+ *     tile shape with 9 query rows);
+ *   - every third pair of those through rows padded by 3 elements, NaN in the
+ *     inputs' padding, out's padding to be left untouched;
+ *   - a KV cache (float32, bfloat16 or float16 in turn) of two sequences, a few
+ *     keys and 520, attended at once: each sequence's bits must be attn_sdpa's on
+ *     its views of the cache;
  *   - the backward (attn_sdpa_backward) on a 3 x 5 and a 17 x 33 problem;
  *   - attn_linear's GEMM with K = D and N = Dv (and M = 1 .. 20 rows);
  * on every instruction-set path this machine runs (scalar, avx2, avx512; for
@@ -26,6 +32,7 @@
  * The bounds are the existing sweeps', not new ones:
  *   - float32 forward (tests/test_fused_sweep.c): max |fused - oracle| <= 2 max
  *     |reference - oracle| + 2e-6, against a float64 oracle;
+ *   - float32 KV cache: the same, against a bottom-right causal float64 oracle;
  *   - 16-bit forward and KV cache (tests/test_bf16_paths.c): every output within
  *     2^-p (max |v| + |reference's output|) of the reference on the same 16-bit
  *     arrays, p = 8 for bfloat16 and 11 for float16 (one unit of the dtype, the
