@@ -23,7 +23,8 @@
  *     keys and 520, attended at once: each sequence's bits must be attn_sdpa's on
  *     its views of the cache;
  *   - the backward (attn_sdpa_backward) on a 3 x 5 and a 17 x 33 problem;
- *   - attn_linear's GEMM with K = D and N = Dv (and M = 1 .. 20 rows);
+ *   - attn_linear's GEMM with K = D and N = Dv (and M = 1 .. 20 rows), and the same
+ *     bits through a packed weight (attn_linear_pack);
  * on every instruction-set path this machine runs (scalar, avx2, avx512; for
  * bfloat16 also avx512bf16, with vdpbf16ps emulated where the CPU lacks it, and
  * amx where the CPU has it), each with 1 and 2 threads, which must give the same
@@ -824,8 +825,10 @@ static void check_backward(int i, int64_t D, int64_t Dv)
 
 /* ---- GEMM ---------------------------------------------------------------------- */
 
+/* y = x W^T + b through attn_linear, or (packed set) through a weight packed by
+ * attn_linear_pack for the arch and attn_linear_forward_packed. */
 static int linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
-                  int64_t K, attn_arch arch, int threads)
+                  int64_t K, attn_arch arch, int threads, int packed)
 {
     attn_ctx ctx;
     attn_ctx_init(&ctx);
@@ -837,7 +840,16 @@ static int linear(const float *x, const float *w, const float *b, float *y, int6
     attn_tensor_init(NULL, &tw, ATTN_DTYPE_F32, (void *)w, 2, sw);
     attn_tensor_init(NULL, &tb, ATTN_DTYPE_F32, (void *)b, 1, sb);
     attn_tensor_init(NULL, &ty, ATTN_DTYPE_F32, y, 2, sy);
-    const int rc = attn_linear(&ctx, &tx, &tw, &tb, &ty);
+    int rc;
+    if (packed) {
+        attn_linear_packed *pw = NULL;
+        rc = attn_linear_pack(&ctx, &tw, &tb, &pw);
+        if (rc == ATTN_OK)
+            rc = attn_linear_forward_packed(&ctx, &tx, pw, &ty);
+        attn_linear_packed_free(&ctx, pw);
+    } else {
+        rc = attn_linear(&ctx, &tx, &tw, &tb, &ty);
+    }
     if (rc != ATTN_OK)
         fprintf(stderr, "   attn_linear: %s\n", ctx.message);
     attn_ctx_release(&ctx);
@@ -849,7 +861,7 @@ static void check_gemm(int i, int64_t K, int64_t N)
 {
     const int64_t M = 1 + i % 20;
     float *x = fbuf(M * K), *w = fbuf(N * K), *b = fbuf(N), *ref = fbuf(M * N);
-    float *y1 = fbuf(M * N), *y2 = fbuf(M * N);
+    float *y1 = fbuf(M * N), *y2 = fbuf(M * N), *yp = fbuf(M * N);
     double *oracle = dbuf(M * N);
     fill(x, M * K), fill(w, N * K), fill(b, N);
     for (int64_t m = 0; m < M; m++)
@@ -859,7 +871,7 @@ static void check_gemm(int i, int64_t K, int64_t N)
                 acc += (double)x[m * K + kk] * (double)w[n * K + kk];
             oracle[m * N + n] = acc;
         }
-    CHECK_INT(linear(x, w, b, ref, M, N, K, ATTN_ARCH_REF, 1), ATTN_OK);
+    CHECK_INT(linear(x, w, b, ref, M, N, K, ATTN_ARCH_REF, 1, 0), ATTN_OK);
     const double bound = 2.0 * max_err(ref, oracle, M * N) + 1e-6;
     for (int a = 0; a < n_archs; a++) {
         char what[200], detail[200];
@@ -867,8 +879,9 @@ static void check_gemm(int i, int64_t K, int64_t N)
                  (long long)N, (long long)K, attn_arch_name(archs[a]));
         for (int64_t e = 0; e < M * N; e++)
             y1[e] = y2[e] = NAN;
-        CHECK_INT(linear(x, w, b, y1, M, N, K, archs[a], 1), ATTN_OK);
-        CHECK_INT(linear(x, w, b, y2, M, N, K, archs[a], 2), ATTN_OK);
+        CHECK_INT(linear(x, w, b, y1, M, N, K, archs[a], 1, 0), ATTN_OK);
+        CHECK_INT(linear(x, w, b, y2, M, N, K, archs[a], 2, 0), ATTN_OK);
+        CHECK_INT(linear(x, w, b, yp, M, N, K, archs[a], 2, 1), ATTN_OK);
         const double err = max_err(y1, oracle, M * N);
         if (!(err <= bound)) {
             snprintf(detail, sizeof detail, "error %.3g, bound %.3g", err, bound);
@@ -879,9 +892,13 @@ static void check_gemm(int i, int64_t K, int64_t N)
         if (!same)
             report(what, "1 and 2 threads give other bits");
         CHECK(same);
+        const int same_packed = memcmp(y2, yp, sizeof(float) * (size_t)(M * N)) == 0;
+        if (!same_packed)
+            report(what, "the packed weight gives other bits than the unpacked one");
+        CHECK(same_packed);
         tally_add(&t_gemm, err / bound, what);
     }
-    free(x), free(w), free(b), free(ref), free(y1), free(y2), free(oracle);
+    free(x), free(w), free(b), free(ref), free(y1), free(y2), free(yp), free(oracle);
 }
 
 static void summary(const char *name, const tally *t)
@@ -985,7 +1002,8 @@ int main(int argc, char **argv)
 
     if (part(argc, argv, "gemm")) {
         TEST("every K and N in 1..264 (K = N, K = 64, N = 64): attn_linear's GEMM stays within "
-             "twice the reference's error (plus 1e-6), 1 and 2 threads the same bits");
+             "twice the reference's error (plus 1e-6), 1 and 2 threads and a packed weight the "
+             "same bits");
         for (int i = 0; i < pairs; i += step) {
             int64_t D, Dv;
             pair_of(i, &D, &Dv);
