@@ -21,7 +21,8 @@
  *     inputs' padding, out's padding to be left untouched;
  *   - a KV cache (float32, bfloat16 or float16 in turn) of two sequences, a few
  *     keys and 520, attended at once: each sequence's bits must be attn_sdpa's on
- *     its views of the cache;
+ *     its views of the cache, and with a 16-bit cache a float32 q holding the same
+ *     values and a float32 out must round to the 16-bit out's bits;
  *   - the backward (attn_sdpa_backward) on a 3 x 5 and a 17 x 33 problem;
  *   - attn_linear's GEMM with K = D and N = Dv (and M = 1 .. 20 rows), and the same
  *     bits through a packed weight (attn_linear_pack);
@@ -529,12 +530,14 @@ typedef struct kv_problem {
     shape s; /* H, Hkv, Tq, D, Dv; Tk is the capacity, 520 */
     int64_t len[2];
     void *q, *k[2], *v[2]; /* k[b] [1, Hkv, len[b], D], v[b] [1, Hkv, len[b], Dv] */
+    float *q32;            /* a 16-bit q widened to float32 */
 } kv_problem;
 
 /* Runs kp's attend into out; with solo (not NULL), also attn_sdpa on each
- * sequence's own views of the cache, with the same ctx, into solo. */
+ * sequence's own views of the cache, with the same ctx, into solo. With wide set
+ * (a 16-bit cache), q and out are float32 instead: kp->q32 and a float32 out. */
 static int kv_run(const kv_problem *kp, void *out, void *solo, attn_impl impl, attn_arch arch,
-                  int threads)
+                  int threads, int wide)
 {
     const attn_dtype dt = kp->dt;
     const shape *s = &kp->s;
@@ -555,8 +558,9 @@ static int kv_run(const kv_problem *kp, void *out, void *solo, attn_impl impl, a
         attn_tensor tv = tensor4(dt, kp->v[b], 1, s->Hkv, kp->len[b], s->Dv);
         rc = attn_kv_cache_append(&ctx, cache, b, &tk, &tv, NULL);
     }
-    attn_tensor tq = tensor4(dt, kp->q, 2, s->H, s->Tq, s->D);
-    attn_tensor to = tensor4(dt, out, 2, s->H, s->Tq, s->Dv);
+    attn_tensor tq = tensor4(wide ? ATTN_DTYPE_F32 : dt, wide ? kp->q32 : kp->q, 2, s->H, s->Tq,
+                             s->D);
+    attn_tensor to = tensor4(wide ? ATTN_DTYPE_F32 : dt, out, 2, s->H, s->Tq, s->Dv);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     p.causal = ATTN_CAUSAL_BOTTOM_RIGHT; /* what attend does with the queries at the end */
@@ -604,13 +608,17 @@ static void check_kv(attn_dtype dt, int i, int64_t D, int64_t Dv)
         }
     } else {
         kp.q = fill16(dt, nq);
+        kp.q32 = fbuf(nq);
+        for (int64_t x = 0; x < nq; x++)
+            kp.q32[x] = widen(dt, ((const uint16_t *)kp.q)[x]);
         for (int b = 0; b < 2; b++)
             kp.k[b] = fill16(dt, s->Hkv * kp.len[b] * D),
             kp.v[b] = fill16(dt, s->Hkv * kp.len[b] * Dv);
     }
     void *ref = malloc(elem * (size_t)no), *o1 = malloc(elem * (size_t)no);
     void *o2 = malloc(elem * (size_t)no), *solo = malloc(elem * (size_t)no);
-    CHECK_INT(kv_run(&kp, ref, NULL, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1), ATTN_OK);
+    float *o32 = fbuf(no);
+    CHECK_INT(kv_run(&kp, ref, NULL, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, 0), ATTN_OK);
     double bound = 0.0, vmax = 0.0, *oracle = NULL;
     if (dt == ATTN_DTYPE_F32) {
         oracle = dbuf(no);
@@ -635,8 +643,24 @@ static void check_kv(attn_dtype dt, int i, int64_t D, int64_t Dv)
         shape_text(what, sizeof what, name, s, paths[a]);
         memset(o1, 0xff, elem * (size_t)no); /* NaN bits in every dtype */
         memset(o2, 0xff, elem * (size_t)no);
-        CHECK_INT(kv_run(&kp, o1, NULL, ATTN_IMPL_FUSED, paths[a], 1), ATTN_OK);
-        CHECK_INT(kv_run(&kp, o2, solo, ATTN_IMPL_FUSED, paths[a], 2), ATTN_OK);
+        CHECK_INT(kv_run(&kp, o1, NULL, ATTN_IMPL_FUSED, paths[a], 1, 0), ATTN_OK);
+        CHECK_INT(kv_run(&kp, o2, solo, ATTN_IMPL_FUSED, paths[a], 2, 0), ATTN_OK);
+        if (dt != ATTN_DTYPE_F32) {
+            /* A float32 q holding the 16-bit values gives the 16-bit q's result, and
+             * a float32 out rounds to the 16-bit out's bits (attn.h, attend). */
+            CHECK_INT(kv_run(&kp, o32, NULL, ATTN_IMPL_FUSED, paths[a], 2, 1), ATTN_OK);
+            int64_t bad = -1;
+            for (int64_t x = 0; x < no && bad < 0; x++)
+                if (narrow(dt, o32[x]) != ((const uint16_t *)o2)[x])
+                    bad = x;
+            if (bad >= 0) {
+                snprintf(detail, sizeof detail, "float32 q and out: out[%lld] %.8g rounds to "
+                         "0x%04x, the 16-bit out is 0x%04x", (long long)bad, o32[bad],
+                         narrow(dt, o32[bad]), ((const uint16_t *)o2)[bad]);
+                report(what, detail);
+            }
+            CHECK(bad < 0);
+        }
         double worst;
         if (dt == ATTN_DTYPE_F32) {
             const double err = max_err(o1, oracle, no);
@@ -660,7 +684,7 @@ static void check_kv(attn_dtype dt, int i, int64_t D, int64_t Dv)
         tally_add(t, worst, what);
     }
     free(kp.q), free(kp.k[0]), free(kp.k[1]), free(kp.v[0]), free(kp.v[1]);
-    free(ref), free(o1), free(o2), free(solo), free(oracle);
+    free(ref), free(o1), free(o2), free(solo), free(o32), free(oracle), free(kp.q32);
 }
 
 /* ---- Backward ------------------------------------------------------------------ */
