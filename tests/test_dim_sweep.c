@@ -18,12 +18,14 @@
  *   - the same three shapes with bfloat16 and with float16 q, k, v and out (the
  *     tile shape with 9 query rows);
  *   - every third pair of those through rows padded by 3 elements, NaN in the
- *     inputs' padding, out's padding to be left untouched;
+ *     inputs' padding, out's padding to be left untouched; every fourth
+ *     bottom-right causal;
  *   - a KV cache (float32, bfloat16 or float16 in turn) of two sequences, a few
  *     keys and 520, attended at once: each sequence's bits must be attn_sdpa's on
  *     its views of the cache, and with a 16-bit cache a float32 q holding the same
  *     values and a float32 out must round to the 16-bit out's bits;
- *   - the backward (attn_sdpa_backward) on a 3 x 5 and a 17 x 33 problem;
+ *   - the backward (attn_sdpa_backward) on a 3 x 5 and a 17 x 33 problem (every
+ *     fourth pair bottom-right causal);
  *   - attn_linear's GEMM with K = D and N = Dv (and M = 1 .. 20 rows), and the same
  *     bits through a packed weight (attn_linear_pack);
  * on every instruction-set path this machine runs (scalar, avx2, avx512; for
@@ -116,6 +118,7 @@ typedef struct shape {
     int64_t H, Hkv, Tq, Tk, D, Dv;
     int64_t pad; /* attn_sdpa's q, k, v and out with rows this many elements apart
                     more than their length (0: contiguous) */
+    int causal;  /* attn_sdpa with bottom-right causal (Tq <= Tk here) */
 } shape;
 
 enum { PATH_ROW, PATH_SPLIT, PATH_TILE, PATHS };
@@ -145,13 +148,14 @@ static void pair_of(int i, int64_t *D, int64_t *Dv)
  * each size meets three of the group sizes. The row path's key count keeps
  * Tk >= Tq for the KV cache. Every third pair reads and writes attn_sdpa's tensors
  * through rows padded by 3 elements (NaN in the inputs' padding, which a kernel
- * reading past a row's end would carry into the output). */
+ * reading past a row's end would carry into the output), and every fourth is
+ * bottom-right causal (the tile path's diagonal tiles weigh partly hidden rows). */
 static shape shape_of(int path, int i, int64_t D, int64_t Dv)
 {
     static const int64_t groups[4][2] = {{2, 2}, {2, 1}, {3, 1}, {4, 1}};
     static const int64_t split_groups[4][2] = {{1, 1}, {2, 1}, {4, 1}, {7, 1}};
     const int g = (i + i / NMAX) % 4;
-    shape s = {groups[g][0], groups[g][1], 0, 0, D, Dv, i % 3 == 2 ? 3 : 0};
+    shape s = {groups[g][0], groups[g][1], 0, 0, D, Dv, i % 3 == 2 ? 3 : 0, i % 4 == 1};
     switch (path) {
     case PATH_ROW:
         s.Tq = 1 + i % 8;
@@ -173,10 +177,10 @@ static shape shape_of(int path, int i, int64_t D, int64_t Dv)
 static void shape_text(char *buf, size_t size, const char *what, const shape *s,
                        attn_arch arch)
 {
-    snprintf(buf, size, "%s H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld%s arch=%s", what,
+    snprintf(buf, size, "%s H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld%s%s arch=%s", what,
              (long long)s->H, (long long)s->Hkv, (long long)s->Tq, (long long)s->Tk,
              (long long)s->D, (long long)s->Dv, s->pad ? " padded rows" : "",
-             attn_arch_name(arch));
+             s->causal ? " causal" : "", attn_arch_name(arch));
 }
 
 static attn_tensor tensor4(attn_dtype dt, void *data, int64_t a, int64_t b, int64_t c, int64_t d)
@@ -238,6 +242,7 @@ static int sdpa(attn_dtype dt, const shape *s, const void *q, const void *k, con
     attn_tensor to = view4(dt, po, s->H, s->Tq, s->Dv, pad);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
+    p.causal = s->causal ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     ctx.impl = impl;
@@ -379,7 +384,7 @@ static void check_f32(int path, int i, int64_t D, int64_t Dv)
     float *ref = fbuf(no), *o1 = fbuf(no), *o2 = fbuf(no);
     double *oracle = dbuf(no);
     fill(q, nq), fill(k, nk), fill(v, nv);
-    oracle_fwd(&s, 0, q, k, v, oracle);
+    oracle_fwd(&s, s.causal, q, k, v, oracle);
     CHECK_INT(sdpa(ATTN_DTYPE_F32, &s, q, k, v, ref, ATTN_IMPL_REF, ATTN_ARCH_AUTO, 1, NULL),
               ATTN_OK);
     const double bound = 2.0 * max_err(ref, oracle, no) + FLOOR;
@@ -599,7 +604,7 @@ static void check_kv(attn_dtype dt, int i, int64_t D, int64_t Dv)
     memset(&kp, 0, sizeof kp);
     kp.dt = dt;
     kp.s = shape_of(PATH_ROW, i, D, Dv);
-    kp.s.pad = 0;
+    kp.s.pad = 0, kp.s.causal = 1; /* what attend applies */
     kp.s.Tq = 1 + i % 3;
     kp.s.Tk = 520;
     kp.len[0] = kp.s.Tq + (7 * i) % 19, kp.len[1] = 520;
@@ -714,24 +719,25 @@ static void bwd_oracle(const shape *s, const float *q, const float *k, const flo
         for (int64_t r = 0; r < s->Tq; r++) {
             const float *qi = q + (h * s->Tq + r) * D, *doi = dout + (h * s->Tq + r) * Dv;
             double *dqi = dq + (h * s->Tq + r) * D, m = -INFINITY, l = 0.0, delta = 0.0;
-            for (int64_t j = 0; j < Tk; j++) {
+            const int64_t seen = s->causal ? r + Tk - s->Tq + 1 : Tk; /* bottom-right */
+            for (int64_t j = 0; j < seen; j++) {
                 double dot = 0.0;
                 for (int64_t d = 0; d < D; d++)
                     dot += (double)qi[d] * K[j * D + d];
                 pw[j] = scale * dot;
                 m = pw[j] > m ? pw[j] : m;
             }
-            for (int64_t j = 0; j < Tk; j++)
+            for (int64_t j = 0; j < seen; j++)
                 l += (pw[j] = exp(pw[j] - m));
             memset(o, 0, sizeof(double) * (size_t)Dv);
-            for (int64_t j = 0; j < Tk; j++) {
+            for (int64_t j = 0; j < seen; j++) {
                 pw[j] /= l;
                 for (int64_t e = 0; e < Dv; e++)
                     o[e] += pw[j] * A_(V[j * Dv + e]);
             }
             for (int64_t e = 0; e < Dv; e++)
                 delta += A_(doi[e]) * o[e];
-            for (int64_t j = 0; j < Tk; j++) {
+            for (int64_t j = 0; j < seen; j++) {
                 double dp = 0.0;
                 for (int64_t e = 0; e < Dv; e++) {
                     dp += A_(doi[e]) * A_(V[j * Dv + e]);
@@ -769,6 +775,7 @@ static int backward(const shape *s, float *q, float *k, float *v, float *out, fl
     attn_tensor_init(NULL, &tl, ATTN_DTYPE_F32, lse, 3, ls);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
+    p.causal = s->causal ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
     attn_sdpa_grads g = {&tdq, &tdk, &tdv, NULL, NULL};
     int rc;
     if (arch == ATTN_ARCH_REF) {
@@ -798,7 +805,7 @@ static double max_abs(const double *o, int64_t n)
 static void check_backward(int i, int64_t D, int64_t Dv)
 {
     shape s = shape_of(PATH_TILE, i, D, Dv);
-    s.pad = 0; /* the backward's tensors are contiguous here */
+    s.pad = 0; /* the backward's tensors are contiguous */
     if (i % 2 == 0)
         s.Tq = 3, s.Tk = 5;
     const int64_t nq = s.H * s.Tq * D, nk = s.Hkv * s.Tk * D, nv = s.Hkv * s.Tk * Dv;
