@@ -42,16 +42,7 @@
 
 /* Under a sanitizer (10 to 20 times slower) the ATTN_TILE children leave out their
  * 3000-key problem; the 5000-key problems of the options still run once. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define EDGES_QUICK 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define EDGES_QUICK 1
-#endif
-#endif
-#ifndef EDGES_QUICK
-#define EDGES_QUICK 0
-#endif
+#define EDGES_QUICK CHECK_SANITIZED
 
 #define BF16_NAN 0x7fc0u
 #define BF16_INF 0x7f80u

@@ -61,16 +61,7 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define SWEEP_QUICK 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define SWEEP_QUICK 1
-#endif
-#endif
-#ifndef SWEEP_QUICK
-#define SWEEP_QUICK 0
-#endif
+#define SWEEP_QUICK CHECK_SANITIZED
 
 #define NMAX 264
 #define FLOOR 2e-6 /* tests/test_fused_sweep.c's floor */

@@ -42,16 +42,7 @@
 /* Under a sanitizer (CI runs this test under ThreadSanitizer and AddressSanitizer,
  * 10 to 20 times slower) each size meets one mask kind, in turn, instead of all
  * five: every value of every axis is still covered. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define SWEEP_QUICK 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define SWEEP_QUICK 1
-#endif
-#endif
-#ifndef SWEEP_QUICK
-#define SWEEP_QUICK 0
-#endif
+#define SWEEP_QUICK CHECK_SANITIZED
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 

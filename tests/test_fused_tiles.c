@@ -33,16 +33,7 @@
 /* Under a sanitizer (CI runs this test under AddressSanitizer, 10 to 20 times
  * slower) the longest sequence is left out: 17 and 113 still make several query
  * and key tiles under every override. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define TILES_QUICK 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define TILES_QUICK 1
-#endif
-#endif
-#ifndef TILES_QUICK
-#define TILES_QUICK 0
-#endif
+#define TILES_QUICK CHECK_SANITIZED
 
 enum { MASK_NONE, MASK_CAUSAL, MASK_PADDING, MASK_WINDOW, MASK_KINDS };
 static const char *mask_names[MASK_KINDS] = {"none", "causal", "padding", "window"};
