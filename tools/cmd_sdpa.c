@@ -177,7 +177,9 @@ static const char HELP[] =
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal-bottom-right \\\n"
     "        --window 4095,0 --softcap 50 --sinks sinks.npy --output o.npy --lse l.npy\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal --output o.npy \\\n"
-    "        --grad-output do.npy --grad-query dq.npy --grad-key dk.npy --grad-value dv.npy\n";
+    "        --grad-output do.npy --grad-query dq.npy --grad-key dk.npy --grad-value dv.npy\n"
+    "    attn sdpa --query q.npy --key k.npy --value v.npy --causal --dtype bf16 \\\n"
+    "        --output o.npy\n";
 
 /* Checks that a loaded q/k/v is a float array of 2 to 4 dimensions. */
 static int check_qkv(const char *opt, const char *path, const attn_array *a)

@@ -187,10 +187,11 @@ static const char HELP[] =
     "\n"
     CLI_HELP_EXIT
     "\n"
-    "EXAMPLE\n"
+    "EXAMPLES\n"
     "    inspect_self_attention --seq-len 8 --trace --heatmap weights.svg\n"
     "    inspect_self_attention --values --sample 1 --head 2\n"
-    "    inspect_self_attention --mistake mask-zero --show\n";
+    "    inspect_self_attention --mistake mask-zero --show\n"
+    "    inspect_self_attention --grad\n";
 
 /* Returns CLI_PARSED to run, CLI_EXIT_OK when --help was printed, or
  * CLI_EXIT_USAGE after one line on stderr. */
