@@ -199,4 +199,21 @@ refuse "a custom shape without --head-dim" --query-len 4
 refuse "--padding without a custom shape" --padding
 refuse "--mha with an impl it does not run" --mha --impl avx2
 refuse "--embed-dim not divisible by --num-heads" --mha --embed-dim 10 --num-heads 3
+refuse "--backward with --impl avx512bf16 (the backward is float32, where it is avx512)" \
+    --backward --impl avx512bf16 --query-len 4 --head-dim 2
+
+# An --impl path this CPU cannot run is an error (exit 1, one line naming it), not a
+# table with no line and exit 0 (what it was); where the CPU runs it, its line is
+# printed.
+for isa in amx avx512bf16 avx512 avx2; do
+    "$ATTN" bench --impl "$isa" --dtype bf16 --query-len 4 --head-dim 2 --runs 1 --threads 1 \
+        --json >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ "$rc" -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -qF -- "--impl $isa" "$tmp/err" &&
+        [ ! -s "$tmp/out" ]; then
+        ok "--impl $isa where this CPU cannot run it: $(cat "$tmp/err")"
+    elif [ "$rc" -eq 0 ] && grep -q "\"impl\":\"fused:$isa\"" "$tmp/out"; then
+        ok "--impl $isa runs here and prints its line"
+    else bad "--impl $isa: exit $rc, stderr '$(cat "$tmp/err")', $(wc -l <"$tmp/out") lines"; fi
+done
 exit $fail

@@ -106,13 +106,15 @@ static const char HELP[] =
     "        Worker threads, 1..1024 (default: one per online core; the library uses\n"
     "        at most its own pool's size).\n"
     "    --impl NAME\n"
-    "        default: the library's default path only (what attn_sdpa runs, see\n"
-    "        ATTN_ARCH); ref: the reference; fused: the fused kernel on the selected\n"
-    "        ISA; scalar, avx2, avx512: the fused kernel on that ISA; avx512bf16,\n"
-    "        amx: the avx512 build with its vdpbf16ps or AMX-BF16 kernel for\n"
-    "        --dtype bf16 (the avx512 kernel otherwise); all: the reference and\n"
-    "        every ISA this CPU runs (avx512bf16 and amx with --dtype bf16 only).\n"
-    "        --mha and --gemm know default, ref and all.\n"
+    "        default (the default): the library's default path only (what\n"
+    "        attn_sdpa runs, see ATTN_ARCH); ref: the reference; fused: the fused\n"
+    "        kernel on the selected ISA; scalar, avx2, avx512: the fused kernel on\n"
+    "        that ISA; avx512bf16, amx: the avx512 build with its vdpbf16ps or\n"
+    "        AMX-BF16 kernel for --dtype bf16 (the avx512 kernel otherwise); all:\n"
+    "        the reference and every ISA this CPU runs (avx512bf16 and amx with\n"
+    "        --dtype bf16 only). An ISA this CPU cannot run is an error (exit 1);\n"
+    "        --backward (float32 only) takes scalar, avx2 or avx512, not\n"
+    "        avx512bf16 or amx. --mha and --gemm know default, ref and all.\n"
     "    --runs N\n"
     "        Timed samples per measurement, 1..1000000 (default 10; the reference on\n"
     "        shapes over 2 GFLOP is capped at 3, which the runs field says).\n"
@@ -200,8 +202,11 @@ static const char HELP[] =
     "    other speed); the header line says what was chosen for this CPU, or what\n"
     "    a value did (one that is not valid is ignored, and the line says why).\n"
     "\n"
-    "EXAMPLE\n"
-    "    attn bench --shape S2 --threads 2 --impl all --json\n";
+    "EXAMPLES\n"
+    "    attn bench --shape S2 --threads 2 --impl all --json\n"
+    "    attn bench --backward --shape S2 --threads 2\n"
+    "    attn bench --shape S4 --threads 2 --dtype bf16\n"
+    "    attn bench --decode --threads 2 --dtype bf16\n";
 
 /* s as the inside of a JSON string (quotes, backslashes and control characters
  * escaped): the reason may echo an ATTN_ARCH value the user typed. */
@@ -336,6 +341,25 @@ int cmd_bench(int argc, char **argv)
                                : want_mha  ? "mha"
                                : want_gemm ? "gemm"
                                            : "backward");
+
+    /* An instruction set named by --impl must be one this run can time: otherwise
+     * the table would come out with no line and the exit status would say all
+     * went well. The backward is float32 only, where avx512bf16 and amx are the
+     * avx512 kernel, so it has no kernel of theirs to time. */
+    attn_arch impl_arch;
+    if (attn_arch_parse(impl_names[impl_ix], &impl_arch) == ATTN_OK) {
+        const int own_bf16 = impl_arch == ATTN_ARCH_AVX512_BF16 || impl_arch == ATTN_ARCH_AMX;
+        if (want_backward && own_bf16)
+            return cli_usage_error(PROG, "--backward is float32 only, where --impl %s is the "
+                                         "avx512 kernel: use --impl avx512",
+                                   impl_names[impl_ix]);
+        if (!attn_arch_supported(impl_arch)) {
+            cli_error(PROG, "--impl %s: this CPU (or this build) cannot run that path, so "
+                            "there is nothing to time; --impl all times every path it can",
+                      impl_names[impl_ix]);
+            return CLI_EXIT_ERROR;
+        }
+    }
 
     o.dtype = dtypes[dtype_ix];
     o.threads = (int)threads;
