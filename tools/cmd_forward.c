@@ -170,9 +170,10 @@ static const char HELP[] =
     "    --alibi-slopes, a window side below -1, a softcap that is not > 0, a\n"
     "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
     "    --rope-offset without --rope, --grad-output without --grad-input or\n"
-    "    --grad-weights (or either without --grad-output). Slopes\n"
-    "    or sinks that are not [H] and a bias that does not broadcast are errors\n"
-    "    (exit 1) that name the shapes.\n"
+    "    --grad-weights (or either without --grad-output), two outputs that name\n"
+    "    one file, an output that names an input file (an existing output file is\n"
+    "    otherwise replaced). Slopes or sinks that are not [H] and a bias that\n"
+    "    does not broadcast are errors (exit 1) that name the shapes.\n"
     "\n"
     CLI_HELP_NUMBERS
     "\n"
@@ -215,6 +216,12 @@ static int has_separate(attn_ctx *ctx, const char *path, const char *prefix, int
 
 const char *const fwd_empty_choices[] = {"error", "zero", NULL};
 
+/* The options of attn forward and attn decode that name files the run reads, which
+ * no output may name. */
+static const char *const fwd_inputs[] = {"weights", "input", "token-ids",   "mask",
+                                         "bias",    "sinks", "alibi-slopes", "grad-output",
+                                         NULL};
+
 int fwd_check(const char *prog, const cli_opt *opts, int nopts, fwd_args *a,
               attn_rope_params *rope, int *use_rope)
 {
@@ -227,6 +234,8 @@ int fwd_check(const char *prog, const cli_opt *opts, int nopts, fwd_args *a,
     static const char *const out_names[3] = {"output", "attention", "lse"};
     const char *out_paths[3] = {a->output, a->attention, a->so.lse};
     if ((rc = cli_distinct_outputs(prog, 3, out_names, out_paths)) != CLI_PARSED ||
+        (rc = cli_outputs_spare_inputs(prog, opts, nopts, 3, out_names, out_paths,
+                                       fwd_inputs)) != CLI_PARSED ||
         (rc = cli_sdpa_options_check(prog, &a->so, cli_seen(opts, nopts, "softcap"))) !=
             CLI_PARSED)
         return rc;
@@ -405,8 +414,9 @@ static int grad_names(attn_ctx *ctx, const char *path, const char *prefix, char 
 }
 
 /* The usage rules of --grad-*: --grad-output with at least one of --grad-input and
- * --grad-weights, each of those with it, every output distinct. */
-static int check_grad_flags(const fwd_args *a, const char *const g[3])
+ * --grad-weights, each of those with it, every output distinct and none an input. */
+static int check_grad_flags(const cli_opt *opts, int nopts, const fwd_args *a,
+                            const char *const g[3])
 {
     if (g[0] && !g[1] && !g[2])
         return cli_usage_error(PROG, "--grad-output needs --grad-input or --grad-weights "
@@ -417,7 +427,10 @@ static int check_grad_flags(const fwd_args *a, const char *const g[3])
     static const char *const out_names[5] = {"output", "attention", "lse", "grad-input",
                                               "grad-weights"};
     const char *out_paths[5] = {a->output, a->attention, a->so.lse, g[1], g[2]};
-    return cli_distinct_outputs(PROG, 5, out_names, out_paths);
+    const int rc = cli_distinct_outputs(PROG, 5, out_names, out_paths);
+    return rc != CLI_PARSED ? rc
+                            : cli_outputs_spare_inputs(PROG, opts, nopts, 5, out_names,
+                                                       out_paths, fwd_inputs);
 }
 
 /* Rows r0 .. r0 + n - 1 of a 1-D or 2-D tensor as a view. */
@@ -607,7 +620,7 @@ int cmd_forward(int argc, char **argv)
     attn_rope_params rope;
     int use_rope;
     if ((rc = fwd_check(PROG, opts, nopts, &a, &rope, &use_rope)) != CLI_PARSED ||
-        (rc = check_grad_flags(&a, g)) != CLI_PARSED)
+        (rc = check_grad_flags(opts, nopts, &a, g)) != CLI_PARSED)
         return rc;
 
     attn_ctx ctx;

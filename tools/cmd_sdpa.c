@@ -163,9 +163,11 @@ static const char HELP[] =
     "    --rope-base that is not > 0, a --rope-offset below 0, --rope-base or\n"
     "    --rope-offset without --rope, --grad-output without all of --grad-query,\n"
     "    --grad-key and --grad-value (or one of those without it), --grad-bias\n"
-    "    without --bias, --grad-sinks without --sinks. Shapes\n"
-    "    that do not fit (H not a multiple of Hkv, slopes or sinks not [H], a bias\n"
-    "    that does not broadcast) are errors (exit 1) that name the shapes.\n"
+    "    without --bias, --grad-sinks without --sinks, two outputs that name one\n"
+    "    file, an output that names an input file (an existing output file is\n"
+    "    otherwise replaced). Shapes that do not fit (H not a multiple of Hkv,\n"
+    "    slopes or sinks not [H], a bias that does not broadcast) are errors\n"
+    "    (exit 1) that name the shapes.\n"
     "\n"
     CLI_HELP_NUMBERS
     "\n"
@@ -270,7 +272,11 @@ int cmd_sdpa(int argc, char **argv)
     const char *out_paths[8] = {output, attention, so.lse, g[1], g[2], g[3], g[4], g[5]};
     attn_rope_params rope;
     int use_rope;
+    static const char *const inputs[] = {"query", "key",   "value", "mask",       "alibi-slopes",
+                                         "bias",  "sinks", "grad-output", NULL};
     if ((rc = cli_distinct_outputs(PROG, 8, out_names, out_paths)) != CLI_PARSED ||
+        (rc = cli_outputs_spare_inputs(PROG, opts, nopts, 8, out_names, out_paths, inputs)) !=
+            CLI_PARSED ||
         (rc = cli_sdpa_options_check(PROG, &so, cli_seen(opts, nopts, "softcap"))) !=
             CLI_PARSED ||
         (rc = check_grad_flags(g, &so)) != CLI_PARSED ||

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Prints "PROG: " + the message on one line: a newline inside the message (a file
  * name with a newline, say) is shown as a space so the error stays one line. */
@@ -500,6 +501,18 @@ int cli_fail_sdpa(const char *prog, const attn_ctx *ctx, const cli_sdpa_options 
     return cli_fail_attention(prog, ctx, mask_path);
 }
 
+/* Whether paths a and b name one file: the same text, or two names (./y.npy and
+ * y.npy, a link) of one file that exists. An output that does not exist yet is
+ * compared by its text only. */
+static int same_file(const char *a, const char *b)
+{
+    if (strcmp(a, b) == 0)
+        return 1;
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
 int cli_distinct_outputs(const char *prog, int n, const char *const *names,
                          const char *const *paths)
 {
@@ -508,6 +521,25 @@ int cli_distinct_outputs(const char *prog, int n, const char *const *names,
             if (paths[i] && paths[j] && strcmp(paths[i], paths[j]) == 0)
                 return cli_usage_error(prog, "--%s and --%s name the same file", names[i],
                                        names[j]);
+    return CLI_PARSED;
+}
+
+int cli_outputs_spare_inputs(const char *prog, const cli_opt *opts, int nopts, int n,
+                             const char *const *names, const char *const *paths,
+                             const char *const *inputs)
+{
+    for (int k = 0; inputs[k]; k++) {
+        const cli_opt *in = cli_find(opts, nopts, inputs[k]);
+        if (!in || !in->seen || in->kind != CLI_STRING)
+            continue;
+        const char *in_path = *(const char *const *)in->dest;
+        for (int i = 0; i < n; i++)
+            if (paths[i] && in_path && same_file(paths[i], in_path))
+                return cli_usage_error(prog,
+                                       "--%s %s is also read as --%s: attn does not "
+                                       "write over its own inputs",
+                                       names[i], paths[i], inputs[k]);
+    }
     return CLI_PARSED;
 }
 

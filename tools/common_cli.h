@@ -227,9 +227,20 @@ int cli_rope_options_get(const char *prog, const cli_opt *opts, int nopts,
                          const cli_rope_options *o, attn_rope_params *rp, int *use);
 
 /* Usage error unless the named output paths (NULL = not wanted) are all different:
- * "--output and --lse name the same file". n <= 8. */
+ * "--output and --lse name the same file". n <= 8. (Two names of one file, ./y.npy
+ * and y.npy or a link, are refused by the output writer, before anything is
+ * written.) */
 int cli_distinct_outputs(const char *prog, int n, const char *const *names,
                          const char *const *paths);
+
+/* Usage error when an output path (as in cli_distinct_outputs) names the file of
+ * one of the input options in `inputs` (NULL-terminated option names; those not in
+ * opts, or not given, are skipped): "--grad-weights w.safetensors is also read as
+ * --weights: ...". A run would otherwise replace the user's weights or
+ * arrays with its results. */
+int cli_outputs_spare_inputs(const char *prog, const cli_opt *opts, int nopts, int n,
+                             const char *const *names, const char *const *paths,
+                             const char *const *inputs);
 
 /* One output file: a .npy of `tensor`; or, when `names` is set, a .safetensors of
  * the n_named tensors `named` under those names; or, when both are NULL, the
