@@ -49,6 +49,9 @@ Differences a caller can see, all of them deliberate:
   device); integer tensors are refused (TypeError).
 - attention_mask (and pad_id) may also be passed by position; the chapter's
   module takes them by keyword only.
+- The backward is differentiable once: a second derivative through attention
+  (create_graph=True, then a gradient of the gradient) raises PyTorch's
+  "differentiate twice" error.
 """
 
 try:
@@ -62,6 +65,7 @@ import math
 
 import numpy as _numpy
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from . import _attn
 
@@ -222,7 +226,12 @@ class _SDPAFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         return out, weights
 
+    # The backward runs in C on numpy views, outside autograd's graph, so its
+    # result has no derivative of its own: once_differentiable makes a second
+    # derivative (create_graph=True, then a grad of the grad) an error that says
+    # so, instead of a gradient that silently leaves attention's term out.
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, dweights):
         q, k, v, mask, out, lse, weights = ctx.saved_tensors
         m = None if mask is None else _np(mask)
@@ -308,6 +317,11 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     Tq, Tk, D, Dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     scores_shape = batch + (Tq, Tk)
     mask = _check_mask(attention_mask, scores_shape)
+    if 0 in scores_shape:
+        out, weights = _sdpa_empty(q, k, v, mask, scores_shape)
+        if query.dtype != out.dtype:
+            out, weights = out.to(query.dtype), weights.to(query.dtype)
+        return out, weights
 
     if q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
         # The chapter's case: attn reads the tensors, and the mask with its
@@ -329,6 +343,27 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
     if query.dtype != torch.float32:
         out, weights = out.to(query.dtype), weights.to(query.dtype)
     return out, weights
+
+
+def _sdpa_empty(q, k, v, mask, scores_shape):
+    """Attention on a problem with no scores: an empty batch or no queries (the
+    library takes sizes of at least 1), or no keys. With no query row there is
+    nothing to compute, so the chapter's steps run in PyTorch on the empty tensors,
+    which gives the chapter's empty output and weights and, through autograd,
+    gradients of zeros in the inputs' shapes. Rows with no key at all cannot attend
+    to one: the chapter's error."""
+    rows = 1
+    for s in scores_shape[:-1]:
+        rows *= s
+    if rows and scores_shape[-1] == 0:
+        raise ValueError("Every query position must be able to attend to at least one key: "
+                         "key %s has no positions" % (tuple(k.shape),))
+    D = q.shape[-1]
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(D if D else 1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v), weights
 
 
 def _half_call(query, key, value):
@@ -397,6 +432,7 @@ class _MHAFunction(torch.autograd.Function):
         return torch.from_numpy(r)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, *unused):
         x, w_qkv, b_qkv, w_o, b_o, mask = ctx.saved_tensors
         if dout is None:
@@ -449,7 +485,9 @@ class MultiHeadSelfAttention(nn.Module):
         w_qkv, b_qkv, w_o, b_o = (p if p.dtype == torch.float32 else p.float() for p in params)
         needs_grad = torch.is_grad_enabled() and (
             xf.requires_grad or any(p.requires_grad for p in params))
-        if return_attention and needs_grad:
+        if return_attention and needs_grad or B * T == 0:
+            # (An empty batch or sequence goes this way too: the library takes
+            # sizes of at least 1, and there is nothing to compute.)
             # The weights are returned with their gradient, as the chapter's are:
             # the projections in PyTorch around attn's attention and its backward.
             out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)

@@ -397,3 +397,65 @@ def test_half_precision_tensors_are_converted_and_returned_in_their_dtype(dtype)
     ulp = torch.finfo(dtype).eps
     torch.testing.assert_close(out, want.to(dtype), atol=0, rtol=ulp,
                                msg=lambda m: "%s\n%s\n%s" % (m, out, want))
+
+
+# ---------------------------------------------------------------------------
+# Edges a training loop meets: empty batches, second derivatives
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(0, 2, 3, 4), (2, 0, 3, 4), (2, 2, 0, 4)])
+def test_no_query_rows_give_empty_results_and_zero_gradients_as_plain_pytorch(shape):
+    """An empty batch, no heads or no queries (the chapter's module returns empty
+    tensors there; the library takes sizes of at least 1) give plain PyTorch's empty
+    output and weights, and gradients of zeros in the inputs' shapes."""
+    q = torch.randn(*shape, requires_grad=True)
+    k = torch.randn(shape[0], shape[1], 5, 4, requires_grad=True)
+    v = torch.randn(shape[0], shape[1], 5, 3, requires_grad=True)
+    out, weights = attention.scaled_dot_product_attention(q, k, v)
+    want_out, want_weights = plain.scaled_dot_product_attention(q, k, v)
+    assert out.shape == want_out.shape and weights.shape == want_weights.shape, \
+        (out.shape, want_out.shape, weights.shape, want_weights.shape)
+    out.sum().backward()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        assert t.grad is not None and t.grad.shape == t.shape, (name, t.grad, t.shape)
+        assert not t.grad.any(), (name, t.grad)
+
+
+def test_keys_of_length_zero_are_refused_as_a_row_with_no_key():
+    """Queries with no key to attend to raise the chapter's 'at least one key'."""
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="at least one key"):
+        attention.scaled_dot_product_attention(q, torch.randn(1, 2, 0, 4), torch.randn(1, 2, 0, 4))
+
+
+@pytest.mark.parametrize("shape", [(0, 3, 8), (2, 0, 8)])
+def test_the_module_on_an_empty_batch_or_sequence_is_plain_pytorchs(shape):
+    """The module on x [0, T, E] or [B, 0, E] returns the chapter's empty output (and
+    weights), and the backward gives x and the parameters zero gradients."""
+    torch.manual_seed(0)
+    module = attention.MultiHeadSelfAttention(embed_dim=8, num_heads=2)
+    x = torch.randn(*shape, requires_grad=True)
+    out, weights = module(x, return_attention=True)
+    assert out.shape == shape and weights.shape == (shape[0], 2, shape[1], shape[1]), \
+        (out.shape, weights.shape)
+    out.sum().backward()
+    assert x.grad.shape == shape and not x.grad.any(), x.grad
+    for name, p in module.named_parameters():
+        assert p.grad is not None and not p.grad.any(), (name, p.grad)
+
+
+def test_a_second_derivative_is_an_error_not_a_gradient_without_attention():
+    """attn's backward runs in C, outside autograd: differentiating it again (a
+    gradient penalty through create_graph=True) raises PyTorch's 'differentiate twice'
+    error. Before, the penalty's gradient silently left attention's term out."""
+    q = torch.randn(1, 2, 4, 3, requires_grad=True)
+    k, v = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
+    out, _ = attention.scaled_dot_product_attention(q, k, v)
+    g, = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (g.pow(2).sum() + q.pow(2).sum()).backward()
+    module = attention.MultiHeadSelfAttention(embed_dim=8, num_heads=2)
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    g, = torch.autograd.grad(module(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.pow(2).sum().backward()
