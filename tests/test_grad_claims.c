@@ -1,16 +1,19 @@
 /*
- * test_grad_overwrite.c - docs/gradients.md's rule "every element of the gradients
- * is written (overwritten, not accumulated into)", for attn_sdpa_backward (the
- * reference and the fused kernel in both of its forms), attn_mha_backward and
- * attn_gqa_backward, on every path this machine has, with 1 and 2 threads.
+ * test_grad_claims.c - the rules of docs/gradients.md that no other test showed.
  *
- * The other backward tests hand in gradients from calloc, so a kernel that added
- * into its outputs, or left an element it thought was zero (a hidden key, a row
- * that sees no key, a key tile outside every row's causal range) unwritten, would
- * pass them. Here each call runs twice, once into buffers of zeros and once into
- * buffers of NaN, and the two results must have the same bits: a NaN that survives
- * is an element the call did not write, and any other difference is a sum that
- * read what was there.
+ * "Every element of the gradients is written (overwritten, not accumulated
+ * into)", for attn_sdpa_backward (the reference and the fused kernel in both of
+ * its forms), attn_mha_backward and attn_gqa_backward, on every path this machine
+ * has, with 1 and 2 threads. The other backward tests hand in gradients from
+ * calloc, so a kernel that added into its outputs, or left an element it thought
+ * was zero (a hidden key, a row that sees no key, a key tile outside every row's
+ * causal range) unwritten, would pass them. Here each call runs twice, once into
+ * buffers of zeros and once into buffers of NaN, and the two results must have the
+ * same bits: a NaN that survives is an element the call did not write, and any
+ * other difference is a sum that read what was there.
+ *
+ * "dsinks without p->sinks: INVALID_ARGUMENT", and "the reference gives the same
+ * bits on every instruction set".
  */
 #include "attn.h"
 #include "check.h"
@@ -56,8 +59,8 @@ static float *filled(int64_t n, float value)
     return p;
 }
 
-/* Compares a (written over zeros) with b (written over NaN) bit for bit and prints
- * the first element that differs with both values. */
+/* Compares a with b bit for bit and prints the first element that differs with
+ * both values (a first: the call into zeros, b: the call into NaN). */
 static void check_same_bits(const char *what, const char *where, const float *a,
                             const float *b, int64_t n)
 {
@@ -65,10 +68,8 @@ static void check_same_bits(const char *what, const char *where, const float *a,
     for (int64_t i = 0; i < n; i++)
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
             check_failures_++;
-            fprintf(stderr,
-                    "%s, %s: element %lld is %.9g over zeros but %.9g over NaN (not "
-                    "overwritten)\n",
-                    where, what, (long long)i, a[i], b[i]);
+            fprintf(stderr, "%s, %s: element %lld differs: %.9g vs %.9g\n", where, what,
+                    (long long)i, a[i], b[i]);
             return;
         }
 }
@@ -127,7 +128,7 @@ static void run_sdpa_case(const problem *P, const path *paths, int npaths)
         ctx.arch = paths[pi].arch;
         ctx.threads = paths[pi].threads;
         char where[160];
-        snprintf(where, sizeof where, "%s, %s, arch %s, %d thread(s)", P->name,
+        snprintf(where, sizeof where, "%s, %s, arch %s, %d thread(s), into zeros vs NaN", P->name,
                  paths[pi].impl == ATTN_IMPL_REF ? "ref" : "default",
                  attn_arch_name(paths[pi].arch), paths[pi].threads);
         p.lse = &tlse;
@@ -255,7 +256,7 @@ static void test_mha_gqa(const path *paths, int npaths)
         ctx.arch = paths[pi].arch;
         ctx.threads = paths[pi].threads;
         char where[128];
-        snprintf(where, sizeof where, "%s, arch %s, %d thread(s)",
+        snprintf(where, sizeof where, "%s, arch %s, %d thread(s), into zeros vs NaN",
                  paths[pi].impl == ATTN_IMPL_REF ? "ref" : "default",
                  attn_arch_name(paths[pi].arch), paths[pi].threads);
         float *m[2][5], *g[2][9];
@@ -328,6 +329,77 @@ static void test_dsinks_refused(void)
     attn_ctx_release(&ctx);
 }
 
+static void test_ref_same_bits_every_isa(const path *paths, int npaths)
+{
+    TEST("attn_sdpa_backward_ref gives the same bits whatever ctx->arch says (the "
+         "reference is one plain-C build), with 1 and 2 threads");
+    const int64_t B = 2, H = 4, Hkv = 2, Tq = 9, Tk = 14, D = 6;
+    const int64_t nq = B * H * Tq * D, nk = B * Hkv * Tk * D;
+    float *q = malloc(sizeof(float) * (size_t)nq), *k = malloc(sizeof(float) * (size_t)nk);
+    float *v = malloc(sizeof(float) * (size_t)nk), *dout = malloc(sizeof(float) * (size_t)nq);
+    float *out = malloc(sizeof(float) * (size_t)nq), lse[2 * 4 * 9], sinkv[4];
+    tu_fill(q, nq, 41);
+    tu_fill(k, nk, 42);
+    tu_fill(v, nk, 43);
+    tu_fill(dout, nq, 44);
+    tu_fill(sinkv, H, 45);
+    attn_tensor tq = tu_tensor4(q, B, H, Tq, D), tk = tu_tensor4(k, B, Hkv, Tk, D);
+    attn_tensor tv = tu_tensor4(v, B, Hkv, Tk, D), tdo = tu_tensor4(dout, B, H, Tq, D);
+    attn_tensor tout = tu_tensor4(out, B, H, Tq, D), tlse = tu_tensor3(lse, B, H, Tq), ts;
+    const int64_t hs[1] = {H};
+    attn_tensor_init(NULL, &ts, ATTN_DTYPE_F32, sinkv, 1, hs);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    p.softcap = 2.0f;
+    p.sinks = &ts;
+    attn_ctx ctx0;
+    attn_ctx_init(&ctx0);
+    ctx0.impl = ATTN_IMPL_REF;
+    p.lse = &tlse;
+    CHECK_INT(attn_sdpa(&ctx0, &tq, &tk, &tv, &p, &tout, NULL), ATTN_OK);
+    p.lse = NULL;
+    float *g0[4] = {NULL, NULL, NULL, NULL};
+    for (int pi = 0; pi < npaths; pi++) {
+        if (paths[pi].impl != ATTN_IMPL_REF)
+            continue;
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        ctx.arch = paths[pi].arch;
+        ctx.threads = paths[pi].threads;
+        float *g[4] = {filled(nq, 0), filled(nk, 0), filled(nk, 0), filled(H, 0)};
+        attn_tensor dq = tu_tensor4(g[0], B, H, Tq, D), dk = tu_tensor4(g[1], B, Hkv, Tk, D);
+        attn_tensor dv = tu_tensor4(g[2], B, Hkv, Tk, D), ds;
+        attn_tensor_init(NULL, &ds, ATTN_DTYPE_F32, g[3], 1, hs);
+        attn_sdpa_grads grads = {&dq, &dk, &dv, NULL, &ds};
+        CHECK_INT(attn_sdpa_backward_ref(&ctx, &tq, &tk, &tv, &p, &tout, &tlse, &tdo, &grads),
+                  ATTN_OK);
+        char where[96];
+        snprintf(where, sizeof where, "reference on arch %s, %d thread(s), against the first",
+                 attn_arch_name(paths[pi].arch), paths[pi].threads);
+        if (!g0[0]) {
+            for (int i = 0; i < 4; i++)
+                g0[i] = g[i];
+        } else {
+            check_same_bits("dq", where, g0[0], g[0], nq);
+            check_same_bits("dk", where, g0[1], g[1], nk);
+            check_same_bits("dv", where, g0[2], g[2], nk);
+            check_same_bits("dsinks", where, g0[3], g[3], H);
+            for (int i = 0; i < 4; i++)
+                free(g[i]);
+        }
+        attn_ctx_release(&ctx);
+    }
+    for (int i = 0; i < 4; i++)
+        free(g0[i]);
+    attn_ctx_release(&ctx0);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+}
+
 int main(void)
 {
     path paths[32];
@@ -335,5 +407,6 @@ int main(void)
     test_sdpa(paths, npaths);
     test_mha_gqa(paths, npaths);
     test_dsinks_refused();
-    return check_summary("test_grad_overwrite");
+    test_ref_same_bits_every_isa(paths, npaths);
+    return check_summary("test_grad_claims");
 }
