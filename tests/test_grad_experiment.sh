@@ -52,6 +52,17 @@ for impl in ref fused; do
     compare "$GOLD/experiment_s7_3_7_12_3.txt"
 done
 
+say "with --mistake the gradients are the correct module's (as --help says): every --mistake prints the block of --grad alone, byte for byte"
+run 0 "$INSPECT" --grad
+sed -n '/^== gradients/,$p' "$OUT_FILE" >"$WORK/grad_block"
+[ "$(wc -l <"$WORK/grad_block")" -eq 12 ] && ok || bad "the --grad block is not 12 lines: $(cat "$WORK/grad_block")"
+for m in no-scale inverted-mask mask-queries softmax-wrong-axis mask-zero; do
+    run 0 "$INSPECT" --grad --mistake $m
+    if sed -n '/^== gradients/,$p' "$OUT_FILE" | cmp -s - "$WORK/grad_block"; then ok; else
+        bad "--grad --mistake $m: the gradients differ from the correct module's"
+    fi
+done
+
 say "the help documents --grad"
 run 0 "$INSPECT" --help
 out_has "--grad"
