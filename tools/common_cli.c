@@ -502,15 +502,16 @@ int cli_fail_sdpa(const char *prog, const attn_ctx *ctx, const cli_sdpa_options 
 }
 
 /* Whether paths a and b name one file: the same text, or two names (./y.npy and
- * y.npy, a link) of one file that exists. An output that does not exist yet is
- * compared by its text only. */
+ * y.npy, a link) of one regular file that exists. An output that does not exist
+ * yet is compared by its text only; devices and pipes (/dev/stdin and /dev/stdout
+ * on one terminal) are not files a run could overwrite. */
 static int same_file(const char *a, const char *b)
 {
     if (strcmp(a, b) == 0)
         return 1;
     struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && S_ISREG(sa.st_mode) &&
+           S_ISREG(sb.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 int cli_distinct_outputs(const char *prog, int n, const char *const *names,
