@@ -194,6 +194,8 @@ refuse "--backward on S9 (a decode step)" --backward --shape S9
 refuse "--decode with a shape" --decode --shape S5
 refuse "--prefill without --decode" --prefill 16
 refuse "--steps without --decode" --shape S1 --steps 4
+refuse "--decode with --runs (it times each step once)" --decode --runs 3
+refuse "--decode with an --impl (it runs the default path)" --decode --impl avx2
 refuse "a SPEC shape and a custom shape at once" --shape S1 --query-len 4 --head-dim 2
 refuse "a custom shape without --head-dim" --query-len 4
 refuse "--padding without a custom shape" --padding

@@ -148,7 +148,8 @@ static const char HELP[] =
     "        steps made under a counting allocator with the context's workspace set\n"
     "        to attn_kv_cache_workspace_size bytes (0 is the target). With --dtype\n"
     "        bf16|f16 the cache stores K and V in 16 bits, and the K/V rate counts\n"
-    "        those bytes.\n"
+    "        those bytes. Each step is timed once, on the library's default path:\n"
+    "        --runs and --impl do not apply.\n"
     "    --backward\n"
     "        The gradients (attn_sdpa_backward) instead of the forward, on S2, S3,\n"
     "        S4 and S8 (or --shape, or a custom shape): the backward alone, with the\n"
@@ -236,7 +237,7 @@ int cmd_bench(int argc, char **argv)
     int64_t threads = 0, runs = 10, B = 1, H = 1, Tq = 0, Tk = 0, D = 0;
     int64_t T = 1024, E = 768, NH = 12, gemm_n = 1024;
     int64_t kv_heads = 0;
-    int shape_ix = BENCH_N_SPEC_SHAPES + 1, impl_ix = 0; /* "all" */
+    int shape_ix = BENCH_N_SPEC_SHAPES + 1, impl_ix = 0; /* --shape all, --impl default */
     int64_t prefill = 4096, steps = 128;
     int want_decode = 0, want_backward = 0;
     static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
@@ -297,6 +298,12 @@ int cmd_bench(int argc, char **argv)
                                                     : want_bw ? "bandwidth" : "decode");
     if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps")))
         return cli_usage_error(PROG, "--prefill and --steps apply to --decode");
+    /* The decoding loop times each of its --steps once, on the library's default
+     * path: a --runs or another --impl would be silently ignored. */
+    if (want_decode && (cli_seen(opts, nopts, "runs") || impl_ix != 0))
+        return cli_usage_error(PROG, "--decode times each of its --steps once on the default "
+                                     "path: --%s does not apply (use --steps)",
+                               cli_seen(opts, nopts, "runs") ? "runs" : "impl");
     if (want_backward && shape_ix == BENCH_N_SPEC_SHAPES)
         return cli_usage_error(PROG, "--backward runs S1 .. S8, not S9 (a decode step)");
     if (is_custom && cli_seen(opts, nopts, "shape"))
