@@ -40,6 +40,11 @@
  *     out_i = O_i / l_i, lse_i = m_i + log(l_i)         fk_finish
  *     weights, only when asked for                      fk_write_weights
  *
+ * On the tile path S holds the scores times log2(e) (fk_scores: the factor joins
+ * the scale, or follows the softcap), m likewise, so each exp above is a 2^x
+ * (simd_exp2_nonpos, cheaper than e^x), and lse = m ln 2 + log(l). The row and
+ * split paths keep the scores as they are and use e^x (simd_exp_nonpos).
+ *
  * The running max starts at -INFINITY, never at a large negative number, so a
  * masked score never leaks weight, and 1/l is taken only when l > 0.
  *
@@ -151,10 +156,12 @@
  *                and key indices (exact in float32 below 2^24), never stored as a
  *                [Tq, Tk] array; the slope is taken once per item.
  *   sinks        fk_tile_begin: the sink is the online softmax's first term, m =
- *                sink, l = exp(sink - sink) = 1, with no value (O = 0); the usual
+ *                sink (times log2(e) on the tile path), l = exp(sink - sink) = 1,
+ *                with no value (O = 0); the usual
  *                rescaling carries it. A row whose keys are all hidden keeps l = 1
  *                and O = 0: zero output, and no empty-row error.
- *   lse          fk_finish: m + log(l) (the sink included); an empty row gives the
+ *   lse          fk_finish: m + log(l) (the sink included; the tile path's m times
+ *                ln 2, or the sink itself while it is the max); an empty row gives the
  *                sink, or -inf without one; a NaN row NaN. The row path writes the
  *                same in its phase 2.
  *
@@ -208,6 +215,16 @@ static void fk_exp_nonpos(const float *x, float *y, int64_t n)
         simd_store(y + i, simd_exp_nonpos(simd_load(x + i)));
     if (i < n)
         simd_store_n(y + i, simd_exp_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
+}
+
+/* y = 2^x for x <= 0 with this build's vector 2^x (for tests/test_fused_exp.c). */
+static void fk_exp2_nonpos(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + SIMD_W <= n; i += SIMD_W)
+        simd_store(y + i, simd_exp2_nonpos(simd_load(x + i)));
+    if (i < n)
+        simd_store_n(y + i, simd_exp2_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
 }
 
 /* y = tanh(x) with this build's vector tanh (for tests/test_fused_tanh.c). */

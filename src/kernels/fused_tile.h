@@ -10,11 +10,11 @@
  *   fk_tile_begin       pack the query tile as Q^T micro-panels; m = -inf, l = 0, O = 0
  *   for each key tile that is not hidden entirely (fk_tile_kind):
  *     fk_value_tile     pack the value tile (or read it in place)
- *     fk_scores         S = (Q K^T) * scale, masked entries -inf
- *     fk_softmax_stats  m, l, P = exp(S - m), alpha = exp(m_old - m_new)
+ *     fk_scores         S = (Q K^T) * scale * log2(e), masked entries -inf
+ *     fk_softmax_stats  m, l, P = 2^(S - m), alpha = 2^(m_old - m_new), S in base 2
  *     fk_accumulate     O = O * alpha + P V
  *   fk_finish           out = O / l; rows that saw no key are empty
- *   fk_write_weights    only when asked for: exp(S - m) / l, tile by tile
+ *   fk_write_weights    only when asked for: 2^(S - m) / l, tile by tile
  */
 #ifndef ATTN_FUSED_TILE_H
 #define ATTN_FUSED_TILE_H
@@ -111,6 +111,9 @@ typedef struct fk_tile {
     int64_t i0, i1;            /* query rows i0 .. i1-1 */
     float slope;               /* ALiBi's slope for head h (0 when off) */
     float sink;                /* the sink logit of head h (-inf without sinks) */
+    int log2_units;            /* 1: S and m hold scores times log2(e) (the float32
+                                  path); 0: scores as they are (the bfloat16 path) */
+    float sink_m;              /* the sink in m's units */
     int64_t nr;                /* i1 - i0 rounded up to FK_QW: rows the micro-kernels see */
     int64_t br, bc, dvp;       /* the job's tile sizes and padded value width */
     const float *qb, *kb, *vb; /* (b, h)'s q and its key/value head's k and v */
@@ -119,7 +122,7 @@ typedef struct fk_tile {
     float *vp;                 /* [bc][dvp]  a packed value tile */
     float *ST;                 /* [bc][br]   scores, then weights, key-major */
     float *O;                  /* [br][dvp]  output accumulator */
-    float *m;                  /* [br] running max */
+    float *m;                  /* [br] running max (of S, in its units) */
     float *l;                  /* [br] running sum */
     float *alpha;              /* [br] this key tile's correction factor */
     float *inv;                /* [br] 1 / l, 0 for an empty row, NaN for a NaN row */
@@ -219,8 +222,8 @@ static int fk_pack_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, in
 
 /* Step 1: lays out the worker's scratch for item `item`, packs its query tile and
  * starts the online-softmax state: m = -inf, l = 0, O = 0, or with a sink
- * m = sink, l = exp(sink - sink) = 1 (the sink's term of the denominator, with no
- * value, so O = 0 still). */
+ * m = sink (times log2(e), as S holds every score: fk_scores), l = 2^(m - m) = 1
+ * (the sink's term of the denominator, with no value, so O = 0 still). */
 static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, fk_tile *t)
 {
     const attn__sdpa_shapes *s = job->s;
@@ -258,9 +261,11 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
 
     t->slope = attn__alibi_slope(s, t->h);
     t->sink = attn__sink(s, t->h);
+    t->log2_units = 1;
+    t->sink_m = t->sink * SIMD_LOG2E;
     fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt);
     for (int64_t r = 0; r < t->nr; r++) {
-        t->m[r] = t->sink;
+        t->m[r] = t->sink_m;
         t->l[r] = t->sink > -INFINITY ? 1.0f : 0.0f;
     }
     /* O's rows are contiguous: zeroed as one block, in vectors (dvp is a multiple
@@ -345,13 +350,26 @@ FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const 
             simd_store(ST + kk * ldst + c * SIMD_W, simd_mul(acc[kk][c], vscale));
 }
 
+/* The factor by which fk_score_mod multiplies what it adds: log2(e) where ST
+ * already holds the scores in base-2 units (the float32 path without a softcap,
+ * fk_scores), else 1 (exact, so the bfloat16 path's bits are the plain sums). An
+ * added term goes through the same two roundings, x * factor then the sum, whether
+ * it is a bias or ALiBi's, so that a bias of 0 (or -inf) gives the bits of no bias
+ * (or of a mask) as in the reference. */
+static float fk_mod_unit(const fk_tile *t)
+{
+    return t->log2_units && !(t->s->softcap > 0.0f) ? SIMD_LOG2E : 1.0f;
+}
+
 /* Step 2b, when a softcap, a bias or ALiBi is on: each score of ST in the
  * contract's order, softcap, then + bias (read through its broadcast strides), then
- * + ALiBi's -slope * |i' - j| (computed here, per tile, never stored). Rows past Tq
- * and keys past Tk are left as they are; they are hidden below or never written. */
+ * + ALiBi's -slope * |i' - j| (computed here, per tile, never stored), the added
+ * terms times fk_mod_unit. Rows past Tq and keys past Tk are left as they are; they
+ * are hidden below or never written. */
 static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
 {
     const attn__sdpa_shapes *s = t->s;
+    const float unit = fk_mod_unit(t);
     const int64_t ldst = t->br, nr = t->nr, i0 = t->i0, rows = t->i1 - i0;
     const int64_t nk = fk_min(nkp, s->Tk - j0);
     float *ST = t->ST;
@@ -364,13 +382,17 @@ static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
         for (int64_t c = 0; c < nk; c++) {
             const float *bcol = bb + i0 * bs2 + (j0 + c) * s->bias_s[3];
             float *strow = ST + c * ldst;
-            for (int64_t r = 0; r < rows; r++)
-                strow[r] = strow[r] + bcol[r * bs2];
+            for (int64_t r = 0; r < rows; r++) {
+                /* Two statements, so that no compiler contracts them to an fma:
+                 * ALiBi's term below is rounded twice too. */
+                const float add = bcol[r * bs2] * unit;
+                strow[r] = strow[r] + add;
+            }
         }
     }
     if (s->alibi) {
         /* The distance i' - j of row r is d0 + r, exact in float32 up to 2^24. */
-        const simd_f32 vslope = simd_set1(t->slope);
+        const simd_f32 vslope = simd_set1(t->slope), vunit = simd_set1(unit);
         float iota[SIMD_W];
         for (int r = 0; r < SIMD_W; r++)
             iota[r] = (float)r;
@@ -380,8 +402,8 @@ static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
             for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
                 const simd_f32 dist =
                     simd_abs(simd_add(simd_set1((float)(i0 + r0 + s->offset - j0 - c)), viota));
-                simd_store(strow + r0,
-                           simd_sub(simd_load(strow + r0), simd_mul(vslope, dist)));
+                simd_store(strow + r0, simd_sub(simd_load(strow + r0),
+                                                simd_mul(simd_mul(vslope, dist), vunit)));
             }
         }
     }
@@ -465,18 +487,31 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
     }
 }
 
-/* Step 2: ST [nkp][br] = (K Q^T) * scale for the nkp keys from j0 and the tile's
- * query rows, modified by the softcap, the bias and ALiBi (fk_score_mod), then, for
- * a PARTIAL tile, -inf at every hidden entry: keys past Tk, keys outside each row's
- * causal and window range, a false mask entry, a -inf bias. Hiding comes last, so a
- * hidden entry is -inf whatever its score was (even NaN), for any scale, as in the
- * reference. */
+/* Step 2: ST [nkp][br] = (K Q^T) * scale * log2(e) for the nkp keys from j0 and the
+ * tile's query rows, modified by the softcap, the bias and ALiBi (fk_score_mod, on
+ * the scores times scale, before the factor log2(e)), then, for a PARTIAL tile,
+ * -inf at every hidden entry: keys past Tk, keys outside each row's causal and
+ * window range, a false mask entry, a -inf bias. Hiding comes last, so a hidden
+ * entry is -inf whatever its score was (even NaN), for any scale, as in the
+ * reference.
+ *
+ * The factor log2(e) puts the scores in base-2 units, so that the softmax's
+ * e^(S - m) is 2^(S' - m') (simd_exp2_nonpos), which needs neither the multiply by
+ * log2(e) nor the Cody-Waite reduction of simd_exp_nonpos (10 vector instructions
+ * a score where that takes 14, on the ports the products need). It rides on the
+ * product's own multiply by the scale (one rounded factor scale * log2(e)), and a
+ * bias or ALiBi's term is multiplied by log2(e) before it is added (fk_mod_unit);
+ * only the softcap, whose tanh needs the scores as they are, gets the plain scale
+ * and one multiply more per score after the modifications. A score beyond
+ * FLT_MAX / log2(e) (2.4e38) in size overflows to inf here, where it would stay
+ * finite in the reference. */
 static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const attn__sdpa_shapes *s = t->s;
     const int64_t D = s->D, ldst = t->br, nr = t->nr;
     float *ST = t->ST;
-    const simd_f32 vscale = simd_set1(s->scale);
+    const int natural = fk_mod_unit(t) == 1.0f; /* the softcap's scores, as they are */
+    const simd_f32 vscale = simd_set1(natural ? s->scale : s->scale * SIMD_LOG2E);
     for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
         const float *krow[FK_MK];
         for (int kk = 0; kk < FK_MK; kk++) {
@@ -509,6 +544,12 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
     }
     if (fk_has_score_mod(s))
         fk_score_mod(t, j0, nkp);
+    if (natural) {
+        const simd_f32 vlog2e = simd_set1(SIMD_LOG2E);
+        for (int64_t c = 0; c < nkp; c++)
+            for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W)
+                simd_store(ST + c * ldst + r0, simd_mul(simd_load(ST + c * ldst + r0), vlog2e));
+    }
     if (kind == FK_PARTIAL)
         fk_hide(t, j0, nkp);
 }
@@ -516,7 +557,7 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 /* ---- Online-softmax update ------------------------------------------------------ */
 
 /* The running max with -inf (a row that has seen nothing yet) raised to -FLT_MAX,
- * so that exp(S - m) is exp(-inf) = 0 for masked scores rather than exp(NaN).
+ * so that 2^(S - m) is 2^-inf = 0 for masked scores rather than 2^NaN.
  * The operand order keeps NaN: simd_max returns its second operand when either is
  * NaN, and a NaN max must make its row NaN. */
 FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
@@ -543,9 +584,10 @@ FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
     return simd_max(simd_max(m0, m1), simd_max(m2, m3));
 }
 
-/* Step 3: with the scores of nkp keys in ST, m_new = max(m, max_j S_ij),
- * alpha = exp(m - m_new), P = exp(S - m_new) in place of S, l = l * alpha + sum_j P
- * (O = O * alpha follows in fk_accumulate). A vector of query
+/* Step 3: with the scores of nkp keys in ST (in base-2 units, fk_scores),
+ * m_new = max(m, max_j S_ij), alpha = 2^(m - m_new), P = 2^(S - m_new) in place of
+ * S, l = l * alpha + sum_j P (O = O * alpha follows in fk_accumulate): the
+ * e^(score - max) of the softmax, since S = score * log2(e). A vector of query
  * rows at a time: every step runs along the key axis, so no horizontal reduction
  * is needed. The max may drop a NaN score (simd_max
  * returns its second operand when either is NaN); that row is NaN all the same,
@@ -563,11 +605,11 @@ static void fk_softmax_stats(const fk_tile *t, int64_t j0, int64_t nkp, int kind
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, vmax);
         const simd_f32 msafe = fk_max_for_exp(mnew);
-        simd_store(alpha + r0, simd_exp_nonpos(simd_sub(mold, msafe)));
+        simd_store(alpha + r0, simd_exp2_nonpos(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
         simd_f32 vsum = simd_zero();
         for (int64_t c = 0; c < nk; c++) {
-            simd_f32 p = simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe));
+            simd_f32 p = simd_exp2_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe));
             simd_store(ST + c * br + r0, p);
             vsum = simd_add(vsum, p);
         }
@@ -720,8 +762,13 @@ static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int wor
                 empty = (t->b * s->H + t->h) * s->Tq + i;
         } else if (s->lse) {
             /* Only when asked for: it is a call to libm per row, 64 an item,
-             * part of the item's fixed cost (fk_pack_qt, docs/performance.md). */
-            lse = t->m[r] + logf(l[r]);
+             * part of the item's fixed cost (fk_pack_qt, docs/performance.md).
+             * m in base-2 units goes back by a factor ln 2, except a max that is
+             * still the sink's, which is the sink itself, exactly. */
+            const float m = !t->log2_units ? t->m[r]
+                            : t->m[r] == t->sink_m ? t->sink
+                                                   : t->m[r] * 0.693147180559945309f;
+            lse = m + logf(l[r]);
         }
         if (s->lse)
             s->lse[t->b * s->lse_s[0] + t->h * s->lse_s[1] + i * s->lse_s[2]] = lse;
@@ -777,7 +824,8 @@ static int64_t fk_out_direct(const fk_tile *t)
 /* ---- Write weights ------------------------------------------------------------------ */
 
 /* Step 6, only when the weights are wanted: each key tile's scores recomputed and
- * exp(S - m) / l written straight into the caller's weights. A hidden tile gets
+ * 2^(S - m) / l (S and m in base-2 units) written straight into the caller's
+ * weights. A hidden tile gets
  * 0 * (1 / l): zero, except in a NaN row, where the reference's 0 / NaN is NaN too. */
 static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
 {
@@ -801,7 +849,7 @@ static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
             const simd_f32 vinv = simd_load(t->inv + r0);
             for (int64_t c = 0; c < nkp; c++)
                 simd_store(ST + c * br + r0,
-                           simd_mul(simd_exp_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe)),
+                           simd_mul(simd_exp2_nonpos(simd_sub(simd_load(ST + c * br + r0), msafe)),
                                     vinv));
         }
         for (int64_t r = 0; r < i1 - i0; r++) {
