@@ -92,6 +92,52 @@ static void test_unsplit_step_fits(attn_dtype dt)
     attn_ctx_release(&ctx);
 }
 
+/* The scratch holds what the chosen path uses: S5's 16-bit decoding step (H 32,
+ * 4096 keys, D 128, 2 threads) is split into chunks of 256 keys; the scalar
+ * path widens each into its worker's float32 copy (2 workers' copies of 256 keys,
+ * at least 2 x 256 x (128 + 128) x 4 bytes = 512 KiB), while avx2 and avx512 read
+ * the chunks in place, so their plans hold no copy and ask for at least that much
+ * less, the kernel's own scratch being the same for the three. */
+static void test_direct_plans_no_copy(attn_dtype dt)
+{
+    enum { H = 32, TK = 4096, D = 128 };
+    char what[260];
+    snprintf(what, sizeof what,
+             "%s decoding step on S5's shape: avx2 and avx512 (K and V read in place) plan at "
+             "least 512 KiB less scratch than scalar (a float32 copy of each chunk)",
+             attn_dtype_name(dt));
+    TEST(what);
+    const int64_t qs[4] = {1, H, 1, D}, ks[4] = {1, H, TK, D};
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = 2;
+    ctx.impl = ATTN_IMPL_FUSED;
+    attn_tensor q, k, o;
+    CHECK_INT(attn_tensor_alloc(&ctx, &q, dt, 4, qs), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &o, dt, 4, qs), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(&ctx, &k, dt, 4, ks), ATTN_OK);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    size_t scalar = 0;
+    ctx.arch = ATTN_ARCH_SCALAR;
+    CHECK_INT(attn_sdpa_workspace_size(&ctx, &q, &k, &k, &p, &o, NULL, &scalar), ATTN_OK);
+    static const attn_arch ARCHS[2] = {ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    for (int ai = 0; ai < 2; ai++) {
+        if (!attn_arch_supported(ARCHS[ai]))
+            continue;
+        ctx.arch = ARCHS[ai];
+        size_t bytes = 0;
+        CHECK_INT(attn_sdpa_workspace_size(&ctx, &q, &k, &k, &p, &o, NULL, &bytes), ATTN_OK);
+        if (!(bytes + 512 * 1024 <= scalar))
+            fprintf(stderr, "   %s: %zu bytes of scratch, scalar %zu\n", attn_arch_name(ARCHS[ai]),
+                    bytes, scalar);
+        CHECK(bytes + 512 * 1024 <= scalar);
+    }
+    attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o), attn_tensor_free(&ctx, &k);
+    attn_ctx_release(&ctx);
+}
+
 static void test_batched_tile_steps(attn_dtype dt)
 {
     enum { B = 3, H = 4, HKV = 2, CAP = 700, D = 48, TQ = 12, STEPS = 5 };
@@ -166,6 +212,8 @@ int main(void)
 {
     test_unsplit_step_fits(ATTN_DTYPE_BF16);
     test_unsplit_step_fits(ATTN_DTYPE_F16);
+    test_direct_plans_no_copy(ATTN_DTYPE_BF16);
+    test_direct_plans_no_copy(ATTN_DTYPE_F16);
     test_batched_tile_steps(ATTN_DTYPE_BF16);
     test_batched_tile_steps(ATTN_DTYPE_F16);
     return check_summary("test_half_decode_scratch");
