@@ -686,6 +686,13 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
                           "%s: q %s and out must have a batch axis of the same size", fn,
                           attn__shape_str(q, s1, sizeof s1));
     }
+    /* With rope the calls run on the rotated queries, which are float32 whatever
+     * q's dtype (attend_setup), so they are planned so: a 16-bit q would send a
+     * call of many query rows to the bfloat16 kernel's plan (src/kernels/sdpa_bf16.c
+     * takes bfloat16 q only), whose scratch is not what the widening path that
+     * then runs needs. */
+    if (rope && s.dtype != ATTN_DTYPE_F32)
+        s.q_f32 = 1;
     size_t most = 0;
     /* The batch's scratch, for the current lengths and for a full cache. */
     attn__fused_batch_size now = {0, 0, 0, 0, 0, 0, 0, 0, 0}, full = now;
