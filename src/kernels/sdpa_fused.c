@@ -146,7 +146,7 @@ static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes 
  * the widening loads (AVX-512, and AVX2, whose files are built with F16C), for
  * rows of unit stride; the scalar build keeps the copy. Measured on S5, S7 and
  * S9 (docs/decoding.md): 1.7x to 2.3x the copy's speed on AVX-512, 1.45x to 2.0x
- * on AVX2 for bfloat16 and 2.0x to 2.3x for float16 (S9). */
+ * on AVX2 for bfloat16 and 1.5x to 2.2x for float16. */
 static int half_direct(const attn__fused_kernel *kern, const attn__fused_job *job,
                        const attn__sdpa_shapes *s0)
 {
