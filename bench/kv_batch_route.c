@@ -9,7 +9,9 @@
  *
  *     cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude bench/kv_batch_route.c \
  *         build/libattn.a -lm -lpthread -o kv_batch_route
- *     ./kv_batch_route [CALLS]        # 2 threads; CALLS timed calls per figure (30)
+ *     ./kv_batch_route [CALLS] [TQ]   # 2 threads; CALLS timed calls per figure (30);
+ *                                     # TQ query rows per sequence (1; 16: a
+ *                                     # speculative step, the tile path)
  *
  * Prints, for three interleaved rounds of float32, bfloat16 and float16, the median
  * and the fastest call of each form, in ms.
@@ -37,7 +39,7 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* One dtype's round: fills a cache, times both forms; 0 on success. */
-static int round_of(attn_dtype dt, int calls)
+static int round_of(attn_dtype dt, int calls, int tq)
 {
     enum { B = 4, H = 16, D = 64, CAP = 4096 };
     static const int64_t len[B] = {1024, 2048, 3072, 4096};
@@ -51,7 +53,7 @@ static int round_of(attn_dtype dt, int calls)
     float *kv = malloc(sizeof(float) * H * CAP * D);
     attn_tensor q, o, qb, ob;
     memset(&q, 0, sizeof q), memset(&o, 0, sizeof o);
-    const int64_t qs[4] = {B, H, 1, D};
+    const int64_t qs[4] = {B, H, tq, D};
     int rc = kv ? attn_kv_cache_create(&ctx, &cfg, NULL, 0, &c) : ATTN_STATUS_NO_MEMORY;
     for (int64_t i = 0; kv && i < (int64_t)H * CAP * D; i++)
         kv[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
@@ -85,9 +87,9 @@ static int round_of(attn_dtype dt, int calls)
     if (rc == ATTN_OK) {
         qsort(one, (size_t)calls, sizeof *one, cmp_double);
         qsort(four, (size_t)calls, sizeof *four, cmp_double);
-        printf("%-8s S9: one attend of 4 sequences median %.3f ms (min %.3f); 4 attends of "
-               "1: median %.3f ms (min %.3f)\n",
-               attn_dtype_name(dt), one[calls / 2] * 1e3, one[0] * 1e3, four[calls / 2] * 1e3,
+        printf("%-8s S9, Tq %d: one attend of 4 sequences median %.3f ms (min %.3f); 4 attends "
+               "of 1: median %.3f ms (min %.3f)\n",
+               attn_dtype_name(dt), tq, one[calls / 2] * 1e3, one[0] * 1e3, four[calls / 2] * 1e3,
                four[0] * 1e3);
     } else {
         fprintf(stderr, "kv_batch_route: %s\n", ctx.message);
@@ -101,16 +103,16 @@ static int round_of(attn_dtype dt, int calls)
 
 int main(int argc, char **argv)
 {
-    const int calls = argc > 1 ? atoi(argv[1]) : 30;
-    if (calls < 1 || calls > MAX_CALLS) {
-        fprintf(stderr, "kv_batch_route: CALLS must be 1 .. %d\n", MAX_CALLS);
+    const int calls = argc > 1 ? atoi(argv[1]) : 30, tq = argc > 2 ? atoi(argv[2]) : 1;
+    if (calls < 1 || calls > MAX_CALLS || tq < 1 || tq > 1024) {
+        fprintf(stderr, "kv_batch_route: CALLS must be 1 .. %d, TQ 1 .. 1024\n", MAX_CALLS);
         return 2;
     }
     const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     for (int round = 0; round < 3; round++) {
         printf("# round %d\n", round + 1);
         for (int i = 0; i < 3; i++)
-            if (round_of(dts[i], calls) != ATTN_OK)
+            if (round_of(dts[i], calls, tq) != ATTN_OK)
                 return 1;
     }
     return 0;

@@ -116,7 +116,7 @@ typedef enum attn_arch {
     ATTN_ARCH_AUTO = 0,   /* decided once from cpuid/xgetbv, or the ATTN_ARCH variable */
     ATTN_ARCH_REF = 1,    /* the reference kernels only */
     ATTN_ARCH_SCALAR = 2, /* portable C fast kernels */
-    ATTN_ARCH_AVX2 = 3,   /* AVX2 + FMA */
+    ATTN_ARCH_AVX2 = 3,   /* AVX2 + FMA + F16C */
     ATTN_ARCH_AVX512 = 4, /* AVX-512 F + DQ + BW + VL */
     ATTN_ARCH_AVX512_BF16 = 5, /* avx512, plus vdpbf16ps for bfloat16 attention */
     ATTN_ARCH_AMX = 6     /* avx512 and AVX512-BF16, plus AMX-BF16 tiles for bfloat16
@@ -1215,7 +1215,7 @@ ATTN_API void attn_output_remove_temporaries(void);
  * Fast paths: instruction-set dispatch, threads, the fused kernel by name
  *
  * The fused kernel and the GEMM come in three builds: portable C ("scalar"),
- * AVX2 + FMA ("avx2") and AVX-512 F + DQ + BW + VL ("avx512"). Two more paths
+ * AVX2 + FMA + F16C ("avx2") and AVX-512 F + DQ + BW + VL ("avx512"). Two more paths
  * are the avx512 build with a bfloat16 attention kernel of their own: "avx512bf16"
  * (products by vdpbf16ps) and "amx" (products on AMX-BF16 tiles); float32 and
  * float16 calls run the avx512 build on them unchanged. Which one runs is decided

@@ -154,6 +154,14 @@ if "$ATTN" bench --decode --prefill 40 --steps 5 --threads 2 --json >"$tmp/dec" 
         ok "--decode: S5, S7 and S9's head shapes, a median step each, zero allocations per step"
     else bad "--decode lines: $(cat "$tmp/dec")"; fi
 else bad "--decode run: $(cat "$tmp/err")"; fi
+# Steps of several tokens (--tq): each step appends 12 tokens per sequence and
+# attends their 12 query rows, so the capacity is 40 + 3 x 12 = 76; still no
+# allocation in the steps (16-bit: the tile path's batch, issue 16).
+if "$ATTN" bench --decode --prefill 40 --steps 3 --tq 12 --dtype bf16 --threads 2 --json >"$tmp/dec" 2>"$tmp/err"; then
+    if [ "$(grep -c '"kind":"decode",.*"Tq":12,"Tk":76,.*"median_ms":[0-9.]*[1-9].*"prefill":40,"steps":3,.*"allocs":0,"allocs_per_step":0.000,"dtype":"bfloat16"' "$tmp/dec")" -eq 3 ]; then
+        ok "--decode --tq 12: steps of 12 tokens on S5, S7 and S9's head shapes, no allocation"
+    else bad "--decode --tq lines: $(cat "$tmp/dec")"; fi
+else bad "--decode --tq run: $(cat "$tmp/err")"; fi
 # --backward: two lines per path, the backward alone (2.5 x the forward's FLOPs)
 # and forward + backward (3.5 x), with SPEC's fields and positive times.
 if "$ATTN" bench --backward --batch 2 --heads 4 --kv-heads 2 --query-len 17 --head-dim 8 --causal \
@@ -196,6 +204,8 @@ refuse "--prefill without --decode" --prefill 16
 refuse "--steps without --decode" --shape S1 --steps 4
 refuse "--decode with --runs (it times each step once)" --decode --runs 3
 refuse "--decode with an --impl (it runs the default path)" --decode --impl avx2
+refuse "--tq without --decode" --shape S1 --tq 16
+refuse "--tq 0" --decode --tq 0
 refuse "a SPEC shape and a custom shape at once" --shape S1 --query-len 4 --head-dim 2
 refuse "a custom shape without --head-dim" --query-len 4
 refuse "--padding without a custom shape" --padding

@@ -24,11 +24,15 @@
  *     and lse: the batched attend (one parallel job) gives the bits of each
  *     sequence attended on its own, on every path, 1, 2 (and on avx512 3 and 7)
  *     threads;
+ *   - a batch of 70, 113, 200 and 330 keys with 9 and 70 query rows (the
+ *     tile path, since issue 16 one parallel job too), GQA, q/out float32 or
+ *     16-bit, RoPE, a window with softcap, a mask and lse: each sequence's own
+ *     bits, on every fused path, 1, 2 (and on avx512 3) threads;
  *   - where the 16-bit row path chunks the keys as the float32 one does (S7's
  *     heads, one head a group, D 113, 120 and 62, and unsplit): a 16-bit cache's
  *     float32 output has the bits of a float32 cache of the widened values (the
- *     split items widen in registers on AVX-512, and for bfloat16 on AVX2, the
- *     others into a copy), and is within 1e-5 of a float64 oracle;
+ *     split items widen in registers on AVX-512 and AVX2, the scalar build into
+ *     a copy), and is within 1e-5 of a float64 oracle;
  *   - a NaN key and an inf value in a batch: the reference's classes, and each
  *     sequence's own bits for the finite outputs;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
@@ -39,6 +43,8 @@
 #include "check.h"
 #include "half_golden.h"
 #include "half.h"
+#include "sdpa_contract.h"
+#include "sdpa_fused.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -741,12 +747,155 @@ static void test_batch_split(void)
     attn_ctx_release(&ctx);
 }
 
+/* Calls of more than ATTN__FUSED_ROW_MAX query rows (a chunked prefill, a
+ * speculative-decoding step) take the tile path; a batch of them on a 16-bit
+ * cache runs as one parallel job of (b, key/value head) items, each widening its
+ * head's keys into its worker's copy (src/kernels/sdpa_fused.c, half_head_item).
+ * Lengths 70, 113, 200 and 330, GQA 8/2, 9 and 70 query rows (9: the first count
+ * past the row path; 70: more than one query tile of the tiles chosen for any
+ * machine, 64 rows at most): the batched attend gives each sequence's own attend
+ * bits. */
+static void test_batch_tile(void)
+{
+    enum { B = 4, H = 8, HKV = 2, CAP = 330, D = 40, TQ = 70 };
+    static const int64_t len[B] = {70, 113, 200, 330};
+    static float kb[HKV * CAP * D], vb[HKV * CAP * D], qb[B * H * TQ * D], lb[B * H * TQ],
+        l1b[B * H * TQ];
+    static uint8_t mb[CAP];
+    for (int64_t j = 0; j < CAP; j++)
+        mb[j] = j % 5 != 2;
+    const int64_t mshape[4] = {1, 1, 1, CAP};
+    attn_tensor mt;
+    attn_tensor_init(NULL, &mt, ATTN_DTYPE_BOOL, mb, 4, mshape);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = DTS[di];
+        attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
+        for (int64_t b = 0; b < B; b++) {
+            tu_fill(kb, HKV * len[b] * D, 800 + (uint64_t)b);
+            tu_fill(vb, HKV * len[b] * D, 900 + (uint64_t)b);
+            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
+        }
+        tu_fill(qb, B * H * TQ * D, 10);
+
+        char what[320];
+        snprintf(what, sizeof what,
+                 "%s cache, %d query rows (the tile path): the plan joins a batch "
+                 "(attn__fused_batch_add leaves one_by_one at 0) on every fused path",
+                 attn_dtype_name(dt), (int)TQ);
+        TEST(what);
+        for (size_t pi = 1; pi < N_PATHS; pi++) {
+            if (!attn_arch_supported(PATHS[pi].arch) || PATHS[pi].arch == ATTN_ARCH_AVX512_BF16 ||
+                PATHS[pi].arch == ATTN_ARCH_AMX) /* their own bfloat16 kernel: one by one */
+                continue;
+            ctx.impl = PATHS[pi].impl;
+            ctx.arch = PATHS[pi].arch;
+            attn_tensor q32 = tu_tensor4(qb, 1, H, TQ, D), q, o, ck, cv;
+            CHECK_INT(copy_as(&ctx, &q32, dt, &q), ATTN_OK);
+            CHECK_INT(attn_tensor_alloc(&ctx, &o, dt, 4, q.shape), ATTN_OK);
+            attn_kv_cache_view(&ctx, c, 3, &ck, &cv);
+            attn_sdpa_params p;
+            attn_sdpa_params_init(&p);
+            p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            attn__sdpa_shapes sh;
+            attn__sdpa_plan plan;
+            CHECK_INT(attn__sdpa_prepare(&ctx, &q, &ck, &cv, &p, &o, NULL, &sh), ATTN_OK);
+            CHECK_INT(attn__sdpa_plan_for_ctx(&ctx, &sh, &plan), ATTN_OK);
+            attn__fused_batch_size acc;
+            memset(&acc, 0, sizeof acc);
+            attn__fused_batch_add(&acc, &plan);
+            attn__fused_batch_add(&acc, &plan);
+            if (acc.one_by_one)
+                fprintf(stderr, "   %s: the plan goes one by one\n", PATHS[pi].name);
+            CHECK_INT(acc.one_by_one, 0);
+            attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o);
+        }
+        ctx.impl = ATTN_IMPL_AUTO;
+        ctx.arch = ATTN_ARCH_AUTO;
+
+        static const int TQS[2] = {9, TQ};
+        for (int ti = 0; ti < 2; ti++)
+            for (int f32io = 0; f32io < 2; f32io++)
+                for (int opt = 0; opt < 3; opt++) {
+                    /* opt 0: plain; 1: RoPE on attend; 2: a window, softcap, a mask
+                     * hiding every fifth key, and lse. */
+                    const int tq = TQS[ti];
+                    snprintf(what, sizeof what,
+                             "%s cache, a batch of 70, 113, 200 and 330 keys (GQA 8/2, D 40, %d "
+                             "query rows: the tile path, %s q/out, %s): the batched attend gives "
+                             "each sequence's own attend bits, on every fused path, 1 and 2 threads (and 3 on avx512)",
+                             attn_dtype_name(dt), tq, f32io ? "float32" : "16-bit",
+                             opt == 0 ? "no options" : opt == 1 ? "RoPE" : "window, softcap, mask, lse");
+                    TEST(what);
+                    const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
+                    attn_tensor q32 = tu_tensor4(qb, B, H, tq, D), q, o, o1;
+                    CHECK_INT(copy_as(&ctx, &q32, iot, &q), ATTN_OK);
+                    CHECK_INT(attn_tensor_alloc(&ctx, &o, iot, 4, q.shape), ATTN_OK);
+                    CHECK_INT(attn_tensor_alloc(&ctx, &o1, iot, 4, q.shape), ATTN_OK);
+                    attn_tensor lt = tu_tensor3(lb, B, H, tq), l1t = tu_tensor3(l1b, B, H, tq);
+                    attn_sdpa_params p;
+                    attn_sdpa_params_init(&p);
+                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                    attn_rope_params rope;
+                    attn_rope_params_init(&rope);
+                    const attn_rope_params *rp = opt == 1 ? &rope : NULL;
+                    if (opt == 2) {
+                        p.has_window = 1;
+                        p.window_left = 50;
+                        p.window_right = -1;
+                        p.softcap = 20.0f;
+                        p.mask = &mt;
+                    }
+                    int64_t bad = 0;
+                    /* The fused paths (the reference never batches); 3 threads on
+                     * one of them, 1 and 2 on every one. */
+                    for (size_t pi = 1; pi < N_PATHS; pi++) {
+                        if (!attn_arch_supported(PATHS[pi].arch))
+                            continue;
+                        ctx.impl = PATHS[pi].impl;
+                        ctx.arch = PATHS[pi].arch;
+                        for (int threads = 1; threads <= 3; threads++) {
+                            if (threads == 3 && PATHS[pi].arch != ATTN_ARCH_AVX512)
+                                continue;
+                            ctx.threads = threads;
+                            p.lse = opt == 2 ? &lt : NULL;
+                            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, rp, &o, NULL), ATTN_OK);
+                            for (int64_t b = 0; b < B; b++) {
+                                attn_tensor qv, ov, lv;
+                                attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
+                                attn_tensor_narrow(&ctx, &o1, 0, b, 1, &ov);
+                                attn_tensor_narrow(&ctx, &l1t, 0, b, 1, &lv);
+                                p.lse = opt == 2 ? &lv : NULL;
+                                CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, rp, &ov, NULL),
+                                          ATTN_OK);
+                            }
+                            const int64_t n = diff_bytes(&o, &o1) +
+                                              (opt == 2 ? diff_bytes(&lt, &l1t) : 0);
+                            if (n)
+                                fprintf(stderr, "   %s, %d threads: %lld values differ\n",
+                                        PATHS[pi].name, threads, (long long)n);
+                            bad += n;
+                        }
+                    }
+                    CHECK_INT(bad, 0);
+                    ctx.impl = ATTN_IMPL_AUTO;
+                    ctx.arch = ATTN_ARCH_AUTO;
+                    ctx.threads = 0;
+                    attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o), attn_tensor_free(&ctx, &o1);
+                }
+        attn_kv_cache_free(&ctx, c);
+    }
+    attn_ctx_release(&ctx);
+}
+
 /* Shapes where the 16-bit row path cuts the keys into the chunks the float32 one
  * cuts them into (half-chunks of HALF_CHUNK_BYTES / (4 (D + Dv)) keys, rounded
  * down to 16, against ATTN__SPLIT_ITEMS / Hkv chunks of the float32 rule): there,
  * a 16-bit cache's float32 result must have the bits of a float32 cache holding
  * the widened keys and values, whether the split items widen each chunk into a
- * float32 copy first or in registers as they load it (AVX-512; bfloat16 on AVX2).
+ * float32 copy first (scalar) or in registers as they load it (AVX-512, AVX2).
  * Both are checked
  * against a float64 oracle too, so that a fault common to both cannot pass. */
 static void test_widen_bits(void)
@@ -1111,6 +1260,7 @@ int main(void)
     test_golden();
     test_batch();
     test_batch_split();
+    test_batch_tile();
     test_widen_bits();
     test_batch_nonfinite();
     test_loop();

@@ -113,7 +113,7 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o);                      
 int bench_mha(int64_t T, int64_t E, int64_t H, int causal, const bench_opts *o); /* bench_mha.c */
 int bench_gemm(int64_t n, const bench_opts *o);                                   /* bench_gemm.c */
 int bench_kv_s9(const bench_opts *o);                                             /* bench_decode.c */
-int bench_decode(int64_t prefill, int64_t steps, const bench_opts *o);            /* bench_decode.c */
+int bench_decode(int64_t prefill, int64_t steps, int64_t tq, const bench_opts *o); /* bench_decode.c */
 int bench_backward(const bench_shape *s, const bench_opts *o);                    /* bench_backward.c */
 
 #endif /* TOOLS_BENCH_H */

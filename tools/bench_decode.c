@@ -9,8 +9,10 @@
  *             against the streaming bandwidth when --bandwidth measured it.
  *   --decode  a decoding loop on S5's, S7's and S9's head shapes: --prefill
  *             tokens (default 4096) appended to a cache for every sequence, then
- *             --steps steps (default 128), each appending one token's k and v and
- *             attending one query row per sequence. The figure is the median
+ *             --steps steps (default 128), each appending --tq tokens' k and v
+ *             (default 1) and attending their --tq query rows per sequence (more
+ *             than one: a speculative-decoding step, or a chunk of a chunked
+ *             prefill). The figure is the median
  *             step (after one untimed attend on the prefilled cache, the warm-up
  *             every benchmark here does); the loop runs with the context's workspace set to
  *             attn_kv_cache_workspace_size bytes and a counting allocator, and
@@ -247,10 +249,10 @@ int bench_kv_s9(const bench_opts *o)
 }
 
 /* The decode loop on one head shape; prints one line. */
-static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
+static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps, int64_t tq,
                       const bench_opts *o)
 {
-    const int64_t B = s->B, H = s->H, Hkv = s->Hkv, D = s->D, cap = prefill + steps;
+    const int64_t B = s->B, H = s->H, Hkv = s->Hkv, D = s->D, cap = prefill + steps * tq;
     const attn_dtype sdt = o->dtype; /* the cache's, the queries', the outputs' */
     counting count = {0};
     attn_ctx ctx;
@@ -260,29 +262,29 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
     for (int64_t b = 0; b < B; b++)
         len[b] = prefill;
     attn_kv_cache *cache = NULL;
-    const int64_t qs[4] = {B, H, 1, D}, kvs[4] = {steps * B, Hkv, 1, D};
-    float *q = malloc((size_t)(B * H * D) * sizeof(float));
-    float *k = malloc((size_t)(steps * B * Hkv * D) * sizeof(float));
-    float *v = malloc((size_t)(steps * B * Hkv * D) * sizeof(float));
+    const int64_t qs[4] = {B, H, tq, D}, kvs[4] = {steps * B, Hkv, tq, D};
+    float *q = malloc((size_t)(B * H * tq * D) * sizeof(float));
+    float *k = malloc((size_t)(steps * B * Hkv * tq * D) * sizeof(float));
+    float *v = malloc((size_t)(steps * B * Hkv * tq * D) * sizeof(float));
     double *dt = malloc((size_t)steps * sizeof(double));
     void *ws = NULL;
     int rc = q && k && v && dt ? cache_make(&ctx, B, Hkv, D, cap, len, sdt, &cache)
                                : ATTN_STATUS_NO_MEMORY;
-    /* The queries, outputs and the steps' keys and values [steps * B, Hkv, 1, D], in
+    /* The queries, outputs and the steps' keys and values [steps * B, Hkv, tq, D], in
      * the dtype (rounded once from the uniform float32 values when 16-bit). */
-    attn_tensor tq, to, tk, tv, f32;
-    memset(&tq, 0, sizeof tq), memset(&to, 0, sizeof to);
+    attn_tensor qt, to, tk, tv, f32;
+    memset(&qt, 0, sizeof qt), memset(&to, 0, sizeof to);
     memset(&tk, 0, sizeof tk), memset(&tv, 0, sizeof tv);
     attn_sdpa_params p;
     attn_sdpa_params_init(&p);
     p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     if (rc == ATTN_OK) {
-        bench_fill_uniform(q, B * H * D, 1);
-        bench_fill_uniform(k, steps * B * Hkv * D, 2);
-        bench_fill_uniform(v, steps * B * Hkv * D, 3);
-        if ((rc = attn_tensor_alloc(&ctx, &tq, sdt, 4, qs)) ||
+        bench_fill_uniform(q, B * H * tq * D, 1);
+        bench_fill_uniform(k, steps * B * Hkv * tq * D, 2);
+        bench_fill_uniform(v, steps * B * Hkv * tq * D, 3);
+        if ((rc = attn_tensor_alloc(&ctx, &qt, sdt, 4, qs)) ||
             (rc = attn_tensor_init(&ctx, &f32, ATTN_DTYPE_F32, q, 4, qs)) ||
-            (rc = attn_tensor_convert(&ctx, &f32, &tq)) ||
+            (rc = attn_tensor_convert(&ctx, &f32, &qt)) ||
             (rc = attn_tensor_alloc(&ctx, &to, sdt, 4, qs)) ||
             (rc = attn_tensor_alloc(&ctx, &tk, sdt, 4, kvs)) ||
             (rc = attn_tensor_init(&ctx, &f32, ATTN_DTYPE_F32, k, 4, kvs)) ||
@@ -293,7 +295,7 @@ static int decode_one(const decode_shape *s, int64_t prefill, int64_t steps,
             goto planned;
         /* The workspace, planned for the full cache, serves every step. */
         size_t bytes = 0;
-        rc = attn_kv_cache_workspace_size(&ctx, cache, 0, &tq, &p, NULL, &to, NULL, &bytes);
+        rc = attn_kv_cache_workspace_size(&ctx, cache, 0, &qt, &p, NULL, &to, NULL, &bytes);
         if (rc == ATTN_OK && bytes && !(ws = aligned_alloc(64, (bytes + 63) / 64 * 64)))
             rc = ATTN_STATUS_NO_MEMORY;
         ctx.workspace = ws;
@@ -304,7 +306,7 @@ planned:
      * the workspace's pages and the thread pool are then warm, as in a running
      * decoder. */
     if (rc == ATTN_OK)
-        rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+        rc = attn_kv_cache_attend(&ctx, cache, 0, &qt, &p, NULL, &to, NULL);
     const attn_allocator plain = ctx.allocator;
     ctx.allocator.alloc = count_alloc;
     ctx.allocator.free = count_free;
@@ -316,7 +318,7 @@ planned:
         const double t0 = bench_now_s();
         rc = attn_kv_cache_append(&ctx, cache, 0, &sk, &sv, NULL);
         if (rc == ATTN_OK)
-            rc = attn_kv_cache_attend(&ctx, cache, 0, &tq, &p, NULL, &to, NULL);
+            rc = attn_kv_cache_attend(&ctx, cache, 0, &qt, &p, NULL, &to, NULL);
         dt[st] = bench_now_s() - t0;
     }
     ctx.allocator = plain;
@@ -327,15 +329,17 @@ planned:
     } else {
         qsort(dt, (size_t)steps, sizeof *dt, cmp_double);
         const double med = steps % 2 ? dt[steps / 2] : (dt[steps / 2 - 1] + dt[steps / 2]) / 2;
-        /* The K and V of a middle step: prefill + steps / 2 positions per sequence,
-         * in the bytes the cache stores them in. */
-        const double kv_bytes = 2.0 * (double)(B * Hkv * D) * (double)(prefill + steps / 2) *
-                                (double)attn_dtype_size(sdt);
-        const double gf = 4.0 * (double)(B * H * D) * (double)(prefill + steps / 2) / med / 1e9;
+        /* The K and V of a middle step: prefill + (steps / 2 + 1) * tq positions per
+         * sequence, in the bytes the cache stores them in; each of its tq query rows
+         * sees all but the later of that step's tq keys (bottom-right causal). */
+        const double keys = (double)(prefill + (steps / 2 + 1) * tq);
+        const double kv_bytes = 2.0 * (double)(B * Hkv * D) * keys * (double)attn_dtype_size(sdt);
+        const double pairs = (double)tq * keys - (double)(tq * (tq - 1) / 2);
+        const double gf = 4.0 * (double)(B * H * D) * pairs / med / 1e9;
         const int threads = attn_threads_resolve(&ctx);
         const double per_step = (double)count.allocs / (double)steps;
         if (o->json) {
-            const bench_fields f = {"decode", "kv:default", B, H, 1, prefill + steps, D,
+            const bench_fields f = {"decode", "kv:default", B, H, tq, cap, D,
                                     "causal_bottom_right", threads, med * 1e3, gf};
             bench_json_begin(o, &f);
             printf(",\"shape\":\"%s\",\"kv_heads\":%lld,\"prefill\":%lld,\"steps\":%lld,"
@@ -346,27 +350,28 @@ planned:
                    attn_dtype_name(sdt));
             bench_json_end();
         } else {
-            printf("decode %-3s B=%lld H=%lld Hkv=%lld D=%lld prefill %lld, %lld steps, %d "
-                   "threads, K/V %s: median step %.4f ms (min %.4f), K/V read at %.1f GB/s, "
-                   "%lld allocations in the steps (%.3f per step)\n",
+            printf("decode %-3s B=%lld H=%lld Hkv=%lld D=%lld prefill %lld, %lld steps of %lld "
+                   "token%s, %d threads, K/V %s: median step %.4f ms (min %.4f), K/V read at "
+                   "%.1f GB/s, %.1f GFLOP/s, %lld allocations in the steps (%.3f per step)\n",
                    s->name, (long long)B, (long long)H, (long long)Hkv, (long long)D,
-                   (long long)prefill, (long long)steps, threads, attn_dtype_name(sdt),
-                   med * 1e3, dt[0] * 1e3, kv_bytes / med / 1e9, count.allocs, per_step);
+                   (long long)prefill, (long long)steps, (long long)tq, tq == 1 ? "" : "s",
+                   threads, attn_dtype_name(sdt), med * 1e3, dt[0] * 1e3, kv_bytes / med / 1e9,
+                   gf, count.allocs, per_step);
         }
         fflush(stdout);
     }
     attn_kv_cache_free(&ctx, cache);
-    attn_tensor_free(&ctx, &tq), attn_tensor_free(&ctx, &to);
+    attn_tensor_free(&ctx, &qt), attn_tensor_free(&ctx, &to);
     attn_tensor_free(&ctx, &tk), attn_tensor_free(&ctx, &tv);
     attn_ctx_release(&ctx);
     free(ws), free(q), free(k), free(v), free(dt);
     return status;
 }
 
-int bench_decode(int64_t prefill, int64_t steps, const bench_opts *o)
+int bench_decode(int64_t prefill, int64_t steps, int64_t tq, const bench_opts *o)
 {
     int status = 0;
     for (size_t x = 0; x < sizeof decode_shapes / sizeof decode_shapes[0]; x++)
-        status |= decode_one(&decode_shapes[x], prefill, steps, o);
+        status |= decode_one(&decode_shapes[x], prefill, steps, tq, o);
     return status;
 }

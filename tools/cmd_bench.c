@@ -40,7 +40,8 @@ static const char HELP[] =
     "    attn bench --gemm [--size N] [--threads N] [--impl default|ref|all] [--runs N]\n"
     "               [--json]\n"
     "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N] [--json]\n"
-    "    attn bench --decode [--prefill N] [--steps N] [--threads N] [--dtype f32|bf16|f16]\n"
+    "    attn bench --decode [--prefill N] [--steps N] [--tq N] [--threads N]\n"
+    "                        [--dtype f32|bf16|f16]\n"
     "               [--json]\n"
     "    attn bench --backward [--shape NAME | a custom shape] [--threads N]\n"
     "               [--impl NAME] [--runs N] [--json]\n"
@@ -142,8 +143,8 @@ static const char HELP[] =
     "    --decode\n"
     "        A decoding loop through the KV cache on S5's, S7's and S9's head\n"
     "        shapes (B, H, Hkv, D): --prefill N tokens (default 4096) appended for\n"
-    "        every sequence, then --steps N steps (default 128) of one token each\n"
-    "        (append its k and v, attend its query). Prints the median step, the\n"
+    "        every sequence, then --steps N steps (default 128) of --tq tokens each\n"
+    "        (append their k and v, attend their queries). Prints the median step, the\n"
     "        K/V bytes a middle step reads per second, and the allocations the\n"
     "        steps made under a counting allocator with the context's workspace set\n"
     "        to attn_kv_cache_workspace_size bytes (0 is the target). With --dtype\n"
@@ -161,6 +162,11 @@ static const char HELP[] =
     "        process's: run --shape S4 alone for S4's.\n"
     "    --prefill N, --steps N\n"
     "        The decoding loop's sizes, 1..1048576 each (only with --decode).\n"
+    "    --tq N\n"
+    "        Tokens per decoding step, each sequence's query rows in one attend\n"
+    "        (default 1; more: a speculative-decoding step or a chunked prefill's\n"
+    "        chunk; the cache's capacity is --prefill + --steps x N; only with\n"
+    "        --decode).\n"
     "    --dtype f32|bf16|f16\n"
     "        How q, k, v and the output are stored (default f32): bfloat16 or\n"
     "        float16 inputs hold the same values rounded to 16 bits, and attention\n"
@@ -238,7 +244,7 @@ int cmd_bench(int argc, char **argv)
     int64_t T = 1024, E = 768, NH = 12, gemm_n = 1024;
     int64_t kv_heads = 0;
     int shape_ix = BENCH_N_SPEC_SHAPES + 1, impl_ix = 0; /* --shape all, --impl default */
-    int64_t prefill = 4096, steps = 128;
+    int64_t prefill = 4096, steps = 128, step_tq = 1;
     int want_decode = 0, want_backward = 0;
     static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
     static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
@@ -275,6 +281,7 @@ int cmd_bench(int argc, char **argv)
         {"decode", CLI_FLAG, &want_decode, NULL, 0, 0, 0},
         {"prefill", CLI_INT, &prefill, NULL, 1, BENCH_MAX_SIZE, 0},
         {"steps", CLI_INT, &steps, NULL, 1, BENCH_MAX_SIZE, 0},
+        {"tq", CLI_INT, &step_tq, NULL, 1, 4096, 0},
         {"dtype", CLI_CHOICE, &dtype_ix, dtype_names, 0, 0, 0},
         {"backward", CLI_FLAG, &want_backward, NULL, 0, 0, 0},
     };
@@ -296,8 +303,9 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error(PROG, "--%s takes no shape (--shape or custom sizes)",
                                want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
                                                     : want_bw ? "bandwidth" : "decode");
-    if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps")))
-        return cli_usage_error(PROG, "--prefill and --steps apply to --decode");
+    if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps") ||
+                         cli_seen(opts, nopts, "tq")))
+        return cli_usage_error(PROG, "--prefill, --steps and --tq apply to --decode");
     /* The decoding loop times each of its --steps once, on the library's default
      * path: a --runs or another --impl would be silently ignored. */
     if (want_decode && (cli_seen(opts, nopts, "runs") || impl_ix != 0))
@@ -397,7 +405,7 @@ int cmd_bench(int argc, char **argv)
         return bad ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     }
     if (want_decode)
-        return bench_decode(prefill, steps, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+        return bench_decode(prefill, steps, step_tq, &o) ? CLI_EXIT_ERROR : CLI_EXIT_OK;
     if (is_custom) {
         const bench_shape custom = {"custom",
                                     B,

@@ -527,6 +527,39 @@ static attn_tensor first_keys(const attn_tensor *t, int64_t n)
     return r;
 }
 
+/* Plans the call s with Tk keys, its queries the last Tq of them. */
+static int plan_at(attn_ctx *ctx, attn__sdpa_shapes *s, int64_t Tk, attn__sdpa_plan *plan)
+{
+    s->Tk = Tk;
+    s->offset = Tk - s->Tq;
+    return attn__sdpa_plan_for_ctx(ctx, s, plan);
+}
+
+/* *out = the longest key count in [lo, cap) whose plan does not split the keys,
+ * given that a full cache's (cap's) does; -1 when lo's plan splits them too. The
+ * split depends on the shapes only and, for given heads and queries, sets in from
+ * a key count on (src/kernels/sdpa_fused.c: job_layout, half_layout), so a
+ * bisection finds it in about log2(cap) plans, each a few loops over Tq. */
+static int longest_unsplit(attn_ctx *ctx, attn__sdpa_shapes *s, int64_t lo, int64_t *out)
+{
+    const int64_t cap = s->Tk;
+    attn__sdpa_plan plan;
+    int rc;
+    *out = -1;
+    if ((rc = plan_at(ctx, s, lo, &plan)) == ATTN_OK && plan.n_chunks == 0) {
+        int64_t hi = cap; /* lo's plan is unsplit, hi's split */
+        while (rc == ATTN_OK && hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if ((rc = plan_at(ctx, s, mid, &plan)) == ATTN_OK && plan.n_chunks == 0)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        *out = lo;
+    }
+    return rc;
+}
+
 /* Everything attend checks beyond the per-sequence attention calls. */
 typedef struct kv_attend {
     int64_t Bn, H, Tq;
@@ -653,20 +686,39 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
                           "%s: q %s and out must have a batch axis of the same size", fn,
                           attn__shape_str(q, s1, sizeof s1));
     }
+    /* With rope the calls run on the rotated queries, which are float32 whatever
+     * q's dtype (attend_setup), so they are planned so: a 16-bit q would send a
+     * call of many query rows to the bfloat16 kernel's plan (src/kernels/sdpa_bf16.c
+     * takes bfloat16 q only), whose scratch is not what the widening path that
+     * then runs needs. */
+    if (rope && s.dtype != ATTN_DTYPE_F32)
+        s.q_f32 = 1;
     size_t most = 0;
     /* The batch's scratch, for the current lengths and for a full cache. */
     attn__fused_batch_size now = {0, 0, 0, 0, 0, 0, 0, 0, 0}, full = now;
-    /* The batch path runs the float32 kernel's items, or the 16-bit row path's (a
-     * 16-bit call of more than a handful of query rows, on the tile path, goes one
-     * sequence at a time, each parallel in itself: now.one_by_one, below). */
+    /* The batch path runs the float32 kernel's items, or the 16-bit path's (row
+     * or tile, src/kernels/sdpa_fused.c); a call with weights, or on the bfloat16
+     * kernel's path, goes one sequence at a time, each parallel in itself
+     * (now.one_by_one, below). */
     a->batched = !weights && a->Bn > 1;
-    for (int64_t i = -1; i < a->Bn; i++) {
-        /* i = -1 plans a full cache, so the scratch serves every later step too. */
-        const int64_t Tk = i < 0 ? c->cap : c->len[first + i];
-        s.Tk = Tk;
-        s.offset = Tk - s.Tq;
+    /* The lengths planned: a full cache, so that the scratch serves every later
+     * step too; where a full cache's keys are split, also the longest length whose
+     * keys are not (when a sequence is still that short), since a step's scratch
+     * grows with its keys within each layout but may shrink where they come to be
+     * split (a 16-bit call whose split items read the cache in place needs no
+     * float32 copy of its keys, which the unsplit call before it does:
+     * src/kernels/sdpa_fused.c, half_copy_rows); then each sequence's length. */
+    int64_t shortest = c->cap, unsplit = -1;
+    for (int64_t i = 0; i < a->Bn; i++)
+        shortest = c->len[first + i] < shortest ? c->len[first + i] : shortest;
+    for (int64_t i = -2; i < a->Bn; i++) {
+        if (i == -1 && unsplit < 0)
+            continue;
+        const int64_t Tk = i == -2 ? c->cap : i == -1 ? unsplit : c->len[first + i];
         attn__sdpa_plan plan;
-        if ((rc = attn__sdpa_plan_for_ctx(ctx, &s, &plan)))
+        if ((rc = plan_at(ctx, &s, Tk, &plan)))
+            return rc;
+        if (i == -2 && plan.n_chunks > 0 && (rc = longest_unsplit(ctx, &s, shortest, &unsplit)))
             return rc;
         if (plan.scratch_bytes > most)
             most = plan.scratch_bytes;

@@ -74,10 +74,11 @@
 #endif
 
 /* What a split item reads K and V as (job->kv_dtype): float32, or, on the
- * AVX-512 build, the caller's bfloat16 or float16 rows themselves, widened in
- * registers as they are loaded (a 16-lane load of 16-bit elements, then a shift
- * by 16 for bfloat16, vcvtph2ps for float16); on the AVX2 build bfloat16 only
- * (its kernels are built without F16C, so float16 keeps the copy). Widening is exact, so each product
+ * AVX-512 and AVX2 builds, the caller's bfloat16 or float16 rows themselves,
+ * widened in registers as they are loaded (a 16- or 8-lane load of 16-bit
+ * elements, then a shift by 16 for bfloat16, vcvtph2ps for float16: the AVX2
+ * files are built with F16C, which dispatch requires of the AVX2 path). The
+ * scalar build keeps the float32 copy. Widening is exact, so each product
  * and sum sees the values a float32 copy would hold, in the same order: the bits
  * are those of the copy. A float32 item compiles to the loads it always had. The
  * kind is a constant in each of fk_split_item's instances, so its tests fold. */
@@ -100,9 +101,11 @@ FK_INLINE simd_f32 fk_kv_load(const void *p, int64_t i, const int kind)
                    : _mm512_cvtph_ps(h);
     }
 #elif SIMD_W == 8
-    if (kind == FK_KV_BF16) { /* AVX2: bfloat16 only (float16 needs F16C) */
+    if (kind != FK_KV_F32) {
         const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        return kind == FK_KV_BF16
+                   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                   : _mm256_cvtph_ps(h);
     }
 #endif
     return simd_load((const float *)p + i);
@@ -123,11 +126,13 @@ FK_INLINE simd_f32 fk_kv_load_n(const void *p, int64_t i, int64_t n, const int k
                    : _mm512_cvtph_ps(h);
     }
 #elif SIMD_W == 8
-    if (kind == FK_KV_BF16) {
-        uint16_t h[8] = {0};
-        memcpy(h, (const uint16_t *)p + i, (size_t)n * sizeof(uint16_t));
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16));
+    if (kind != FK_KV_F32) {
+        uint16_t b[8] = {0};
+        memcpy(b, (const uint16_t *)p + i, (size_t)n * sizeof(uint16_t));
+        const __m128i h = _mm_loadu_si128((const __m128i *)b);
+        return kind == FK_KV_BF16
+                   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                   : _mm256_cvtph_ps(h);
     }
 #endif
     return simd_load_n((const float *)p + i, n, 0.0f);
@@ -787,7 +792,7 @@ static FK_NOINLINE void fk_split_item_bf16(void *arg, int64_t item, int worker)
 }
 #endif
 
-#if SIMD_W >= 16
+#if SIMD_W >= 8
 static FK_NOINLINE void fk_split_item_f16(void *arg, int64_t item, int worker)
 {
     fk_split_body(arg, item, worker, FK_KV_F16);
@@ -795,7 +800,7 @@ static FK_NOINLINE void fk_split_item_f16(void *arg, int64_t item, int worker)
 #endif
 
 /* One (b, key/value head, chunk) on the split path, K and V as job->kv_dtype says
- * (16-bit where the planner asks for it: both on AVX-512, bfloat16 on AVX2). */
+ * (16-bit where the planner asks for it: on AVX-512 and AVX2). */
 static void fk_split_item(void *arg, int64_t item, int worker)
 {
 #if SIMD_W >= 8
@@ -804,8 +809,6 @@ static void fk_split_item(void *arg, int64_t item, int worker)
         fk_split_item_bf16(arg, item, worker);
         return;
     }
-#endif
-#if SIMD_W >= 16
     if (job->kv_dtype == ATTN_DTYPE_F16) {
         fk_split_item_f16(arg, item, worker);
         return;

@@ -1,7 +1,6 @@
 /*
  * half.c - the portable bfloat16 and float16 converters (the ATTN_ARCH=scalar and
- * ref path, and the fallback where the CPU lacks F16C), and the choice of
- * converters per instruction set. The formats and the rounding are described in
+ * ref path), and the choice of converters per instruction set. The formats and the rounding are described in
  * src/kernels/half.h.
  */
 #include "half.h"
@@ -41,6 +40,8 @@ const attn__half_kernels *attn__half_for(attn_arch arch)
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
         return &attn__half_avx512;
+    /* Dispatch runs the avx2 path only where cpuid reports F16C
+     * (src/runtime/dispatch.c); the check keeps a direct caller safe too. */
     if (arch == ATTN_ARCH_AVX2 && (attn__cpu_features() & ATTN_CPU_F16C))
         return &attn__half_avx2;
 #else

@@ -1,8 +1,9 @@
 /*
  * half_avx2.c - bfloat16 and float16 converters with AVX2 and F16C (8 floats a
  * vector): vcvtph2ps / vcvtps2ph for float16, shifts and integer rounding for
- * bfloat16. CMake gives this file -mf16c besides the AVX2 flags; src/kernels/half.c
- * hands it out only when cpuid reports F16C. Tails go through the portable
+ * bfloat16. CMake gives every AVX2 file -mf16c besides the AVX2 flags, and the
+ * avx2 path runs only when cpuid reports F16C (src/runtime/dispatch.c; half.c
+ * checks again before it hands this file out). Tails go through the portable
  * converters of half.h, which give the same bits.
  */
 #include "half.h"

@@ -140,6 +140,20 @@ static void half_layout(const attn__fused_kernel *kern, const attn__sdpa_shapes 
     *n_items = st->B * st->Hkv * job->n_chunks;
 }
 
+/* Whether the split items of a 16-bit row-path job read the caller's K and V
+ * themselves, widening in registers (fused_split.h, job->kv_dtype), instead of
+ * widening each chunk into a worker's float32 copy first: on the builds with
+ * the widening loads (AVX-512, and AVX2, whose files are built with F16C), for
+ * rows of unit stride; the scalar build keeps the copy. Measured on S5, S7 and
+ * S9 (docs/decoding.md): 1.7x to 2.3x the copy's speed on AVX-512, 1.45x to 2.0x
+ * on AVX2 for bfloat16 and 1.5x to 2.2x for float16. */
+static int half_direct(const attn__fused_kernel *kern, const attn__fused_job *job,
+                       const attn__sdpa_shapes *s0)
+{
+    return job->row_path && job->n_chunks && kern->width >= 8 && s0->k_s[3] == 1 &&
+           s0->v_s[3] == 1;
+}
+
 /* Key rows of the float32 copies of K and V the 16-bit row path keeps. On the
  * split-key form each worker widens its item's chunk into a chunk-sized copy of
  * its own, which at HALF_CHUNK_BYTES stays in the worker's L2 from the widening to
@@ -160,6 +174,25 @@ static int64_t half_kv_rows(const attn__fused_job *job, const attn__sdpa_shapes 
     if (!job->n_chunks && s->Tk > rows)
         rows = s->Tk;
     return rows;
+}
+
+/* Key rows of the float32 copies of K and V a 16-bit call uses, as the plan and
+ * the run both count them: every key (of every key/value head: half_floats'
+ * `whole`) on the tile path; none where the split items widen in registers
+ * (half_direct), which read the caller's rows and nothing else; else
+ * half_kv_rows. A plan whose split items read in place thus holds no copy, while
+ * a shorter, unsplit call of the same shapes does, so a plan for more keys no
+ * longer covers one for fewer: the KV cache therefore plans the longest unsplit
+ * length besides its current lengths and its capacity (src/attention/kv_cache.c,
+ * longest_unsplit), so that the scratch of its first step still serves every
+ * later one (tests/test_half_decode_scratch.c). */
+static int64_t half_copy_rows(const attn__fused_kernel *kern, const attn__fused_job *job,
+                              const attn__sdpa_shapes *st, const attn__sdpa_shapes *s0,
+                              int threads)
+{
+    if (!job->row_path)
+        return st->Tk;
+    return half_direct(kern, job, s0) ? 0 : half_kv_rows(job, st, threads);
 }
 
 /* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
@@ -237,7 +270,7 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
         int64_t f[4];
         size_t extra;
         const int whole = !job.row_path;
-        if (!half_floats(s, whole, whole ? s->Tk : half_kv_rows(&job, s, plan->threads), f) ||
+        if (!half_floats(s, whole, half_copy_rows(kern, &job, s, &plan->s, plan->threads), f) ||
             !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
             attn__align64(bytes) > SIZE_MAX - extra)
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
@@ -351,14 +384,17 @@ static void half_split_item(void *arg, int64_t item, int worker)
     g.kern->item(&job, item, worker);
 }
 
-/* One (b, key/value head) of an unsplit row-path call in a batch (below): its
- * keys widened once into the worker's own copy, key j at row j, then the row item
- * of each query head of its group on that copy. Unbatched, the head's keys are
- * widened by every worker into one shared copy before its group's items start;
- * here the head's items and its widening are one item, so the batch needs no pass
- * of its own per head. The copy holds the values the shared one holds, and each
- * row item reads only keys of its rows' ranges, which lie in [lo, hi), so the bits
- * are the same. */
+/* One (b, key/value head) of an unsplit call in a batch (below): its keys widened
+ * once into the worker's own copy, key j at row j, then the kernel's items of each
+ * query head of its group on that copy: the row item of each head, or on the tile
+ * path (more than ATTN__FUSED_ROW_MAX query rows: a chunked prefill, a speculative
+ * step) each head's query tiles. Unbatched, the row path's head is widened by
+ * every worker into one shared copy before its group's items start, and the tile
+ * path widens all of K and V before any item; here the head's items and its
+ * widening are one item, so the batch needs no pass of its own. The copy holds the
+ * values the shared one holds, and each item reads only keys in [lo, hi) (the row
+ * item its rows' ranges; the tile item whole key tiles, so there lo is 0 and hi
+ * is Tk, every key that unbatched call widens), so the bits are the same. */
 static void half_head_item(void *arg, int64_t item, int worker)
 {
     const half_group *g0 = (const half_group *)arg;
@@ -369,22 +405,10 @@ static void half_head_item(void *arg, int64_t item, int worker)
     half_worker_group(g0, b, kvh, worker, &g, &job);
     if (g.hi > g.lo)
         half_widen_kv(&g, g.lo, g.hi, 0);
+    const int64_t tiles = job.row_path ? 1 : job.n_qt; /* items per (b, h) */
     for (int64_t u = 0; u < s->group; u++)
-        g.kern->item(&job, b * s->H + kvh * s->group + u, worker);
-}
-
-/* Whether the split items of a 16-bit row-path job read the caller's K and V
- * themselves, widening in registers (fused_split.h, job->kv_dtype), instead of
- * widening each chunk into a worker's float32 copy first: on the builds with
- * the widening loads (AVX-512; AVX2 for bfloat16), for rows of unit stride.
- * Measured on S5, S7 and S9 (docs/decoding.md): 1.7x to 2.3x the copy's speed
- * on AVX-512, 1.45x to 2.0x on AVX2 for bfloat16. */
-static int half_direct(const attn__fused_kernel *kern, const attn__fused_job *job,
-                       const attn__sdpa_shapes *s0)
-{
-    return job->row_path && job->n_chunks &&
-           (kern->width >= 16 || (kern->width == 8 && s0->dtype == ATTN_DTYPE_BF16)) &&
-           s0->k_s[3] == 1 && s0->v_s[3] == 1;
+        for (int64_t t = 0; t < tiles; t++)
+            g.kern->item(&job, (b * s->H + kvh * s->group + u) * tiles + t, worker);
 }
 
 /* Points a 16-bit split job at the caller's K and V (half_direct): st, the job's
@@ -408,8 +432,8 @@ static void half_merge(void *arg, int64_t item, int worker)
 
 /* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path widens
  * k and v whole and runs every item at once. The row path's split-key form runs
- * every item at once: where half_direct says (AVX-512; AVX2 for bfloat16) each
- * reads its chunk of the caller's K and V and widens in registers, elsewhere
+ * every item at once: where half_direct says (AVX-512 and AVX2) each reads its
+ * chunk of the caller's K and V and widens in registers, elsewhere (scalar)
  * each widens its chunk into its worker's copy first (half_split_item). Unsplit, the row path goes one (b,
  * key/value head) at a time: its K and V rows are widened into one head's float32
  * copy (the staged shapes give k and v batch and head strides of 0, so every item
@@ -445,7 +469,7 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const int whole = !job.row_path;
     if (whole)
         attn__half_staged_shapes(s0, 0, &st); /* job.s is &st: k, v now [B][Hkv][Tk][.] */
-    half_floats(&st, whole, whole ? st.Tk : half_kv_rows(&job, &st, threads), f);
+    half_floats(&st, whole, half_copy_rows(kern, &job, &st, s0, threads), f);
     const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
                                      sizeof(float));
     float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
@@ -582,22 +606,30 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void 
  * only what it wrote in its own call, into the same places, so the bits are those
  * of the calls made one by one, for any thread count.
  *
- * A 16-bit batch runs the 16-bit row path's items: each call's q widened (by the
- * calling thread: a decoding step's few rows), then in the one job every call's
- * split-key items (the kernel's own, widening in registers, where half_direct
- * says; elsewhere half_split_item, which widens its chunk into its worker's
- * copy) and the (b, key/value head) items of the calls too short to split
- * (half_head_item), then every merge, then each out rounded. The workers' copies
- * hold max(2 half-chunks, ATTN__SPLIT_MIN_TK) key rows: an unsplit row-path call
- * without weights has fewer keys than that (half_layout splits from two
- * half-chunks, job_layout from ATTN__SPLIT_MIN_TK where the pairs are few), and a
- * split one's chunks are at most a half-chunk. The rows depend on D and Dv only,
- * so the scratch planned for a full cache serves every length. */
+ * A 16-bit batch runs the 16-bit row path's items, or the tile path's for calls
+ * of more than ATTN__FUSED_ROW_MAX query rows: each call's q widened (by the
+ * calling thread: a decoding step's few rows, a speculative step's dozens), then
+ * in the one job every call's split-key items (the kernel's own, widening in
+ * registers, where half_direct says; elsewhere half_split_item, which widens its
+ * chunk into its worker's copy) and the (b, key/value head) items of the calls
+ * not split (half_head_item: the row path's short calls, and every tile-path
+ * call), then every merge, then each out rounded. The workers' copies hold
+ * max(2 half-chunks, ATTN__SPLIT_MIN_TK) key rows where a row-path call uses
+ * them: an unsplit row-path call without weights has fewer keys than that
+ * (half_layout splits from two half-chunks, job_layout from ATTN__SPLIT_MIN_TK
+ * where the pairs are few), and a split one's chunks are at most a half-chunk. A
+ * tile-path call's copy holds its Tk keys, so the scratch for a full cache serves
+ * every shorter length; and a batch whose calls all read in place holds none. */
 
-/* Key rows of a worker's copy in a 16-bit batch (above): at least the plan's
- * unsplit key count, should a layout ever leave more keys unsplit. */
-static int64_t half_batch_rows(const attn__fused_job *job, const attn__sdpa_shapes *st)
+/* Key rows of a worker's copy in a 16-bit batch (above) for one call: 0 when its
+ * split items read the caller's rows (half_direct), else at least the plan's
+ * unsplit key count, should a layout ever leave more keys unsplit (the tile path
+ * always does). */
+static int64_t half_batch_rows(const attn__fused_kernel *kern, const attn__fused_job *job,
+                               const attn__sdpa_shapes *st, const attn__sdpa_shapes *s0)
 {
+    if (half_direct(kern, job, s0))
+        return 0;
     int64_t rows = 2 * half_chunk_keys(st);
     if (rows < ATTN__SPLIT_MIN_TK)
         rows = ATTN__SPLIT_MIN_TK;
@@ -621,7 +653,7 @@ static int batch_layout(const attn__sdpa_plan *plan, attn__sdpa_shapes *st,
     half_layout(kern, st, plan->br, plan->bc, job, n_items);
     if (!job->n_chunks)
         *n_items = st->B * st->Hkv; /* half_head_item's */
-    return job->row_path && !plan->s.weights && !attn__bf16_eligible(&plan->s, plan->arch);
+    return !plan->s.weights && !attn__bf16_eligible(&plan->s, plan->arch);
 }
 
 /* The sizes the batch's scratch depends on, over every plan added. */
@@ -642,7 +674,8 @@ void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *p
     if (half) {
         int64_t f[4], kv;
         if (!half_floats(s, 0, 0, f) || f[0] + f[1] > INT64_MAX / 2 - acc->qo_floats ||
-            !attn__mul_i64(half_batch_rows(&job, s), s->D + s->Dv, &kv))
+            !attn__mul_i64(half_batch_rows(kernel_of(plan->arch), &job, s, &plan->s),
+                           s->D + s->Dv, &kv))
             acc->overflow = 1;
         else {
             acc->qo_floats += f[0] + f[1];
@@ -816,6 +849,10 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
             job->v = kvf + (int64_t)threads * wrows * s->D;
             fk_row_range(s, 0, &lo0, &hi0);
             fk_row_range(s, s->Tq - 1, &lo1, &hi1);
+            if (!job->row_path) { /* the tile path reads whole key tiles: every key */
+                lo0 = lo1 = 0;
+                hi0 = hi1 = s->Tk;
+            }
             const half_group g = {kern, hk, job, 0, s0->dtype, (const uint16_t *)io[j].k,
                                   (const uint16_t *)io[j].v, s0->k_s, s0->v_s,
                                   (float *)job->k, (float *)job->v, lo0 < lo1 ? lo0 : lo1,

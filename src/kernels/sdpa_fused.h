@@ -48,7 +48,7 @@ typedef struct attn__fused_job {
                                path's chunk-sized copy, where it is the chunk's first
                                key. A split item reads key j at row j - kv_first. */
     attn_dtype kv_dtype;    /* split-key path: F32 (0), K and V in k and v; or BF16
-                               or F16 (AVX-512; BF16 on AVX2): the split items read
+                               or F16 (AVX-512 and AVX2): the split items read
                                the caller's 16-bit K and V, k16 and v16 (strides
                                s->k_s, s->v_s), widening them in registers */
     const uint16_t *k16, *v16;
@@ -103,10 +103,11 @@ const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
  * plan in turn into a zeroed attn__fused_batch_size, attn__fused_batch_bytes says
  * the scratch, and attn__sdpa_fused_run_batch runs plans[0 .. n-1] (fused plans of
  * one arch and one dtype, no weights) on io[j]'s data with that scratch, 64-byte
- * aligned. A 16-bit batch runs the row path's items (split-key chunks widened by
- * the item that uses them, or one key/value head widened once for its group); a
- * 16-bit plan on the tile path, or on the bfloat16 kernel's, sets one_by_one and
- * must run as its own call. It allocates nothing; the bits are those of the calls
+ * aligned. A 16-bit batch runs the row path's items (split-key chunks read in
+ * place or widened by the item that uses them, or one key/value head widened once
+ * for its group) and the tile path's (one key/value head widened once for its
+ * group's query tiles); a plan that asks for weights, or one on the bfloat16
+ * kernel's path, sets one_by_one and must run as its own call. It allocates nothing; the bits are those of the calls
  * run one by one, for any thread count. */
 typedef struct attn__fused_batch_size {
     int64_t n;         /* plans added */

@@ -35,10 +35,10 @@
 #endif
 
 typedef struct cpu_features {
-    int avx2;   /* AVX2 and FMA, with the YMM state enabled by the OS */
+    int avx2;   /* AVX2, FMA and F16C, with the YMM state enabled by the OS */
     int avx512; /* AVX-512 F, DQ, BW, VL, with the opmask and ZMM state enabled */
     unsigned extra; /* ATTN_CPU_* bits (attn_cpu_features) */
-    char detail[160];
+    char detail[224];
     char vendor[13];      /* cpuid leaf 0: "GenuineIntel", "AuthenticAMD", ... */
     unsigned family;      /* display family and model (leaf 1, extended fields added) */
     unsigned model;
@@ -180,7 +180,8 @@ static void detect_cpu(cpu_features *f)
     }
     detect_identity(f, a);
     const unsigned ecx1 = c;
-    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1,
+              f16c = (c >> 29) & 1;
     uint64_t xcr0 = osxsave ? read_xcr0() : 0;
     const int ymm_os = (xcr0 & 0x6) == 0x6;    /* XMM and YMM state */
     const int zmm_os = (xcr0 & 0xe6) == 0xe6;  /* plus opmask, ZMM_Hi256, Hi16_ZMM */
@@ -192,13 +193,23 @@ static void detect_cpu(cpu_features *f)
     const int avx2 = (b7 >> 5) & 1;
     const int avx512 = ((b7 >> 16) & 1) && ((b7 >> 17) & 1) && ((b7 >> 30) & 1) &&
                        ((b7 >> 31) & 1); /* F, DQ, BW, VL */
-    f->avx2 = avx && avx2 && fma && ymm_os;
+    /* The avx2 path also needs F16C: its files are built with -mf16c, so that its
+     * float16 KV-cache reads widen in registers (vcvtph2ps, src/kernels/fused_split.h).
+     * Every CPU shipped with AVX2 and FMA has F16C (Intel's since Ivy Bridge and
+     * AMD's since Piledriver, both older than their first AVX2 cores); one without
+     * it, a virtual machine that hides the bit, say, runs the scalar path, and the
+     * detail says why. */
+    f->avx2 = avx && avx2 && fma && f16c && ymm_os;
     f->avx512 = f->avx2 && avx512 && zmm_os;
     f->extra = detect_extra(ecx1, xcr0, ymm_os, zmm_os);
     snprintf(f->detail, sizeof f->detail,
-             "cpuid avx2=%d fma=%d avx512f/dq/bw/vl=%d, xgetbv XCR0=0x%llx (ymm %s, zmm %s)",
-             avx2, fma, avx512, (unsigned long long)xcr0, ymm_os ? "on" : "off",
-             zmm_os ? "on" : "off");
+             "cpuid avx2=%d fma=%d f16c=%d avx512f/dq/bw/vl=%d, xgetbv XCR0=0x%llx (ymm %s, "
+             "zmm %s)%s",
+             avx2, fma, f16c, avx512, (unsigned long long)xcr0, ymm_os ? "on" : "off",
+             zmm_os ? "on" : "off",
+             avx && avx2 && fma && ymm_os && !f16c
+                 ? "; no F16C, which the avx2 and avx512 paths need, so scalar"
+                 : "");
 #else
     snprintf(f->detail, sizeof f->detail, "not an x86-64 build: portable C only");
 #endif
