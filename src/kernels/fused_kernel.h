@@ -210,6 +210,16 @@ static void fk_exp_nonpos(const float *x, float *y, int64_t n)
         simd_store_n(y + i, simd_exp_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
 }
 
+/* y = 2^x for x <= 0 with this build's vector 2^x (for tests/test_fused_exp.c). */
+static void fk_exp2_nonpos(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + SIMD_W <= n; i += SIMD_W)
+        simd_store(y + i, simd_exp2_nonpos(simd_load(x + i)));
+    if (i < n)
+        simd_store_n(y + i, simd_exp2_nonpos(simd_load_n(x + i, n - i, 0.0f)), n - i);
+}
+
 /* y = tanh(x) with this build's vector tanh (for tests/test_fused_tanh.c). */
 static void fk_tanh(const float *x, float *y, int64_t n)
 {

@@ -23,7 +23,7 @@
 
 const attn__fused_kernel attn__fused_kernel_scalar = {
     ATTN_ARCH_SCALAR, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_split_merge, fk_exp_nonpos, fk_tanh,
-    fk_hsum4,
+    fk_hsum4, fk_exp2_nonpos,
 };
 
 const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch)

@@ -81,6 +81,8 @@ typedef struct attn__fused_kernel {
      * by this build's simd_hsum4_scaled, the split path's reduction (for the
      * tests). */
     void (*hsum4)(const float *x, float scale, float *out);
+    /* y[i] = 2^x[i] for x[i] <= 0 with this build's vector 2^x (for the tests). */
+    void (*exp2_nonpos)(const float *x, float *y, int64_t n);
 } attn__fused_kernel;
 
 extern const attn__fused_kernel attn__fused_kernel_scalar;

@@ -28,5 +28,5 @@
 
 const attn__fused_kernel attn__fused_kernel_avx2 = {
     ATTN_ARCH_AVX2, SIMD_W, FK_QW, FK_MK, fk_ws_floats, fk_item, fk_split_merge, fk_exp_nonpos, fk_tanh,
-    fk_hsum4,
+    fk_hsum4, fk_exp2_nonpos,
 };

@@ -28,6 +28,7 @@
  *                             in registers; only where SIMD_HAS_TRANSPOSE is 1 (the
  *                             GEMM's and the backward's packing use it)
  *     simd_exp_nonpos(x)      e^x for x <= 0 (including -inf), see below
+ *     simd_exp2_nonpos(x)     2^x for x <= 0 (including -inf), see below
  *     simd_div, simd_abs      a / b, |a|
  *     simd_copysign(a, b)     |a| with the sign of b
  *     simd_select_lt(a, b, x, y)  x where a < b, else y (y where either is NaN)
@@ -98,6 +99,71 @@ static inline float simd_exp_nonpos_1(float x)
     p = p * r + SIMD_C2;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/*
+ * 2^x for x <= 0, in the three instruction sets, by the same steps: the softmax's
+ * exp when the scores are kept in base-2 units (each multiplied by log2(e) along with
+ * the scale, as in FlashAttention-2's kernels), which needs no reduction by ln 2:
+ *
+ *   x < -126 (below the smallest normal float's exponent, and -inf): exactly 0, so a
+ *   masked score gets weight exactly 0 and no denormal appears; NaN stays NaN;
+ *   otherwise n = x rounded to the nearest integer (ties to even), r = x - n in
+ *   [-1/2, 1/2], exact (for |x| < 1/2, n = 0; otherwise n is within a factor of 2
+ *   of x, Sterbenz), 2^r by the degree-6 polynomial below, times 2^n (vscalefps, or
+ *   built in the exponent bits), exact: at least 2^-126, a normal float.
+ *
+ * The polynomial is the minimax approximation of 2^r on [-1/2, 1/2] in relative
+ * error with the constant term held at 1 (so 2^0 = 1 and 2^-k is exactly 2^-k),
+ * found by the Remez exchange in 50-digit arithmetic: its own error is 2.0e-9
+ * (2^-28.9), about 0.03 ulp; the rest is the coefficients' and the Horner steps'
+ * roundings. Measured over every float32 x in [-126, 0] against double exp2: worst
+ * 0.95 ulp with FMA (the AVX2 and AVX-512 paths, the same bits on every one of
+ * those x), 1.23 ulp without (the scalar path); tests/test_fused_exp.c holds every
+ * path to 2 ulp and the two vector paths to the same bits. An exact r matters:
+ * vreduceps rounding down (r = x - floor(x) in [0, 1)) rounds 1 + x for x in
+ * (-1, 0) toward -inf, which no AVX2 instruction does without a change of the
+ * rounding mode, so the two paths' bits would differ.
+ *
+ * It is 10 vector instructions on AVX-512 (compare, vreduceps, subtract, six FMAs,
+ * vscalefps) where simd_exp_nonpos takes 14 (its multiply by log2(e), rounding,
+ * and Cody-Waite steps are what base-2 scores save).
+ */
+#define SIMD_EXP2_MIN (-126.0f)
+#define SIMD_E2_C1 0x1.62e430p-1f
+#define SIMD_E2_C2 0x1.ebfbdcp-3f
+#define SIMD_E2_C3 0x1.c6aee8p-5f
+#define SIMD_E2_C4 0x1.3b2d4cp-7f
+#define SIMD_E2_C5 0x1.5f3e52p-10f
+#define SIMD_E2_C6 0x1.41fbbcp-13f
+
+/* The portable scalar version: the SCALAR path's 2^x. */
+static inline float simd_exp2_nonpos_1(float x)
+{
+    if (x != x)
+        return x; /* NaN stays NaN */
+    if (x < SIMD_EXP2_MIN)
+        return 0.0f; /* also -inf */
+    /* x > 0 is outside the domain (see simd_exp_nonpos_1): clamp it, so that the
+     * conversion of n to int32_t below stays defined. */
+    if (x > 0.0f)
+        x = 0.0f;
+    /* Adding 1.5 * 2^23 rounds to the nearest integer in the default rounding mode. */
+    const float shifter = 12582912.0f;
+    const float n = (x + shifter) - shifter; /* IEEE: not folded without fast-math */
+    const float r = x - n;
+    float p = SIMD_E2_C6;
+    p = p * r + SIMD_E2_C5;
+    p = p * r + SIMD_E2_C4;
+    p = p * r + SIMD_E2_C3;
+    p = p * r + SIMD_E2_C2;
+    p = p * r + SIMD_E2_C1;
+    p = p * r + 1.0f;
+    /* -126 <= n <= 0, so the biased exponent is 1 .. 127: a normal 2^n. */
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -196,6 +262,25 @@ static inline simd_f32 simd_exp_nonpos(simd_f32 x)
      * bits for every x <= 88 (checked over every such float32 when this and the
      * clamp's removal replaced the old steps), and inf rather than a wrapped
      * exponent above. */
+    return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+static inline simd_f32 simd_exp2_nonpos(simd_f32 x)
+{
+    /* Not below the minimum, or NaN (unordered): NaN then flows through r and p. */
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP2_MIN), _CMP_NLT_UQ);
+    /* r = x - round(x) in one instruction (vreduceps, AVX512DQ, with no fraction
+     * bits kept, to nearest), exact, and n = x - r, exact: the AVX2 path's r and n. */
+    const simd_f32 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const simd_f32 n = _mm512_sub_ps(x, r);
+    simd_f32 p = _mm512_set1_ps(SIMD_E2_C6);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_E2_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_E2_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_E2_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_E2_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SIMD_E2_C1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    /* p * 2^n in one instruction, exact (n >= -126, p near [0.7, 1.4]). */
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
@@ -354,6 +439,32 @@ static inline simd_f32 simd_exp_nonpos(simd_f32 x)
     return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+static inline simd_f32 simd_exp2_nonpos(simd_f32 x)
+{
+    /* Not below the minimum, or NaN (unordered): NaN then flows through to p. */
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(SIMD_EXP2_MIN), _CMP_NLT_UQ);
+    /* n = x rounded to the nearest integer, ties to even, as vreduceps does, by
+     * adding and subtracting 1.5 * 2^23 (see simd_exp_nonpos: t then holds 2^22 + n
+     * in its low bits); r = x - n exact. Below the minimum (and at -inf) n and r may
+     * be anything: the final `and` with `live` makes the lane 0. */
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 t = _mm256_add_ps(x, magic);
+    const __m256 r = _mm256_sub_ps(x, _mm256_sub_ps(t, magic));
+    simd_f32 p = _mm256_set1_ps(SIMD_E2_C6);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_E2_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_E2_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_E2_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_E2_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SIMD_E2_C1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n in the exponent bits, (2^22 + n + 127) << 23 (the bits above the
+     * exponent's fall off the top); the product is exact, so these are the AVX-512
+     * path's bits. */
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
 /* 32-bit interleaves of row pairs, 64-bit interleaves of those, then the 128-bit
  * halves of rows 0-3 and 4-7 put together. Pure data movement. */
 #define SIMD_HAS_TRANSPOSE 1
@@ -428,6 +539,7 @@ static inline void simd_store_n(float *p, simd_f32 v, int64_t n)
         *p = v;
 }
 static inline simd_f32 simd_exp_nonpos(simd_f32 x) { return simd_exp_nonpos_1(x); }
+static inline simd_f32 simd_exp2_nonpos(simd_f32 x) { return simd_exp2_nonpos_1(x); }
 
 #endif
 
