@@ -471,6 +471,31 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
     for (int r = 0; r < FB_R; r++)
         for (int c = 0; c < FB_NV; c++)
             x[r][c] = simd_zero();
+    /* Rows equally spaced in memory (consecutive rows of q or dO read in place,
+     * the usual case) are read from one pointer at fixed offsets: the loop then
+     * advances one pointer a step instead of FB_R, and the integer additions it
+     * saves would otherwise compete with the FMAs for their ports. The products
+     * are the same, in the same order. */
+    const intptr_t base = (intptr_t)rows[0];
+    const intptr_t ld = (intptr_t)rows[1] - base;
+    int even = ld % (intptr_t)sizeof(float) == 0;
+    for (int r = 2; r < FB_R; r++)
+        even &= (intptr_t)rows[r] - base == (intptr_t)r * ld;
+    if (even) {
+        const float *row0 = rows[0];
+        const int64_t step = (int64_t)(ld / (intptr_t)sizeof(float));
+        for (int64_t d = 0; d < n; d++) {
+            simd_f32 t[FB_NV];
+            for (int c = 0; c < FB_NV; c++)
+                t[c] = simd_load(tile + d * bcp + c * SIMD_W);
+            for (int r = 0; r < FB_R; r++) {
+                const simd_f32 g = simd_set1(row0[r * step + d]);
+                for (int c = 0; c < FB_NV; c++)
+                    x[r][c] = simd_fma(g, t[c], x[r][c]);
+            }
+        }
+        return;
+    }
     for (int64_t d = 0; d < n; d++) {
         simd_f32 t[FB_NV];
         for (int c = 0; c < FB_NV; c++)
