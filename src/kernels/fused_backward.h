@@ -196,6 +196,13 @@ typedef struct fb_sub {
     float *p, *ds, *dsx, *t, *vis;
 } fb_sub;
 
+/* log2(e), to be rounded to float once with what it multiplies. */
+#define FB_LOG2E 1.4426950408889634074
+
+/* scale log2(e), rounded once: what a raw score q.k is multiplied by to be a
+ * base-2 exponent. */
+static float fb_scale2(const attn__sdpa_shapes *s) { return (float)((double)s->scale * FB_LOG2E); }
+
 /* A block's rows as its key tiles see them: each slot's row i of (b, h) (-1 for an
  * unused slot), the keys [lo, hi) the causal alignment and the window let it see,
  * and its L and Delta. Found once per block and read by every tile the block
@@ -203,7 +210,8 @@ typedef struct fb_sub {
  * tiles on average). An unused slot has lo = hi = 0 and L = Delta = 0. */
 typedef struct fb_rows {
     int64_t i[FB_RB], lo[FB_RB], hi[FB_RB];
-    float L[FB_RB], delta[FB_RB];
+    float delta[FB_RB];
+    float nl2[FB_RB]; /* -L_i log2(e), the log-sum-exp in base 2 (see fb_rows_tile) */
 } fb_rows;
 
 static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb_rows *rs,
@@ -213,11 +221,12 @@ static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb
     const attn__sdpa_shapes *s = &bs->s;
     rs->i[r] = i;
     rs->lo[r] = rs->hi[r] = 0;
-    rs->L[r] = rs->delta[r] = 0.0f;
+    rs->delta[r] = rs->nl2[r] = 0.0f;
     if (i < 0)
         return;
     fb_row_range(s, i, &rs->lo[r], &rs->hi[r]);
-    rs->L[r] = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    const float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    rs->nl2[r] = (float)(-(double)L * FB_LOG2E);
     rs->delta[r] = job->delta[(b * s->H + h) * s->Tq + i];
 }
 
@@ -462,6 +471,31 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
     for (int r = 0; r < FB_R; r++)
         for (int c = 0; c < FB_NV; c++)
             x[r][c] = simd_zero();
+    /* Rows equally spaced in memory (consecutive rows of q or dO read in place,
+     * the usual case) are read from one pointer at fixed offsets: the loop then
+     * advances one pointer a step instead of FB_R, and the integer additions it
+     * saves would otherwise compete with the FMAs for their ports. The products
+     * are the same, in the same order. */
+    const intptr_t base = (intptr_t)rows[0];
+    const intptr_t ld = (intptr_t)rows[1] - base;
+    int even = ld % (intptr_t)sizeof(float) == 0;
+    for (int r = 2; r < FB_R; r++)
+        even &= (intptr_t)rows[r] - base == (intptr_t)r * ld;
+    if (even) {
+        const float *row0 = rows[0];
+        const int64_t step = (int64_t)(ld / (intptr_t)sizeof(float));
+        for (int64_t d = 0; d < n; d++) {
+            simd_f32 t[FB_NV];
+            for (int c = 0; c < FB_NV; c++)
+                t[c] = simd_load(tile + d * bcp + c * SIMD_W);
+            for (int r = 0; r < FB_R; r++) {
+                const simd_f32 g = simd_set1(row0[r * step + d]);
+                for (int c = 0; c < FB_NV; c++)
+                    x[r][c] = simd_fma(g, t[c], x[r][c]);
+            }
+        }
+        return;
+    }
     for (int64_t d = 0; d < n; d++) {
         simd_f32 t[FB_NV];
         for (int c = 0; c < FB_NV; c++)
@@ -496,16 +530,17 @@ FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e
  * block's rows and the tile's keys are finite): P and dS are made in registers
  * as each vector of scores and of dP comes out of its products, instead of being
  * stored, read back and stored again. Every value is what the general path
- * computes, by the same operations in the same order: P = exp(scale x - L), dS =
- * P (dP - Delta), and 0 chosen for a hidden key in both. dS goes to dsx only
+ * computes, by the same operations in the same order: P = 2^(x (scale log2(e)) -
+ * L log2(e)) (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen
+ * for a hidden key in both. dS goes to dsx only
  * (without a softcap the two are the same). */
-static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *L,
+static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
                               const float *delta, const fb_sub *w, const int64_t *ra,
                               const int64_t *re, int64_t jv0, int64_t jv1)
 {
     const attn__sdpa_shapes *s = &job->bs->s;
     const int64_t bcp = job->bcp;
-    const simd_f32 vscale = simd_set1(s->scale), iota = simd_load(fb_iota);
+    const simd_f32 vscale2 = simd_set1(fb_scale2(s)), iota = simd_load(fb_iota);
     float fa[FB_R], fe[FB_R];
     for (int r = 0; r < FB_R; r++) {
         fa[r] = (float)ra[r];
@@ -517,10 +552,10 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *L,
         for (int r = 0; r < FB_R; r++) {
             /* Whole vectors inside the row's range need no choosing. */
             const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
-            const simd_f32 vL = simd_set1(L[r]);
+            const simd_f32 vnl2 = simd_set1(nl2[r]);
             for (int c = 0; c < FB_NV; c++) {
                 const int64_t j = jv + c * SIMD_W;
-                simd_f32 pv = simd_exp_nonpos(simd_sub(simd_mul(x[r][c], vscale), vL));
+                simd_f32 pv = simd_exp2_nonpos(simd_fma(x[r][c], vscale2, vnl2));
                 if (!whole)
                     pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)),
                                        simd_set1(fa[r]), simd_set1(fe[r]));
@@ -599,6 +634,13 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const int cap = s->softcap > 0.0f;
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
     const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
+    /* The weights are P = 2^(S log2(e) - L log2(e)): one FMA and the base-2 exp,
+     * which needs no reduction by ln 2 (simd_exp2_nonpos). With no softcap, bias
+     * or ALiBi the score S is scale x itself, so p keeps the raw x and the FMA
+     * takes scale log2(e) (fb_scale2): what fb_rows_tile_fast computes, the same
+     * bits; otherwise p keeps S and the FMA takes log2(e). */
+    const int raw = !cap && !s->bias && !s->alibi;
+    const simd_f32 vk2 = simd_set1(raw ? fb_scale2(s) : (float)FB_LOG2E);
 
     /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
      * keys for the FB_R rows at a time (job->bcp is a multiple of FB_NV vectors):
@@ -610,6 +652,10 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         for (int r = 0; r < FB_R; r++)
             for (int c = 0; c < FB_NV; c++) {
                 const int64_t at = r * bcp + jv + c * SIMD_W;
+                if (raw) {
+                    simd_store(w->p + at, x[r][c]);
+                    continue;
+                }
                 simd_f32 xr = simd_mul(x[r][c], vscale);
                 if (cap) {
                     const simd_f32 t = simd_tanh(simd_div(xr, vc));
@@ -658,11 +704,11 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
             }
         /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2; a
          * hidden key's three are 0, chosen, not multiplied. */
-        const simd_f32 vL = simd_set1(rs->L[sb * FB_R + r]);
+        const simd_f32 vnl2 = simd_set1(rs->nl2[sb * FB_R + r]);
         const simd_f32 vdelta = simd_set1(rs->delta[sb * FB_R + r]);
         for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
             const simd_f32 vv = simd_load(vis + jv);
-            const simd_f32 pv = simd_exp_nonpos(simd_sub(simd_load(p + jv), vL));
+            const simd_f32 pv = simd_exp2_nonpos(simd_fma(simd_load(p + jv), vk2, vnl2));
             const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
             simd_f32 dsxv = dsv;
             if (cap) {
@@ -724,7 +770,7 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 const int64_t a = fb_max(jv, vlo[sb]), e = fb_min(jv + FB_SLICE, vhi[sb]);
                 if (a < e) {
                     const fb_sub sub = fb_sub_of(job, w, sb);
-                    fb_rows_tile_fast(job, rs->L + sb * FB_R, rs->delta + sb * FB_R, &sub,
+                    fb_rows_tile_fast(job, rs->nl2 + sb * FB_R, rs->delta + sb * FB_R, &sub,
                                       ra[sb], re[sb], a, e);
                 }
             }
