@@ -173,6 +173,28 @@ if "$ATTN" bench --backward --batch 2 --heads 4 --kv-heads 2 --query-len 17 --he
         ok "--backward: the backward and forward + backward, 2.5x and 3.5x the forward's FLOPs"
     else bad "--backward lines: $(cat "$tmp/bwd")"; fi
 else bad "--backward run: $(cat "$tmp/err")"; fi
+# A custom shape with both --causal and --padding is named for both in the mask
+# field (it said "causal" alone).
+if "$ATTN" bench --backward --batch 2 --heads 2 --query-len 9 --head-dim 4 --causal --padding \
+    --runs 1 --threads 1 --json >"$tmp/bwdp" 2>"$tmp/err"; then
+    if [ "$(grep -c '"mask":"causal_padding"' "$tmp/bwdp")" -eq 2 ]; then
+        ok "--backward --causal --padding: the mask field says causal_padding"
+    else bad "--backward --causal --padding lines: $(cat "$tmp/bwdp")"; fi
+else bad "--backward --causal --padding run: $(cat "$tmp/err")"; fi
+# The decoding loop out of memory (a 1M-token cache under a 4 GB address-space
+# limit) says why on each shape's line; the benchmark's own allocations used to
+# print an empty message. A sanitizer's runtime reserves more address space than
+# the limit, so the check runs on plain builds only.
+if ldd "$ATTN" 2>/dev/null | grep -q 'libasan\|libtsan'; then
+    ok "--decode out of memory: skipped under a sanitizer (it needs ulimit -v)"
+else
+    (ulimit -v 4000000; "$ATTN" bench --decode --prefill 1048576 --steps 1048576 --threads 1) \
+        >"$tmp/out" 2>"$tmp/err"; rc=$?
+    if [ "$rc" -eq 1 ] && [ "$(grep -c 'failed: out of memory' "$tmp/err")" -eq 3 ] &&
+        ! grep -q 'failed: $' "$tmp/err"; then
+        ok "--decode out of memory: exit 1, each shape's line says out of memory"
+    else bad "--decode out of memory: exit $rc, stderr: $(cat "$tmp/err")"; fi
+fi
 
 refuse() { # name, args...
     local name=$1; shift

@@ -79,6 +79,9 @@ void bench_fill_uniform(float *p, int64_t n, uint64_t seed);
 double bench_sdpa_flops(const bench_shape *s);
 /* none, causal, causal_bottom_right or padding. */
 const char *bench_mask_name(const bench_shape *s);
+/* Why a call failed: the context's message, or the status when the benchmark's own
+ * allocation failed and left none. */
+const char *bench_why(const attn_ctx *ctx, int rc);
 /* s's key/value heads: Hkv, or H when not set. */
 int64_t bench_kv_heads(const bench_shape *s);
 

@@ -127,10 +127,21 @@ double bench_sdpa_flops(const bench_shape *s)
 
 const char *bench_mask_name(const bench_shape *s)
 {
-    return s->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? "causal_bottom_right"
-           : s->causal                           ? "causal"
-           : s->padding                          ? "padding"
-                                                 : "none";
+    /* A custom shape may take both --causal and --padding: the name says both. */
+    if (s->causal == ATTN_CAUSAL_BOTTOM_RIGHT)
+        return s->padding ? "causal_bottom_right_padding" : "causal_bottom_right";
+    if (s->causal)
+        return s->padding ? "causal_padding" : "causal";
+    return s->padding ? "padding" : "none";
+}
+
+const char *bench_why(const attn_ctx *ctx, int rc)
+{
+    /* The library's calls leave a message; the benchmark's own allocations do not. */
+    if (ctx->message[0])
+        return ctx->message;
+    return rc == ATTN_STATUS_NO_MEMORY ? "out of memory for the benchmark's tensors or caches"
+                                       : attn_status_name(rc);
 }
 
 int64_t bench_kv_heads(const bench_shape *s)

@@ -177,7 +177,7 @@ int bench_kv_s9(const bench_opts *o)
             rc = attn_tensor_alloc(&a.ctx, &a.out, dt, 4, qs);
     }
     if (rc) {
-        fprintf(stderr, "attn bench: S9's caches: %s\n", a.ctx.message);
+        fprintf(stderr, "attn bench: S9's caches: %s\n", bench_why(&a.ctx, rc));
         free(q);
         attn_tensor_free(&a.ctx, &a.q), attn_tensor_free(&a.ctx, &a.out);
         for (int c = 0; c < a.caches; c++)
@@ -191,7 +191,7 @@ int bench_kv_s9(const bench_opts *o)
     const bench_timing t = bench_time_call(s9_call, &a, o->runs);
     int status = 0;
     if (t.status) {
-        fprintf(stderr, "attn bench: S9 failed: %s\n", a.ctx.message);
+        fprintf(stderr, "attn bench: S9 failed: %s\n", bench_why(&a.ctx, t.status));
         status = 1;
     } else {
         const double flops = 4.0 * H * D * (double)keys;
@@ -201,9 +201,10 @@ int bench_kv_s9(const bench_opts *o)
         const bench_fields f = {"sdpa", impl, B, H, 1, 4096, D, "causal_bottom_right",
                                 threads, t.median_s * 1e3, gf};
         bench_pair pr;
+        int prc = 0;
         if (o->stream_gbs > 0 &&
-            bench_paired_fraction(o, s9_call, &a, kv_bytes, o->runs, &pr) != 0) {
-            fprintf(stderr, "attn bench: S9 failed: %s\n", a.ctx.message);
+            (prc = bench_paired_fraction(o, s9_call, &a, kv_bytes, o->runs, &pr)) != 0) {
+            fprintf(stderr, "attn bench: S9 failed: %s\n", bench_why(&a.ctx, prc));
             status = 1;
         } else if (o->stream_gbs > 0 && o->json) {
             bench_fields kv = f;
@@ -324,7 +325,7 @@ planned:
     ctx.allocator = plain;
     int status = 0;
     if (rc != ATTN_OK) {
-        fprintf(stderr, "attn bench: decode %s failed: %s\n", s->name, ctx.message);
+        fprintf(stderr, "attn bench: decode %s failed: %s\n", s->name, bench_why(&ctx, rc));
         status = 1;
     } else {
         qsort(dt, (size_t)steps, sizeof *dt, cmp_double);

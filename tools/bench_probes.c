@@ -443,7 +443,7 @@ int bench_paired_fraction(const bench_opts *o, bench_fn fn, void *arg, double by
     runs = runs < 5 ? 5 : runs;
     double *x = malloc(3 * (size_t)runs * sizeof *x);
     if (!x)
-        return -1;
+        return ATTN_STATUS_NO_MEMORY;
     double *frac = x, *gbs = x + runs, *sgbs = x + 2 * runs;
     for (int r = 0; r < runs; r++) {
         double t0 = bench_now_s();

@@ -55,7 +55,7 @@ int bench_bandwidth(bench_opts *o);
  * (which reads `bytes` of K and V, from memory when fn rotates its copies); the
  * fraction is the median over the pairs of the call's rate over the probe's.
  * Needs bench_bandwidth's copies (o->stream); without them it sets nothing and
- * returns 0. 0, or what fn returned, or -1 out of memory. */
+ * returns 0. 0, or what fn returned, or ATTN_STATUS_NO_MEMORY. */
 typedef struct bench_pair {
     int runs;
     double fraction, fraction_min, fraction_max; /* median, lowest, highest */

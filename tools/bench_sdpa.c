@@ -84,9 +84,10 @@ static int bench_sdpa_impl(const bench_shape *s, const bench_opts *o, sdpa_arg *
     const bench_fields f = {"sdpa", impl, s->B, s->H, s->Tq, s->Tk, s->D, bench_mask_name(s),
                             threads, t.median_s * 1e3, gf};
     bench_pair pr;
+    int prc = 0;
     if (o->stream_gbs > 0 &&
-        bench_paired_fraction(o, sdpa_call, a, kv_gbs * t.median_s * 1e9, runs, &pr) != 0) {
-        fprintf(stderr, "attn bench: %s on %s failed: %s\n", impl, s->name, a->ctx.message);
+        (prc = bench_paired_fraction(o, sdpa_call, a, kv_gbs * t.median_s * 1e9, runs, &pr)) != 0) {
+        fprintf(stderr, "attn bench: %s on %s failed: %s\n", impl, s->name, bench_why(&a->ctx, prc));
         return 1;
     }
     if (o->stream_gbs > 0 && o->json) {
