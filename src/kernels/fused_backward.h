@@ -212,6 +212,7 @@ typedef struct fb_rows {
     int64_t i[FB_RB], lo[FB_RB], hi[FB_RB];
     float delta[FB_RB];
     float nl2[FB_RB]; /* -L_i log2(e), the log-sum-exp in base 2 (see fb_rows_tile) */
+    float L[FB_RB];   /* L_i itself, for the general path's (S - L) log2(e) */
 } fb_rows;
 
 static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb_rows *rs,
@@ -221,12 +222,13 @@ static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb
     const attn__sdpa_shapes *s = &bs->s;
     rs->i[r] = i;
     rs->lo[r] = rs->hi[r] = 0;
-    rs->delta[r] = rs->nl2[r] = 0.0f;
+    rs->delta[r] = rs->nl2[r] = rs->L[r] = 0.0f;
     if (i < 0)
         return;
     fb_row_range(s, i, &rs->lo[r], &rs->hi[r]);
     const float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
     rs->nl2[r] = (float)(-(double)L * FB_LOG2E);
+    rs->L[r] = L;
     rs->delta[r] = job->delta[(b * s->H + h) * s->Tq + i];
 }
 
@@ -634,11 +636,16 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const int cap = s->softcap > 0.0f;
     const simd_f32 vc = simd_set1(s->softcap), one = simd_set1(1.0f);
     const simd_f32 zero = simd_zero(), half = simd_set1(0.5f);
-    /* The weights are P = 2^(S log2(e) - L log2(e)): one FMA and the base-2 exp,
-     * which needs no reduction by ln 2 (simd_exp2_nonpos). With no softcap, bias
-     * or ALiBi the score S is scale x itself, so p keeps the raw x and the FMA
-     * takes scale log2(e) (fb_scale2): what fb_rows_tile_fast computes, the same
-     * bits; otherwise p keeps S and the FMA takes log2(e). */
+    /* The weights are P = 2^(S log2(e) - L log2(e)), by the base-2 exp, which
+     * needs no reduction by ln 2 (simd_exp2_nonpos). With no softcap, bias or
+     * ALiBi the score S is scale x itself, so p keeps the raw x and one FMA takes
+     * scale log2(e) (fb_scale2) and -L log2(e): what fb_rows_tile_fast computes,
+     * the same bits. Otherwise p keeps S, and P = 2^((S - L) log2(e)): S - L is
+     * exact where S is near L (Sterbenz), whereas S log2(e) and L log2(e), each
+     * rounded (or S times log2(e) rounded to float against L times log2(e) in
+     * double), differ by about |L| 2^-24, which a bias makes large: a row whose
+     * every key has a bias of -1e9 (an additive padding mask) would get weights
+     * of 2^18, and one of 1e37 weights of 0 (tests/test_review_today.c). */
     const int raw = !cap && !s->bias && !s->alibi;
     const simd_f32 vk2 = simd_set1(raw ? fb_scale2(s) : (float)FB_LOG2E);
 
@@ -705,10 +712,13 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         /* P = exp(S - L), dS = P (dP - Delta), and the softcap's 1 - tanh^2; a
          * hidden key's three are 0, chosen, not multiplied. */
         const simd_f32 vnl2 = simd_set1(rs->nl2[sb * FB_R + r]);
+        const simd_f32 vL = simd_set1(rs->L[sb * FB_R + r]);
         const simd_f32 vdelta = simd_set1(rs->delta[sb * FB_R + r]);
         for (int64_t jv = jv0; jv < jv1; jv += SIMD_W) {
             const simd_f32 vv = simd_load(vis + jv);
-            const simd_f32 pv = simd_exp2_nonpos(simd_fma(simd_load(p + jv), vk2, vnl2));
+            const simd_f32 pv =
+                raw ? simd_exp2_nonpos(simd_fma(simd_load(p + jv), vk2, vnl2))
+                    : simd_exp2_nonpos(simd_mul(simd_sub(simd_load(p + jv), vL), vk2));
             const simd_f32 dsv = simd_mul(pv, simd_sub(simd_load(ds + jv), vdelta));
             simd_f32 dsxv = dsv;
             if (cap) {
