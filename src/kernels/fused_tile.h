@@ -385,7 +385,13 @@ static void fk_score_mod(const fk_tile *t, int64_t j0, int64_t nkp)
             for (int64_t r = 0; r < rows; r++) {
                 /* Two statements, so that no compiler contracts them to an fma:
                  * ALiBi's term below is rounded twice too. */
-                const float add = bcol[r * bs2] * unit;
+                float add = bcol[r * bs2] * unit;
+                /* A finite bias beyond FLT_MAX / log2(e) in size (-FLT_MAX is
+                 * torch.finfo(float32).min, the usual additive padding mask) stays
+                 * finite: as -inf it would hide its key, and a row whose keys all
+                 * carry it would be NaN where the reference averages them. */
+                if (isinf(add) && !isinf(bcol[r * bs2]))
+                    add = add < 0.0f ? -FLT_MAX : FLT_MAX;
                 strow[r] = strow[r] + add;
             }
         }
@@ -502,9 +508,10 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
  * product's own multiply by the scale (one rounded factor scale * log2(e)), and a
  * bias or ALiBi's term is multiplied by log2(e) before it is added (fk_mod_unit);
  * only the softcap, whose tanh needs the scores as they are, gets the plain scale
- * and one multiply more per score after the modifications. A score beyond
- * FLT_MAX / log2(e) (2.4e38) in size overflows to inf here, where it would stay
- * finite in the reference. */
+ * and one multiply more per score after the modifications. A product q.k times
+ * the scale beyond FLT_MAX / log2(e) (2.4e38) in size overflows to inf here, where
+ * it would stay finite in the reference; a bias that large (torch.finfo's min, an
+ * additive mask) is kept finite at +-FLT_MAX instead (fk_score_mod). */
 static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const attn__sdpa_shapes *s = t->s;
@@ -544,7 +551,18 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
     }
     if (fk_has_score_mod(s))
         fk_score_mod(t, j0, nkp);
-    if (natural) {
+    if (natural && s->bias) {
+        /* As in fk_score_mod: a finite score (a softcapped one plus a bias of
+         * -FLT_MAX) stays finite in base-2 units; an infinite or NaN one stays so. */
+        const simd_f32 vlog2e = simd_set1(SIMD_LOG2E), vinf = simd_set1(INFINITY);
+        const simd_f32 vmax = simd_set1(FLT_MAX);
+        for (int64_t c = 0; c < nkp; c++)
+            for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
+                const simd_f32 x = simd_load(ST + c * ldst + r0), y = simd_mul(x, vlog2e);
+                const simd_f32 yc = simd_select_lt(simd_abs(y), vinf, y, simd_copysign(vmax, y));
+                simd_store(ST + c * ldst + r0, simd_select_lt(simd_abs(x), vinf, yc, y));
+            }
+    } else if (natural) {
         const simd_f32 vlog2e = simd_set1(SIMD_LOG2E);
         for (int64_t c = 0; c < nkp; c++)
             for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W)
@@ -765,8 +783,12 @@ static void fk_finish_rows(const attn__fused_job *job, const fk_tile *t, int wor
              * part of the item's fixed cost (fk_pack_qt, docs/performance.md).
              * m in base-2 units goes back by a factor ln 2, except a max that is
              * still the sink's, which is the sink itself, exactly. */
+            /* A max of +-FLT_MAX is a bias beyond FLT_MAX / log2(e) kept finite
+             * (fk_score_mod): the reference's lse there is +-FLT_MAX too (a bias
+             * of torch.finfo's min on every key), not FLT_MAX ln 2. */
             const float m = !t->log2_units ? t->m[r]
                             : t->m[r] == t->sink_m ? t->sink
+                            : fabsf(t->m[r]) == FLT_MAX ? t->m[r]
                                                    : t->m[r] * 0.693147180559945309f;
             lse = m + logf(l[r]);
         }
