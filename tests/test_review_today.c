@@ -609,7 +609,8 @@ static void kv_growing_batch(void)
          "split layouts' thresholds), growing step after step, runs every step in the "
          "workspace sized at the first step (allocated to exactly that size), allocates "
          "nothing, and gives each sequence's own bits, on every fused path, 1 and 2 "
-         "threads: 1 query row a step, and 12 (the tile path) with GQA and RoPE");
+         "threads: 1 query row a step, and 12 (the tile path) with GQA and RoPE (and the "
+         "bfloat16 kernels' paths where they run)");
     static const attn_dtype DT[2] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     /* 1 query row: a sequence from 0 keys (1 at the first step), two that cross 512
      * and 1024 keys during the loop (where this shape's layouts change, as
@@ -617,13 +618,18 @@ static void kv_growing_batch(void)
     const int64_t pre1[4] = {0, 505, 1017, 1100 - 8};
     /* 12 query rows: from 0 keys, two between, one that reaches the capacity. */
     const int64_t pre12[4] = {0, 57, 200, 330 - 12 * 4};
+    /* The bfloat16 kernels' paths too where they run (ATTN_BF16_EMULATE=1 lets
+     * avx512bf16 run on any AVX-512 CPU: test_review_today_bf16_emulated), since
+     * with RoPE a bfloat16 q of more than 8 rows is planned as float32 there. */
+    static const attn_arch KV_ARCHS[5] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512,
+                                          ATTN_ARCH_AVX512_BF16, ATTN_ARCH_AMX};
     for (int d = 0; d < 2; d++)
-        for (int a = 0; a < 3; a++) {
-            if (!attn_arch_supported(ARCHS[a]))
+        for (int a = 0; a < 5; a++) {
+            if (!attn_arch_supported(KV_ARCHS[a]))
                 continue;
             for (int t = 1; t <= 2; t++) {
-                kv_grow(DT[d], ARCHS[a], t, 1100, 64, 1, 8, pre1, 0);
-                kv_grow(DT[d], ARCHS[a], t, 330, 40, 12, 4, pre12, 1);
+                kv_grow(DT[d], KV_ARCHS[a], t, 1100, 64, 1, 8, pre1, 0);
+                kv_grow(DT[d], KV_ARCHS[a], t, 330, 40, 12, 4, pre12, 1);
             }
         }
 }
