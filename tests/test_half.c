@@ -12,7 +12,11 @@
  *     tests/golden/gen_half.py with PyTorch): attn's largest error against the
  *     float64 oracle is at most 2 x PyTorch's own same-dtype error + a floor, on
  *     the reference and the fused kernel of every instruction set this machine
- *     runs, with 1 and 2 threads, which give the same bits.
+ *     runs, with 1 and 2 threads, which give the same bits;
+ *   - a call of more than 8 query rows (the tile path) plans one key/value head's
+ *     float32 copy per thread, not all of K and V, and gives the bits of the
+ *     float32 call on the widened tensors, rounded once (strided K and V, one
+ *     key/value head for three query heads, 1, 2 and 3 threads).
  *
  * The floor is one unit of the dtype's precision at the output's largest
  * magnitude (2^-8 x max|out| for bfloat16, 2^-11 for float16): rounding the
@@ -23,6 +27,7 @@
 #include "check.h"
 #include "half_golden.h"
 #include "half.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -416,6 +421,143 @@ static void test_files(void)
 
 /* 1 when /proc/cpuinfo's first "flags" line lists `flag` as a whole word; -1 when
  * there is no such file (not Linux, or no x86 flags line). */
+/* attn_sdpa in 16 bits with more than 8 query rows on one call (the tile path on
+ * the widening kernel): since issue 16's second session each (batch, key/value
+ * head) is widened by the items that run its group's query tiles, into a copy per
+ * worker, instead of all of K and V into one float32 copy first. What it protects:
+ * the plan holds at most the float32 plan's scratch plus q and out in float32 and
+ * one head's copy per thread (the whole copy, 8 MiB at 1024 positions, fails);
+ * and the result has the bits of the float32 call on the widened tensors, rounded
+ * once (what the whole copy gave), with K and V read through strides (a [B, Tk,
+ * Hkv, D] buffer), two sequences of one key/value head for three query heads (so
+ * 3 threads split a head's tiles), 9 and 70 rows, causal, a window with softcap,
+ * every fused path, 1, 2 and 3 threads. */
+static void test_tile_heads(void)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = di ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        {
+            enum { H = 16, T = 1024, D = 64 };
+            char what[240];
+            snprintf(what, sizeof what,
+                     "%s attn_sdpa on S4's heads at 1024 positions, 2 threads, plans one "
+                     "key/value head's float32 copy per thread, not all of K and V",
+                     attn_dtype_name(dt));
+            TEST(what);
+            const int64_t shape[4] = {1, H, T, D};
+            attn_tensor t32, o32t, t16, o16t; /* q, k and v may be one tensor */
+            CHECK_INT(attn_tensor_alloc(&ctx, &t32, ATTN_DTYPE_F32, 4, shape), ATTN_OK);
+            CHECK_INT(attn_tensor_alloc(&ctx, &o32t, ATTN_DTYPE_F32, 4, shape), ATTN_OK);
+            CHECK_INT(attn_tensor_alloc(&ctx, &t16, dt, 4, shape), ATTN_OK);
+            CHECK_INT(attn_tensor_alloc(&ctx, &o16t, dt, 4, shape), ATTN_OK);
+            attn_sdpa_params p;
+            attn_sdpa_params_init(&p);
+            p.causal = ATTN_CAUSAL_TOP_LEFT;
+            ctx.threads = 2;
+            ctx.impl = ATTN_IMPL_FUSED;
+            ctx.arch = ATTN_ARCH_AVX512; /* any arch but the bfloat16 kernel's */
+            if (!attn_arch_supported(ctx.arch))
+                ctx.arch = ATTN_ARCH_SCALAR;
+            size_t w32 = 0, w16 = 0;
+            CHECK_INT(attn_sdpa_workspace_size(&ctx, &t32, &t32, &t32, &p, &o32t, NULL, &w32), ATTN_OK);
+            CHECK_INT(attn_sdpa_workspace_size(&ctx, &t16, &t16, &t16, &p, &o16t, NULL, &w16), ATTN_OK);
+            /* q and out in float32, two heads' K and V, and alignment. */
+            const size_t most = w32 + (size_t)4 * (2 * H * T * D + 2 * T * 2 * D) + 256;
+            if (w16 > most)
+                fprintf(stderr, "   %zu bytes planned; at most %zu expected\n", w16, most);
+            CHECK(w16 <= most);
+            attn_tensor_free(&ctx, &t32), attn_tensor_free(&ctx, &o32t);
+            attn_tensor_free(&ctx, &t16), attn_tensor_free(&ctx, &o16t);
+        }
+        enum { B = 2, H = 3, HKV = 1, TK = 150, TQ = 70, D = 24 };
+        static float kb[B * TK * HKV * D], vb[B * TK * HKV * D], qb[B * H * TQ * D],
+            o32[B * H * TQ * D];
+        tu_fill(kb, B * TK * HKV * D, 31);
+        tu_fill(vb, B * TK * HKV * D, 32);
+        tu_fill(qb, B * H * TQ * D, 33);
+        for (int64_t i = 0; i < B * TK * HKV * D; i++) {
+            kb[i] = dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(attn__f32_to_bf16(kb[i]))
+                                          : attn__f16_to_f32(attn__f32_to_f16(kb[i]));
+            vb[i] = dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(attn__f32_to_bf16(vb[i]))
+                                          : attn__f16_to_f32(attn__f32_to_f16(vb[i]));
+        }
+        for (int64_t i = 0; i < B * H * TQ * D; i++)
+            qb[i] = dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(attn__f32_to_bf16(qb[i]))
+                                          : attn__f16_to_f32(attn__f32_to_f16(qb[i]));
+        /* K and V as [B, Tk, Hkv, D] buffers, read as [B, Hkv, Tk, D] views. */
+        attn_tensor kt = tu_tensor4(kb, B, TK, HKV, D), vt = tu_tensor4(vb, B, TK, HKV, D);
+        attn_tensor k32, v32, k16b, v16b, k16, v16;
+        attn_tensor_transpose(&ctx, &kt, 1, 2, &k32);
+        attn_tensor_transpose(&ctx, &vt, 1, 2, &v32);
+        CHECK_INT(to_half(&ctx, &kt, dt, &k16b), ATTN_OK);
+        CHECK_INT(to_half(&ctx, &vt, dt, &v16b), ATTN_OK);
+        attn_tensor_transpose(&ctx, &k16b, 1, 2, &k16);
+        attn_tensor_transpose(&ctx, &v16b, 1, 2, &v16);
+        static const int TQS[2] = {9, TQ};
+        for (int ti = 0; ti < 2; ti++)
+            for (int opt = 0; opt < 2; opt++) {
+                const int tq = TQS[ti];
+                char what[300];
+                snprintf(what, sizeof what,
+                         "%s attn_sdpa, 2 sequences, H 3 / Hkv 1, %d query rows, strided K and "
+                         "V, %s: the bits of the float32 call on the widened tensors, rounded "
+                         "once, every fused path, 1, 2 and 3 threads",
+                         attn_dtype_name(dt), tq, opt ? "a window and softcap" : "causal");
+                TEST(what);
+                attn_tensor q32 = tu_tensor4(qb, B, H, tq, D), o = tu_tensor4(o32, B, H, tq, D),
+                            q16, o16, or16;
+                CHECK_INT(to_half(&ctx, &q32, dt, &q16), ATTN_OK);
+                CHECK_INT(to_half(&ctx, &q32, dt, &o16), ATTN_OK);
+                CHECK_INT(to_half(&ctx, &q32, dt, &or16), ATTN_OK);
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                if (opt) {
+                    p.has_window = 1;
+                    p.window_left = 30;
+                    p.window_right = 5;
+                    p.softcap = 10.0f;
+                    p.causal = ATTN_CAUSAL_NONE;
+                }
+                static const attn_arch archs[] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+                int64_t bad = 0, runs = 0;
+                for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+                    if (!attn_arch_supported(archs[a]))
+                        continue;
+                    ctx.impl = ATTN_IMPL_FUSED;
+                    ctx.arch = archs[a];
+                    for (int threads = 1; threads <= 3; threads++) {
+                        ctx.threads = threads;
+                        CHECK_INT(attn_sdpa(&ctx, &q32, &k32, &v32, &p, &o, NULL), ATTN_OK);
+                        CHECK_INT(attn_sdpa(&ctx, &q16, &k16, &v16, &p, &o16, NULL), ATTN_OK);
+                        CHECK_INT(attn_tensor_convert(&ctx, &o, &or16), ATTN_OK);
+                        int64_t nb = 0;
+                        const uint16_t *x = (const uint16_t *)o16.data,
+                                       *y = (const uint16_t *)or16.data;
+                        for (int64_t i = 0; i < (int64_t)B * H * tq * D; i++)
+                            if (x[i] != y[i] && nb++ < 3)
+                                fprintf(stderr, "   %s, %d threads, element %lld: 0x%04x, "
+                                        "float32's rounded 0x%04x\n",
+                                        attn_arch_name(archs[a]), threads, (long long)i, x[i], y[i]);
+                        bad += nb;
+                        runs++;
+                    }
+                }
+                CHECK_INT(bad, 0);
+                CHECK(runs > 0);
+                attn_tensor_free(&ctx, &q16), attn_tensor_free(&ctx, &o16),
+                    attn_tensor_free(&ctx, &or16);
+            }
+        attn_tensor_free(&ctx, &k16b), attn_tensor_free(&ctx, &v16b);
+    }
+    ctx.impl = ATTN_IMPL_AUTO;
+    ctx.arch = ATTN_ARCH_AUTO;
+    ctx.threads = 0;
+    attn_ctx_release(&ctx);
+}
+
 static int cpuinfo_has(const char *flag)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -486,5 +628,6 @@ int main(void)
     test_convert_and_dtypes();
     test_files();
     test_golden();
+    test_tile_heads();
     return check_summary("test_half");
 }

@@ -17,8 +17,10 @@
  *
  * And the same for batched steps of many query rows (a speculative-decoding step
  * of 12 tokens over 3 sequences, the 16-bit tile path run as one parallel job:
- * src/kernels/sdpa_fused.c, half_head_item): the workspace asked for at the first
- * step serves every later one, whose keys (and workers' copies of them) grow.
+ * src/kernels/sdpa_fused.c, half_head_item), and for one sequence's such steps
+ * (its items widen one key/value head each into a copy per worker, sized by the
+ * keys): the workspace asked for at the first step serves every later one, whose
+ * keys (and workers' copies of them) grow.
  */
 #include "attn.h"
 #include "check.h"
@@ -138,7 +140,10 @@ static void test_direct_plans_no_copy(attn_dtype dt)
     attn_ctx_release(&ctx);
 }
 
-static void test_batched_tile_steps(attn_dtype dt)
+/* one: the attends are sequence 0's alone (a single call of the tile path, whose
+ * items widen one key/value head each into a copy per worker, planned for the
+ * capacity); else the three sequences' batch. */
+static void test_tile_steps(attn_dtype dt, int one)
 {
     enum { B = 3, H = 4, HKV = 2, CAP = 700, D = 48, TQ = 12, STEPS = 5 };
     static const int64_t pre[B] = {12, 300, 580};
@@ -147,9 +152,9 @@ static void test_batched_tile_steps(attn_dtype dt)
     char what[260];
     snprintf(what, sizeof what,
              "%s cache, 3 sequences of 12, 300 and 580 keys, steps of 12 tokens (the tile "
-             "path, batched): the workspace asked for at the first step serves 5 steps "
+             "path, %s): the workspace asked for at the first step serves 5 steps "
              "without an allocation, scalar, avx2 and avx512, 1 and 2 threads",
-             attn_dtype_name(dt));
+             attn_dtype_name(dt), one ? "sequence 0 alone, from 12 keys" : "batched");
     TEST(what);
     for (int ai = 0; ai < 3; ai++)
         for (int threads = 1; threads <= 2; threads++) {
@@ -169,7 +174,7 @@ static void test_batched_tile_steps(attn_dtype dt)
                 CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &k, NULL), ATTN_OK);
             }
             tu_fill(qb, B * H * TQ * D, 30);
-            attn_tensor q = tu_tensor4(qb, B, H, TQ, D), qh, oh;
+            attn_tensor q = tu_tensor4(qb, one ? 1 : B, H, TQ, D), qh, oh;
             CHECK_INT(attn_tensor_alloc(&ctx, &qh, dt, 4, q.shape), ATTN_OK);
             CHECK_INT(attn_tensor_convert(&ctx, &q, &qh), ATTN_OK);
             CHECK_INT(attn_tensor_alloc(&ctx, &oh, dt, 4, q.shape), ATTN_OK);
@@ -214,7 +219,9 @@ int main(void)
     test_unsplit_step_fits(ATTN_DTYPE_F16);
     test_direct_plans_no_copy(ATTN_DTYPE_BF16);
     test_direct_plans_no_copy(ATTN_DTYPE_F16);
-    test_batched_tile_steps(ATTN_DTYPE_BF16);
-    test_batched_tile_steps(ATTN_DTYPE_F16);
+    test_tile_steps(ATTN_DTYPE_BF16, 0);
+    test_tile_steps(ATTN_DTYPE_F16, 0);
+    test_tile_steps(ATTN_DTYPE_BF16, 1);
+    test_tile_steps(ATTN_DTYPE_F16, 1);
     return check_summary("test_half_decode_scratch");
 }

@@ -33,6 +33,10 @@
  *     float32 output has the bits of a float32 cache of the widened values (the
  *     split items widen in registers on AVX-512 and AVX2, the scalar build into
  *     a copy), and is within 1e-5 of a float64 oracle;
+ *   - one sequence's call of 9 and 70 query rows (the tile path, each key/value
+ *     head widened by the items that use it): a float32 cache's bits on the
+ *     widened values, GQA and one key/value head, RoPE, options, q/out float32 or
+ *     16-bit, every fused path, 1, 2 and 3 threads;
  *   - a NaN key and an inf value in a batch: the reference's classes, and each
  *     sequence's own bits for the finite outputs;
  *   - a decoding loop on a 16-bit cache with attn_kv_cache_workspace_size bytes
@@ -1024,6 +1028,131 @@ static void test_widen_bits(void)
     attn_ctx_release(&ctx);
 }
 
+/* One sequence's call of more than 8 query rows (the tile path) on a 16-bit cache:
+ * since issue 16's second session each (b, key/value head) is widened by the item
+ * that runs its group's query tiles (half_head_item in src/kernels/sdpa_fused.c;
+ * split in parts across the workers where the heads are fewer than the threads),
+ * not all of K and V first. Widening is exact and no sum changes its order, so a
+ * float32 out must have the bits of a float32 cache holding the widened keys and
+ * values (what the old whole copy gave), and a 16-bit out those bits rounded once;
+ * on GQA 8/2, one key/value head for three query heads (parts), 9 and 70 rows,
+ * plain, RoPE, and a window with softcap, a mask and lse, every fused path, 1, 2
+ * and 3 threads. */
+static void test_single_tile(void)
+{
+    static const struct {
+        int64_t H, Hkv, D, Tk;
+    } SH[] = {{8, 2, 40, 200}, /* groups of four, two heads for 2 and 3 threads */
+              {3, 1, 18, 113}, /* one key/value head: its tiles dealt out in parts */
+              {1, 1, 64, 331}};
+    enum { TQ = 70, MAXN = 2 * 331 * 64 };
+    static float kb[MAXN], vb[MAXN], qb[8 * TQ * 64], o32[8 * TQ * 64], l32[8 * TQ],
+        l16[8 * TQ];
+    static uint8_t mb[331];
+    for (int64_t j = 0; j < (int64_t)sizeof mb; j++)
+        mb[j] = j % 7 != 3;
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    for (size_t si = 0; si < sizeof SH / sizeof SH[0]; si++)
+        for (int di = 0; di < 2; di++) {
+            const attn_dtype dt = DTS[di];
+            const int64_t H = SH[si].H, Hkv = SH[si].Hkv, D = SH[si].D, Tk = SH[si].Tk;
+            char what[360];
+            snprintf(what, sizeof what,
+                     "%s cache, one sequence, H %lld / Hkv %lld, D %lld, %lld keys, 9 and 70 "
+                     "query rows (the tile path, each key/value head widened by its own "
+                     "items): a float32 out has the bits of a float32 cache of the widened "
+                     "values and a 16-bit out those bits rounded, with lse's bits, three sets "
+                     "of options, every fused path, 1, 2 and 3 threads",
+                     attn_dtype_name(dt), (long long)H, (long long)Hkv, (long long)D,
+                     (long long)Tk);
+            TEST(what);
+            const int64_t n = Hkv * Tk * D;
+            tu_fill(kb, n, 1500 + si);
+            tu_fill(vb, n, 1600 + si);
+            tu_fill(qb, H * TQ * D, 1700 + si);
+            for (int64_t i = 0; i < n; i++) { /* the values a 16-bit cache holds */
+                kb[i] = widen(dt, round_to(dt, kb[i]));
+                vb[i] = widen(dt, round_to(dt, vb[i]));
+            }
+            for (int64_t i = 0; i < H * TQ * D; i++) /* and a 16-bit q */
+                qb[i] = widen(dt, round_to(dt, qb[i]));
+            attn_kv_cache *c16 = make_cache(&ctx, 1, Hkv, Tk, D, 0, dt);
+            attn_kv_cache *c32 = make_cache(&ctx, 1, Hkv, Tk, D, 0, ATTN_DTYPE_F32);
+            attn_tensor k = tu_tensor4(kb, 1, Hkv, Tk, D), v = tu_tensor4(vb, 1, Hkv, Tk, D);
+            CHECK_INT(attn_kv_cache_append(&ctx, c16, 0, &k, &v, NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_append(&ctx, c32, 0, &k, &v, NULL), ATTN_OK);
+            const int64_t mshape[4] = {1, 1, 1, Tk};
+            attn_tensor mt;
+            attn_tensor_init(NULL, &mt, ATTN_DTYPE_BOOL, mb, 4, mshape);
+            int64_t bad = 0, runs = 0;
+            for (int tq = 9; tq <= TQ; tq += TQ - 9)
+                for (int opt = 0; opt < 3; opt++)
+                    for (int f32io = 0; f32io < 2; f32io++) {
+                        const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
+                        attn_tensor q32 = tu_tensor4(qb, 1, H, tq, D),
+                                    b = tu_tensor4(o32, 1, H, tq, D), q, a, br;
+                        attn_tensor lb = tu_tensor3(l32, 1, H, tq), la = tu_tensor3(l16, 1, H, tq);
+                        CHECK_INT(copy_as(&ctx, &q32, iot, &q), ATTN_OK);
+                        CHECK_INT(attn_tensor_alloc(&ctx, &a, iot, 4, q.shape), ATTN_OK);
+                        CHECK_INT(attn_tensor_alloc(&ctx, &br, iot, 4, q.shape), ATTN_OK);
+                        attn_sdpa_params p;
+                        attn_sdpa_params_init(&p);
+                        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                        attn_rope_params rope;
+                        attn_rope_params_init(&rope);
+                        const attn_rope_params *rp = opt == 1 ? &rope : NULL;
+                        if (opt == 2) {
+                            p.has_window = 1;
+                            p.window_left = 40;
+                            p.window_right = -1;
+                            p.softcap = 20.0f;
+                            p.mask = &mt;
+                        }
+                        for (size_t pi = 1; pi < N_PATHS; pi++) {
+                            /* bfloat16 on these two runs their own bfloat16 kernel. */
+                            if (!attn_arch_supported(PATHS[pi].arch) ||
+                                (dt == ATTN_DTYPE_BF16 &&
+                                 (PATHS[pi].arch == ATTN_ARCH_AVX512_BF16 ||
+                                  PATHS[pi].arch == ATTN_ARCH_AMX)))
+                                continue;
+                            ctx.impl = PATHS[pi].impl;
+                            ctx.arch = PATHS[pi].arch;
+                            for (int threads = 1; threads <= 3; threads++) {
+                                ctx.threads = threads;
+                                p.lse = opt == 2 ? &lb : NULL;
+                                CHECK_INT(attn_kv_cache_attend(&ctx, c32, 0, &q32, &p, rp, &b, NULL),
+                                          ATTN_OK);
+                                p.lse = opt == 2 ? &la : NULL;
+                                CHECK_INT(attn_kv_cache_attend(&ctx, c16, 0, &q, &p, rp, &a, NULL),
+                                          ATTN_OK);
+                                /* The float32 result in out's dtype: itself, or rounded. */
+                                CHECK_INT(attn_tensor_convert(&ctx, &b, &br), ATTN_OK);
+                                const int64_t nb = diff_bytes(&a, &br) +
+                                                   (opt == 2 ? diff_bytes(&la, &lb) : 0);
+                                if (nb)
+                                    fprintf(stderr, "   %s, %d threads, %d rows, options %d, %s "
+                                            "q/out: %lld values differ\n",
+                                            PATHS[pi].name, threads, tq, opt,
+                                            f32io ? "float32" : "16-bit", (long long)nb);
+                                bad += nb;
+                                runs++;
+                            }
+                        }
+                        ctx.impl = ATTN_IMPL_AUTO;
+                        ctx.arch = ATTN_ARCH_AUTO;
+                        ctx.threads = 0;
+                        attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &a),
+                            attn_tensor_free(&ctx, &br);
+                    }
+            CHECK_INT(bad, 0);
+            CHECK(runs > 0);
+            attn_kv_cache_free(&ctx, c16);
+            attn_kv_cache_free(&ctx, c32);
+        }
+    attn_ctx_release(&ctx);
+}
+
 /* The class of x: 0 finite, 1 NaN, 2 +inf, 3 -inf. */
 static int value_class(float x)
 {
@@ -1262,6 +1391,7 @@ int main(void)
     test_batch_split();
     test_batch_tile();
     test_widen_bits();
+    test_single_tile();
     test_batch_nonfinite();
     test_loop();
     test_loop_batch();

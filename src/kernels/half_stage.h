@@ -3,8 +3,10 @@
  * kernels: its arrays are widened to float32 in the plan's scratch and the output
  * rounded back, in parallel blocks of rows (src/kernels/half_stage.c). Internal.
  *
- * The fused kernel's tile path widens q, k and v whole and runs every work item in
- * one parallel pass, as in float32; its row path (decoding) widens q, then each
+ * The fused kernel's tile path widens q whole, then runs one parallel pass of
+ * items that each widen one (batch, key/value head)'s K and V into a worker's
+ * own copy and run that group's query tiles on it (src/kernels/sdpa_fused.c,
+ * half_head_item); its row path (decoding) widens q, then each
  * chunk of keys of one (batch, key/value head) inside the work item that uses it
  * (on AVX-512, and on AVX2 for bfloat16, in registers as the split item loads
  * it, src/kernels/fused_split.h),

@@ -177,9 +177,11 @@ static int64_t half_kv_rows(const attn__fused_job *job, const attn__sdpa_shapes 
 }
 
 /* Key rows of the float32 copies of K and V a 16-bit call uses, as the plan and
- * the run both count them: every key (of every key/value head: half_floats'
- * `whole`) on the tile path; none where the split items widen in registers
- * (half_direct), which read the caller's rows and nothing else; else
+ * the run both count them: on the tile path, one (b, key/value head)'s Tk keys
+ * (rounded up to 16, so that each worker's copy starts 64-byte aligned) in each
+ * worker's copy (half_floats' `copies`: the run's half_head_item widens a head
+ * per item into its worker's copy); none where the split items widen in
+ * registers (half_direct), which read the caller's rows and nothing else; else
  * half_kv_rows. A plan whose split items read in place thus holds no copy, while
  * a shorter, unsplit call of the same shapes does, so a plan for more keys no
  * longer covers one for fewer: the KV cache therefore plans the longest unsplit
@@ -191,19 +193,19 @@ static int64_t half_copy_rows(const attn__fused_kernel *kern, const attn__fused_
                               int threads)
 {
     if (!job->row_path)
-        return st->Tk;
+        return round_up(st->Tk, 16);
     return half_direct(kern, job, s0) ? 0 : half_kv_rows(job, st, threads);
 }
 
 /* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
- * each rounded up to 16; k and v of `rows` keys (half_kv_rows) on the row path, of
- * every key/value head (whole: rows is Tk, times B * Hkv) on the tile path; 0 on
- * overflow. */
-static int half_floats(const attn__sdpa_shapes *s, int whole, int64_t rows, int64_t f[4])
+ * each rounded up to 16; k and v of `copies` times `rows` keys: on the row path
+ * one run of rows (half_kv_rows, which counts the workers itself), on the tile
+ * path one copy of a head's keys per worker; 0 on overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int64_t copies, int64_t rows, int64_t f[4])
 {
-    int64_t bh, heads = 1, tk;
+    int64_t bh, tk;
     if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh) ||
-        (whole && !attn__mul_i64(s->B, s->Hkv, &heads)) || !attn__mul_i64(heads, rows, &tk))
+        !attn__mul_i64(copies, rows, &tk))
         return 0;
     if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1]) ||
         !attn__mul_i64(tk, s->D, &f[2]) || !attn__mul_i64(tk, s->Dv, &f[3]))
@@ -269,8 +271,8 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     if (half) {
         int64_t f[4];
         size_t extra;
-        const int whole = !job.row_path;
-        if (!half_floats(s, whole, half_copy_rows(kern, &job, s, &plan->s, plan->threads), f) ||
+        const int64_t copies = job.row_path ? 1 : plan->threads;
+        if (!half_floats(s, copies, half_copy_rows(kern, &job, s, &plan->s, plan->threads), f) ||
             !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
             attn__align64(bytes) > SIZE_MAX - extra)
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
@@ -298,8 +300,11 @@ typedef struct half_group {
     float *kf, *vf;
     int64_t lo, hi;           /* the keys any query row of the call may see */
     int64_t wrows;            /* key rows of each worker's copy (split-key form and
-                                 the batch's head items): worker w's rows start at
+                                 the head items): worker w's rows start at
                                  kf + w * wrows * D and vf + w * wrows * Dv */
+    int64_t parts;            /* head items per (b, key/value head) (half_head_item):
+                                 1, or the threads where the pairs are few and
+                                 uneven on them (fused_run_half) */
 } half_group;
 
 /* Rows [j0, j1) of the head's K and V widened into kf and vf, key j at row
@@ -384,31 +389,41 @@ static void half_split_item(void *arg, int64_t item, int worker)
     g.kern->item(&job, item, worker);
 }
 
-/* One (b, key/value head) of an unsplit call in a batch (below): its keys widened
+/* One (b, key/value head) of an unsplit call, or one part of it: its keys widened
  * once into the worker's own copy, key j at row j, then the kernel's items of each
- * query head of its group on that copy: the row item of each head, or on the tile
- * path (more than ATTN__FUSED_ROW_MAX query rows: a chunked prefill, a speculative
- * step) each head's query tiles. Unbatched, the row path's head is widened by
- * every worker into one shared copy before its group's items start, and the tile
- * path widens all of K and V before any item; here the head's items and its
- * widening are one item, so the batch needs no pass of its own. The copy holds the
- * values the shared one holds, and each item reads only keys in [lo, hi) (the row
- * item its rows' ranges; the tile item whole key tiles, so there lo is 0 and hi
- * is Tk, every key that unbatched call widens), so the bits are the same. */
+ * query head of its group on that copy: the row item of each head (in a batch,
+ * below), or on the tile path (more than ATTN__FUSED_ROW_MAX query rows: a
+ * prefill, a chunked prefill, a speculative step; one call or a batch) each head's
+ * query tiles. Where the (b, key/value head) pairs do not fall evenly on the
+ * threads and are few (g->parts > 1: one sequence with one or a few key/value
+ * heads; fused_run_half), the group's tiles are dealt out to g->parts items, part
+ * p taking every parts-th tile from the p-th, so that causal tiles of every
+ * length fall to each part; each part
+ * widens the head into its own worker's copy, which is cheap beside the tiles it
+ * then computes (a head's Tk (D + Dv) conversions against at least 9 Tk (D + Dv)
+ * multiply-adds per query head). Before issue 16's second session a single call
+ * widened all of K and V (32 MiB of float32 for one S9 sequence) before any tile
+ * ran, which went out to memory and came back; a head's copy (512 KiB on S2, 2
+ * MiB on S4) is used while the worker's cache still holds much of it. The copy
+ * holds the values the whole copy held, and each item reads only keys in [lo,
+ * hi) (the row item its rows' ranges; the tile item whole key tiles, so there lo
+ * is 0 and hi is Tk, every key), and a tile's sums do not depend on who computes
+ * it, so the bits are the same, for any thread count. */
 static void half_head_item(void *arg, int64_t item, int worker)
 {
     const half_group *g0 = (const half_group *)arg;
     const attn__sdpa_shapes *s = g0->job->s;
-    const int64_t b = item / s->Hkv, kvh = item % s->Hkv;
+    const int64_t parts = g0->parts, part = item % parts, pair = item / parts;
+    const int64_t b = pair / s->Hkv, kvh = pair % s->Hkv;
     half_group g;
     attn__fused_job job;
     half_worker_group(g0, b, kvh, worker, &g, &job);
     if (g.hi > g.lo)
         half_widen_kv(&g, g.lo, g.hi, 0);
     const int64_t tiles = job.row_path ? 1 : job.n_qt; /* items per (b, h) */
-    for (int64_t u = 0; u < s->group; u++)
-        for (int64_t t = 0; t < tiles; t++)
-            g.kern->item(&job, (b * s->H + kvh * s->group + u) * tiles + t, worker);
+    const int64_t bh0 = b * s->H + kvh * s->group; /* the group's first query head */
+    for (int64_t t = part; t < s->group * tiles; t += parts)
+        g.kern->item(&job, bh0 * tiles + t, worker);
 }
 
 /* Points a 16-bit split job at the caller's K and V (half_direct): st, the job's
@@ -430,17 +445,21 @@ static void half_merge(void *arg, int64_t item, int worker)
     g->kern->merge(g->job, item, worker);
 }
 
-/* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path widens
- * k and v whole and runs every item at once. The row path's split-key form runs
- * every item at once: where half_direct says (AVX-512 and AVX2) each reads its
- * chunk of the caller's K and V and widens in registers, elsewhere (scalar)
- * each widens its chunk into its worker's copy first (half_split_item). Unsplit, the row path goes one (b,
+/* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path runs
+ * one parallel pass of head items (half_head_item): each widens one (b, key/value
+ * head)'s K and V into its worker's own copy and runs its group's query tiles on
+ * it (g.parts items per head where the heads are few and uneven on the
+ * threads). The row path's split-key form runs every item at once: where
+ * half_direct says (AVX-512 and AVX2) each reads its chunk of the caller's K and
+ * V and widens in registers, elsewhere (scalar) each widens its chunk into its
+ * worker's copy first (half_split_item). Unsplit, the row path goes one (b,
  * key/value head) at a time: its K and V rows are widened into one head's float32
  * copy (the staged shapes give k and v batch and head strides of 0, so every item
- * of the head reads the copy). out is rounded once at the end. The groups and
- * their items depend on the shapes only, so the bits do not depend on the thread
- * count, and the widened values are exact, so neither do they depend on where
- * they are widened. */
+ * of the head reads the copy). out is rounded once at the end. The tiles and the
+ * chunks depend on the shapes only, and each is computed whole by one item,
+ * however the items are dealt out, so the bits do not depend on the thread count;
+ * the widened values are exact, so neither do they depend on where they are
+ * widened. */
 static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const void *k,
                            const void *v, void *out, float *weights, void *scratch,
                            int64_t *empty)
@@ -462,14 +481,8 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     job.part = job.ws + plan->ws_floats * (int64_t)threads;
     for (int t = 0; t < threads; t++)
         job.empty_first[t] = INT64_MAX;
-    /* The tile path widens all of K and V up front, so that its items (whose work
-     * differs: a causal mask gives later query tiles more keys) balance over the
-     * threads in one parallel pass, as in float32; the row path widens a head, or a
-     * chunk, at a time (below), since decoding streams K and V once. */
-    const int whole = !job.row_path;
-    if (whole)
-        attn__half_staged_shapes(s0, 0, &st); /* job.s is &st: k, v now [B][Hkv][Tk][.] */
-    half_floats(&st, whole, half_copy_rows(kern, &job, &st, s0, threads), f);
+    const int tile = !job.row_path;
+    half_floats(&st, tile ? threads : 1, half_copy_rows(kern, &job, &st, s0, threads), f);
     const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
                                      sizeof(float));
     float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
@@ -489,25 +502,32 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     int64_t lo0, hi0, lo1, hi1;
     fk_row_range(&st, 0, &lo0, &hi0);
     fk_row_range(&st, st.Tq - 1, &lo1, &hi1);
-    if (whole) {
-        /* The tile path loads whole key tiles from a multiple of bc, and pads the
-         * last with the last key, masking what lies outside the rows' ranges: those
-         * keys are read, though they never count, so all of them are widened. */
-        const attn__half_rows rk = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)k, kf,
-                                    {s0->B, s0->Hkv, s0->Tk, s0->D},
-                                    {s0->k_s[0], s0->k_s[1], s0->k_s[2], s0->k_s[3]}};
-        const attn__half_rows rv = {hk, s0->dtype, 0, (uint16_t *)(uintptr_t)v, vf,
-                                    {s0->B, s0->Hkv, s0->Tk, s0->Dv},
-                                    {s0->v_s[0], s0->v_s[1], s0->v_s[2], s0->v_s[3]}};
-        attn__half_rows_run(&rk, threads);
-        attn__half_rows_run(&rv, threads);
-        attn__parallel_for(threads, n_items, kern->item, &job);
-    }
     const int64_t G = st.group;
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
-                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, job.chunk};
+                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, job.chunk, 1};
     const int split = job.row_path && job.n_chunks;
-    if (split && half_direct(kern, &job, s0)) {
+    if (tile) {
+        /* The tile path loads whole key tiles from a multiple of bc, and pads the
+         * last with the last key, masking what lies outside the rows' ranges: those
+         * keys are read, though they never count, so all of them are widened. A
+         * head's items do equal work (its tiles whatever the mask), so where the
+         * pairs do not fall evenly on the threads and are fewer than four a thread
+         * (one sequence's one to a few key/value heads), each head is dealt out to
+         * as many parts as threads, each widening it again: a conversion per key
+         * element beside the tiles' multiply-adds. The bits do not depend on the
+         * parts. */
+        const int64_t pairs = st.B * st.Hkv;
+        g.kb16 = (const uint16_t *)k;
+        g.vb16 = (const uint16_t *)v;
+        g.lo = 0;
+        g.hi = st.Tk;
+        g.wrows = round_up(st.Tk, 16);
+        g.parts = pairs % threads == 0 || pairs >= 4 * (int64_t)threads ? 1 : threads;
+        if (g.parts > G * job.n_qt)
+            g.parts = G * job.n_qt;
+        const int64_t items = pairs * g.parts;
+        attn__parallel_for(items < threads ? (int)items : threads, items, half_head_item, &g);
+    } else if (split && half_direct(kern, &job, s0)) {
         half_direct_setup(&job, &st, s0, k, v);
         attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, kern->item, &job);
     } else if (split) {
@@ -516,7 +536,7 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
         attn__parallel_for(n_items < threads ? (int)n_items : threads, n_items, half_split_item,
                            &g);
     }
-    for (int64_t b = 0; b < st.B && !whole && !split; b++)
+    for (int64_t b = 0; b < st.B && !tile && !split; b++)
         for (int64_t kvh = 0; kvh < st.Hkv; kvh++) {
             g.kb16 = (const uint16_t *)k + b * s0->k_s[0] + kvh * s0->k_s[1];
             g.vb16 = (const uint16_t *)v + b * s0->v_s[0] + kvh * s0->v_s[1];
@@ -673,7 +693,7 @@ void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *p
         acc->parts += round_up(parts, 16);
     if (half) {
         int64_t f[4], kv;
-        if (!half_floats(s, 0, 0, f) || f[0] + f[1] > INT64_MAX / 2 - acc->qo_floats ||
+        if (!half_floats(s, 1, 0, f) || f[0] + f[1] > INT64_MAX / 2 - acc->qo_floats ||
             !attn__mul_i64(half_batch_rows(kernel_of(plan->arch), &job, s, &plan->s),
                            s->D + s->Dv, &kv))
             acc->overflow = 1;
@@ -834,7 +854,7 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
         if (groups) {
             /* q in float32 (fused_run_half's), then K and V in the workers' copies. */
             int64_t f[4], lo0, hi0, lo1, hi1;
-            half_floats(s, 0, 0, f);
+            half_floats(s, 1, 0, f);
             float *const qf = qo, *const of = qo + f[0];
             qo += f[0] + f[1];
             const attn__half_rows rq = {hk, s0->q_f32 ? ATTN_DTYPE_F32 : s0->dtype, 0,
@@ -856,7 +876,7 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
             const half_group g = {kern, hk, job, 0, s0->dtype, (const uint16_t *)io[j].k,
                                   (const uint16_t *)io[j].v, s0->k_s, s0->v_s,
                                   (float *)job->k, (float *)job->v, lo0 < lo1 ? lo0 : lo1,
-                                  hi0 > hi1 ? hi0 : hi1, wrows};
+                                  hi0 > hi1 ? hi0 : hi1, wrows, 1};
             groups[j] = g;
             if (half_direct(kern, job, s0))
                 half_direct_setup(job, &shapes[j], s0, io[j].k, io[j].v);
