@@ -648,6 +648,70 @@ static int64_t diff_bytes(const attn_tensor *a, const attn_tensor *b)
     return bad;
 }
 
+/* One case of the batch tests: the cache's batched attend of B sequences' tq query
+ * rows (16-bit or float32 q and out) against each sequence attended on its own,
+ * with no option (opt 0), RoPE on attend (1), or a window of window_left keys, a
+ * softcap, the mask mt and lse (2). The paths from first_path on run it with
+ * threads[0] and threads[1], the avx512 path with every count of threads[]. Every
+ * value must have the bits of the sequence's own attend. */
+static void check_batch_vs_alone(attn_ctx *ctx, attn_kv_cache *c, attn_dtype dt, const float *qb,
+                                 float *lb, float *l1b, int64_t B, int64_t H, int64_t tq, int64_t D,
+                                 int f32io, int opt, int64_t window_left, const attn_tensor *mt,
+                                 size_t first_path, const int *threads, int nthreads)
+{
+    const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
+    attn_tensor q32 = tu_tensor4((float *)qb, B, H, tq, D), q, o, o1;
+    CHECK_INT(copy_as(ctx, &q32, iot, &q), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(ctx, &o, iot, 4, q.shape), ATTN_OK);
+    CHECK_INT(attn_tensor_alloc(ctx, &o1, iot, 4, q.shape), ATTN_OK);
+    attn_tensor lt = tu_tensor3(lb, B, H, tq), l1t = tu_tensor3(l1b, B, H, tq);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    attn_rope_params rope;
+    attn_rope_params_init(&rope);
+    const attn_rope_params *rp = opt == 1 ? &rope : NULL;
+    if (opt == 2) {
+        p.has_window = 1;
+        p.window_left = window_left;
+        p.window_right = -1;
+        p.softcap = 20.0f;
+        p.mask = mt;
+    }
+    int64_t bad = 0;
+    for (size_t pi = first_path; pi < N_PATHS; pi++) {
+        if (!attn_arch_supported(PATHS[pi].arch))
+            continue;
+        ctx->impl = PATHS[pi].impl;
+        ctx->arch = PATHS[pi].arch;
+        for (int ti = 0; ti < nthreads; ti++) {
+            if (ti >= 2 && PATHS[pi].arch != ATTN_ARCH_AVX512)
+                continue;
+            ctx->threads = threads[ti];
+            p.lse = opt == 2 ? &lt : NULL;
+            CHECK_INT(attn_kv_cache_attend(ctx, c, 0, &q, &p, rp, &o, NULL), ATTN_OK);
+            for (int64_t b = 0; b < B; b++) {
+                attn_tensor qv, ov, lv;
+                attn_tensor_narrow(ctx, &q, 0, b, 1, &qv);
+                attn_tensor_narrow(ctx, &o1, 0, b, 1, &ov);
+                attn_tensor_narrow(ctx, &l1t, 0, b, 1, &lv);
+                p.lse = opt == 2 ? &lv : NULL;
+                CHECK_INT(attn_kv_cache_attend(ctx, c, b, &qv, &p, rp, &ov, NULL), ATTN_OK);
+            }
+            const int64_t n = diff_bytes(&o, &o1) + (opt == 2 ? diff_bytes(&lt, &l1t) : 0);
+            if (n)
+                fprintf(stderr, "   %s, %d threads: %lld values differ\n", PATHS[pi].name,
+                        threads[ti], (long long)n);
+            bad += n;
+        }
+    }
+    CHECK_INT(bad, 0);
+    ctx->impl = ATTN_IMPL_AUTO;
+    ctx->arch = ATTN_ARCH_AUTO;
+    ctx->threads = 0;
+    attn_tensor_free(ctx, &q), attn_tensor_free(ctx, &o), attn_tensor_free(ctx, &o1);
+}
+
 /* A batch long enough to take every 16-bit row-path layout at once, D = 64 (a
  * half-chunk of 512 keys): 3 and 300 keys unsplit, 700 split by the float32 rule
  * (three chunks of 240), 2100 split in half-chunks (five). The batched attend runs
@@ -690,61 +754,9 @@ static void test_batch_split(void)
                              attn_dtype_name(dt), tq, f32io ? "float32" : "16-bit",
                              opt == 0 ? "no options" : opt == 1 ? "RoPE" : "window, softcap, mask, lse");
                     TEST(what);
-                    const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
-                    attn_tensor q32 = tu_tensor4(qb, B, H, tq, D), q, o, o1;
-                    CHECK_INT(copy_as(&ctx, &q32, iot, &q), ATTN_OK);
-                    CHECK_INT(attn_tensor_alloc(&ctx, &o, iot, 4, q.shape), ATTN_OK);
-                    CHECK_INT(attn_tensor_alloc(&ctx, &o1, iot, 4, q.shape), ATTN_OK);
-                    attn_tensor lt = tu_tensor3(lb, B, H, tq), l1t = tu_tensor3(l1b, B, H, tq);
-                    attn_sdpa_params p;
-                    attn_sdpa_params_init(&p);
-                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-                    attn_rope_params rope;
-                    attn_rope_params_init(&rope);
-                    const attn_rope_params *rp = opt == 1 ? &rope : NULL;
-                    if (opt == 2) {
-                        p.has_window = 1;
-                        p.window_left = 250;
-                        p.window_right = -1;
-                        p.softcap = 20.0f;
-                        p.mask = &mt;
-                    }
-                    int64_t bad = 0;
-                    for (size_t pi = 0; pi < N_PATHS; pi++) {
-                        if (!attn_arch_supported(PATHS[pi].arch))
-                            continue;
-                        ctx.impl = PATHS[pi].impl;
-                        ctx.arch = PATHS[pi].arch;
-                        static const int THREADS[4] = {1, 2, 3, 7};
-                        for (int ti = 0; ti < 4; ti++) {
-                            /* Every thread count on one path; 1 and 2 on the others. */
-                            if (ti >= 2 && PATHS[pi].arch != ATTN_ARCH_AVX512)
-                                continue;
-                            ctx.threads = THREADS[ti];
-                            p.lse = opt == 2 ? &lt : NULL;
-                            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, rp, &o, NULL), ATTN_OK);
-                            for (int64_t b = 0; b < B; b++) {
-                                attn_tensor qv, ov, lv;
-                                attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
-                                attn_tensor_narrow(&ctx, &o1, 0, b, 1, &ov);
-                                attn_tensor_narrow(&ctx, &l1t, 0, b, 1, &lv);
-                                p.lse = opt == 2 ? &lv : NULL;
-                                CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, rp, &ov, NULL),
-                                          ATTN_OK);
-                            }
-                            const int64_t n = diff_bytes(&o, &o1) +
-                                              (opt == 2 ? diff_bytes(&lt, &l1t) : 0);
-                            if (n)
-                                fprintf(stderr, "   %s, %d threads: %lld values differ\n",
-                                        PATHS[pi].name, THREADS[ti], (long long)n);
-                            bad += n;
-                        }
-                    }
-                    CHECK_INT(bad, 0);
-                    ctx.impl = ATTN_IMPL_AUTO;
-                    ctx.arch = ATTN_ARCH_AUTO;
-                    ctx.threads = 0;
-                    attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o), attn_tensor_free(&ctx, &o1);
+                    static const int THREADS[4] = {1, 2, 3, 7};
+                    check_batch_vs_alone(&ctx, c, dt, qb, lb, l1b, B, H, tq, D, f32io, opt, 250, &mt, 0,
+                                         THREADS, 4);
                 }
         attn_kv_cache_free(&ctx, c);
     }
@@ -833,61 +845,10 @@ static void test_batch_tile(void)
                              attn_dtype_name(dt), tq, f32io ? "float32" : "16-bit",
                              opt == 0 ? "no options" : opt == 1 ? "RoPE" : "window, softcap, mask, lse");
                     TEST(what);
-                    const attn_dtype iot = f32io ? ATTN_DTYPE_F32 : dt;
-                    attn_tensor q32 = tu_tensor4(qb, B, H, tq, D), q, o, o1;
-                    CHECK_INT(copy_as(&ctx, &q32, iot, &q), ATTN_OK);
-                    CHECK_INT(attn_tensor_alloc(&ctx, &o, iot, 4, q.shape), ATTN_OK);
-                    CHECK_INT(attn_tensor_alloc(&ctx, &o1, iot, 4, q.shape), ATTN_OK);
-                    attn_tensor lt = tu_tensor3(lb, B, H, tq), l1t = tu_tensor3(l1b, B, H, tq);
-                    attn_sdpa_params p;
-                    attn_sdpa_params_init(&p);
-                    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-                    attn_rope_params rope;
-                    attn_rope_params_init(&rope);
-                    const attn_rope_params *rp = opt == 1 ? &rope : NULL;
-                    if (opt == 2) {
-                        p.has_window = 1;
-                        p.window_left = 50;
-                        p.window_right = -1;
-                        p.softcap = 20.0f;
-                        p.mask = &mt;
-                    }
-                    int64_t bad = 0;
-                    /* The fused paths (the reference never batches); 3 threads on
-                     * one of them, 1 and 2 on every one. */
-                    for (size_t pi = 1; pi < N_PATHS; pi++) {
-                        if (!attn_arch_supported(PATHS[pi].arch))
-                            continue;
-                        ctx.impl = PATHS[pi].impl;
-                        ctx.arch = PATHS[pi].arch;
-                        for (int threads = 1; threads <= 3; threads++) {
-                            if (threads == 3 && PATHS[pi].arch != ATTN_ARCH_AVX512)
-                                continue;
-                            ctx.threads = threads;
-                            p.lse = opt == 2 ? &lt : NULL;
-                            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q, &p, rp, &o, NULL), ATTN_OK);
-                            for (int64_t b = 0; b < B; b++) {
-                                attn_tensor qv, ov, lv;
-                                attn_tensor_narrow(&ctx, &q, 0, b, 1, &qv);
-                                attn_tensor_narrow(&ctx, &o1, 0, b, 1, &ov);
-                                attn_tensor_narrow(&ctx, &l1t, 0, b, 1, &lv);
-                                p.lse = opt == 2 ? &lv : NULL;
-                                CHECK_INT(attn_kv_cache_attend(&ctx, c, b, &qv, &p, rp, &ov, NULL),
-                                          ATTN_OK);
-                            }
-                            const int64_t n = diff_bytes(&o, &o1) +
-                                              (opt == 2 ? diff_bytes(&lt, &l1t) : 0);
-                            if (n)
-                                fprintf(stderr, "   %s, %d threads: %lld values differ\n",
-                                        PATHS[pi].name, threads, (long long)n);
-                            bad += n;
-                        }
-                    }
-                    CHECK_INT(bad, 0);
-                    ctx.impl = ATTN_IMPL_AUTO;
-                    ctx.arch = ATTN_ARCH_AUTO;
-                    ctx.threads = 0;
-                    attn_tensor_free(&ctx, &q), attn_tensor_free(&ctx, &o), attn_tensor_free(&ctx, &o1);
+                    /* The fused paths (the reference never batches). */
+                    static const int THREADS[3] = {1, 2, 3};
+                    check_batch_vs_alone(&ctx, c, dt, qb, lb, l1b, B, H, tq, D, f32io, opt, 50, &mt, 1,
+                                         THREADS, 3);
                 }
         attn_kv_cache_free(&ctx, c);
     }

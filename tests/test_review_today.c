@@ -39,15 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The inputs' generator: test_util.h's xorshift64*, one stream for the file. */
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 
-static float uni(void) /* uniform in [-1, 1), xorshift64* */
-{
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return (float)((double)((rng * 2685821657736338717ull) >> 11) / 9007199254740992.0 * 2 - 1);
-}
+static float uni(void) { return tu_uniform(&rng); }
 
 static const attn_arch ARCHS[3] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
 
