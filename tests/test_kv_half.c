@@ -545,6 +545,19 @@ static void test_golden(void)
 
 /* ---- a batch of unequal lengths, RoPE on attend, the decoding loop -------------- */
 
+/* Appends B sequences of len[b] keys and values (Hkv heads of D) to the cache c,
+ * drawn from seeds seed + b (keys) and seed + 100 + b (values) through kb and vb. */
+static void append_batch(attn_ctx *ctx, attn_kv_cache *c, int64_t B, int64_t Hkv, const int64_t *len,
+                         int64_t D, float *kb, float *vb, uint64_t seed)
+{
+    for (int64_t b = 0; b < B; b++) {
+        tu_fill(kb, Hkv * len[b] * D, seed + (uint64_t)b);
+        tu_fill(vb, Hkv * len[b] * D, seed + 100 + (uint64_t)b);
+        attn_tensor k = tu_tensor4(kb, 1, Hkv, len[b], D), v = tu_tensor4(vb, 1, Hkv, len[b], D);
+        CHECK_INT(attn_kv_cache_append(ctx, c, b, &k, &v, NULL), ATTN_OK);
+    }
+}
+
 static void test_batch(void)
 {
     enum { B = 3, H = 4, HKV = 2, CAP = 120, D = 64 };
@@ -562,12 +575,7 @@ static void test_batch(void)
                  attn_dtype_name(dt));
         TEST(what);
         attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
-        for (int64_t b = 0; b < B; b++) {
-            tu_fill(kb, HKV * len[b] * D, 100 + (uint64_t)b);
-            tu_fill(vb, HKV * len[b] * D, 200 + (uint64_t)b);
-            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
-            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
-        }
+        append_batch(&ctx, c, B, HKV, len, D, kb, vb, 100);
         tu_fill(qb, B * H * D, 7);
         attn_tensor q32 = tu_tensor4(qb, B, H, 1, D), qh, oh, ob1, w = tu_tensor4(wb, B, H, 1, CAP),
                     w2 = tu_tensor4(w2b, B, H, 1, CAP);
@@ -734,12 +742,7 @@ static void test_batch_split(void)
     for (int di = 0; di < 2; di++) {
         const attn_dtype dt = DTS[di];
         attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
-        for (int64_t b = 0; b < B; b++) {
-            tu_fill(kb, HKV * len[b] * D, 300 + (uint64_t)b);
-            tu_fill(vb, HKV * len[b] * D, 400 + (uint64_t)b);
-            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
-            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
-        }
+        append_batch(&ctx, c, B, HKV, len, D, kb, vb, 300);
         tu_fill(qb, B * H * TQ * D, 9);
         for (int tq = 1; tq <= TQ; tq += TQ - 1)
             for (int f32io = 0; f32io < 2; f32io++)
@@ -788,12 +791,7 @@ static void test_batch_tile(void)
     for (int di = 0; di < 2; di++) {
         const attn_dtype dt = DTS[di];
         attn_kv_cache *c = make_cache(&ctx, B, HKV, CAP, D, 0, dt);
-        for (int64_t b = 0; b < B; b++) {
-            tu_fill(kb, HKV * len[b] * D, 800 + (uint64_t)b);
-            tu_fill(vb, HKV * len[b] * D, 900 + (uint64_t)b);
-            attn_tensor k = tu_tensor4(kb, 1, HKV, len[b], D), v = tu_tensor4(vb, 1, HKV, len[b], D);
-            CHECK_INT(attn_kv_cache_append(&ctx, c, b, &k, &v, NULL), ATTN_OK);
-        }
+        append_batch(&ctx, c, B, HKV, len, D, kb, vb, 800);
         tu_fill(qb, B * H * TQ * D, 10);
 
         char what[320];
