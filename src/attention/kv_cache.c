@@ -695,7 +695,7 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
         s.q_f32 = 1;
     size_t most = 0;
     /* The batch's scratch, for the current lengths and for a full cache. */
-    attn__fused_batch_size now = {0, 0, 0, 0, 0, 0, 0, 0, 0}, full = now;
+    attn__fused_batch_size now = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, full = now;
     /* The batch path runs the float32 kernel's items, or the 16-bit path's (row
      * or tile, src/kernels/sdpa_fused.c); a call with weights, or on the bfloat16
      * kernel's path, goes one sequence at a time, each parallel in itself

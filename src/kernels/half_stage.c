@@ -10,12 +10,15 @@
  * a thread's wake-up, small enough that the rows spread over the workers. */
 #define HALF_ROWS_PER_ITEM 64
 
-void attn__half_staged_shapes(const attn__sdpa_shapes *s, int per_head, attn__sdpa_shapes *st)
+void attn__half_staged_shapes(const attn__sdpa_shapes *s, int per_head, int qo_per_head,
+                              attn__sdpa_shapes *st)
 {
     *st = *s;
     st->dtype = ATTN_DTYPE_F32;
-    const int64_t qs[4] = {s->H * s->Tq * s->D, s->Tq * s->D, s->D, 1};
-    const int64_t os[4] = {s->H * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv, 1};
+    const int64_t qs[4] = {qo_per_head ? 0 : s->H * s->Tq * s->D, qo_per_head ? 0 : s->Tq * s->D,
+                           s->D, 1};
+    const int64_t os[4] = {qo_per_head ? 0 : s->H * s->Tq * s->Dv, qo_per_head ? 0 : s->Tq * s->Dv,
+                           s->Dv, 1};
     const int64_t ks[4] = {per_head ? 0 : s->Hkv * s->Tk * s->D, per_head ? 0 : s->Tk * s->D,
                            s->D, 1};
     const int64_t vs[4] = {per_head ? 0 : s->Hkv * s->Tk * s->Dv, per_head ? 0 : s->Tk * s->Dv,
@@ -26,13 +29,9 @@ void attn__half_staged_shapes(const attn__sdpa_shapes *s, int per_head, attn__sd
     memcpy(st->v_s, vs, sizeof vs);
 }
 
-static void half_rows_item(void *arg, int64_t item, int worker)
+void attn__half_rows_block(const attn__half_rows *r, int64_t r0, int64_t r1)
 {
-    (void)worker;
-    const attn__half_rows *r = (const attn__half_rows *)arg;
-    const int64_t rows = r->n[0] * r->n[1] * r->n[2], n3 = r->n[3];
-    const int64_t r0 = item * HALF_ROWS_PER_ITEM;
-    const int64_t r1 = r0 + HALF_ROWS_PER_ITEM < rows ? r0 + HALF_ROWS_PER_ITEM : rows;
+    const int64_t n3 = r->n[3];
     for (int64_t row = r0; row < r1; row++) {
         const int64_t i2 = row % r->n[2], i1 = row / r->n[2] % r->n[1], i0 = row / (r->n[2] * r->n[1]);
         const int64_t at = i0 * r->hs[0] + i1 * r->hs[1] + i2 * r->hs[2];
@@ -63,6 +62,15 @@ static void half_rows_item(void *arg, int64_t item, int worker)
                                                 : attn__f16_to_f32(h[e * r->hs[3]]);
         }
     }
+}
+
+static void half_rows_item(void *arg, int64_t item, int worker)
+{
+    (void)worker;
+    const attn__half_rows *r = (const attn__half_rows *)arg;
+    const int64_t rows = r->n[0] * r->n[1] * r->n[2];
+    const int64_t r0 = item * HALF_ROWS_PER_ITEM;
+    attn__half_rows_block(r, r0, r0 + HALF_ROWS_PER_ITEM < rows ? r0 + HALF_ROWS_PER_ITEM : rows);
 }
 
 void attn__half_rows_run(const attn__half_rows *r, int threads)
@@ -105,7 +113,7 @@ int attn__half_ref_run(attn_ctx *ctx, const attn__sdpa_shapes *s, const void *q,
     /* The reference is the proof: portable converters, one thread. */
     const attn__half_kernels *hk = &attn__half_scalar;
     attn__sdpa_shapes st;
-    attn__half_staged_shapes(s, 0, &st);
+    attn__half_staged_shapes(s, 0, 0, &st);
     int64_t f[4];
     ref_floats(s, f);
     float *qf = (float *)stage, *kf = qf + f[0], *vf = kf + f[1], *of = vf + f[2];

@@ -197,18 +197,43 @@ static int64_t half_copy_rows(const attn__fused_kernel *kern, const attn__fused_
     return half_direct(kern, job, s0) ? 0 : half_kv_rows(job, st, threads);
 }
 
+/* Floats of one query head's rows of q and out in float32, [Tq][D] and [Tq][Dv],
+ * each rounded up to 16 (so that the next starts 64-byte aligned): what a worker
+ * of the 16-bit head items holds (half_head_item); 0 on overflow. */
+static int64_t half_head_qo_floats(const attn__sdpa_shapes *s, int64_t *q_floats)
+{
+    int64_t q, o;
+    if (!attn__mul_i64(s->Tq, s->D, &q) || !attn__mul_i64(s->Tq, s->Dv, &o) ||
+        q > INT64_MAX / 4 || o > INT64_MAX / 4)
+        return 0;
+    if (q_floats)
+        *q_floats = round_up(q, 16);
+    return round_up(q, 16) + round_up(o, 16);
+}
+
 /* Floats of the 16-bit staging (src/kernels/half_stage.h), in order: q, out, k, v,
- * each rounded up to 16; k and v of `copies` times `rows` keys: on the row path
- * one run of rows (half_kv_rows, which counts the workers itself), on the tile
- * path one copy of a head's keys per worker; 0 on overflow. */
-static int half_floats(const attn__sdpa_shapes *s, int64_t copies, int64_t rows, int64_t f[4])
+ * each rounded up to 16. q and out whole, [B][H][Tq][.] (qo_copies 0: the row
+ * path), or, in f[0] and none in f[1], qo_copies blocks of one head's q rows then
+ * out rows (half_head_qo_floats; the tile path, one block per worker); k and v of
+ * `copies` times `rows` keys: on the row path one run of rows (half_kv_rows,
+ * which counts the workers itself), on the tile path one copy of a head's keys
+ * per worker; 0 on overflow. */
+static int half_floats(const attn__sdpa_shapes *s, int64_t qo_copies, int64_t copies, int64_t rows,
+                       int64_t f[4])
 {
     int64_t bh, tk;
     if (!attn__mul_i64(s->B, s->H, &bh) || !attn__mul_i64(bh, s->Tq, &bh) ||
         !attn__mul_i64(copies, rows, &tk))
         return 0;
-    if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1]) ||
-        !attn__mul_i64(tk, s->D, &f[2]) || !attn__mul_i64(tk, s->Dv, &f[3]))
+    if (qo_copies) {
+        const int64_t qo = half_head_qo_floats(s, NULL);
+        if (!qo || !attn__mul_i64(qo_copies, qo, &f[0]))
+            return 0;
+        f[1] = 0;
+    } else if (!attn__mul_i64(bh, s->D, &f[0]) || !attn__mul_i64(bh, s->Dv, &f[1])) {
+        return 0;
+    }
+    if (!attn__mul_i64(tk, s->D, &f[2]) || !attn__mul_i64(tk, s->Dv, &f[3]))
         return 0;
     int64_t total = 0;
     for (int i = 0; i < 4; i++) {
@@ -227,7 +252,7 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     attn__sdpa_shapes staged;
     const int half = plan->s.dtype != ATTN_DTYPE_F32;
     if (half)
-        attn__half_staged_shapes(&plan->s, 1, &staged);
+        attn__half_staged_shapes(&plan->s, 1, 0, &staged);
     const attn__sdpa_shapes *s = half ? &staged : &plan->s;
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     attn__fused_job job;
@@ -271,13 +296,15 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     if (half) {
         int64_t f[4];
         size_t extra;
+        /* The tile path's q and out: one head's rows per worker (half_head_item). */
         const int64_t copies = job.row_path ? 1 : plan->threads;
-        if (!half_floats(s, copies, half_copy_rows(kern, &job, s, &plan->s, plan->threads), f) ||
+        if (!half_floats(s, job.row_path ? 0 : plan->threads, copies,
+                         half_copy_rows(kern, &job, s, &plan->s, plan->threads), f) ||
             !attn__bytes(f[0] + f[1] + f[2] + f[3], sizeof(float), &extra) ||
             attn__align64(bytes) > SIZE_MAX - extra)
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
-                              "float32 copies of %s q and out for fused attention do not fit "
-                              "in memory",
+                              "float32 copies of %s q, k, v and out for fused attention do not "
+                              "fit in memory",
                               attn_dtype_name(plan->s.dtype));
         bytes = attn__align64(bytes) + extra;
     }
@@ -305,6 +332,16 @@ typedef struct half_group {
     int64_t parts;            /* head items per (b, key/value head) (half_head_item):
                                  1, or the threads where the pairs are few and
                                  uneven on them (fused_run_half) */
+    /* The head items' q and out (half_head_item; the job's staged shapes give q
+     * and out batch and head strides of 0): the caller's arrays as s0 describes
+     * them (dtype, q_f32, out_f32, strides), and each worker's float32 rows of one
+     * query head (half_head_qo_floats): worker w's q [Tq][D] at qo + w *
+     * qo_floats, its out [Tq][Dv] q_floats after. */
+    const attn__sdpa_shapes *s0;
+    const void *qh;
+    void *oh;
+    float *qo;
+    int64_t qo_floats, q_floats;
 } half_group;
 
 /* Rows [j0, j1) of the head's K and V widened into kf and vf, key j at row
@@ -389,6 +426,41 @@ static void half_split_item(void *arg, int64_t item, int worker)
     g.kern->item(&job, item, worker);
 }
 
+/* Rows [i0, i1) of query head (b, h) of the call: the caller's q widened into the
+ * same rows of buf [Tq][D] (narrow 0), or those of buf [Tq][Dv] rounded into the
+ * caller's out (narrow 1), on the worker's own thread. A float32 q or out (the
+ * KV cache's q_f32, out_f32) is copied. */
+static void half_head_rows(const half_group *g, int narrow, int64_t b, int64_t h, int64_t i0,
+                           int64_t i1, float *buf)
+{
+    const attn__sdpa_shapes *s0 = g->s0;
+    const int64_t *hs = narrow ? s0->o_s : s0->q_s;
+    const attn_dtype dt = (narrow ? s0->out_f32 : s0->q_f32) ? ATTN_DTYPE_F32 : s0->dtype;
+    const int64_t esize = dt == ATTN_DTYPE_F32 ? (int64_t)sizeof(float) : (int64_t)sizeof(uint16_t);
+    unsigned char *arr = narrow ? (unsigned char *)g->oh : (unsigned char *)(uintptr_t)g->qh;
+    void *base = arr + (b * hs[0] + h * hs[1]) * esize;
+    const attn__half_rows r = {g->hk, dt, narrow, base, buf,
+                               {1, 1, s0->Tq, narrow ? s0->Dv : s0->D},
+                               {0, 0, hs[2], hs[3]}};
+    attn__half_rows_block(&r, i0, i1);
+}
+
+/* The query rows [*i0, *i1) that the kernel's item `item` of `job` reads from q
+ * and writes to out: on the row path every row of its (b, h); on the tile path
+ * its query tile, numbered as fk_tile_begin (src/kernels/fused_tile.h) numbers
+ * them, the last tile of each head first. */
+static void half_item_rows(const attn__fused_job *job, int64_t item, int64_t *i0, int64_t *i1)
+{
+    const int64_t Tq = job->s->Tq;
+    if (job->row_path) {
+        *i0 = 0;
+        *i1 = Tq;
+        return;
+    }
+    *i0 = (job->n_qt - 1 - item % job->n_qt) * job->br;
+    *i1 = fk_min(*i0 + job->br, Tq);
+}
+
 /* One (b, key/value head) of an unsplit call, or one part of it: its keys widened
  * once into the worker's own copy, key j at row j, then the kernel's items of each
  * query head of its group on that copy: the row item of each head (in a batch,
@@ -398,17 +470,29 @@ static void half_split_item(void *arg, int64_t item, int worker)
  * threads and are few (g->parts > 1: one sequence with one or a few key/value
  * heads; fused_run_half), the group's tiles are dealt out to g->parts items, part
  * p taking every parts-th tile from the p-th, so that causal tiles of every
- * length fall to each part; each part
- * widens the head into its own worker's copy, which is cheap beside the tiles it
- * then computes (a head's Tk (D + Dv) conversions against at least 9 Tk (D + Dv)
- * multiply-adds per query head). Before issue 16's second session a single call
- * widened all of K and V (32 MiB of float32 for one S9 sequence) before any tile
- * ran, which went out to memory and came back; a head's copy (512 KiB on S2, 2
- * MiB on S4) is used while the worker's cache still holds much of it. The copy
- * holds the values the whole copy held, and each item reads only keys in [lo,
- * hi) (the row item its rows' ranges; the tile item whole key tiles, so there lo
- * is 0 and hi is Tk, every key), and a tile's sums do not depend on who computes
- * it, so the bits are the same, for any thread count. */
+ * length fall to each part; each part widens the head into its own worker's
+ * copy, which is cheap beside the tiles it then computes (a head's Tk (D + Dv)
+ * conversions against at least 9 Tk (D + Dv) multiply-adds per query head).
+ * Before issue 16's second session a single call widened all of K and V (32 MiB
+ * of float32 for one S9 sequence) before any tile ran, which went out to memory
+ * and came back; a head's copy (512 KiB on S2, 2 MiB on S4) is used while the
+ * worker's cache still holds much of it.
+ *
+ * q and out go the same way (since issue 16's third session): each item of the
+ * kernel reads its query rows from, and writes its output rows to, the worker's
+ * own one-head [Tq][D] and [Tq][Dv] (the staged shapes' q and out batch and head
+ * strides are 0, while the item's index still carries the true (b, h) for the
+ * masks, the ALiBi slopes, the sinks, the log-sum-exp and the weights): its rows
+ * (half_item_rows) are widened just before it and rounded into the caller's out
+ * just after, while they are in the worker's cache. Before, q was widened whole
+ * and out written whole in float32, then rounded in a pass of its own: 32 MiB
+ * written, gone to memory and read back, on S4.
+ *
+ * The copies hold the values the whole copies held (widening is exact), each item
+ * reads only keys in [lo, hi) (the row item its rows' ranges; the tile item whole
+ * key tiles, so there lo is 0 and hi is Tk, every key) and only its own query
+ * rows, and writes only its own output rows, and a tile's sums do not depend on
+ * who computes it, so the bits are the same, for any thread count. */
 static void half_head_item(void *arg, int64_t item, int worker)
 {
     const half_group *g0 = (const half_group *)arg;
@@ -420,10 +504,19 @@ static void half_head_item(void *arg, int64_t item, int worker)
     half_worker_group(g0, b, kvh, worker, &g, &job);
     if (g.hi > g.lo)
         half_widen_kv(&g, g.lo, g.hi, 0);
+    float *qw = g0->qo + (int64_t)worker * g0->qo_floats, *ow = qw + g0->q_floats;
+    job.q = qw;
+    job.out = ow;
     const int64_t tiles = job.row_path ? 1 : job.n_qt; /* items per (b, h) */
     const int64_t bh0 = b * s->H + kvh * s->group; /* the group's first query head */
-    for (int64_t t = part; t < s->group * tiles; t += parts)
-        g.kern->item(&job, bh0 * tiles + t, worker);
+    for (int64_t t = part; t < s->group * tiles; t += parts) {
+        const int64_t it = bh0 * tiles + t, h = kvh * s->group + t / tiles;
+        int64_t i0, i1;
+        half_item_rows(&job, it, &i0, &i1);
+        half_head_rows(&g, 0, b, h, i0, i1, qw);
+        g.kern->item(&job, it, worker);
+        half_head_rows(&g, 1, b, h, i0, i1, ow);
+    }
 }
 
 /* Points a 16-bit split job at the caller's K and V (half_direct): st, the job's
@@ -445,17 +538,19 @@ static void half_merge(void *arg, int64_t item, int worker)
     g->kern->merge(g->job, item, worker);
 }
 
-/* The 16-bit run (src/kernels/half_stage.h): q widened once. The tile path runs
- * one parallel pass of head items (half_head_item): each widens one (b, key/value
- * head)'s K and V into its worker's own copy and runs its group's query tiles on
- * it (g.parts items per head where the heads are few and uneven on the
- * threads). The row path's split-key form runs every item at once: where
+/* The 16-bit run (src/kernels/half_stage.h). The tile path runs one parallel pass
+ * of head items (half_head_item): each widens one (b, key/value head)'s K and V
+ * into its worker's own copy and runs its group's query tiles on it, each tile's
+ * query rows widened into, and its output rows rounded from, the worker's own
+ * rows of one head (g.parts items per head where the heads are few and uneven on
+ * the threads). The row path widens q whole, once (a few rows a head). Its
+ * split-key form runs every item at once: where
  * half_direct says (AVX-512 and AVX2) each reads its chunk of the caller's K and
  * V and widens in registers, elsewhere (scalar) each widens its chunk into its
  * worker's copy first (half_split_item). Unsplit, the row path goes one (b,
  * key/value head) at a time: its K and V rows are widened into one head's float32
  * copy (the staged shapes give k and v batch and head strides of 0, so every item
- * of the head reads the copy). out is rounded once at the end. The tiles and the
+ * of the head reads the copy). Its out is rounded once at the end. The tiles and the
  * chunks depend on the shapes only, and each is computed whole by one item,
  * however the items are dealt out, so the bits do not depend on the thread count;
  * the widened values are exact, so neither do they depend on where they are
@@ -466,12 +561,15 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
 {
     const attn__sdpa_shapes *s0 = &plan->s;
     attn__sdpa_shapes st;
-    attn__half_staged_shapes(s0, 1, &st);
+    attn__half_staged_shapes(s0, 1, 0, &st);
     const attn__fused_kernel *kern = kernel_of(plan->arch);
     const attn__half_kernels *hk = attn__half_for(plan->arch);
     attn__fused_job job;
     int64_t n_items, f[4];
     half_layout(kern, &st, plan->br, plan->bc, &job, &n_items);
+    const int tile = !job.row_path;
+    if (tile) /* one head's q and out rows per worker (half_head_item) */
+        attn__half_staged_shapes(s0, 1, 1, &st);
     const int threads = plan->threads;
     int64_t parts = 0;
     part_floats(&st, &job, &parts);
@@ -481,8 +579,8 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     job.part = job.ws + plan->ws_floats * (int64_t)threads;
     for (int t = 0; t < threads; t++)
         job.empty_first[t] = INT64_MAX;
-    const int tile = !job.row_path;
-    half_floats(&st, tile ? threads : 1, half_copy_rows(kern, &job, &st, s0, threads), f);
+    half_floats(&st, tile ? threads : 0, tile ? threads : 1,
+                half_copy_rows(kern, &job, &st, s0, threads), f);
     const size_t own = attn__align64((size_t)(16 * (int64_t)threads + plan->ws_floats * (int64_t)threads + parts) *
                                      sizeof(float));
     float *qf = (float *)((unsigned char *)scratch + own), *of = qf + f[0], *kf = of + f[1],
@@ -496,7 +594,8 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const attn__half_rows rq = {hk, s0->q_f32 ? ATTN_DTYPE_F32 : s0->dtype, 0, (void *)(uintptr_t)q, qf,
                                 {s0->B, s0->H, s0->Tq, s0->D},
                                 {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
-    attn__half_rows_run(&rq, threads);
+    if (!tile)
+        attn__half_rows_run(&rq, threads);
     /* The keys any row may see: rows' ranges only grow with i, so row 0's start
      * and the last row's end bound them. Keys outside are never widened nor read. */
     int64_t lo0, hi0, lo1, hi1;
@@ -504,7 +603,10 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     fk_row_range(&st, st.Tq - 1, &lo1, &hi1);
     const int64_t G = st.group;
     half_group g = {kern, hk, &job, 0, s0->dtype, NULL, NULL, s0->k_s, s0->v_s, kf, vf,
-                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, job.chunk, 1};
+                    lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, job.chunk, 1,
+                    s0, q, out, qf, 0, 0};
+    if (tile)
+        g.qo_floats = half_head_qo_floats(&st, &g.q_floats);
     const int split = job.row_path && job.n_chunks;
     if (tile) {
         /* The tile path loads whole key tiles from a multiple of bc, and pads the
@@ -557,7 +659,8 @@ static void fused_run_half(const attn__sdpa_plan *plan, const void *q, const voi
     const attn__half_rows ro = {hk, s0->out_f32 ? ATTN_DTYPE_F32 : s0->dtype, 1, out, of,
                                 {s0->B, s0->H, s0->Tq, s0->Dv},
                                 {s0->o_s[0], s0->o_s[1], s0->o_s[2], s0->o_s[3]}};
-    attn__half_rows_run(&ro, threads);
+    if (!tile)
+        attn__half_rows_run(&ro, threads);
     *empty = INT64_MAX;
     for (int t = 0; t < threads; t++)
         if (job.empty_first[t] < *empty)
@@ -669,10 +772,14 @@ static int batch_layout(const attn__sdpa_plan *plan, attn__sdpa_shapes *st,
         job_layout(kern, &plan->s, plan->br, plan->bc, job, n_items);
         return 1;
     }
-    attn__half_staged_shapes(&plan->s, 1, st);
+    attn__half_staged_shapes(&plan->s, 1, 0, st);
     half_layout(kern, st, plan->br, plan->bc, job, n_items);
-    if (!job->n_chunks)
+    if (!job->n_chunks) {
         *n_items = st->B * st->Hkv; /* half_head_item's */
+        /* Its q and out: one head's rows per worker (the layout does not read
+         * q's or out's strides). */
+        attn__half_staged_shapes(&plan->s, 1, 1, st);
+    }
     return !plan->s.weights && !attn__bf16_eligible(&plan->s, plan->arch);
 }
 
@@ -692,13 +799,20 @@ void attn__fused_batch_add(attn__fused_batch_size *acc, const attn__sdpa_plan *p
     else
         acc->parts += round_up(parts, 16);
     if (half) {
+        /* A split call's q and out whole; the head items' (every call not split),
+         * one head's rows per worker. */
         int64_t f[4], kv;
-        if (!half_floats(s, 1, 0, f) || f[0] + f[1] > INT64_MAX / 2 - acc->qo_floats ||
+        const int64_t head_qo = job.n_chunks ? 0 : half_head_qo_floats(s, NULL);
+        if (!half_floats(s, 0, 1, 0, f) || f[0] + f[1] > INT64_MAX / 2 - acc->qo_floats ||
+            (!job.n_chunks && !head_qo) ||
             !attn__mul_i64(half_batch_rows(kernel_of(plan->arch), &job, s, &plan->s),
                            s->D + s->Dv, &kv))
             acc->overflow = 1;
         else {
-            acc->qo_floats += f[0] + f[1];
+            if (job.n_chunks)
+                acc->qo_floats += f[0] + f[1];
+            if (head_qo > acc->head_qo_floats)
+                acc->head_qo_floats = head_qo;
             if (kv > acc->kv_floats)
                 acc->kv_floats = kv;
         }
@@ -719,7 +833,8 @@ enum {
     BATCH_PARTS,  /* split-key partials */
     BATCH_GROUPS, /* 16-bit: n half_group */
     BATCH_SHAPES, /* 16-bit: n staged attn__sdpa_shapes */
-    BATCH_QO,     /* 16-bit: q and out in float32 */
+    BATCH_QO,     /* 16-bit: the split calls' q and out in float32 */
+    BATCH_HEAD_QO, /* 16-bit: each worker's rows of one head's q and out in float32 */
     BATCH_KV,     /* 16-bit: each worker's K and V rows in float32 */
     BATCH_REGIONS
 };
@@ -734,9 +849,11 @@ static size_t batch_regions(const attn__fused_batch_size *acc, size_t r[BATCH_RE
     r[BATCH_EMPTY] = n * t * sizeof(int64_t);
     r[BATCH_GROUPS] = hn * sizeof(half_group);
     r[BATCH_SHAPES] = hn * sizeof(attn__sdpa_shapes);
-    int64_t ws, kv;
+    int64_t ws, kv, hqo;
     if (acc->overflow || !attn__mul_i64(acc->ws_floats, acc->threads, &ws) ||
         !attn__mul_i64(acc->kv_floats, acc->threads, &kv) ||
+        !attn__mul_i64(acc->head_qo_floats, acc->threads, &hqo) ||
+        !attn__bytes(hqo, sizeof(float), &r[BATCH_HEAD_QO]) ||
         !attn__bytes(ws, sizeof(float), &r[BATCH_WS]) ||
         !attn__bytes(acc->parts, sizeof(float), &r[BATCH_PARTS]) ||
         !attn__bytes(acc->qo_floats, sizeof(float), &r[BATCH_QO]) ||
@@ -806,7 +923,7 @@ static void batch_merge(void *arg, int64_t item, int worker)
 int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int64_t n,
                                const attn__fused_io *io, void *scratch)
 {
-    attn__fused_batch_size acc = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    attn__fused_batch_size acc = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t j = 0; j < n; j++)
         attn__fused_batch_add(&acc, &plans[j]);
     size_t r[BATCH_REGIONS], off[BATCH_REGIONS];
@@ -828,6 +945,7 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
     half_group *groups = acc.half ? (half_group *)(base + off[BATCH_GROUPS]) : NULL;
     attn__sdpa_shapes *shapes = (attn__sdpa_shapes *)(base + off[BATCH_SHAPES]);
     float *qo = (float *)(base + off[BATCH_QO]), *kvf = (float *)(base + off[BATCH_KV]);
+    float *head_qo = (float *)(base + off[BATCH_HEAD_QO]);
     const int threads = acc.threads;
     const attn__fused_kernel *kern = kernel_of(plans[0].arch);
     const attn__half_kernels *hk = attn__half_for(plans[0].arch);
@@ -852,19 +970,23 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
         for (int t = 0; t < threads; t++)
             job->empty_first[t] = INT64_MAX;
         if (groups) {
-            /* q in float32 (fused_run_half's), then K and V in the workers' copies. */
+            /* A split call's q whole in float32 (fused_run_half's), the others' a
+             * head's rows at a time in the workers' own (half_head_item), then K
+             * and V in the workers' copies. */
             int64_t f[4], lo0, hi0, lo1, hi1;
-            half_floats(s, 1, 0, f);
-            float *const qf = qo, *const of = qo + f[0];
-            qo += f[0] + f[1];
-            const attn__half_rows rq = {hk, s0->q_f32 ? ATTN_DTYPE_F32 : s0->dtype, 0,
-                                        (void *)(uintptr_t)io[j].q, qf,
-                                        {s0->B, s0->H, s0->Tq, s0->D},
-                                        {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
-            attn__half_rows_run(&rq, 1);
+            half_floats(s, 0, 1, 0, f);
+            job->q = job->out = NULL; /* the head items point them at their rows */
+            if (job->n_chunks) {
+                job->q = qo;
+                job->out = qo + f[0];
+                qo += f[0] + f[1];
+                const attn__half_rows rq = {hk, s0->q_f32 ? ATTN_DTYPE_F32 : s0->dtype, 0,
+                                            (void *)(uintptr_t)io[j].q, (float *)job->q,
+                                            {s0->B, s0->H, s0->Tq, s0->D},
+                                            {s0->q_s[0], s0->q_s[1], s0->q_s[2], s0->q_s[3]}};
+                attn__half_rows_run(&rq, 1);
+            }
             const int64_t wrows = acc.kv_floats / (s->D + s->Dv);
-            job->q = qf;
-            job->out = of;
             job->k = kvf;
             job->v = kvf + (int64_t)threads * wrows * s->D;
             fk_row_range(s, 0, &lo0, &hi0);
@@ -876,8 +998,11 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
             const half_group g = {kern, hk, job, 0, s0->dtype, (const uint16_t *)io[j].k,
                                   (const uint16_t *)io[j].v, s0->k_s, s0->v_s,
                                   (float *)job->k, (float *)job->v, lo0 < lo1 ? lo0 : lo1,
-                                  hi0 > hi1 ? hi0 : hi1, wrows, 1};
+                                  hi0 > hi1 ? hi0 : hi1, wrows, 1, s0, io[j].q, io[j].out,
+                                  head_qo, acc.head_qo_floats, 0};
             groups[j] = g;
+            if (!job->n_chunks)
+                half_head_qo_floats(s, &groups[j].q_floats);
             if (half_direct(kern, job, s0))
                 half_direct_setup(job, &shapes[j], s0, io[j].k, io[j].v);
         }
@@ -893,7 +1018,7 @@ int attn__sdpa_fused_run_batch(attn_ctx *ctx, const attn__sdpa_plan *plans, int6
     }
     for (int64_t j = 0; j < n; j++) {
         const attn__sdpa_shapes *s = &plans[j].s;
-        if (groups) {
+        if (groups && jobs[j].n_chunks) {
             const attn__half_rows ro = {hk, s->out_f32 ? ATTN_DTYPE_F32 : s->dtype, 1,
                                         io[j].out, jobs[j].out,
                                         {s->B, s->H, s->Tq, s->Dv},

@@ -114,8 +114,10 @@ typedef struct attn__fused_batch_size {
     int threads;       /* the most any plan uses */
     int64_t ws_floats; /* the most any plan needs per worker */
     int64_t parts;     /* split-key partials of all, each rounded up to 16 floats */
-    int64_t qo_floats; /* 16-bit: float32 copies of every plan's q and out, each
-                          rounded up to 16 floats */
+    int64_t qo_floats; /* 16-bit: float32 copies of q and out of every plan whose
+                          keys are split, each rounded up to 16 floats */
+    int64_t head_qo_floats; /* 16-bit: one worker's float32 rows of one query head's
+                               q and out, the most any plan not split needs */
     int64_t kv_floats; /* 16-bit: one worker's float32 copy of K and V rows */
     int half;          /* 1: the plans are 16-bit */
     int one_by_one;    /* 1: some plan cannot join a batch */
