@@ -419,15 +419,16 @@ static void test_files(void)
     attn_ctx_release(&ctx);
 }
 
-/* 1 when /proc/cpuinfo's first "flags" line lists `flag` as a whole word; -1 when
- * there is no such file (not Linux, or no x86 flags line). */
 /* attn_sdpa in 16 bits with more than 8 query rows on one call (the tile path on
  * the widening kernel): since issue 16's second session each (batch, key/value
  * head) is widened by the items that run its group's query tiles, into a copy per
- * worker, instead of all of K and V into one float32 copy first. What it protects:
- * the plan holds at most the float32 plan's scratch plus q and out in float32 and
- * one head's copy per thread (the whole copy, 8 MiB at 1024 positions, fails);
- * and the result has the bits of the float32 call on the widened tensors, rounded
+ * worker, instead of all of K and V into one float32 copy first; since its third
+ * session the items widen their query rows and round their output rows through
+ * one head's float32 rows per worker too. What it protects: the plan holds at most
+ * the float32 plan's scratch plus, per thread, one head's q and out rows and one
+ * key/value head's K and V (q and out whole in float32, 8 MiB at 1024 positions,
+ * fail, and so does a copy of all of K and V), and the same bytes for 4 heads as
+ * for 16 (nothing in it grows with the heads); and the result has the bits of the float32 call on the widened tensors, rounded
  * once (what the whole copy gave), with K and V read through strides (a [B, Tk,
  * Hkv, D] buffer), two sequences of one key/value head for three query heads (so
  * 3 threads split a head's tiles), 9 and 70 rows, causal, a window with softcap,
@@ -443,7 +444,8 @@ static void test_tile_heads(void)
             char what[240];
             snprintf(what, sizeof what,
                      "%s attn_sdpa on S4's heads at 1024 positions, 2 threads, plans one "
-                     "key/value head's float32 copy per thread, not all of K and V",
+                     "head's float32 q, out, K and V per thread, not all of them, and the "
+                     "same bytes for 4 heads",
                      attn_dtype_name(dt));
             TEST(what);
             const int64_t shape[4] = {1, H, T, D};
@@ -460,14 +462,22 @@ static void test_tile_heads(void)
             ctx.arch = ATTN_ARCH_AVX512; /* any arch but the bfloat16 kernel's */
             if (!attn_arch_supported(ctx.arch))
                 ctx.arch = ATTN_ARCH_SCALAR;
-            size_t w32 = 0, w16 = 0;
+            size_t w32 = 0, w16 = 0, w16h4 = 0;
             CHECK_INT(attn_sdpa_workspace_size(&ctx, &t32, &t32, &t32, &p, &o32t, NULL, &w32), ATTN_OK);
             CHECK_INT(attn_sdpa_workspace_size(&ctx, &t16, &t16, &t16, &p, &o16t, NULL, &w16), ATTN_OK);
-            /* q and out in float32, two heads' K and V, and alignment. */
-            const size_t most = w32 + (size_t)4 * (2 * H * T * D + 2 * T * 2 * D) + 256;
+            /* Per thread one head's q and out rows and one key/value head's K and
+             * V, in float32, and alignment. */
+            const size_t most = w32 + (size_t)4 * (2 * T * 2 * D + 2 * T * 2 * D) + 256;
             if (w16 > most)
                 fprintf(stderr, "   %zu bytes planned; at most %zu expected\n", w16, most);
             CHECK(w16 <= most);
+            attn_tensor t4, o4;
+            CHECK_INT(attn_tensor_narrow(&ctx, &t16, 1, 0, 4, &t4), ATTN_OK);
+            CHECK_INT(attn_tensor_narrow(&ctx, &o16t, 1, 0, 4, &o4), ATTN_OK);
+            CHECK_INT(attn_sdpa_workspace_size(&ctx, &t4, &t4, &t4, &p, &o4, NULL, &w16h4), ATTN_OK);
+            if (w16h4 != w16)
+                fprintf(stderr, "   %zu bytes planned for 4 heads, %zu for 16\n", w16h4, w16);
+            CHECK(w16h4 == w16);
             attn_tensor_free(&ctx, &t32), attn_tensor_free(&ctx, &o32t);
             attn_tensor_free(&ctx, &t16), attn_tensor_free(&ctx, &o16t);
         }
@@ -558,6 +568,8 @@ static void test_tile_heads(void)
     attn_ctx_release(&ctx);
 }
 
+/* 1 when /proc/cpuinfo's first "flags" line lists `flag` as a whole word; -1 when
+ * there is no such file (not Linux, or no x86 flags line). */
 static int cpuinfo_has(const char *flag)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
