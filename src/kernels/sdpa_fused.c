@@ -730,13 +730,15 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void 
  * of the calls made one by one, for any thread count.
  *
  * A 16-bit batch runs the 16-bit row path's items, or the tile path's for calls
- * of more than ATTN__FUSED_ROW_MAX query rows: each call's q widened (by the
- * calling thread: a decoding step's few rows, a speculative step's dozens), then
- * in the one job every call's split-key items (the kernel's own, widening in
- * registers, where half_direct says; elsewhere half_split_item, which widens its
- * chunk into its worker's copy) and the (b, key/value head) items of the calls
- * not split (half_head_item: the row path's short calls, and every tile-path
- * call), then every merge, then each out rounded. The workers' copies hold
+ * of more than ATTN__FUSED_ROW_MAX query rows: each split call's q widened whole
+ * (by the calling thread: a decoding step's few rows), then in the one job every
+ * call's split-key items (the kernel's own, widening in registers, where
+ * half_direct says; elsewhere half_split_item, which widens its chunk into its
+ * worker's copy) and the (b, key/value head) items of the calls not split
+ * (half_head_item: the row path's short calls, and every tile-path call; each
+ * widens its items' query rows into, and rounds their output rows from, its
+ * worker's rows of one head, BATCH_HEAD_QO, sized for the largest such call),
+ * then every merge, then each split call's out rounded. The workers' copies hold
  * max(2 half-chunks, ATTN__SPLIT_MIN_TK) key rows where a row-path call uses
  * them: an unsplit row-path call without weights has fewer keys than that
  * (half_layout splits from two half-chunks, job_layout from ATTN__SPLIT_MIN_TK

@@ -106,7 +106,8 @@ const attn__fused_kernel *attn__fused_kernel_for(attn_arch arch);
  * aligned. A 16-bit batch runs the row path's items (split-key chunks read in
  * place or widened by the item that uses them, or one key/value head widened once
  * for its group) and the tile path's (one key/value head widened once for its
- * group's query tiles); a plan that asks for weights, or one on the bfloat16
+ * group's query tiles, each tile's query and output rows through its worker's
+ * float32 rows of one head); a plan that asks for weights, or one on the bfloat16
  * kernel's path, sets one_by_one and must run as its own call. It allocates nothing; the bits are those of the calls
  * run one by one, for any thread count. */
 typedef struct attn__fused_batch_size {
