@@ -13,10 +13,11 @@
  *     float64 oracle is at most 2 x PyTorch's own same-dtype error + a floor, on
  *     the reference and the fused kernel of every instruction set this machine
  *     runs, with 1 and 2 threads, which give the same bits;
- *   - a call of more than 8 query rows (the tile path) plans one key/value head's
- *     float32 copy per thread, not all of K and V, and gives the bits of the
+ *   - a call of more than 8 query rows (the tile path) plans one head's float32
+ *     q, out, K and V per thread, not all of them, and gives the bits of the
  *     float32 call on the widened tensors, rounded once (strided K and V, one
- *     key/value head for three query heads, 1, 2 and 3 threads).
+ *     key/value head for three query heads, 1, 2 and 3 threads); with out = q
+ *     itself it gives the bits of a separate out.
  *
  * The floor is one unit of the dtype's precision at the output's largest
  * magnitude (2^-8 x max|out| for bfloat16, 2^-11 for float16): rounding the
@@ -568,6 +569,85 @@ static void test_tile_heads(void)
     attn_ctx_release(&ctx);
 }
 
+/* attn_sdpa in 16 bits with out = q itself (the header allows it when D == Dv) on
+ * the tile path: since issue 16's third session each query tile's rows of q are
+ * widened just before the tile and its output rows rounded into out just after,
+ * so the in-place call is right only because no other item reads those rows of q
+ * afterwards (each tile reads its own rows only). What it protects: the in-place
+ * call gives the bits of the same call with a separate out, for one sequence of
+ * one key/value head for three query heads (so 2 and 3 threads deal a head's
+ * tiles out to several items at once) and two sequences of two key/value heads,
+ * 70 and 113 rows, causal and not, every fused path, 1, 2 and 3 threads. */
+static void test_tile_in_place(void)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    static const int64_t CASES[4][4] = {{1, 3, 1, 70}, {1, 3, 1, 113}, {2, 4, 2, 70}, {2, 4, 2, 113}};
+    static const attn_arch archs[] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
+    enum { D = 24 };
+    static float qb[2 * 4 * 113 * D], kb[2 * 2 * 113 * D];
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = di ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        char what[240];
+        snprintf(what, sizeof what,
+                 "%s attn_sdpa with out = q on the tile path (70 and 113 rows, 1 of 3 and 2 of 4 "
+                 "key/value heads, causal and not): the bits of a separate out, every fused "
+                 "path, 1, 2 and 3 threads",
+                 attn_dtype_name(dt));
+        TEST(what);
+        int64_t bad = 0, runs = 0;
+        for (int ci = 0; ci < 4; ci++) {
+            const int64_t B = CASES[ci][0], H = CASES[ci][1], HKV = CASES[ci][2], T = CASES[ci][3];
+            tu_fill(qb, B * H * T * D, 51 + (uint64_t)ci);
+            tu_fill(kb, B * HKV * T * D, 61 + (uint64_t)ci);
+            attn_tensor q32 = tu_tensor4(qb, B, H, T, D), k32 = tu_tensor4(kb, B, HKV, T, D);
+            attn_tensor q16, k16, o16, io16;
+            CHECK_INT(to_half(&ctx, &q32, dt, &q16), ATTN_OK);
+            CHECK_INT(to_half(&ctx, &k32, dt, &k16), ATTN_OK);
+            CHECK_INT(to_half(&ctx, &q32, dt, &o16), ATTN_OK);
+            CHECK_INT(to_half(&ctx, &q32, dt, &io16), ATTN_OK);
+            for (int causal = 0; causal < 2; causal++) {
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+                for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+                    if (!attn_arch_supported(archs[a]))
+                        continue;
+                    ctx.impl = ATTN_IMPL_FUSED;
+                    ctx.arch = archs[a];
+                    for (int threads = 1; threads <= 3; threads++) {
+                        ctx.threads = threads;
+                        /* k doubles as v; io16 starts as q and ends as out. */
+                        CHECK_INT(attn_tensor_copy(&ctx, &q16, &io16), ATTN_OK);
+                        CHECK_INT(attn_sdpa(&ctx, &q16, &k16, &k16, &p, &o16, NULL), ATTN_OK);
+                        CHECK_INT(attn_sdpa(&ctx, &io16, &k16, &k16, &p, &io16, NULL), ATTN_OK);
+                        const uint16_t *x = (const uint16_t *)io16.data,
+                                       *y = (const uint16_t *)o16.data;
+                        int64_t nb = 0;
+                        for (int64_t i = 0; i < B * H * T * D; i++)
+                            if (x[i] != y[i] && nb++ < 3)
+                                fprintf(stderr, "   %s, %d threads, B %lld H %lld Hkv %lld T %lld, "
+                                        "element %lld: in place 0x%04x, separate out 0x%04x\n",
+                                        attn_arch_name(archs[a]), threads, (long long)B,
+                                        (long long)H, (long long)HKV, (long long)T, (long long)i,
+                                        x[i], y[i]);
+                        bad += nb;
+                        runs++;
+                    }
+                }
+            }
+            attn_tensor_free(&ctx, &q16), attn_tensor_free(&ctx, &k16);
+            attn_tensor_free(&ctx, &o16), attn_tensor_free(&ctx, &io16);
+        }
+        CHECK_INT(bad, 0);
+        CHECK(runs > 0);
+    }
+    ctx.impl = ATTN_IMPL_AUTO;
+    ctx.arch = ATTN_ARCH_AUTO;
+    ctx.threads = 0;
+    attn_ctx_release(&ctx);
+}
+
 /* 1 when /proc/cpuinfo's first "flags" line lists `flag` as a whole word; -1 when
  * there is no such file (not Linux, or no x86 flags line). */
 static int cpuinfo_has(const char *flag)
@@ -641,5 +721,6 @@ int main(void)
     test_files();
     test_golden();
     test_tile_heads();
+    test_tile_in_place();
     return check_summary("test_half");
 }
