@@ -62,6 +62,13 @@ extern "C" {
 #define ATTN_VERSION_PATCH 0
 #define ATTN_VERSION_STRING "0.1.0"
 
+/* The version of the library a program runs with, "MAJOR.MINOR.PATCH": the
+ * ATTN_VERSION_STRING that libattn was built with, which may differ from the one
+ * the program was compiled with when a shared library is swapped under it. The
+ * string is static; do not free it. (CMake's configure step refuses a header
+ * whose macros differ from the project's version.) */
+ATTN_API const char *attn_version(void);
+
 /* ------------------------------------------------------------------------------
  * Status codes and errors
  * ---------------------------------------------------------------------------- */

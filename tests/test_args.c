@@ -2093,7 +2093,7 @@ static void test_weights(void)
 
 static void test_dispatch_threads(void)
 {
-    TEST("the dispatch and thread queries take NULL contexts, unknown arch values and "
+    TEST("the dispatch, thread and version queries take NULL contexts, unknown arch values and "
          "names, and thread counts below 1 or absurdly high");
     covers("attn_arch_name");
     covers("attn_arch_parse");
@@ -2111,6 +2111,9 @@ static void test_dispatch_threads(void)
                                    ATTN_CPU_AMX_BF16)) == 0);
     CHECK_STR_CONTAINS(attn_cpu_features_string(), "avx512-bf16");
     CHECK_STR_CONTAINS(attn_cpu_features_string(), "amx-bf16");
+    /* attn_version takes nothing either: the library's version is the header's. */
+    covers("attn_version");
+    CHECK_STR_EQ(attn_version(), ATTN_VERSION_STRING);
     const int odd[] = {-1, 7, 42, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
         CHECK_STR_EQ(attn_arch_name((attn_arch)odd[i]), "unknown");
