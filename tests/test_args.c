@@ -551,7 +551,9 @@ static void test_masks(void)
     covers("attn_mask_and");
     covers("attn_mask_check");
     int64_t ids_buf[6] = {1, 2, 0, 3, 0, 0};
-    uint8_t pad_buf[6], causal_buf[9], both_buf[18], m2[9];
+    /* Aligned for any dtype, so that the wrong-dtype variants (the bytes described as
+     * float32 or int32) meet the dtype check and not attn_tensor_check's alignment. */
+    _Alignas(8) uint8_t pad_buf[6], causal_buf[9], both_buf[18], m2[9];
     attn_tensor ids = make(ATTN_DTYPE_I64, ids_buf, 2, 2, 3, 1, 1);
     attn_tensor pad = make(ATTN_DTYPE_BOOL, pad_buf, 4, 2, 1, 1, 3);
     attn_tensor causal = make(ATTN_DTYPE_BOOL, causal_buf, 4, 1, 1, 3, 3);
