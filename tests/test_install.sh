@@ -63,6 +63,10 @@ fi
 # Without pkg-config: the flags attn.h's opening comment gives.
 $cc -std=c11 "$src" -I"$prefix/include" -L"$libdir" -lattn -Wl,-rpath,"$libdir" -o "$tmp/plain_shared" \
     && "$tmp/plain_shared" && ok "cc -I -L -lattn, shared library" || bad "cc -I -L -lattn"
+# Without an rpath the program finds the library through LD_LIBRARY_PATH (README).
+$cc -std=c11 "$src" -I"$prefix/include" -L"$libdir" -lattn -o "$tmp/no_rpath" \
+    && LD_LIBRARY_PATH="$libdir" "$tmp/no_rpath" && ok "without an rpath, through LD_LIBRARY_PATH" \
+    || bad "cc -I -L -lattn without an rpath, run with LD_LIBRARY_PATH"
 $cc -std=c11 "$src" -I"$prefix/include" "$libdir/libattn.a" -lm -lpthread -o "$tmp/plain_static" \
     && "$tmp/plain_static" && ok "cc libattn.a -lm -lpthread, static library" || bad "cc libattn.a -lm -lpthread"
 
