@@ -113,6 +113,20 @@ fi
 # Restore the prefix's manifest (the DESTDIR install wrote its own).
 cp "$tmp/manifest" "$ATTN_BUILD_DIR/install_manifest.txt"
 
+# A packager's absolute libdir (-DCMAKE_INSTALL_LIBDIR=/abs/path) cannot be found
+# from attn.pc's own place: attn.pc must then name the configured paths as they are.
+# Configuring alone writes attn.pc, so no second build is needed.
+if command -v pkg-config >/dev/null; then
+    cmake -S "$ATTN_SOURCE_DIR" -B "$tmp/abs" -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_TOOLS=OFF \
+        -DCMAKE_INSTALL_PREFIX="$tmp/absprefix" -DCMAKE_INSTALL_LIBDIR="$tmp/abslib" >"$tmp/abs.log" 2>&1 \
+        || { bad "configure with an absolute CMAKE_INSTALL_LIBDIR"; cat "$tmp/abs.log"; }
+    got_libdir=$(PKG_CONFIG_PATH="$tmp/abs" pkg-config --variable=libdir attn)
+    got_cflags=$(PKG_CONFIG_PATH="$tmp/abs" pkg-config --cflags attn)
+    [ "$got_libdir" = "$tmp/abslib" ] && [ "$(echo $got_cflags)" = "-I$tmp/absprefix/include" ] \
+        && ok "an absolute CMAKE_INSTALL_LIBDIR: attn.pc names it as it is" \
+        || bad "with CMAKE_INSTALL_LIBDIR=$tmp/abslib attn.pc says libdir '$got_libdir', cflags '$got_cflags'"
+fi
+
 # Uninstall: CMake has no uninstall target; install_manifest.txt lists what the
 # install put in place, and removing those leaves no file or link in the prefix.
 unlisted=$(cd "$prefix" && find . \( -type f -o -type l \) | sed "s|^\.|$prefix|" | sort | comm -23 - <(sort "$tmp/manifest"))
