@@ -31,11 +31,12 @@ static float q[B * H * T * D], k[B * HKV * T * D], v[B * HKV * T * D];
 static float x[2 * TX * E], wqkv[3 * E * E], bqkv[3 * E], wo[E * E], bo[E];
 static float qdec[SEQS * H * 1 * D];
 static attn_mha_packed *packed;   /* shared by every thread, read only */
+static attn_linear_packed *lin;   /* W_o packed alone, shared the same way */
 static attn_kv_cache *cache;      /* shared by every thread, attended only */
 
 /* What the main thread computed alone, with one worker. */
 static float want_sdpa[B * H * T * D], want_weights[B * H * T * T];
-static float want_mha[2 * TX * E], want_dec[SEQS * H * 1 * D];
+static float want_mha[2 * TX * E], want_dec[SEQS * H * 1 * D], want_lin[2 * TX * E];
 
 typedef struct worker {
     int id;
@@ -86,6 +87,12 @@ static int mha_call(attn_ctx *ctx, float *out)
     return attn_mha_forward_packed(ctx, packed, NH, &tx, &p, &to, NULL);
 }
 
+static int linear_call(attn_ctx *ctx, float *y)
+{
+    attn_tensor tx = tu_tensor3(x, 2, TX, E), ty = tu_tensor3(y, 2, TX, E);
+    return attn_linear_forward_packed(ctx, &tx, lin, &ty);
+}
+
 static int decode_call(attn_ctx *ctx, float *out)
 {
     attn_tensor tq = tu_tensor4(qdec, SEQS, H, 1, D), to = tu_tensor4(out, SEQS, H, 1, D);
@@ -98,7 +105,8 @@ static void *worker_main(void *arg)
     /* Heap buffers: a thread's stack may be small in an embedding program. */
     float *out = malloc(sizeof want_sdpa), *weights = malloc(sizeof want_weights);
     float *mha = malloc(sizeof want_mha), *dec = malloc(sizeof want_dec);
-    if (!out || !weights || !mha || !dec) {
+    float *y = malloc(sizeof want_lin);
+    if (!out || !weights || !mha || !dec || !y) {
         w->calls_failed++;
         snprintf(w->first_error, sizeof w->first_error, "malloc failed");
         goto done;
@@ -123,6 +131,10 @@ static void *worker_main(void *arg)
         if (mha_call(&ctx, mha) != ATTN_OK)
             failed(w, &ctx, "attn_mha_forward_packed");
         compare(w, "mha out", mha, want_mha, 2 * TX * E);
+        memset(y, 0xff, sizeof want_lin);
+        if (linear_call(&ctx, y) != ATTN_OK)
+            failed(w, &ctx, "attn_linear_forward_packed");
+        compare(w, "linear y", y, want_lin, 2 * TX * E);
         memset(dec, 0xff, sizeof want_dec);
         if (decode_call(&ctx, dec) != ATTN_OK)
             failed(w, &ctx, "attn_kv_cache_attend");
@@ -147,6 +159,7 @@ done:
     free(weights);
     free(mha);
     free(dec);
+    free(y);
     return NULL;
 }
 
@@ -167,6 +180,8 @@ static int setup(void)
     ctx.threads = 1;
     attn_mha_weights w = tu_mha_weights(wqkv, bqkv, wo, bo, E);
     int rc = attn_mha_pack(&ctx, &w, &packed);
+    if (!rc)
+        rc = attn_linear_pack(&ctx, &w.w_o, &w.b_o, &lin);
     attn_kv_cache_config cfg = {SEQS, HKV, CAP, D, 0, ATTN_DTYPE_F32};
     if (!rc)
         rc = attn_kv_cache_create(&ctx, &cfg, NULL, 0, &cache);
@@ -186,6 +201,8 @@ static int setup(void)
         rc = mha_call(&ctx, want_mha);
     if (!rc)
         rc = decode_call(&ctx, want_dec);
+    if (!rc)
+        rc = linear_call(&ctx, want_lin);
     if (rc)
         fprintf(stderr, "setup failed: %s (%s)\n", ctx.message, attn_status_name(rc));
     attn_ctx_release(&ctx);
@@ -194,8 +211,9 @@ static int setup(void)
 
 int main(void)
 {
-    TEST("four threads of a program calling attn_sdpa, attn_mha_forward_packed (weights "
-         "packed once, shared) and attn_kv_cache_attend (one cache, shared) at once, each "
+    TEST("four threads of a program calling attn_sdpa, attn_mha_forward_packed and "
+         "attn_linear_forward_packed (weights packed once, shared) and attn_kv_cache_attend "
+         "(one cache, shared) at once, each "
          "with its own context asking for two workers, get the bits one thread gets alone");
     CHECK_INT(setup(), ATTN_OK);
     CHECK_INT(attn_kv_cache_length(cache, 0), LEN0);
@@ -231,5 +249,6 @@ int main(void)
     }
     attn_kv_cache_free(NULL, cache);
     attn_mha_packed_free(NULL, packed);
+    attn_linear_packed_free(NULL, lin);
     return check_summary("test_embed_threads");
 }
