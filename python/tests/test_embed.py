@@ -173,3 +173,17 @@ def test_threads_share_mha_weights_and_get_one_threads_answer():
 
     errors = run_threads(4, work)
     assert not errors, errors
+
+
+def test_byte_swapped_arrays_are_type_errors_never_read_as_floats():
+    """A big-endian float32 q or out ('>f4', as read from a file of another machine) is a
+    TypeError naming it, not a float32 whose bytes are read the wrong way round; so
+    are big-endian token ids."""
+    q, k, v = qkv(1, 2, 5, 4)
+    with pytest.raises(TypeError, match=r"q must be float32.*not >f4"):
+        attn.sdpa(q.astype(">f4"), k, v)
+    with pytest.raises(TypeError, match=r"out must be float32.*not >f4"):
+        attn.sdpa(q, k, v, out=np.empty(q.shape, ">f4"))
+    with pytest.raises(TypeError, match="not >i8"):
+        attn.padding_mask(np.array([[1, 2, 0]], ">i8"), 0)
+    assert np.array_equal(attn.sdpa(q.astype(">f4").astype("<f4"), k, v), attn.sdpa(q, k, v))
