@@ -115,7 +115,9 @@ ATTN_API const char *attn_strerror(int status);
 #define ATTN_MESSAGE_SIZE 512
 
 typedef struct attn_allocator {
-    /* Returns NULL on failure. `size` is never 0. */
+    /* Returns NULL on failure, else memory aligned for any type, as malloc's is
+     * (attn_tensor_alloc's tensors and the loaders' arrays start where it points,
+     * and a data pointer must be aligned to its elements). `size` is never 0. */
     void *(*alloc)(void *user, size_t size);
     /* Frees what alloc returned; never called with NULL. */
     void (*free)(void *user, void *ptr);
