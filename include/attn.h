@@ -36,7 +36,8 @@
  *     element by element, for views of ordinary arrays (slices, transposes, column
  *     blocks), and costs nothing when the buffers are separate. An input may repeat
  *     memory (stride 0 broadcasts it); an output may not overlap itself (stride 0
- *     on an axis longer than 1, or rows that share elements): refused the same way.
+ *     on an axis longer than 1), nor have axes whose strides interleave (a layout
+ *     no slice or transpose of an array has): refused the same way.
  *
  * Build: link with -lattn (and -lm -lpthread for the static library), or use
  * pkg-config (attn) or CMake's find_package(attn).

@@ -137,10 +137,12 @@ int attn__no_overlap(attn_ctx *ctx, const char *fn, const attn_tensor *out,
                      const char *out_name, const attn_tensor *in, const char *in_name,
                      int same_view_ok)
 {
-    /* An output that overlaps itself (stride 0 on an axis longer than 1, or axes
-     * whose strides interleave) would have two results written to one place: which
-     * one stays depends on the order, and with several threads on the schedule.
-     * Every output meets this function, so it is refused here, once per output. */
+    /* An output that overlaps itself would have two results written to one place:
+     * which one stays depends on the order, and with several threads on the
+     * schedule. Every output meets this function, so it is refused here: stride 0
+     * on an axis longer than 1 repeats memory for certain; axes whose strides
+     * interleave (not the layout of any slice or transpose of an array) may, and
+     * telling exactly would mean walking every element, so they are refused too. */
     if (out && out->data) {
         byte_layout L;
         layout_of(out, &L);
@@ -152,10 +154,17 @@ int attn__no_overlap(attn_ctx *ctx, const char *fn, const attn_tensor *out,
             char s[128], st[128];
             attn_shape_format(s, sizeof s, out->ndim, out->shape);
             attn_shape_format(st, sizeof st, out->ndim, out->stride);
+            if (zero_axis >= 0)
+                return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                                  "%s: %s (shape %s, strides %s) overlaps itself: stride 0 on "
+                                  "axis %d writes its %lld entries to the same memory; an "
+                                  "output needs its own memory for every element",
+                                  fn, out_name, s, st, zero_axis,
+                                  (long long)out->shape[zero_axis]);
             return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                              "%s: %s (shape %s, strides %s) overlaps itself, so two of its "
-                              "elements would be written to the same memory; an output needs "
-                              "its own memory for every element",
+                              "%s: %s (shape %s, strides %s) may overlap itself: its axes' "
+                              "strides interleave, as no slice or transpose of an array's do; "
+                              "an output needs its own memory for every element",
                               fn, out_name, s, st);
         }
     }
