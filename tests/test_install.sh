@@ -92,8 +92,8 @@ fi
 
 cmake -S "$ATTN_SOURCE_DIR/tests/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/cfg.log" 2>&1 \
     && cmake --build "$tmp/consumer" >"$tmp/build.log" 2>&1 \
-    && "$tmp/consumer/consumer_shared" && "$tmp/consumer/consumer_static" \
-    && ok "find_package(attn), shared and static" \
+    && "$tmp/consumer/consumer_shared" && "$tmp/consumer/consumer_static" && "$tmp/consumer/consumer_default" \
+    && ok "find_package(attn): attn::attn_shared, attn::attn_static and attn::attn" \
     || { bad "find_package consumer"; cat "$tmp/cfg.log" "$tmp/build.log"; }
 
 # A packager's install: DESTDIR stages the tree for /opt/attn; attn.pc and the
