@@ -14,7 +14,10 @@
  *   - Arrays are described by an attn_tensor: a caller-owned buffer with up to four
  *     64-bit sizes and explicit strides (in elements, not bytes), so a function can
  *     read a view (a transpose, a slice) without copying. The library never frees
- *     or keeps a pointer to caller memory.
+ *     or keeps a pointer to caller memory. A tensor's data pointer must be a
+ *     multiple of its element size (4 bytes for float32, 2 for 16-bit, 8 for
+ *     int64; any address for bool); a misaligned one is refused with
+ *     ATTN_STATUS_INVALID_ARGUMENT naming it. Strides are never negative.
  *   - Every function returns an attn_status: ATTN_OK (0) or a negative code. When a
  *     call fails and the caller passed an attn_ctx, ctx->message holds one sentence
  *     that names the shapes or values involved. The library never exits, aborts or
@@ -31,7 +34,10 @@
  *     cannot handle is refused with ATTN_STATUS_INVALID_ARGUMENT and a message
  *     naming both tensors, before anything is written. Overlap is decided exactly,
  *     element by element, for views of ordinary arrays (slices, transposes, column
- *     blocks), and costs nothing when the buffers are separate.
+ *     blocks), and costs nothing when the buffers are separate. An input may repeat
+ *     memory (stride 0 broadcasts it); an output may not overlap itself (stride 0
+ *     on an axis longer than 1), nor have axes whose strides interleave (a layout
+ *     no slice or transpose of an array has): refused the same way.
  *
  * Build: link with -lattn (and -lm -lpthread for the static library), or use
  * pkg-config (attn) or CMake's find_package(attn).
@@ -62,6 +68,13 @@ extern "C" {
 #define ATTN_VERSION_PATCH 0
 #define ATTN_VERSION_STRING "0.1.0"
 
+/* The version of the library a program runs with, "MAJOR.MINOR.PATCH": the
+ * ATTN_VERSION_STRING that libattn was built with, which may differ from the one
+ * the program was compiled with when a shared library is swapped under it. The
+ * string is static; do not free it. (CMake's configure step refuses a header
+ * whose macros differ from the project's version.) */
+ATTN_API const char *attn_version(void);
+
 /* ------------------------------------------------------------------------------
  * Status codes and errors
  * ---------------------------------------------------------------------------- */
@@ -91,13 +104,21 @@ ATTN_API const char *attn_strerror(int status);
  * The caller owns the struct (usually on the stack) and fills it with
  * attn_ctx_init(). Every function takes `attn_ctx *ctx`, which may be NULL: then
  * the defaults are used and no message is kept. One context must not be used by
- * two threads at once; use one context per thread.
+ * two threads at once; use one context per thread (its message is then that
+ * thread's own). What calls take as const may be shared by threads calling at
+ * once: inputs, packed weights (attn_linear_packed, attn_mha_packed) and a KV cache
+ * being attended; an append or truncate must not overlap any other use of that
+ * cache. Concurrent calls share the library's worker pool: a call that finds it
+ * busy runs its work on its own thread, with the same bits (results never depend
+ * on the thread count; tests/test_embed_threads.c).
  * ---------------------------------------------------------------------------- */
 
 #define ATTN_MESSAGE_SIZE 512
 
 typedef struct attn_allocator {
-    /* Returns NULL on failure. `size` is never 0. */
+    /* Returns NULL on failure, else memory aligned for any type, as malloc's is
+     * (attn_tensor_alloc's tensors and the loaders' arrays start where it points,
+     * and a data pointer must be aligned to its elements). `size` is never 0. */
     void *(*alloc)(void *user, size_t size);
     /* Frees what alloc returned; never called with NULL. */
     void (*free)(void *user, void *ptr);
@@ -125,7 +146,8 @@ typedef enum attn_arch {
 
 typedef struct attn_ctx {
     attn_allocator allocator; /* malloc/free by default */
-    int threads;              /* worker threads; 0 = one per online core (default) */
+    int threads;              /* worker threads; 0 (or below) = one per online core
+                                 (default) */
     attn_impl impl;           /* ATTN_IMPL_AUTO by default */
     attn_arch arch;           /* ATTN_ARCH_AUTO by default */
     int status;               /* the last failing call's status, or ATTN_OK */
@@ -133,8 +155,9 @@ typedef struct attn_ctx {
 
     /* Scratch. A call that needs scratch memory (the ..._workspace_size functions
      * say how much) takes it, in this order, from:
-     *   1. workspace, when workspace_size is at least what the call needs (the
-     *      caller's memory, 64-byte aligned; the library never frees it);
+     *   1. workspace, when workspace_size is at least what the call needs and it
+     *      is 64-byte aligned (the caller's memory, which the library never frees;
+     *      a workspace too small or not aligned is passed over, not an error);
      *   2. the context's own buffer, when keep_workspace is nonzero: allocated on
      *      first need, grown when a call needs more, kept between calls, and freed
      *      by attn_ctx_release();

@@ -551,7 +551,9 @@ static void test_masks(void)
     covers("attn_mask_and");
     covers("attn_mask_check");
     int64_t ids_buf[6] = {1, 2, 0, 3, 0, 0};
-    uint8_t pad_buf[6], causal_buf[9], both_buf[18], m2[9];
+    /* Aligned for any dtype, so that the wrong-dtype variants (the bytes described as
+     * float32 or int32) meet the dtype check and not attn_tensor_check's alignment. */
+    _Alignas(8) uint8_t pad_buf[6], causal_buf[9], both_buf[18], m2[9];
     attn_tensor ids = make(ATTN_DTYPE_I64, ids_buf, 2, 2, 3, 1, 1);
     attn_tensor pad = make(ATTN_DTYPE_BOOL, pad_buf, 4, 2, 1, 1, 3);
     attn_tensor causal = make(ATTN_DTYPE_BOOL, causal_buf, 4, 1, 1, 3, 3);
@@ -2093,7 +2095,7 @@ static void test_weights(void)
 
 static void test_dispatch_threads(void)
 {
-    TEST("the dispatch and thread queries take NULL contexts, unknown arch values and "
+    TEST("the dispatch, thread and version queries take NULL contexts, unknown arch values and "
          "names, and thread counts below 1 or absurdly high");
     covers("attn_arch_name");
     covers("attn_arch_parse");
@@ -2111,6 +2113,9 @@ static void test_dispatch_threads(void)
                                    ATTN_CPU_AMX_BF16)) == 0);
     CHECK_STR_CONTAINS(attn_cpu_features_string(), "avx512-bf16");
     CHECK_STR_CONTAINS(attn_cpu_features_string(), "amx-bf16");
+    /* attn_version takes nothing either: the library's version is the header's. */
+    covers("attn_version");
+    CHECK_STR_EQ(attn_version(), ATTN_VERSION_STRING);
     const int odd[] = {-1, 7, 42, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
         CHECK_STR_EQ(attn_arch_name((attn_arch)odd[i]), "unknown");

@@ -2,6 +2,11 @@
 # The shared library exports the public API and nothing else: every function that
 # include/attn.h marks ATTN_API, and no other symbol (no attn__ internals, no
 # helpers without a prefix). Needs nm (binutils, which gcc brings).
+#
+# The static library cannot hide anything: a program linked against libattn.a sees
+# every global symbol of every object in it, so a helper named plainly (`pack_panel`)
+# would clash with one of the program's own. Every global symbol libattn.a defines
+# must therefore carry the library's prefix, attn_ or attn__.
 set -u
 : "${ATTN_SOURCE_DIR:?}" "${ATTN_BUILD_DIR:?}"
 so="$ATTN_BUILD_DIR/libattn.so"
@@ -25,4 +30,22 @@ if [ -n "$missing" ]; then
     fails=1
 fi
 echo "-- libattn.so exports the $(echo "$want" | wc -l) functions attn.h marks ATTN_API, and nothing else" >&2
+
+a="$ATTN_BUILD_DIR/libattn.a"
+if [ -f "$a" ]; then
+    # Names that begin with two underscores belong to the C implementation (a
+    # sanitizer's __odr_asan.* markers, for one): no program may define them.
+    unprefixed=$(nm -g --defined-only "$a" | awk 'NF == 3 {print $3}' | grep -v '^attn_' | grep -v '^__' | sort -u)
+    if [ -n "$unprefixed" ]; then
+        echo "FAIL: libattn.a defines global symbols without the attn_ prefix, which a program" \
+             "linked statically could clash with: $(echo $unprefixed)" >&2
+        fails=1
+    else
+        echo "-- every global symbol libattn.a defines starts with attn_ ($(nm -g --defined-only "$a" |
+            awk 'NF == 3 && $3 !~ /^__/' | wc -l) symbols; names of the implementation's, __*, aside)" >&2
+    fi
+else
+    echo "FAIL: $a was not built" >&2
+    fails=1
+fi
 exit $fails

@@ -137,6 +137,37 @@ int attn__no_overlap(attn_ctx *ctx, const char *fn, const attn_tensor *out,
                      const char *out_name, const attn_tensor *in, const char *in_name,
                      int same_view_ok)
 {
+    /* An output that overlaps itself would have two results written to one place:
+     * which one stays depends on the order, and with several threads on the
+     * schedule. Every output meets this function, so it is refused here: stride 0
+     * on an axis longer than 1 repeats memory for certain; axes whose strides
+     * interleave (not the layout of any slice or transpose of an array) may, and
+     * telling exactly would mean walking every element, so they are refused too. */
+    if (out && out->data) {
+        byte_layout L;
+        layout_of(out, &L);
+        int zero_axis = -1;
+        for (int k = 0; k < out->ndim && zero_axis < 0; k++)
+            if (out->shape[k] > 1 && out->stride[k] == 0)
+                zero_axis = k;
+        if (zero_axis >= 0 || !L.nested) {
+            char s[128], st[128];
+            attn_shape_format(s, sizeof s, out->ndim, out->shape);
+            attn_shape_format(st, sizeof st, out->ndim, out->stride);
+            if (zero_axis >= 0)
+                return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                                  "%s: %s (shape %s, strides %s) overlaps itself: stride 0 on "
+                                  "axis %d writes its %lld entries to the same memory; an "
+                                  "output needs its own memory for every element",
+                                  fn, out_name, s, st, zero_axis,
+                                  (long long)out->shape[zero_axis]);
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "%s: %s (shape %s, strides %s) may overlap itself: its axes' "
+                              "strides interleave, as no slice or transpose of an array's do; "
+                              "an output needs its own memory for every element",
+                              fn, out_name, s, st);
+        }
+    }
     if (!attn__overlap(out, in))
         return ATTN_OK;
     if (same_view_ok && attn__same_view(out, in))

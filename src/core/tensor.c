@@ -197,6 +197,15 @@ int attn_tensor_check(attn_ctx *ctx, const attn_tensor *t, const char *name)
         return attn__fail(ctx, ATTN_STATUS_DTYPE, "%s has unknown dtype %d", name, (int)t->dtype);
     if (!t->data)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s has no data (NULL pointer)", name);
+    /* Elements are read and written as their C types (float, int64_t, uint16_t),
+     * which C requires to be aligned, and a compiler may vectorise a loop with
+     * aligned loads on that promise: a view at an odd byte offset (numpy's
+     * frombuffer(..., offset=1)) is refused rather than read by luck. */
+    if ((uintptr_t)t->data % attn_dtype_size(t->dtype) != 0)
+        return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                          "%s: data at address %p is not aligned to its %s elements (a multiple "
+                          "of %zu bytes); copy it into an aligned buffer",
+                          name, t->data, attn_dtype_name(t->dtype), attn_dtype_size(t->dtype));
     /* The element count must fit too: a view that reads one element through stride 0
      * can still claim more elements than any loop over it can count. */
     if (attn_tensor_numel(t) < 0) {
