@@ -127,6 +127,33 @@ if command -v pkg-config >/dev/null; then
         || bad "with CMAKE_INSTALL_LIBDIR=$tmp/abslib attn.pc says libdir '$got_libdir', cflags '$got_cflags'"
 fi
 
+# A project that takes the source tree by add_subdirectory() gets the library
+# only: attn's tests, programs and exercises stay out of its build, its own build
+# type is left alone, and attn::attn names the library as find_package's does.
+# Configuring and generating alone shows all of it (an unknown attn::attn stops
+# the generate step), so nothing is built.
+mkdir -p "$tmp/sub"
+cat >"$tmp/sub/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.16)
+project(embedder LANGUAGES C)
+add_subdirectory("$ATTN_SOURCE_DIR" attn)
+add_executable(consumer_sub "$src")
+target_link_libraries(consumer_sub PRIVATE attn::attn)
+EOF
+if cmake -S "$tmp/sub" -B "$tmp/sub/b" >"$tmp/sub.log" 2>&1; then
+    sub_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=\(.*\)$/\1/p' "$tmp/sub/b/CMakeCache.txt")
+    sub_targets=$(cmake --build "$tmp/sub/b" --target help 2>/dev/null)
+    echo "$sub_targets" | grep -q consumer_sub || bad "add_subdirectory: the target list lacks the project's own target"
+    [ -z "$sub_type" ] && ok "add_subdirectory: the project's build type is left unset" \
+        || bad "add_subdirectory: attn set the project's CMAKE_BUILD_TYPE to '$sub_type'"
+    leaked=$(echo "$sub_targets" | grep -E '\.\.\. (test_args|inspect_self_attention|grade_solutions)$')
+    [ -z "$leaked" ] && ok "add_subdirectory: no tests, programs or exercises in the project's build" \
+        || bad "add_subdirectory brought in: $leaked"
+else
+    bad "a project that does add_subdirectory(attn) and links attn::attn does not configure"
+    cat "$tmp/sub.log"
+fi
+
 # Uninstall: CMake has no uninstall target; install_manifest.txt lists what the
 # install put in place, and removing those leaves no file or link in the prefix.
 unlisted=$(cd "$prefix" && find . \( -type f -o -type l \) | sed "s|^\.|$prefix|" | sort | comm -23 - <(sort "$tmp/manifest"))

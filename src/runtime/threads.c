@@ -102,7 +102,6 @@ static void pool_register_atfork(void)
 /* With pool.lock held: makes sure workers 1 .. want exist; returns how many do. */
 static int pool_grow(int want)
 {
-    pthread_once(&atfork_once, pool_register_atfork);
     while (pool.started < want) {
         pthread_attr_t attr;
         pthread_t thread;
@@ -135,6 +134,11 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
         run_items(&job, 0);
         return;
     }
+    /* The child handler is registered before the lock is first taken: a fork
+     * while this thread holds the lock must find the handler there to give the
+     * child fresh locks, or the child's next call would wait on a lock no thread
+     * of the child will ever release. */
+    pthread_once(&atfork_once, pool_register_atfork);
     pthread_mutex_lock(&pool.lock);
     if (pool.busy) {
         pthread_mutex_unlock(&pool.lock);
