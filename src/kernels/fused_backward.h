@@ -936,13 +936,17 @@ static void fb_put_rows(float *dst, int64_t ld0, int64_t ld1, const float *src, 
 }
 
 /* fb_put_rows for a write-out from scratch that is not read again (each item's
- * accumulators are zeroed before their next use): when the destination's rows lie one after another with no gap and the
- * scratch's rows are as long as the destination's, the scratch is scaled in place
- * (the same products, so the same bits) and the block goes out in one memcpy.
+ * accumulators are zeroed before their next use): when the destination's rows lie
+ * one after another with no gap and the scratch's rows are as long as the
+ * destination's, the scratch is scaled in place (the same products, so the same
+ * bits) and the block goes out in one memcpy.
  * The stores of the write-out miss the caches (the outputs were last touched by
- * another call), and each vector store of a line must first read it (a read for
- * ownership); one large memcpy is a string copy, which writes whole lines
- * without reading them first. */
+ * another call), and a vector store to such a line waits for the line to be read
+ * first (a read for ownership). glibc copies blocks this large with rep movsb,
+ * which Intel's manual describes as working a cache line at a time, invalidating
+ * the destination's line instead of reading it (SDM vol. 3, "Out-of-Order Stores
+ * For String Operations"). On S2 the backward took 2% less time with one thread
+ * (docs/performance.md, "A fourth look"). */
 static void fb_put_block(float *dst, int64_t ld0, int64_t ld1, float *src, int64_t lds,
                          int64_t rows, int64_t cols, float scale)
 {
