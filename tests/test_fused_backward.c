@@ -310,9 +310,10 @@ static void grads_free(grads *g)
     free(g->dsinks);
 }
 
-/* The backward: the reference when arch is REF, else the fused one on arch. */
-static int backward(problem *P, const float *out, const float *lse, attn_arch arch,
-                    int threads, grads *g)
+/* The backward into gr's tensors (any strides): the reference when arch is REF,
+ * else the fused one on arch. */
+static int backward_to(problem *P, const float *out, const float *lse, attn_arch arch,
+                       int threads, const attn_sdpa_grads *gr)
 {
     attn_ctx ctx;
     attn_ctx_init(&ctx);
@@ -324,6 +325,19 @@ static int backward(problem *P, const float *out, const float *lse, attn_arch ar
     attn_tensor to = tu_tensor4((float *)out, P->B, P->H, P->Tq, P->Dv);
     attn_tensor tl = tu_tensor3((float *)lse, P->B, P->H, P->Tq);
     attn_tensor tdo = tu_tensor4(P->dout, P->B, P->H, P->Tq, P->Dv);
+    const int rc = arch == ATTN_ARCH_REF
+                       ? attn_sdpa_backward_ref(&ctx, &q, &k, &v, &P->p, &to, &tl, &tdo, gr)
+                       : attn_sdpa_backward(&ctx, &q, &k, &v, &P->p, &to, &tl, &tdo, gr);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "   backward on %s: %s\n", attn_arch_name(arch), ctx.message);
+    attn_ctx_release(&ctx);
+    return rc;
+}
+
+/* The backward into g's contiguous arrays. */
+static int backward(problem *P, const float *out, const float *lse, attn_arch arch,
+                    int threads, grads *g)
+{
     attn_tensor dq = tu_tensor4(g->dq, P->B, P->H, P->Tq, P->D);
     attn_tensor dk = tu_tensor4(g->dk, P->B, P->Hkv, P->Tk, P->D);
     attn_tensor dv = tu_tensor4(g->dv, P->B, P->Hkv, P->Tk, P->Dv);
@@ -338,13 +352,7 @@ static int backward(problem *P, const float *out, const float *lse, attn_arch ar
         attn_tensor_init(NULL, &dsk, ATTN_DTYPE_F32, g->dsinks, 1, sh);
         gr.dsinks = &dsk;
     }
-    const int rc = arch == ATTN_ARCH_REF
-                       ? attn_sdpa_backward_ref(&ctx, &q, &k, &v, &P->p, &to, &tl, &tdo, &gr)
-                       : attn_sdpa_backward(&ctx, &q, &k, &v, &P->p, &to, &tl, &tdo, &gr);
-    if (rc != ATTN_OK)
-        fprintf(stderr, "   backward on %s: %s\n", attn_arch_name(arch), ctx.message);
-    attn_ctx_release(&ctx);
-    return rc;
+    return backward_to(P, out, lse, arch, threads, &gr);
 }
 
 static double max_err(const float *a, const double *o, int64_t n)
@@ -662,6 +670,92 @@ static void test_forms_agree(void)
         }
 }
 
+/* A [B, Hx, T, Dx] view of a buffer whose rows are padded to Dx + 16 floats
+ * (gap set) or whose last index takes every other float (gap clear). */
+static attn_tensor strided_view(float *buf, int64_t B, int64_t Hx, int64_t T, int64_t Dx, int gap)
+{
+    attn_tensor t = tu_tensor4(buf, B, Hx, T, Dx);
+    const int64_t row = gap ? Dx + 16 : 2 * Dx;
+    t.stride[3] = gap ? 1 : 2;
+    t.stride[2] = row;
+    t.stride[1] = T * row;
+    t.stride[0] = Hx * T * row;
+    return t;
+}
+
+/* Element (b, h, i, d) of a strided view equals contiguous c's, bit for bit. */
+static int same_view(const attn_tensor *t, const float *c)
+{
+    const float *x = (const float *)t->data;
+    int64_t at = 0;
+    for (int64_t b = 0; b < t->shape[0]; b++)
+        for (int64_t h = 0; h < t->shape[1]; h++)
+            for (int64_t i = 0; i < t->shape[2]; i++)
+                for (int64_t d = 0; d < t->shape[3]; d++, at++) {
+                    const float y = x[b * t->stride[0] + h * t->stride[1] + i * t->stride[2] +
+                                      d * t->stride[3]];
+                    if (memcmp(&y, &c[at], sizeof y) != 0) {
+                        fprintf(stderr, "   at (%lld, %lld, %lld, %lld): view %.9g, contiguous %.9g\n",
+                                (long long)b, (long long)h, (long long)i, (long long)d, y, c[at]);
+                        return 0;
+                    }
+                }
+    return 1;
+}
+
+static void test_strided_outputs(void)
+{
+    TEST("dq, dk and dv written into views whose rows have a gap, or whose last index is "
+         "not contiguous, get the same bits as contiguous outputs (which the kernel fills "
+         "with one copy of its scratch), in both forms (B = 2 and B = 1), causal, on every "
+         "instruction set, Tq=Tk=113, D=Dv=64");
+    for (int64_t B = 1; B <= 2; B++) {
+        problem P;
+        memset(&P, 0, sizeof P);
+        P.B = B;
+        P.H = 2;
+        P.Hkv = 1;
+        P.Tq = P.Tk = 113;
+        P.D = P.Dv = 64;
+        P.opt = OPT_CAUSAL_TL;
+        problem_make(&P, 900 + (uint64_t)B);
+        float *out = calloc((size_t)(B * P.H * P.Tq * P.Dv), sizeof(float));
+        float *lse = calloc((size_t)(B * P.H * P.Tq), sizeof(float));
+        CHECK_INT(forward(&P, out, lse), ATTN_OK);
+        for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+            if (!attn_arch_supported(fused_archs[a]))
+                continue;
+            grads g;
+            grads_alloc(&P, &g);
+            CHECK_INT(backward(&P, out, lse, fused_archs[a], 2, &g), ATTN_OK);
+            for (int gap = 0; gap <= 1; gap++) {
+                /* Room for either layout: rows of 2 D floats at most. */
+                float *bq = calloc((size_t)(B * P.H * P.Tq * 2 * P.D), sizeof(float));
+                float *bk = calloc((size_t)(B * P.Hkv * P.Tk * 2 * P.D), sizeof(float));
+                float *bv = calloc((size_t)(B * P.Hkv * P.Tk * 2 * P.Dv), sizeof(float));
+                attn_tensor dq = strided_view(bq, B, P.H, P.Tq, P.D, gap);
+                attn_tensor dk = strided_view(bk, B, P.Hkv, P.Tk, P.D, gap);
+                attn_tensor dv = strided_view(bv, B, P.Hkv, P.Tk, P.Dv, gap);
+                const attn_sdpa_grads gr = {&dq, &dk, &dv, NULL, NULL};
+                CHECK_INT(backward_to(&P, out, lse, fused_archs[a], 2, &gr), ATTN_OK);
+                const int same = same_view(&dq, g.dq) && same_view(&dk, g.dk) &&
+                                 same_view(&dv, g.dv);
+                if (!same)
+                    fprintf(stderr, "   %s, B=%lld, %s\n", attn_arch_name(fused_archs[a]),
+                            (long long)B, gap ? "rows with a gap" : "every other float");
+                CHECK(same);
+                free(bq);
+                free(bk);
+                free(bv);
+            }
+            grads_free(&g);
+        }
+        free(out);
+        free(lse);
+        problem_free(&P);
+    }
+}
+
 /* A NaN in one row of dO, with D = Dv = 64 (rows read in place, not copied, on
  * AVX-512 and AVX2), in both forms of the fused backward. */
 static void test_nan_in_dout_wide(void)
@@ -776,6 +870,7 @@ int main(void)
     test_nan_in_dout_wide();
     test_nan_in_v_hidden();
     test_forms_agree();
+    test_strided_outputs();
     test_hidden_key_exact_zero();
     test_threads_used();
     test_many_key_groups();

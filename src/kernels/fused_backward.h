@@ -935,6 +935,48 @@ static void fb_put_rows(float *dst, int64_t ld0, int64_t ld1, const float *src, 
     }
 }
 
+/* fb_put_rows for a write-out from scratch that is not read again (each item's
+ * accumulators are zeroed before their next use): when the destination's rows lie
+ * one after another with no gap and the scratch's rows are as long as the
+ * destination's, the scratch is scaled in place (the same products, so the same
+ * bits) and the block goes out in one memcpy.
+ * The stores of the write-out miss the caches (the outputs were last touched by
+ * another call), and a vector store to such a line waits for the line to be read
+ * first (a read for ownership). glibc copies blocks this large with rep movsb,
+ * which Intel's manual describes as working a cache line at a time, invalidating
+ * the destination's line instead of reading it (SDM vol. 3, "Out-of-Order Stores
+ * For String Operations"). On S2 the backward took 2% less time with one thread
+ * (docs/performance.md, "A fourth look"). */
+/* Floats scaled and copied at a time by fb_put_block: 16 KiB, a third of the
+ * first-level cache, and large enough for glibc to copy with rep movsb. */
+#define FB_PUT_PIECE 4096
+
+static void fb_put_block(float *dst, int64_t ld0, int64_t ld1, float *src, int64_t lds,
+                         int64_t rows, int64_t cols, float scale)
+{
+    if (ld1 != 1 || ld0 != cols || lds != cols) {
+        fb_put_rows(dst, ld0, ld1, src, lds, rows, cols, scale);
+        return;
+    }
+    /* In pieces of FB_PUT_PIECE floats, each scaled and then copied while it is
+     * still in the first-level cache: a block larger than the second-level cache
+     * (GQA's dQ rows of S8, 4 MiB an item) would otherwise be read from further
+     * out twice, once by the scaling and once by the copy. */
+    const int64_t n = rows * cols;
+    const simd_f32 vs = simd_set1(scale);
+    for (int64_t x0 = 0; x0 < n; x0 += FB_PUT_PIECE) {
+        const int64_t x1 = fb_min(n, x0 + FB_PUT_PIECE);
+        if (scale != 1.0f) {
+            int64_t x = x0;
+            for (; x + SIMD_W <= x1; x += SIMD_W)
+                simd_store(src + x, simd_mul(vs, simd_load(src + x)));
+            for (; x < x1; x++)
+                src[x] = scale * src[x];
+        }
+        memcpy(dst + x0, src + x0, (size_t)(x1 - x0) * sizeof(float));
+    }
+}
+
 /* Row i of (b, h), whose job->sees[row] already says whether it sees a key:
  * Delta_i = rowsum(dO_i * O_i) (0 for a row that sees none) and whether its q and
  * dO are all finite. */
@@ -1063,10 +1105,10 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, finite);
         }
     }
-    fb_put_rows(job->dk + attn__off4(bs->dk_s, b, hk, j0, 0), bs->dk_s[2], bs->dk_s[3], w.acc1,
-                dp, n, s->D, s->scale);
-    fb_put_rows(job->dv + attn__off4(bs->dv_s, b, hk, j0, 0), bs->dv_s[2], bs->dv_s[3], w.acc2,
-                dvp, n, s->Dv, 1.0f);
+    fb_put_block(job->dk + attn__off4(bs->dk_s, b, hk, j0, 0), bs->dk_s[2], bs->dk_s[3], w.acc1,
+                 dp, n, s->D, s->scale);
+    fb_put_block(job->dv + attn__off4(bs->dv_s, b, hk, j0, 0), bs->dv_s[2], bs->dv_s[3], w.acc2,
+                 dvp, n, s->Dv, 1.0f);
 }
 
 /* dQ_i += sum_j dS_ij k_j for the FB_R rows' slots into acc[u] (dp floats each;
@@ -1225,15 +1267,15 @@ static void fb_head_item(void *arg, int64_t item, int worker)
             }
         }
         for (int c = 0; c < nt; c++) {
-            fb_put_rows(job->dk + attn__off4(bs->dk_s, b, hk, j0[c], 0), bs->dk_s[2],
-                        bs->dk_s[3], wt[c].acc1, dp, n[c], s->D, s->scale);
-            fb_put_rows(job->dv + attn__off4(bs->dv_s, b, hk, j0[c], 0), bs->dv_s[2],
-                        bs->dv_s[3], wt[c].acc2, dvp, n[c], s->Dv, 1.0f);
+            fb_put_block(job->dk + attn__off4(bs->dk_s, b, hk, j0[c], 0), bs->dk_s[2],
+                         bs->dk_s[3], wt[c].acc1, dp, n[c], s->D, s->scale);
+            fb_put_block(job->dv + attn__off4(bs->dv_s, b, hk, j0[c], 0), bs->dv_s[2],
+                         bs->dv_s[3], wt[c].acc2, dvp, n[c], s->Dv, 1.0f);
         }
     }
     for (int64_t g = 0; g < s->group; g++)
-        fb_put_rows(job->dq + attn__off4(bs->dq_s, b, hk * s->group + g, 0, 0), bs->dq_s[2],
-                    bs->dq_s[3], dqacc + g * s->Tq * dp, dp, s->Tq, s->D, s->scale);
+        fb_put_block(job->dq + attn__off4(bs->dq_s, b, hk * s->group + g, 0, 0), bs->dq_s[2],
+                     bs->dq_s[3], dqacc + g * s->Tq * dp, dp, s->Tq, s->D, s->scale);
 }
 
 /* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their
@@ -1307,8 +1349,8 @@ static void fb_q_item(void *arg, int64_t item, int worker)
             }
         }
     }
-    fb_put_rows(job->dq + attn__off4(bs->dq_s, b, h, i0, 0), bs->dq_s[2], bs->dq_s[3], w.acc1,
-                dp, m, s->D, s->scale);
+    fb_put_block(job->dq + attn__off4(bs->dq_s, b, h, i0, 0), bs->dq_s[2], bs->dq_s[3], w.acc1,
+                 dp, m, s->D, s->scale);
 }
 
 #endif /* ATTN_FUSED_BACKWARD_H */
