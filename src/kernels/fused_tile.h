@@ -126,8 +126,6 @@ typedef struct fk_tile {
     float *l;                  /* [br] running sum */
     float *alpha;              /* [br] this key tile's correction factor */
     float *inv;                /* [br] 1 / l, 0 for an empty row, NaN for a NaN row */
-    int64_t pf_rows;           /* rows of out to fetch during this key tile's score
-                                  product (fk_prefetch_out); 0 when none */
 } fk_tile;
 
 /* Scratch floats one worker needs on the tile path: the buffers of fk_tile. */
@@ -225,8 +223,7 @@ static int fk_pack_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, in
 /* 1 when a value of keys j0 .. j0+nk-1 is not finite (inf or NaN), read in place:
  * rows of Dv values, unit stride, Dv a multiple of SIMD_W. As in fk_pack_v, x * 0
  * is NaN exactly when x is not finite, here summed by fma in four independent
- * chains: one chain waits out the add's latency at every vector (about 1,000
- * cycles a 64 x 64 tile, a twentieth of the tile's products). */
+ * chains: one chain waits out the add's latency at every vector. */
 static int fk_check_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, int64_t nk)
 {
     const int64_t Dv = s->Dv, ldv = s->v_s[2];
@@ -287,7 +284,6 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->vb = job->v + kvb * s->v_s[0] + kvh * s->v_s[1];
     t->ob = job->out + t->b * s->o_s[0] + t->h * s->o_s[1];
 
-    t->pf_rows = 0;
     t->slope = attn__alibi_slope(s, t->h);
     t->sink = attn__sink(s, t->h);
     t->log2_units = 1;
@@ -319,9 +315,9 @@ typedef struct fk_vtile {
  * (0 * NaN = NaN, as in the reference), so a FULL tile costs no check. A PARTIAL
  * tile read in place (the causal diagonal's, a padding mask's) is checked where it
  * lies, and packed only when it holds a non-finite value, for the plain loop
- * (fk_accumulate_visible) that reads the packed copy: packing every such tile
- * cost about 5% of a full tile's time per diagonal tile (the same values either
- * way, so the same bits). */
+ * (fk_accumulate_visible) that reads the packed copy: packing and checking every
+ * such tile in one chain took 1.1% of S2's samples, about 2,000 cycles a causal
+ * diagonal tile (the same values either way, so the same bits). */
 static fk_vtile fk_value_tile(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const attn__sdpa_shapes *s = t->s;
@@ -528,27 +524,6 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
     }
 }
 
-/* Asks for out's rows r0 .. r1-1 of the tile in L1, for writing: on the item's
- * last key tile the weighted sum stores them (fk_out_direct), and lines of out are
- * rarely in cache by then; each store then waited for its line (about 2.5% of
- * S2's samples, on the instruction after the last store of a block). Spread over
- * the score product's micro-tile rows, one group of rows per step of FK_MK keys,
- * the fetches overlap the product. */
-static void fk_prefetch_out(const fk_tile *t, int64_t r0, int64_t r1)
-{
-#if defined(__GNUC__) || defined(__clang__)
-    const attn__sdpa_shapes *s = t->s;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *orow = t->ob + (t->i0 + r) * s->o_s[2];
-        for (int64_t e = 0; e < s->Dv; e += 16)
-            __builtin_prefetch(orow + e, 1, 3);
-        __builtin_prefetch(orow + s->Dv - 1, 1, 3);
-    }
-#else
-    (void)t, (void)r0, (void)r1;
-#endif
-}
-
 /* Step 2: ST [nkp][br] = (K Q^T) * scale * log2(e) for the nkp keys from j0 and the
  * tile's query rows, modified by the softcap, the bias and ALiBi (fk_score_mod, on
  * the scores times scale, before the factor log2(e)), then, for a PARTIAL tile,
@@ -575,10 +550,7 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
     float *ST = t->ST;
     const int natural = fk_mod_unit(t) == 1.0f; /* the softcap's scores, as they are */
     const simd_f32 vscale = simd_set1(natural ? s->scale : s->scale * SIMD_LOG2E);
-    const int64_t pf_step = t->pf_rows ? (t->pf_rows + nkp / FK_MK - 1) / (nkp / FK_MK) : 0;
     for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
-        if (pf_step)
-            fk_prefetch_out(t, kg / FK_MK * pf_step, fk_min(t->pf_rows, (kg / FK_MK + 1) * pf_step));
         const float *krow[FK_MK];
         for (int kk = 0; kk < FK_MK; kk++) {
             /* Keys past Tk repeat the last key (valid memory); they are masked below. */
@@ -644,8 +616,8 @@ FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
 
 /* The max over keys c < nkp of ST[c * ld .. c * ld + SIMD_W - 1], in eight chains:
  * a max is exact in any order, and one chain would wait out the instruction's
- * latency at every key (four chains still did: about 2.5% of S2's samples, twice
- * what the two max ports need). A NaN may be dropped or kept, in one order or
+ * latency at every key (four chains still did: 2.4% of S2's samples, some 500
+ * cycles a 64 x 64 tile where the two max ports need 128). A NaN may be dropped or kept, in one order or
  * another; its row is NaN all the same (see below). */
 FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
 {
@@ -988,9 +960,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         int64_t jn = j0 + t.bc;
         const int kind_next = fk_next_tile(&t, &jn, j_end);
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
-        t.pf_rows = jn >= j_end ? fk_out_direct(&t) : 0;
         fk_scores(&t, j0, nkp, kind);
-        t.pf_rows = 0;
         fk_softmax_stats(&t, j0, nkp, kind);
         int64_t rows_out = 0;
         if (jn >= j_end && !vt.nonfinite) {
