@@ -342,6 +342,11 @@ int main(void)
         {2, 2, 70, 130, 33, 16, MASK_NONE, "tile path, full key tiles and a partial one", 0},
         {2, 2, 70, 130, 16, 20, MASK_PADDING, "tile path, full, partial and skipped key tiles", 0},
         {2, 2, 130, 130, 16, 16, MASK_CAUSAL, "tile path, diagonal and skipped key tiles", 0},
+        /* Partial key tiles whose values the kernel reads where they lie (unit
+         * stride, Dv a multiple of the vector, no key past Tk) and checks there for
+         * inf and NaN, packing only a tile that holds one (fk_value_tile). */
+        {1, 2, 128, 128, 16, 64, MASK_CAUSAL, "tile path, diagonal key tiles read in place", 0},
+        {2, 2, 70, 128, 16, 32, MASK_PADDING, "tile path, padded key tiles read in place", 0},
         {1, 2, 40, 70, 8, 24, MASK_RANDOM, "tile path, random mask, an empty row", 0},
         /* Without the weights and with at least 512 keys, the split-key form: no
          * mask (every key visible, the max taken a vector at a time) and padding. */

@@ -55,8 +55,9 @@
  * every softmax step (max, exp, sum, the correction factor) runs along the key
  * axis, a vector of query rows at a time, with no horizontal reduction. The
  * weighted-sum micro-kernel broadcasts P^T entries and loads rows of V: in place
- * for whole unmasked tiles with unit-stride rows of a multiple of the vector
- * width, else from a packed copy [bc][dvp].
+ * for tiles whose keys are all below Tk, with unit-stride rows of a multiple of
+ * the vector width (a PARTIAL one only when its values are all finite, below),
+ * else from a packed copy [bc][dvp].
  *
  * Tile sizes: br query rows and bc keys, chosen once per process for the
  * microarchitecture (attn__fused_tiles, src/runtime/dispatch.c: 64 x 64 unless that
@@ -89,10 +90,11 @@
  * it is masked, never because its weight is 0: a key whose weight underflowed to 0
  * but that is not masked still multiplies its value (0 * NaN = NaN, 0 * inf = NaN).
  * On the tile path a FULL tile masks nothing and multiplies every weight, with no
- * check; a PARTIAL tile packs its values and checks them for inf/NaN on the way
- * (fk_pack_v), and only a tile that holds one takes a plain loop that skips the
- * masked (i, j) (fk_accumulate_visible), with the micro-kernel's order, so rows the
- * bad value does not reach keep their bits. The row path skips masked keys by the
+ * check; a PARTIAL tile's values are checked for inf/NaN, where they lie
+ * (fk_check_v) or as they are packed (fk_pack_v), and only a tile that holds one
+ * is packed and takes a plain loop that skips the masked (i, j)
+ * (fk_accumulate_visible), with the micro-kernel's order, so rows the bad value
+ * does not reach keep their bits. The row path skips masked keys by the
  * mask itself (fk_row_pv). A row whose every visible score is -inf has l = 0 like
  * an empty row, but is not one: the reference's exp(-inf - -inf) makes it NaN, and
  * the kernel tells the two apart by the mask (fk_finish). In a NaN row the weights

@@ -220,6 +220,31 @@ static int fk_pack_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, in
     return chk1 != chk1;
 }
 
+/* 1 when a value of keys j0 .. j0+nk-1 is not finite (inf or NaN), read in place:
+ * rows of Dv values, unit stride, Dv a multiple of SIMD_W. As in fk_pack_v, x * 0
+ * is NaN exactly when x is not finite, here summed by fma in four independent
+ * chains: one chain waits out the add's latency at every vector. */
+static int fk_check_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, int64_t nk)
+{
+    const int64_t Dv = s->Dv, ldv = s->v_s[2];
+    const simd_f32 zero = simd_zero();
+    simd_f32 c0 = simd_zero(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t j = j0; j < j0 + nk; j++) {
+        const float *v = vb + j * ldv;
+        int64_t e = 0;
+        for (; e + 4 * SIMD_W <= Dv; e += 4 * SIMD_W) {
+            c0 = simd_fma(simd_load(v + e), zero, c0);
+            c1 = simd_fma(simd_load(v + e + SIMD_W), zero, c1);
+            c2 = simd_fma(simd_load(v + e + 2 * SIMD_W), zero, c2);
+            c3 = simd_fma(simd_load(v + e + 3 * SIMD_W), zero, c3);
+        }
+        for (; e < Dv; e += SIMD_W)
+            c0 = simd_fma(simd_load(v + e), zero, c0);
+    }
+    const float chk = simd_hsum(simd_add(simd_add(c0, c1), simd_add(c2, c3)));
+    return chk != chk;
+}
+
 /* Step 1: lays out the worker's scratch for item `item`, packs its query tile and
  * starts the online-softmax state: m = -inf, l = 0, O = 0, or with a sink
  * m = sink (times log2(e), as S holds every score: fk_scores), l = 2^(m - m) = 1
@@ -284,15 +309,21 @@ typedef struct fk_vtile {
 } fk_vtile;
 
 /* Step 1, per key tile: the values of keys j0 .. j0+nkp-1. Read in place when the
- * tile is whole, nothing in it is masked and rows are unit-stride multiples of the
- * vector; otherwise packed (zeros past Tk and Dv). Only a PARTIAL tile is checked
- * for inf/NaN: where nothing is masked, every value must reach the output anyway
- * (0 * NaN = NaN, as in the reference), so a FULL tile costs no check. */
+ * tile's keys are all below Tk and rows are unit-stride multiples of the vector;
+ * otherwise packed (zeros past Tk and Dv). Only a PARTIAL tile is checked for
+ * inf/NaN: where nothing is masked, every value must reach the output anyway
+ * (0 * NaN = NaN, as in the reference), so a FULL tile costs no check. A PARTIAL
+ * tile read in place (the causal diagonal's, a padding mask's) is checked where it
+ * lies, and packed only when it holds a non-finite value, for the plain loop
+ * (fk_accumulate_visible) that reads the packed copy: packing and checking every
+ * such tile in one chain took 1.1% of S2's samples, about 2,000 cycles a causal
+ * diagonal tile (the same values either way, so the same bits). */
 static fk_vtile fk_value_tile(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
 {
     const attn__sdpa_shapes *s = t->s;
     fk_vtile vt;
-    if (kind == FK_FULL && s->v_s[3] == 1 && t->dvp == s->Dv) {
+    if (s->v_s[3] == 1 && t->dvp == s->Dv && j0 + nkp <= s->Tk &&
+        (kind == FK_FULL || !fk_check_v(s, t->vb, j0, nkp))) {
         vt.v = t->vb + j0 * s->v_s[2];
         vt.ldv = s->v_s[2];
         vt.nonfinite = 0;
@@ -583,23 +614,30 @@ FK_INLINE simd_f32 fk_max_for_exp(simd_f32 m)
     return simd_max(simd_set1(-FLT_MAX), m);
 }
 
-/* The max over keys c < nkp of ST[c * ld .. c * ld + SIMD_W - 1], in four chains: a
- * max is exact in any order, and one chain would wait out the instruction's latency
- * at every key. A NaN may be dropped or kept, in one order or another; its row is
- * NaN all the same (see below). */
+/* The max over keys c < nkp of ST[c * ld .. c * ld + SIMD_W - 1], in eight chains:
+ * a max is exact in any order, and one chain would wait out the instruction's
+ * latency at every key (four chains still did: 2.4% of S2's samples, some 500
+ * cycles a 64 x 64 tile where the two max ports need 128). A NaN may be dropped or kept, in one order or
+ * another; its row is NaN all the same (see below). */
 FK_INLINE simd_f32 fk_col_max(const float *ST, int64_t ld, int64_t nkp)
 {
     simd_f32 m0 = simd_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    simd_f32 m4 = m0, m5 = m0, m6 = m0, m7 = m0;
     int64_t c = 0;
-    for (; c + 4 <= nkp; c += 4) {
+    for (; c + 8 <= nkp; c += 8) {
         m0 = simd_max(m0, simd_load(ST + c * ld));
         m1 = simd_max(m1, simd_load(ST + (c + 1) * ld));
         m2 = simd_max(m2, simd_load(ST + (c + 2) * ld));
         m3 = simd_max(m3, simd_load(ST + (c + 3) * ld));
+        m4 = simd_max(m4, simd_load(ST + (c + 4) * ld));
+        m5 = simd_max(m5, simd_load(ST + (c + 5) * ld));
+        m6 = simd_max(m6, simd_load(ST + (c + 6) * ld));
+        m7 = simd_max(m7, simd_load(ST + (c + 7) * ld));
     }
     for (; c < nkp; c++)
         m0 = simd_max(m0, simd_load(ST + c * ld));
-    return simd_max(simd_max(m0, m1), simd_max(m2, m3));
+    return simd_max(simd_max(simd_max(m0, m1), simd_max(m2, m3)),
+                    simd_max(simd_max(m4, m5), simd_max(m6, m7)));
 }
 
 /* Step 3: with the scores of nkp keys in ST (in base-2 units, fk_scores),
