@@ -37,6 +37,17 @@ static int sdpa(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k, const
     return attn_sdpa(ctx, q, k, v, p, out, w);
 }
 
+/* 1 when every byte of obuf still holds the 0x7f a refused call's test filled it
+ * with: nothing was written. */
+static int out_untouched(void)
+{
+    const unsigned char *b = (const unsigned char *)obuf;
+    for (size_t i = 0; i < sizeof obuf; i++)
+        if (b[i] != 0x7f)
+            return 0;
+    return 1;
+}
+
 static void test_alignment(attn_ctx *ctx)
 {
     TEST("a float32 tensor whose data pointer is not a multiple of 4 bytes (q, k, v, out, "
@@ -59,9 +70,7 @@ static void test_alignment(attn_ctx *ctx)
             snprintf(where, sizeof where, "%s: data at", names[which]);
             CHECK_STR_CONTAINS(ctx->message, where);
             CHECK_STR_CONTAINS(ctx->message, "not aligned to its float32 elements (a multiple of 4 bytes)");
-            unsigned char want[sizeof obuf];
-            memset(want, 0x7f, sizeof want);
-            CHECK_INT(memcmp(obuf, want, sizeof obuf), 0);
+            CHECK_INT(out_untouched(), 1);
         }
 
     TEST("a bool mask at any byte offset is accepted (one-byte elements), and a float32 "
@@ -125,9 +134,7 @@ static void test_self_overlap(attn_ctx *ctx)
     memset(obuf, 0x7f, sizeof obuf);
     CHECK_INT(sdpa(ctx, &q, &k, &v, NULL, &o0, NULL), ATTN_STATUS_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(ctx->message, "out (shape (1, 2, 7, 8), strides (112, 56, 0, 1)) overlaps itself");
-    unsigned char want[sizeof obuf];
-    memset(want, 0x7f, sizeof want);
-    CHECK_INT(memcmp(obuf, want, sizeof obuf), 0);
+    CHECK_INT(out_untouched(), 1);
 
     TEST("weights whose rows overlap (row stride 3 for rows of 7: interleaved axes) and an "
          "lse with stride 0 on its head axis are refused as overlapping themselves");
