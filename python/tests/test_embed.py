@@ -58,6 +58,29 @@ def test_misaligned_float32_arrays_are_refused_with_the_librarys_message():
     assert np.array_equal(attn.sdpa(ok, k, v), attn.sdpa(q, k, v))
 
 
+def test_arrays_aligned_to_their_own_elements_are_accepted():
+    """The alignment check asks for the element's size only: float16 at a 2-byte
+    offset of its buffer and a bool mask at an odd one give the bits of aligned
+    copies, and an out whose size-1 axis has stride 0 (as_strided) owns its memory
+    all the same."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(np.float16) for _ in range(3))
+    raw = bytearray(q.nbytes + 2)
+    q2 = np.frombuffer(raw, np.float16, count=q.size, offset=2).reshape(q.shape)
+    q2[...] = q
+    assert np.array_equal(attn.sdpa(q2, k, v).view(np.uint16), attn.sdpa(q, k, v).view(np.uint16))
+    qf, kf, vf = (a.astype(np.float32) for a in (q, k, v))
+    tril = np.tril(np.ones((5, 5), bool))
+    m1 = np.frombuffer(bytearray(26), np.bool_, count=25, offset=1).reshape(5, 5)
+    m1[...] = tril
+    assert np.array_equal(attn.sdpa(qf, kf, vf, mask=m1), attn.sdpa(qf, kf, vf, mask=tril))
+    out = np.lib.stride_tricks.as_strided(np.empty((2, 5, 8), np.float32), shape=(1, 2, 5, 8),
+                                          strides=(0, 160, 32, 4))
+    got = attn.sdpa(qf, kf, vf, out=out)
+    assert got is out
+    assert np.array_equal(out, attn.sdpa(qf, kf, vf))
+
+
 def test_out_that_overlaps_itself_or_q_is_refused_and_out_q_in_place_works():
     """out= with stride 0 on the query axis (every row to one place) and out= shifted
     one element into q are ValueErrors saying so; out=q itself, the in-place call the
