@@ -14,7 +14,10 @@
  *     worker's own one-head buffers: q and out as [B, Tq, H, D] views with padded
  *     rows give a contiguous call's bits, leave every padding byte alone, and so
  *     does out = q (the same strided view), with Tq not a multiple of the tile and
- *     one sequence with one key/value head (several items per head);
+ *     one sequence with one key/value head (several items per head); a 16-bit KV
+ *     cache's batch of 12-row steps (the tile path's batch items, RoPE, GQA, three
+ *     lengths) writes a padded [Bn, Tq, H, Dv] out with the contiguous one's bits
+ *     and each sequence's own bits, for a float16 or float32 q;
  *   - the fused backward's write-out (fb_put_block) copies blocks where output rows
  *     are contiguous: dq, dk and dv as views whose heads interleave, or whose rows
  *     are padded, give a contiguous call's bits and leave the padding alone;
@@ -427,6 +430,103 @@ static void test_half_strided_qo(void)
         }
 }
 
+/* ---- a 16-bit KV cache's tile-path batch: out strided ------------------------- */
+
+/* Attends q to sequences first .. first + q's batch - 1 of c into out. */
+static int kv_attend(attn_kv_cache *c, attn_arch arch, int threads, int64_t first,
+                     const attn_tensor *q, attn_tensor *out)
+{
+    attn_ctx ctx = make_ctx(arch, threads);
+    attn_sdpa_params prm;
+    attn_sdpa_params_init(&prm);
+    prm.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    attn_rope_params rope;
+    attn_rope_params_init(&rope);
+    size_t bytes = 0;
+    void *ws = NULL;
+    if (attn_kv_cache_workspace_size(&ctx, c, first, q, &prm, &rope, out, NULL, &bytes) ==
+            ATTN_OK && bytes > 0 && posix_memalign(&ws, 64, (bytes + 63) / 64 * 64) == 0) {
+        ctx.workspace = ws;
+        ctx.workspace_size = bytes;
+    }
+    const int rc = attn_kv_cache_attend(&ctx, c, first, q, &prm, &rope, out, NULL);
+    if (rc != ATTN_OK)
+        fprintf(stderr, "  attn_kv_cache_attend: %s\n", ctx.message);
+    free(ws);
+    attn_ctx_release(&ctx);
+    return rc;
+}
+
+static void test_kv_half_batch_strided_out(void)
+{
+    const int64_t Bn = 3, H = 4, Hkv = 2, Tq = 12, D = 16, cap = 160;
+    const int64_t len[3] = {20, 70, 130};
+    attn_kv_cache_config cfg = {Bn, Hkv, cap, D, 0, ATTN_DTYPE_F16};
+    attn_kv_cache *c = NULL;
+    CHECK_INT(attn_kv_cache_create(NULL, &cfg, NULL, 0, &c), ATTN_OK);
+    if (!c)
+        return;
+    for (int64_t i = 0; i < Bn; i++) {
+        float *fk = randn(Hkv * len[i] * D, 301 + i), *fv = randn(Hkv * len[i] * D, 311 + i);
+        attn_tensor k = tu_tensor4(fk, 1, Hkv, len[i], D), v = tu_tensor4(fv, 1, Hkv, len[i], D);
+        CHECK_INT(attn_kv_cache_append(NULL, c, i, &k, &v, NULL), ATTN_OK);
+        free(fk), free(fv);
+    }
+    const int64_t sq[4] = {Bn, H, Tq, D}, s1[4] = {1, H, Tq, D};
+    float *fq = randn(prod4(sq), 321);
+    const attn_dtype QDT[2] = {ATTN_DTYPE_F16, ATTN_DTYPE_F32};
+    for (int qd = 0; qd < 2; qd++) {
+        view q;
+        view_make(&q, QDT[qd], sq, BSHD, 3);
+        view_fill(&q, fq);
+        for (int a = 0; a < 3; a++) {
+            if (!attn_arch_supported(ARCHS[a]))
+                continue;
+            for (int threads = 1; threads <= 3; threads++) {
+                view o, os;
+                view_make(&o, ATTN_DTYPE_F16, sq, ROWMAJOR, 0);
+                view_make(&os, ATTN_DTYPE_F16, sq, BSHD, 5);
+                /* Each out starts with other bytes, so that an element none of the
+                 * calls writes shows as a difference. */
+                memset(o.buf, 0, o.bytes);
+                CHECK_INT(kv_attend(c, ARCHS[a], threads, 0, &q.t, &o.t), ATTN_OK);
+                CHECK_INT(kv_attend(c, ARCHS[a], threads, 0, &q.t, &os.t), ATTN_OK);
+                char what[160];
+                snprintf(what, sizeof what, "KV cache batch, q %s, %s, %d threads: out "
+                         "[Bn,Tq,H,Dv] padded vs contiguous", attn_dtype_name(QDT[qd]),
+                         attn_arch_name(ARCHS[a]), threads);
+                /* Protects: each batch item rounds its tile's rows into the caller's
+                 * out through its strides, and writes nothing else. */
+                CHECK_INT(bits_differ(&os, &o, what), 0);
+                CHECK_INT(padding_touched(&os), 0);
+                /* Protects: the batch gives each sequence the bits of its own call. */
+                for (int64_t i = 0; i < Bn; i++) {
+                    attn_tensor qi = q.t, oi;
+                    qi.shape[0] = 1;
+                    qi.data = (unsigned char *)q.t.data + i * q.t.stride[0] * attn_dtype_size(QDT[qd]);
+                    view one;
+                    view_make(&one, ATTN_DTYPE_F16, s1, ROWMAJOR, 0);
+                    memset(one.buf, 0xFF, one.bytes);
+                    CHECK_INT(kv_attend(c, ARCHS[a], threads, i, &qi, &one.t), ATTN_OK);
+                    oi = o.t;
+                    oi.shape[0] = 1;
+                    oi.data = (uint16_t *)o.t.data + i * o.t.stride[0];
+                    view ov = {oi, NULL, 0};
+                    snprintf(what, sizeof what, "KV cache, q %s, %s, %d threads: sequence %lld "
+                             "alone vs in the batch", attn_dtype_name(QDT[qd]),
+                             attn_arch_name(ARCHS[a]), threads, (long long)i);
+                    CHECK_INT(bits_differ(&one, &ov, what), 0);
+                    view_free(&one);
+                }
+                view_free(&o), view_free(&os);
+            }
+        }
+        view_free(&q);
+    }
+    free(fq);
+    attn_kv_cache_free(NULL, c);
+}
+
 /* ---- the fused backward's write-out -------------------------------------------- */
 
 static void test_backward_views(void)
@@ -616,6 +716,7 @@ int main(void)
     test_contract();
     test_tile_values_in_place();
     test_half_strided_qo();
+    test_kv_half_batch_strided_out();
     test_backward_views();
     return check_summary("test_review_s8");
 }
