@@ -703,6 +703,20 @@ static int same_view(const attn_tensor *t, const float *c)
     return 1;
 }
 
+/* The causal (top-left) problem of B batches, H query and Hkv key/value heads,
+ * Tq = Tk = 113 and D = Dv = 64 that the NaN and strided-output tests share. */
+static void causal113(problem *P, int64_t B, int64_t H, int64_t Hkv, uint64_t seed)
+{
+    memset(P, 0, sizeof *P);
+    P->B = B;
+    P->H = H;
+    P->Hkv = Hkv;
+    P->Tq = P->Tk = 113;
+    P->D = P->Dv = 64;
+    P->opt = OPT_CAUSAL_TL;
+    problem_make(P, seed);
+}
+
 static void test_strided_outputs(void)
 {
     TEST("dq, dk and dv written into views whose rows have a gap, or whose last index is "
@@ -711,14 +725,7 @@ static void test_strided_outputs(void)
          "instruction set, Tq=Tk=113, D=Dv=64");
     for (int64_t B = 1; B <= 2; B++) {
         problem P;
-        memset(&P, 0, sizeof P);
-        P.B = B;
-        P.H = 2;
-        P.Hkv = 1;
-        P.Tq = P.Tk = 113;
-        P.D = P.Dv = 64;
-        P.opt = OPT_CAUSAL_TL;
-        problem_make(&P, 900 + (uint64_t)B);
+        causal113(&P, B, 2, 1, 900 + (uint64_t)B);
         float *out = calloc((size_t)(B * P.H * P.Tq * P.Dv), sizeof(float));
         float *lse = calloc((size_t)(B * P.H * P.Tq), sizeof(float));
         CHECK_INT(forward(&P, out, lse), ATTN_OK);
@@ -765,13 +772,7 @@ static void test_nan_in_dout_wide(void)
          "in one pass (B=2) and two (B=1), on every instruction set");
     for (int64_t B = 1; B <= 2; B++) {
         problem P;
-        memset(&P, 0, sizeof P);
-        P.B = B;
-        P.H = P.Hkv = 1;
-        P.Tq = P.Tk = 113;
-        P.D = P.Dv = 64;
-        P.opt = OPT_CAUSAL_TL;
-        problem_make(&P, 777);
+        causal113(&P, B, 1, 1, 777);
         const int64_t i0 = 40;
         float *out = calloc((size_t)(P.B * P.Tq * P.Dv), sizeof(float));
         float *lse = calloc((size_t)(P.B * P.Tq), sizeof(float));
@@ -817,13 +818,7 @@ static void test_nan_in_v_hidden(void)
          "instruction set");
     for (int64_t B = 1; B <= 2; B++) {
         problem P;
-        memset(&P, 0, sizeof P);
-        P.B = B;
-        P.H = P.Hkv = 1;
-        P.Tq = P.Tk = 113;
-        P.D = P.Dv = 64;
-        P.opt = OPT_CAUSAL_TL;
-        problem_make(&P, 778);
+        causal113(&P, B, 1, 1, 778);
         const int64_t j0 = 100;
         for (int64_t d = 0; d < P.Dv; d++)
             P.v[j0 * P.Dv + d] = NAN;
