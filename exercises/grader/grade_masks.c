@@ -36,6 +36,12 @@ static const grade_mistake CAUSAL_NO_DIAGONAL = {
     "Position t sees positions 0..t, itself included, so the condition is j <= i, not j < i. "
     "Without the diagonal the first row has no key at all and its softmax is 0/0."};
 
+static const grade_mistake CAUSAL_OFF_BY_ONE = {
+    "causal-off-by-one", "the diagonal is one step too far right: each position sees the next token",
+    "Position i may see j <= i, not j <= i + 1. The key at i + 1 is the very token position i "
+    "has to predict (the label is the input shifted by one), so training would copy the answer "
+    "and generation, which has no next token to read, would fail."};
+
 static const grade_mistake CAUSAL_NOTHING_MASKED = {
     "causal-nothing-masked", "nothing is masked: every position sees every other",
     "Entry (i, j) is 1 only when j <= i; the keys to the right of the query (j > i) are "
@@ -152,24 +158,28 @@ void grade_causal_mask(grade_result *r)
             return;
         }
         float *inverted = grade_alloc_f((int64_t)T * T), *upper = grade_alloc_f((int64_t)T * T),
-              *strict = grade_alloc_f((int64_t)T * T), *all = grade_alloc_f((int64_t)T * T);
+              *strict = grade_alloc_f((int64_t)T * T), *ahead = grade_alloc_f((int64_t)T * T),
+              *all = grade_alloc_f((int64_t)T * T);
         for (int64_t i = 0; i < T; i++)
             for (int64_t j = 0; j < T; j++) {
                 inverted[i * T + j] = j > i ? 1.0f : 0.0f;
                 upper[i * T + j] = j >= i ? 1.0f : 0.0f;
                 strict[i * T + j] = j < i ? 1.0f : 0.0f;
+                ahead[i * T + j] = j <= i + 1 ? 1.0f : 0.0f;
                 all[i * T + j] = 1.0f;
             }
         grade_variant vars[] = {
             {&MASK_INVERTED, {inverted}},
             {&CAUSAL_TRANSPOSED, {upper}},
             {&CAUSAL_NO_DIAGONAL, {strict}},
+            {&CAUSAL_OFF_BY_ONE, {ahead}},
             {&CAUSAL_NOTHING_MASKED, {all}},
         };
         char where[128];
         snprintf(where, sizeof where, "case %d of %d (T = %d)", c + 1, CASES, T);
         int64_t shape[2] = {T, T};
-        int ok = grade_mask_case(r, where, "mask", 2, shape, got, want, 4, vars);
+        int ok = grade_mask_case(r, where, "mask", 2, shape, got, want,
+                                 (int)(sizeof vars / sizeof vars[0]), vars);
         grade_free_all();
         if (!ok)
             return;
