@@ -13,9 +13,20 @@
  * GRADE_SET, the folder graded, and for the grader's self-test GRADE_SWAP_STEM /
  * GRADE_SWAP_FILE, one file replaced by a deliberately broken one), so that the
  * verdict names the file that was graded.
+ *
+ * Each exercise is graded in a child process (fork), so that a learner's function
+ * that crashes - a null mask read without a check, an index far outside its array -
+ * gets a WRONG verdict naming the signal, and the other exercises are still graded.
  */
+#define _POSIX_C_SOURCE 200809L /* fork, waitpid, pipe, strsignal */
+
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "grader.h"
 
@@ -83,6 +94,90 @@ static void print_wrapped(const char *lead, const char *text)
     putchar('\n');
 }
 
+/* Reads exactly n bytes, or returns 0 at end of file or on an error. */
+static int read_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t got = read(fd, p, n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return 0;
+        p += got;
+        n -= (size_t)got;
+    }
+    return 1;
+}
+
+/* Grades one exercise in a child process and hands its result back through a
+ * pipe. A child that dies before sending the whole result (killed by a signal, or
+ * stopped by a sanitizer's report) becomes a WRONG verdict that says how it died.
+ * Where fork is not available the exercise is graded in this process. */
+static void grade_isolated(const exercise *ex, grade_result *r)
+{
+    int fd[2];
+    if (pipe(fd) != 0) {
+        ex->grade(r);
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        ex->grade(r);
+        return;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        grade_result mine;
+        ex->grade(&mine);
+        const char *p = (const char *)&mine;
+        size_t left = sizeof mine;
+        while (left > 0) {
+            ssize_t put = write(fd[1], p, left);
+            if (put < 0 && errno == EINTR)
+                continue;
+            if (put <= 0)
+                _exit(3);
+            p += put;
+            left -= (size_t)put;
+        }
+        _exit(0);
+    }
+    close(fd[1]);
+    int complete = read_all(fd[0], r, sizeof *r);
+    close(fd[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (complete && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return;
+
+    grade_begin(r, 0);
+    r->verdict = GRADE_WRONG;
+    snprintf(r->id, sizeof r->id, "crashed");
+    if (WIFSIGNALED(status))
+        snprintf(r->title, sizeof r->title, "the program was killed by signal %d (%s) inside your "
+                 "function", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(r->title, sizeof r->title, "the program stopped inside your function (exit "
+                 "status %d; a sanitizer's report above says where)",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    snprintf(r->detail, sizeof r->detail,
+             "your function did not return, so no case could be compared; the grader "
+             "went on with the other exercises");
+    snprintf(r->hint, sizeof r->hint,
+             "A crash is almost always a pointer read or written outside its array. Check "
+             "every index against the shape written beside its pointer (row * row_length + "
+             "column, loops that stop at < T, not <= T), and a pointer that may be NULL: "
+             "exercises 3 and 4 are also called with mask = NULL (no mask), so read mask[...] "
+             "only after checking it. To see the line: gdb -batch -ex 'set follow-fork-mode "
+             "child' -ex run -ex bt --args build/exercises/grade_exercises %s", ex->number);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -112,7 +207,7 @@ int main(int argc, char **argv)
         else
             snprintf(file, sizeof file, "%s/%s.c", GRADE_SET, ex->stem);
         grade_result r;
-        ex->grade(&r);
+        grade_isolated(ex, &r);
         graded++;
         if (r.verdict == GRADE_PASS) {
             passed++;
@@ -125,8 +220,11 @@ int main(int argc, char **argv)
             printf("WRONG %-3s %-15s [%s] %s\n", ex->number, ex->name, r.id, r.title);
             print_wrapped("", r.detail);
             print_wrapped("hint: ", r.hint);
-            printf("%*s(%s; %d of %d cases passed before this one)\n", 6, "", file,
-                   r.cases_passed, r.cases_total);
+            if (r.cases_total > 0)
+                printf("%*s(%s; %d of %d cases passed before this one)\n", 6, "", file,
+                       r.cases_passed, r.cases_total);
+            else
+                printf("%*s(%s)\n", 6, "", file);
         }
     }
     if (todo)
