@@ -63,6 +63,11 @@ static const grade_mistake SCALE_ONE_OVER_D = {
     "scale-1-over-d", "the scores are scaled by 1/D instead of 1/sqrt(D)",
     "The scale is 1/sqrt(D) (sqrtf((float)D)), which brings the dot product's variance D "
     "back to 1; 1/D shrinks it to 1/D and makes the weights too flat."};
+static const grade_mistake SCALE_ZERO = {
+    "scale-zero", "every score is 0, so every visible key gets the same weight",
+    "The scale came out as 0. In C, 1 / D with an int D is integer division, 0 for any D > 1 "
+    "(and 1 / sqrt(D) is fine only because sqrt returns a double). Write "
+    "1.0f / sqrtf((float)D)."};
 static const grade_mistake SCALE_TIMES_SQRT_D = {
     "scale-times-sqrt-d", "the scores are multiplied by sqrt(D) instead of divided",
     "Divide by sqrt(D) (or multiply by 1/sqrt(D)), do not multiply by it."};
@@ -380,6 +385,7 @@ void grade_sdpa(grade_result *r)
         o = base; o.scale = 1.0; add_variant(vars, &nvar, &SCALE_MISSING, &p, o, 1);
         o = base; o.scale = 1.0 / D; add_variant(vars, &nvar, &SCALE_ONE_OVER_D, &p, o, 1);
         o = base; o.scale = sqrt((double)D); add_variant(vars, &nvar, &SCALE_TIMES_SQRT_D, &p, o, 1);
+        o = base; o.scale = 0.0; add_variant(vars, &nvar, &SCALE_ZERO, &p, o, 1);
         if (Dv != D) {
             o = base; o.scale = 1.0 / sqrt((double)Dv);
             add_variant(vars, &nvar, &SCALE_DV, &p, o, 1);

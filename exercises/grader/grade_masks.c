@@ -21,6 +21,12 @@ static const grade_mistake MASK_QUERIES = {
     "Hiding a pad QUERY is wrong: it hides nothing from the real tokens, which still read the "
     "pad keys."};
 
+static const grade_mistake PAD_WRONG_SAMPLE = {
+    "pad-wrong-sample", "every sample gets sample 0's padding: the sample's offset is missing",
+    "token_ids is [B, T], row-major: key j of sample b is token_ids[b * T + j]. Reading "
+    "token_ids[j] gives every sample the pads of sample 0, so the other samples hide the "
+    "wrong keys and show their own pads."};
+
 static const grade_mistake PAD_NOT_MASKED = {
     "pad-not-masked", "nothing is masked: the pad keys are visible",
     "Compare each key's token id with pad_id: key j is masked (0) when "
@@ -75,22 +81,26 @@ static int padding_case(grade_result *r, const char *where, int B, int T,
         return 0;
     }
 
-    float *inverted = grade_alloc_f(n), *queries = grade_alloc_f(n), *all = grade_alloc_f(n);
+    float *inverted = grade_alloc_f(n), *queries = grade_alloc_f(n), *first = grade_alloc_f(n),
+          *all = grade_alloc_f(n);
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < T; i++)
             for (int64_t j = 0; j < T; j++) {
                 int64_t at = (b * T + i) * T + j;
                 inverted[at] = want[at] ? 0.0f : 1.0f;
                 queries[at] = ids[b * T + i] != pad ? 1.0f : 0.0f;
+                first[at] = ids[j] != pad ? 1.0f : 0.0f;
                 all[at] = 1.0f;
             }
     grade_variant vars[] = {
         {&MASK_INVERTED, {inverted}},
         {&MASK_QUERIES, {queries}},
+        {&PAD_WRONG_SAMPLE, {first}},
         {&PAD_NOT_MASKED, {all}},
     };
     int64_t shape[3] = {B, T, T};
-    return grade_mask_case(r, where, "mask", 3, shape, got, want, 3, vars);
+    return grade_mask_case(r, where, "mask", 3, shape, got, want,
+                           (int)(sizeof vars / sizeof vars[0]), vars);
 }
 
 static void describe_ids(char *buf, size_t size, int B, int T, const int64_t *ids, int64_t pad,
