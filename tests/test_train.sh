@@ -28,6 +28,22 @@ awk -v a="$final" 'BEGIN { exit !(a < 0.05) }' && ok || bad "the final loss is '
 out_has "before training: where each query looks"
 out_has "after training: where each query looks"
 
+say "head 0's picture: no weight of 0.75 (a full block) before training; after, at least 4 of 6 queries t on key 5 - t and none elsewhere"
+# cells PICTURE: for each row t of the picture after PICTURE's title, the columns
+# (0-based) holding a full block, as "t:j" words.
+cells() {
+    awk -v title="$1" 'index($0, title) { f = 1; next } f && /^key,/ { exit }
+        f && /^pos / { n = 0; for (i = 5; i <= NF; i++) { if ($i ~ /█/) print $2 ":" (i - 5) } }' "$OUT_FILE"
+}
+before=$(cells "before training:" | wc -l)
+[ "$before" -eq 0 ] && ok || bad "before training, $before cells of head 0 hold >= 0.75, expected none: $(cells "before training:" | tr '\n' ' ')"
+on=0; off=0
+for c in $(cells "after training:"); do
+    if [ $((${c%%:*} + ${c##*:})) -eq 5 ]; then on=$((on + 1)); else off=$((off + 1)); fi
+done
+[ "$on" -ge 4 ] && [ "$off" -eq 0 ] && ok \
+    || bad "after training, head 0 has $on full blocks on the anti-diagonal (expected >= 4) and $off off it (expected 0): $(cells "after training:" | tr '\n' ' ')"
+
 say "a learning rate that is not > 0 is a usage error (exit 2)"
 run 2 "$TRAIN" --lr 0
 err_has "--lr must be a number > 0"
