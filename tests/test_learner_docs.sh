@@ -67,6 +67,29 @@ block "$src/docs/walkthrough.md" '`NO_COLOR` to keep the shading' >"$tmp/q"
 "$INSPECT" --show >"$tmp/o" 2>&1
 quoted_lines_match "walkthrough --show" "$tmp/q" "$tmp/o"
 
+# docs/walkthrough.md section 5's prose: head 1's row of pos 3 (id 4), its visible
+# scores and weights quoted to 2 decimals, are --values's 4-decimal numbers rounded
+# (within 0.005 + 0.0001, since rounding the 4-decimal figure again may go the other
+# way); and the hover title it quotes is the SVG's.
+"$INSPECT" --values --head 1 >"$tmp/v1" 2>&1
+quote=$(grep -o 'scores `[^`]*`; the softmax makes them `[^`]*`' "$src/docs/walkthrough.md")
+n=0
+for kind in "masked scores[0, 1]" "weights[0, 1]"; do
+    n=$((n + 1))
+    quoted=$(echo "$quote" | cut -d'`' -f$((2 * n)) | sed 's/−/-/g; s/,//g')
+    now=$(awk -v t="$kind" 'index($0, t) == 1 { f = 1 } f && /^pos 3 \(id 4\)/ { print $5, $6, $7, $8; exit }' "$tmp/v1")
+    if awk -v q="$quoted" -v w="$now" 'BEGIN { nq = split(q, a, " "); nw = split(w, b, " "); if (nq != 4 || nw != 4) exit 1
+            for (i = 1; i <= 4; i++) { d = a[i] - b[i]; if (d < 0) d = -d; if (d > 0.0051) exit 1 } }'; then
+        ok "walkthrough: head 1's row of pos 3 (id 4), $kind, quoted as '$quoted', is '$now' rounded"
+    else
+        bad "walkthrough: head 1's row of pos 3 (id 4), $kind, is '$now' now; the page quotes '$quoted'"
+    fi
+done
+"$INSPECT" --heatmap "$tmp/h.svg" >/dev/null 2>&1
+title=$(grep -o 'head 0 weights: query pos 1 (id 2) → key pos 0 (id 1) = [0-9.]*' "$tmp/h.svg" | head -1)
+grep -qF -- "\`$title\`" "$src/docs/walkthrough.md" && ok "walkthrough: the quoted hover title is the SVG's: $title" \
+    || bad "walkthrough: the SVG's title is '$title', which the page does not quote"
+
 # docs/walkthrough.md: --grad.
 block "$src/docs/walkthrough.md" './build/inspect_self_attention --grad' | grep -v '^\$ ' >"$tmp/q"
 if ! grep -q 'norm=' "$tmp/q"; then
