@@ -17,12 +17,15 @@
  * Each exercise is graded in a child process (fork), so that a learner's function
  * that crashes - a null mask read without a check, an index far outside its array -
  * gets a WRONG verdict naming the signal, and the other exercises are still graded.
+ * A child that has not finished after GRADE_TIME_LIMIT seconds (default 10; every
+ * exercise takes milliseconds) is stopped by an alarm: a loop that never ends.
  */
-#define _POSIX_C_SOURCE 200809L /* fork, waitpid, pipe, strsignal */
+#define _POSIX_C_SOURCE 200809L /* fork, waitpid, pipe, strsignal, alarm */
 
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -114,8 +117,17 @@ static int read_all(int fd, void *buf, size_t n)
  * pipe. A child that dies before sending the whole result (killed by a signal, or
  * stopped by a sanitizer's report) becomes a WRONG verdict that says how it died.
  * Where fork is not available the exercise is graded in this process. */
+static unsigned time_limit(void)
+{
+    const char *s = getenv("GRADE_TIME_LIMIT");
+    char *end;
+    long v = s ? strtol(s, &end, 10) : 0;
+    return (s && *s && !*end && v > 0 && v <= 3600) ? (unsigned)v : 10u;
+}
+
 static void grade_isolated(const exercise *ex, grade_result *r)
 {
+    const unsigned limit = time_limit();
     int fd[2];
     if (pipe(fd) != 0) {
         ex->grade(r);
@@ -132,6 +144,7 @@ static void grade_isolated(const exercise *ex, grade_result *r)
     }
     if (pid == 0) {
         close(fd[0]);
+        alarm(limit);
         grade_result mine;
         ex->grade(&mine);
         const char *p = (const char *)&mine;
@@ -158,6 +171,19 @@ static void grade_isolated(const exercise *ex, grade_result *r)
 
     grade_begin(r, 0);
     r->verdict = GRADE_WRONG;
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) {
+        snprintf(r->id, sizeof r->id, "too-slow");
+        snprintf(r->title, sizeof r->title, "your function had not returned after %u seconds: "
+                 "a loop that never ends?", limit);
+        snprintf(r->detail, sizeof r->detail,
+                 "every exercise takes the grader milliseconds, so the program was stopped; "
+                 "the grader went on with the other exercises");
+        snprintf(r->hint, sizeof r->hint,
+                 "Check that each loop's counter moves towards its bound: for (int64_t j = 0; "
+                 "j < T; j++). A missing j++, or i++ where the inner loop meant j++, never "
+                 "ends (GRADE_TIME_LIMIT=N sets the limit in seconds).");
+        return;
+    }
     snprintf(r->id, sizeof r->id, "crashed");
     if (WIFSIGNALED(status))
         snprintf(r->title, sizeof r->title, "the program was killed by signal %d (%s) inside your "
