@@ -90,6 +90,21 @@ title=$(grep -o 'head 0 weights: query pos 1 (id 2) → key pos 0 (id 1) = [0-9.
 grep -qF -- "\`$title\`" "$src/docs/walkthrough.md" && ok "walkthrough: the quoted hover title is the SVG's: $title" \
     || bad "walkthrough: the SVG's title is '$title', which the page does not quote"
 
+# The walkthrough and the README: the two layouts' outputs differ by up to 1.28
+# (the walkthrough: largest |difference| 1.2777), from --dump of each.
+ATTN_TEST_DATA_DIR=${ATTN_TEST_DATA_DIR:-$src/tests/data}
+. "$src/tests/learner_lib.sh"
+"$INSPECT" --dump "$tmp/fused" >/dev/null 2>&1 && "$INSPECT" --layout separate --dump "$tmp/sep" >/dev/null 2>&1
+maxd=$(paste <(npy_floats "$tmp/fused/output.npy") <(npy_floats "$tmp/sep/output.npy") |
+       awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.4f", m }')
+short=$(awk -v m="$maxd" 'BEGIN { printf "%.2f", m }')
+if grep -qF "largest |difference| $maxd" "$src/docs/walkthrough.md" && grep -qF "differs by up to $short" "$src/docs/walkthrough.md" \
+    && grep -qF "differ by up to $short" "$src/README.md"; then
+    ok "walkthrough and README: the layouts' outputs differ by up to $short ($maxd), as quoted"
+else
+    bad "the layouts' outputs differ by up to $maxd now; the walkthrough quotes '$(grep -o 'largest |difference| [0-9.]*' "$src/docs/walkthrough.md")', the README '$(grep -o 'differ by up to [0-9.]*' "$src/README.md")'"
+fi
+
 # docs/walkthrough.md: --grad.
 block "$src/docs/walkthrough.md" './build/inspect_self_attention --grad' | grep -v '^\$ ' >"$tmp/q"
 if ! grep -q 'norm=' "$tmp/q"; then
