@@ -44,6 +44,11 @@ done
 [ "$on" -ge 4 ] && [ "$off" -eq 0 ] && ok \
     || bad "after training, head 0 has $on full blocks on the anti-diagonal (expected >= 4) and $off off it (expected 0): $(cells "after training:" | tr '\n' ' ')"
 
+say "a learning rate so large that the loss stops being finite stops training: one line naming the step and --lr, exit 1"
+run 1 "$TRAIN" --lr 1000
+err_has "training diverged at step"
+err_has "try a smaller --lr than 1000"
+
 say "a learning rate that is not > 0 is a usage error (exit 2)"
 run 2 "$TRAIN" --lr 0
 err_has "--lr must be a number > 0"

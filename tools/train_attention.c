@@ -57,7 +57,9 @@ static const char HELP[] =
     "        Tokens per sequence, 2..16 (default 6).\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
-    "\n" CLI_HELP_EXIT;
+    "\n" CLI_HELP_EXIT
+    "    Training that diverges (a learning rate so large that the loss is no\n"
+    "    longer a finite number) is such an error: the step is named, exit 1.\n";
 
 enum { V = 8, E = 32, H = 2, BATCH = 32 };
 
@@ -225,6 +227,15 @@ static void model_free(attn_ctx *ctx, model *m)
     attn_tensor_free(ctx, &m->w.b_o);
 }
 
+/* The one line on stderr when the loss stops being a finite number: the step after
+ * which it happened and the learning rate to lower. */
+static void diverged(int64_t step, double loss, double lr)
+{
+    fprintf(stderr, "%s: training diverged at step %" PRId64 ": the loss is %s; try a smaller "
+            "--lr than %g (the default is 0.1)\n", prog, step, isnan(loss) ? "NaN" : "infinite",
+            lr);
+}
+
 int main(int argc, char **argv)
 {
     int64_t steps = 600, seed = 1, T = 6;
@@ -287,6 +298,13 @@ int main(int argc, char **argv)
         draw_batch(&rng, ids, BT);
         if ((rc = step(&ctx, &m, &wk, ids, T, 1, &loss, &correct)))
             goto fail;
+        /* A step too large sends the weights to infinity and the loss to NaN; every
+         * later step would only print NaN, so say what happened and stop. */
+        if (!isfinite(loss)) {
+            diverged(s, loss, lr);
+            rc = 1;
+            goto done;
+        }
         for (int i = 0; i < 8; i++)
             for (int64_t j = 0; j < pm.n[i]; j++)
                 pm.p[i][j] -= lr * pg.p[i][j];
@@ -298,6 +316,11 @@ int main(int argc, char **argv)
     draw_batch(&rng, ids, BT);
     if ((rc = step(&ctx, &m, &wk, ids, T, 0, &loss, &correct)))
         goto fail;
+    if (!isfinite(loss)) { /* the last update went to infinity */
+        diverged(steps, loss, lr);
+        rc = 1;
+        goto done;
+    }
     show(&wk, ids, T, "after training: where each query looks (sequence 0, head 0)");
     printf("\nfinal loss %.4f accuracy %.3f on a new batch\n", loss,
            (double)correct / (double)BT);
