@@ -177,7 +177,11 @@ static const char HELP[] =
     "        Print this help and exit.\n"
     "\n"
     "    --peak, --mha, --gemm, --bandwidth and --decode exclude each other, a\n"
-    "    shape and --backward.\n"
+    "    shape and --backward. An option that the run would not use is a usage\n"
+    "    error (exit 2), never ignored: --seq-len, --embed-dim and --num-heads\n"
+    "    without --mha, --size without --gemm, --prefill, --steps and --tq\n"
+    "    without --decode, --runs or --impl with --peak (or --decode), the mask\n"
+    "    and shape options of a custom shape without one.\n"
     "    Options take their value as the next argument or after '=' (--threads=2).\n"
     "\n"
     "JSON OUTPUT\n"
@@ -303,6 +307,17 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error(PROG, "--%s takes no shape (--shape or custom sizes)",
                                want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
                                                     : want_bw ? "bandwidth" : "decode");
+    /* Each mode's own sizes, given without that mode, would be dropped without a
+     * word (the run would time another shape than the one asked for). */
+    static const char *const mha_only[] = {"seq-len", "embed-dim", "num-heads", NULL};
+    for (int i = 0; mha_only[i]; i++)
+        if (!want_mha && cli_seen(opts, nopts, mha_only[i]))
+            return cli_usage_error(PROG, "--%s applies to --mha", mha_only[i]);
+    if (!want_gemm && cli_seen(opts, nopts, "size"))
+        return cli_usage_error(PROG, "--size applies to --gemm");
+    if (want_peak && (cli_seen(opts, nopts, "runs") || cli_seen(opts, nopts, "impl")))
+        return cli_usage_error(PROG, "--peak measures the FMA peak alone: --%s does not apply",
+                               cli_seen(opts, nopts, "runs") ? "runs" : "impl");
     if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps") ||
                          cli_seen(opts, nopts, "tq")))
         return cli_usage_error(PROG, "--prefill, --steps and --tq apply to --decode");
