@@ -204,20 +204,20 @@ static const char HELP[] =
     "\n"
     CLI_HELP_EXIT
     "\n"
-    "ENVIRONMENT\n"
-    "    ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx forces the default path;\n"
-    "    the header line (or the default_arch and reason fields) says which ran\n"
-    "    and why.\n"
-    "    ATTN_TILE=BRxBC forces the fused kernel's tile sizes, and\n"
-    "    ATTN_MICROTILE=8x2|4x4 the avx512 build's micro-tile shapes (same bits,\n"
-    "    other speed); the header line says what was chosen for this CPU, or what\n"
-    "    a value did (one that is not valid is ignored, and the line says why).\n"
+    CLI_HELP_ENVIRONMENT
+    CLI_HELP_BENCH_CLOCK
+    "    The header line (or the default_arch and reason fields) says which path\n"
+    "    ran and why, and which tile sizes were chosen or forced.\n"
     "\n"
     "EXAMPLES\n"
     "    attn bench --shape S2 --threads 2 --impl all --json\n"
     "    attn bench --backward --shape S2 --threads 2\n"
     "    attn bench --shape S4 --threads 2 --dtype bf16\n"
-    "    attn bench --decode --threads 2 --dtype bf16\n";
+    "    attn bench --decode --threads 2 --dtype bf16\n"
+    "\n"
+    "SEE ALSO\n"
+    "    attn --help; docs/performance.md (the figures, how they are measured),\n"
+    "    bench/compare_torch.py (PyTorch's side of the same shapes).\n";
 
 /* s as the inside of a JSON string (quotes, backslashes and control characters
  * escaped): the reason may echo an ATTN_ARCH value the user typed. */

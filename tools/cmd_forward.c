@@ -50,7 +50,7 @@ static const char HELP[] =
     "                 [--window LEFT,RIGHT] [--softcap C]\n"
     "                 [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
     "                 [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
-    "                 [--empty-rows error|zero]\n"
+    "                 [--empty-rows error|zero] [--threads N]\n"
     "                 --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "                 [--grad-output DY.npy [--grad-input DX.npy]\n"
     "                  [--grad-weights G.safetensors]]\n"
@@ -159,6 +159,7 @@ static const char HELP[] =
     "        With grouped-query attention the gradients of k_proj and v_proj sum\n"
     "        over the H / Hkv query heads that read each key/value head. A bias the\n"
     "        file does not have is zero, and no gradient is written for it.\n"
+    CLI_HELP_THREADS
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -175,9 +176,18 @@ static const char HELP[] =
     "    otherwise replaced). Slopes or sinks that are not [H] and a bias that\n"
     "    does not broadcast are errors (exit 1) that name the shapes.\n"
     "\n"
+    CLI_HELP_FILES
+    "\n"
+    "    The weights are a .safetensors file: F32, F16, BF16 or F64 tensors (see\n"
+    "    --weights), in any order in the file, with or without __metadata__; a\n"
+    "    header that lies (offsets out of range, overlapping tensors, gaps between\n"
+    "    them) is an error (exit 1) naming the file and the tensors.\n"
+    "\n"
     CLI_HELP_NUMBERS
     "\n"
     CLI_HELP_EXIT
+    "\n"
+    CLI_HELP_ENVIRONMENT
     "\n"
     "EXAMPLE\n"
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
@@ -192,7 +202,10 @@ static const char HELP[] =
     "        --input x.npy --causal --rope half --output y.npy \\\n"
     "        --grad-output dy.npy --grad-weights grads.safetensors\n"
     "\n"
-    "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
+    "SEE ALSO\n"
+    "    attn decode --help (the same block through a KV cache), attn sdpa --help\n"
+    "    (the attention alone), attn --help; docs/files-and-cli.md (exporting\n"
+    "    weights from PyTorch), docs/gradients.md.\n";
 
 /* Whether the file holds separate projections under prefix (*separate 1) or not;
  * fails (with the library's message) when the file cannot be opened. */
@@ -625,6 +638,7 @@ int cmd_forward(int argc, char **argv)
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
+    ctx.threads = (int)a.threads;
     fwd_data d;
     memset(&d, 0, sizeof d);
     attn_mha_packed *packed = NULL;
