@@ -223,6 +223,8 @@ run 1 "$ATTN" "${sdpa[@]/$Q/$WORK}" --output "$WORK/bad.npy"
 err_has "--query: $WORK: not a regular file"
 run 1 "$ATTN" "${sdpa[@]/$K//dev/zero}" --output "$WORK/bad.npy"
 err_has "--key: /dev/zero: not a regular file"
+run 1 "$ATTN" sdpa --query <(cat "$Q") --key "$K" --value "$V" --output "$WORK/bad.npy"
+err_has "not a regular file"
 [ -p "$WORK/in.fifo" ] && ok || bad "the FIFO given as --mask is no longer a FIFO"
 rm -f "$WORK/in.fifo"
 [ -e "$WORK/bad.npy" ] && bad "a refused input produced an output" || ok
