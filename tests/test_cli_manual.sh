@@ -59,6 +59,12 @@ parser_options() {
     } | sed 's/{"\(.*\)", CLI_/\1/' | sort -u
 }
 
+say "every line of every manual fits in 80 columns, as a terminal's man page does"
+for h in attn sdpa forward decode bench; do
+    long=$(awk 'length > 80 { printf "%d: %s\n", NR, $0 }' "$WORK/$h.help")
+    [ -z "$long" ] && ok || bad "the $h help has lines over 80 columns: $long"
+done
+
 say "every option a subcommand's parser knows is in its --help, and every --option its --help names is known to the parser"
 for cmd in sdpa forward decode bench; do
     n=0

@@ -20,10 +20,10 @@
 static const cmd_entry commands[] = {
     {"forward", "multi-head self-attention with weights from a .safetensors file",
      cmd_forward},
-    {"decode", "attn forward --causal token by token through a KV cache (--prefill N)",
+    {"decode", "attn forward --causal token by token through a KV cache",
      cmd_decode},
     {"sdpa", "scaled dot-product attention on .npy arrays", cmd_sdpa},
-    {"bench", "time attention (SPEC shapes S1-S8 or custom) against the machine's peak",
+    {"bench", "time attention (shapes S1-S9 or custom) against the FMA peak",
      cmd_bench},
     {NULL, NULL, NULL}, /* placeholder so the table is never empty */
 };

@@ -103,7 +103,8 @@ static const char HELP[] =
     CLI_HELP_ENVIRONMENT
     "\n"
     "EXAMPLE\n"
-    "    attn decode --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
+    "    attn decode --weights llama.safetensors \\\n"
+    "        --prefix model.layers.0.self_attn. \\\n"
     "        --num-heads 32 --num-kv-heads 8 --input x.npy --prefill 12 \\\n"
     "        --rope half --rope-base 500000.0 --window 4095,0 --output y.npy\n"
     "\n"
