@@ -81,7 +81,8 @@ int main(int argc, char **argv)
         /* "attn help sdpa", as git and go do: the command's own manual. */
         for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
             if (commands[i].name && !strcmp(argv[2], commands[i].name)) {
-                char *args[3] = {argv[2], "--help", NULL};
+                static char help_flag[] = "--help";
+                char *args[3] = {argv[2], help_flag, NULL};
                 return commands[i].run(2, args);
             }
         fprintf(stderr, "attn: no command '%s' to give help on (run 'attn --help' for the "

@@ -75,9 +75,10 @@
 #define CLI_HELP_ENVIRONMENT                                                             \
     "ENVIRONMENT\n"                                                                       \
     "    ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx|auto\n"                          \
-    "        Force a kernel path instead of the best one for this CPU (auto). A\n"        \
-    "        value that is not one of these, or a path this CPU cannot run, is\n"         \
-    "        ignored; 'attn bench' prints which path runs and why.\n"                     \
+    "        Force a kernel path instead of the best one for this CPU (auto);\n"          \
+    "        avx512bf16 and amx are the avx512 build with a bfloat16 kernel of their\n"  \
+    "        own. A value that is not one of these, or a path this CPU cannot run,\n"    \
+    "        is ignored; 'attn bench' prints which path runs and why.\n"                  \
     "    ATTN_BF16_EMULATE=1\n"                                                           \
     "        Let avx512bf16 run on an AVX-512 CPU without AVX512-BF16 (vdpbf16ps\n"       \
     "        emulated; for testing).\n"                                                   \
