@@ -59,7 +59,8 @@
     "    dtypes, 0-d and empty arrays, truncated files and headers that lie about\n"      \
     "    their sizes are errors (exit 1) naming the option, the file and the problem.\n"  \
     "    An input must be a regular file: a directory, FIFO, pipe or device is\n"         \
-    "    refused at once.\n"                                                              \
+    "    refused at once, and '-' is a usage error (/dev/stdin redirected from a\n"      \
+    "    file is read).\n"                                                                \
     "\n"                                                                                  \
     "    Outputs are little-endian C-order .npy files, float32 unless said\n"             \
     "    otherwise. Every output of a run is written to a temporary file beside it\n"     \
@@ -296,7 +297,8 @@ int cli_distinct_outputs(const char *prog, int n, const char *const *names,
  * one of the input options in `inputs` (NULL-terminated option names; those not in
  * opts, or not given, are skipped): "--grad-weights w.safetensors is also read as
  * --weights: ...". A run would otherwise replace the user's weights or
- * arrays with its results. */
+ * arrays with its results. An input given as '-' is a usage error too: '-' is
+ * standard output, and the readers cannot read a pipe. */
 int cli_outputs_spare_inputs(const char *prog, const cli_opt *opts, int nopts, int n,
                              const char *const *names, const char *const *paths,
                              const char *const *inputs);
