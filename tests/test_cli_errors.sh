@@ -209,6 +209,36 @@ err_has "expected int32 or int64 ids [2, 5]"
 run 1 "$ATTN" "${fwd[@]/$X/$WORK/missing.npy}" --output "$WORK/bad.npy"
 err_has "missing.npy: cannot open"
 
+say "an input that is not a regular file (a FIFO no one writes to, a directory, a device) is refused at once: exit 1 naming the option and the file, no wait for a writer"
+mkfifo "$WORK/in.fifo"
+# timeout: before the fix, opening the FIFO waited for a writer forever (exit 124).
+for flag in --mask --weights; do
+    case $flag in
+    --mask) run 1 timeout 20 "$ATTN" "${sdpa[@]}" --mask "$WORK/in.fifo" --output "$WORK/bad.npy" ;;
+    --weights) run 1 timeout 20 "$ATTN" forward --weights "$WORK/in.fifo" --num-heads 3 --input "$X" --output "$WORK/bad.npy" ;;
+    esac
+    err_has "$WORK/in.fifo: not a regular file"
+done
+run 1 "$ATTN" "${sdpa[@]/$Q/$WORK}" --output "$WORK/bad.npy"
+err_has "--query: $WORK: not a regular file"
+run 1 "$ATTN" "${sdpa[@]/$K//dev/zero}" --output "$WORK/bad.npy"
+err_has "--key: /dev/zero: not a regular file"
+run 1 "$ATTN" sdpa --query <(cat "$Q") --key "$K" --value "$V" --output "$WORK/bad.npy"
+err_has "not a regular file"
+
+say "'-' as an input is a usage error (exit 2) that says inputs are files, not 'No such file'; /dev/stdin redirected from a file is read"
+run 2 "$ATTN" sdpa --query - --key "$K" --value "$V" --output "$WORK/bad.npy" <"$Q"
+err_has "--query -: inputs are read from files, not from a pipe"
+run 2 "$ATTN" "${fwd[@]/$W/-}" --output "$WORK/bad.npy"
+err_has "--weights -: inputs are read from files"
+run 0 "$ATTN" sdpa --query /dev/stdin --key "$K" --value "$V" --output "$WORK/stdin.npy" <"$Q"
+run 0 "$ATTN" sdpa --query "$Q" --key "$K" --value "$V" --output "$WORK/file.npy"
+cmp -s "$WORK/stdin.npy" "$WORK/file.npy" && ok || bad "--query /dev/stdin < q.npy gave another output than --query q.npy"
+rm -f "$WORK/stdin.npy" "$WORK/file.npy"
+[ -p "$WORK/in.fifo" ] && ok || bad "the FIFO given as --mask is no longer a FIFO"
+rm -f "$WORK/in.fifo"
+[ -e "$WORK/bad.npy" ] && bad "a refused input produced an output" || ok
+
 say "a failed run leaves an existing output file untouched; no temporary file is left behind"
 printf 'old' >"$WORK/keep.npy"
 run 1 "$ATTN" forward --weights "$W" --num-heads 3 --input "$F/bad_truncated_data.npy" --output "$WORK/keep.npy"

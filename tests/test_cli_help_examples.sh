@@ -1,6 +1,6 @@
 #!/bin/bash
-# test_cli_help_examples.sh - every example that `attn sdpa --help`, `attn forward
-# --help`, `attn decode --help` and `inspect_self_attention --help` print runs as
+# test_cli_help_examples.sh - every example that `attn --help`, `attn sdpa --help`,
+# `attn forward --help`, `attn decode --help` and `inspect_self_attention --help` print runs as
 # printed: exit 0 and every file it names for output written. The commands are read
 # from the help text itself (its EXAMPLE section, continuation lines joined), so an
 # example that drifts from the program fails here. Each runs in a folder of its own
@@ -28,8 +28,9 @@ examples() {
          on { sub(/^ +/, ""); if (sub(/\\$/, "")) { cmd = cmd $0; next } print cmd $0; cmd = "" }' "$1"
 }
 
-# run_examples NAME DATA_SUBDIR EXPECTED_COUNT HELP_CMD...: runs every example of
-# HELP_CMD --help in a fresh folder holding DATA_SUBDIR's files.
+# run_examples NAME DATA_SUBDIRS EXPECTED_COUNT HELP_CMD...: runs every example of
+# HELP_CMD --help in a fresh folder holding the files of DATA_SUBDIRS (a
+# space-separated list, or empty).
 run_examples() {
     local name=$1 sub=$2 want=$3
     shift 3
@@ -39,7 +40,8 @@ run_examples() {
         n=$((n + 1))
         local dir="$WORK/$name.$n"
         mkdir -p "$dir"
-        [ -n "$sub" ] && cp "$DATA/$sub"/* "$dir/"
+        local s
+        for s in $sub; do cp "$DATA/$s"/* "$dir/"; done
         local -a words
         read -r -a words <<<"$line"
         # The program as the help names it, then its arguments.
@@ -75,6 +77,7 @@ run_examples() {
     fi
 }
 
+run_examples attn "sdpa forward" 2 "$ATTN"
 run_examples sdpa sdpa 4 "$ATTN" sdpa
 run_examples forward forward 4 "$ATTN" forward
 run_examples decode decode 1 "$ATTN" decode

@@ -20,10 +20,10 @@
 static const cmd_entry commands[] = {
     {"forward", "multi-head self-attention with weights from a .safetensors file",
      cmd_forward},
-    {"decode", "attn forward --causal token by token through a KV cache (--prefill N)",
+    {"decode", "attn forward --causal token by token through a KV cache",
      cmd_decode},
     {"sdpa", "scaled dot-product attention on .npy arrays", cmd_sdpa},
-    {"bench", "time attention (SPEC shapes S1-S8 or custom) against the machine's peak",
+    {"bench", "time attention (shapes S1-S9 or custom) against the FMA peak",
      cmd_bench},
     {NULL, NULL, NULL}, /* placeholder so the table is never empty */
 };
@@ -38,6 +38,7 @@ static void usage(FILE *f)
           "SYNOPSIS\n"
           "    attn COMMAND [OPTIONS]\n"
           "    attn --help | --version\n"
+          "    attn help COMMAND         (the same as attn COMMAND --help)\n"
           "\n"
           "COMMANDS\n",
           f);
@@ -51,17 +52,19 @@ static void usage(FILE *f)
           "\n"
           CLI_HELP_EXIT
           "\n"
-          "ENVIRONMENT\n"
-          "    ATTN_ARCH            force a kernel path: ref, scalar, avx2, avx512,\n"
-          "                         avx512bf16 or amx (the last two: avx512 with a\n"
-          "                         bfloat16 kernel of their own)\n"
-          "    ATTN_BF16_EMULATE    1: let avx512bf16 run on an AVX-512 CPU without\n"
-          "                         AVX512-BF16, vdpbf16ps emulated (for testing)\n"
-          "    ATTN_TILE            BRxBC: force the fused kernel's tile sizes\n"
-          "    ATTN_MICROTILE       8x2 or 4x4: force the avx512 build's micro-tile\n"
-          "                         shapes (the same bits; chosen per CPU otherwise)\n"
-          "    ATTN_FAIL_ALLOC_AT   N: make the Nth allocation fail (for testing the\n"
-          "                         out-of-memory paths; tests/test_cli_oom.sh uses it)\n",
+          CLI_HELP_ENVIRONMENT
+          CLI_HELP_BENCH_CLOCK
+          "\n"
+          "EXAMPLES\n"
+          "    attn sdpa --query q.npy --key k.npy --value v.npy --causal --output o.npy\n"
+          "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
+          "        --causal --output y.npy\n"
+          "\n"
+          "SEE ALSO\n"
+          "    attn forward --help, attn decode --help, attn sdpa --help,\n"
+          "    attn bench --help; docs/files-and-cli.md (the files and the command\n"
+          "    line), docs/decoding.md, docs/gradients.md, docs/half-precision.md,\n"
+          "    docs/performance.md.\n",
           f);
 }
 
@@ -74,6 +77,18 @@ int main(int argc, char **argv)
         return CLI_EXIT_USAGE;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "help") && argc > 2) {
+        /* "attn help sdpa", as git and go do: the command's own manual. */
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            if (commands[i].name && !strcmp(argv[2], commands[i].name)) {
+                static char help_flag[] = "--help";
+                char *args[3] = {argv[2], help_flag, NULL};
+                return commands[i].run(2, args);
+            }
+        fprintf(stderr, "attn: no command '%s' to give help on (run 'attn --help' for the "
+                        "list)\n", argv[2]);
+        return CLI_EXIT_USAGE;
+    }
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -33,16 +33,17 @@ static const char HELP[] =
     "               --query-len Tq [--key-len Tk] --head-dim D\n"
     "               [--causal | --causal-bottom-right] [--padding]\n"
     "               [--window LEFT,RIGHT] [--softcap C]]\n"
-    "               [--threads N] [--impl NAME] [--runs N] [--dtype f32|bf16|f16] [--json]\n"
+    "               [--threads N] [--impl NAME] [--runs N] [--dtype f32|bf16|f16]\n"
+    "               [--json]\n"
     "    attn bench --peak [--threads N] [--json]\n"
     "    attn bench --mha [--seq-len T] [--embed-dim E] [--num-heads H] [--causal]\n"
     "               [--threads N] [--impl default|ref|all] [--runs N] [--json]\n"
-    "    attn bench --gemm [--size N] [--threads N] [--impl default|ref|all] [--runs N]\n"
-    "               [--json]\n"
-    "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N] [--json]\n"
+    "    attn bench --gemm [--size N] [--threads N] [--impl default|ref|all]\n"
+    "               [--runs N] [--json]\n"
+    "    attn bench --bandwidth [--threads N] [--impl NAME] [--runs N]\n"
+    "               [--dtype f32|bf16|f16] [--json]\n"
     "    attn bench --decode [--prefill N] [--steps N] [--tq N] [--threads N]\n"
-    "                        [--dtype f32|bf16|f16]\n"
-    "               [--json]\n"
+    "               [--dtype f32|bf16|f16] [--json]\n"
     "    attn bench --backward [--shape NAME | a custom shape] [--threads N]\n"
     "               [--impl NAME] [--runs N] [--json]\n"
     "\n"
@@ -56,8 +57,9 @@ static const char HELP[] =
     "    for avx2 (half the AVX-512 figure on a core with two 512-bit FMA units, the\n"
     "    same on one that splits them), and for scalar and ref 64 multiply-add chains\n"
     "    in portable C, compiled as the portable kernel is (SSE2 on x86-64); the\n"
-    "    JSON's peak_isa and isa_peak_gflops say which and how much. A call shorter than a millisecond is repeated within each\n"
-    "    sample and divided. Each implementation keeps its scratch from call to call\n"
+    "    JSON's peak_isa and isa_peak_gflops say which and how much. A call shorter\n"
+    "    than a millisecond is repeated within each sample and divided. Each\n"
+    "    implementation keeps its scratch from call to call\n"
     "    (attn_ctx.keep_workspace), as a model's loop would.\n"
     "\n"
     "    Shapes (SPEC section 5; FLOPs 4*B*H*Tq*Tk*D, half of that for causal with\n"
@@ -144,8 +146,8 @@ static const char HELP[] =
     "        A decoding loop through the KV cache on S5's, S7's and S9's head\n"
     "        shapes (B, H, Hkv, D): --prefill N tokens (default 4096) appended for\n"
     "        every sequence, then --steps N steps (default 128) of --tq tokens each\n"
-    "        (append their k and v, attend their queries). Prints the median step, the\n"
-    "        K/V bytes a middle step reads per second, and the allocations the\n"
+    "        (append their k and v, attend their queries). Prints the median step,\n"
+    "        the K/V bytes a middle step reads per second, and the allocations the\n"
     "        steps made under a counting allocator with the context's workspace set\n"
     "        to attn_kv_cache_workspace_size bytes (0 is the target). With --dtype\n"
     "        bf16|f16 the cache stores K and V in 16 bits, and the K/V rate counts\n"
@@ -177,7 +179,11 @@ static const char HELP[] =
     "        Print this help and exit.\n"
     "\n"
     "    --peak, --mha, --gemm, --bandwidth and --decode exclude each other, a\n"
-    "    shape and --backward.\n"
+    "    shape and --backward. An option that the run would not use is a usage\n"
+    "    error (exit 2), never ignored: --seq-len, --embed-dim and --num-heads\n"
+    "    without --mha, --size without --gemm, --prefill, --steps and --tq\n"
+    "    without --decode, --runs or --impl with --peak (or --decode), the mask\n"
+    "    and shape options of a custom shape without one.\n"
     "    Options take their value as the next argument or after '=' (--threads=2).\n"
     "\n"
     "JSON OUTPUT\n"
@@ -192,28 +198,28 @@ static const char HELP[] =
     "    and bytes for bandwidth; shape, kv_heads, prefill, steps, min_ms, kv_gbs,\n"
     "    allocs and allocs_per_step for decode, whose Tk is the cache's capacity;\n"
     "    lengths and kv_gbs on S9's sdpa line; the sdpa fields and flop_factor for\n"
-    "    sdpa_backward and sdpa_fwd_bwd). A field that means nothing for a kind is null:\n"
-    "    the attention shape and mask of gemm, peak and bandwidth, the time of peak,\n"
-    "    the GFLOP/s of bandwidth.\n"
+    "    sdpa_backward and sdpa_fwd_bwd). A field that means nothing for a kind is\n"
+    "    null: the attention shape and mask of gemm, peak and bandwidth, the time of\n"
+    "    peak, the GFLOP/s of bandwidth.\n"
     "\n"
     CLI_HELP_NUMBERS
     "\n"
     CLI_HELP_EXIT
     "\n"
-    "ENVIRONMENT\n"
-    "    ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx forces the default path;\n"
-    "    the header line (or the default_arch and reason fields) says which ran\n"
-    "    and why.\n"
-    "    ATTN_TILE=BRxBC forces the fused kernel's tile sizes, and\n"
-    "    ATTN_MICROTILE=8x2|4x4 the avx512 build's micro-tile shapes (same bits,\n"
-    "    other speed); the header line says what was chosen for this CPU, or what\n"
-    "    a value did (one that is not valid is ignored, and the line says why).\n"
+    CLI_HELP_ENVIRONMENT
+    CLI_HELP_BENCH_CLOCK
+    "    The header line (or the default_arch and reason fields) says which path\n"
+    "    ran and why, and which tile sizes were chosen or forced.\n"
     "\n"
     "EXAMPLES\n"
     "    attn bench --shape S2 --threads 2 --impl all --json\n"
     "    attn bench --backward --shape S2 --threads 2\n"
     "    attn bench --shape S4 --threads 2 --dtype bf16\n"
-    "    attn bench --decode --threads 2 --dtype bf16\n";
+    "    attn bench --decode --threads 2 --dtype bf16\n"
+    "\n"
+    "SEE ALSO\n"
+    "    attn --help; docs/performance.md (the figures, how they are measured),\n"
+    "    bench/compare_torch.py (PyTorch's side of the same shapes).\n";
 
 /* s as the inside of a JSON string (quotes, backslashes and control characters
  * escaped): the reason may echo an ATTN_ARCH value the user typed. */
@@ -303,6 +309,17 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error(PROG, "--%s takes no shape (--shape or custom sizes)",
                                want_peak ? "peak" : want_mha ? "mha" : want_gemm ? "gemm"
                                                     : want_bw ? "bandwidth" : "decode");
+    /* Each mode's own sizes, given without that mode, would be dropped without a
+     * word (the run would time another shape than the one asked for). */
+    static const char *const mha_only[] = {"seq-len", "embed-dim", "num-heads", NULL};
+    for (int i = 0; mha_only[i]; i++)
+        if (!want_mha && cli_seen(opts, nopts, mha_only[i]))
+            return cli_usage_error(PROG, "--%s applies to --mha", mha_only[i]);
+    if (!want_gemm && cli_seen(opts, nopts, "size"))
+        return cli_usage_error(PROG, "--size applies to --gemm");
+    if (want_peak && (cli_seen(opts, nopts, "runs") || cli_seen(opts, nopts, "impl")))
+        return cli_usage_error(PROG, "--peak measures the FMA peak alone: --%s does not apply",
+                               cli_seen(opts, nopts, "runs") ? "runs" : "impl");
     if (!want_decode && (cli_seen(opts, nopts, "prefill") || cli_seen(opts, nopts, "steps") ||
                          cli_seen(opts, nopts, "tq")))
         return cli_usage_error(PROG, "--prefill, --steps and --tq apply to --decode");

@@ -43,6 +43,7 @@ static const char HELP[] =
     "                [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
     "                [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
     "                [--empty-rows error|zero] [--dtype f32|bf16|f16] [--stats]\n"
+    "                [--threads N]\n"
     "                --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "\n"
     "DESCRIPTION\n"
@@ -87,21 +88,29 @@ static const char HELP[] =
     "        Print one line on standard output: the prefill's length, the number\n"
     "        of steps, and how many times the steps after the first called the\n"
     "        allocator (0).\n"
+    CLI_HELP_THREADS
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
     "    Usage errors (exit 2): those of 'attn forward', and a --prefill below 0.\n"
     "\n"
+    CLI_HELP_FILES
+    "\n"
     CLI_HELP_NUMBERS
     "\n"
     CLI_HELP_EXIT
     "\n"
+    CLI_HELP_ENVIRONMENT
+    "\n"
     "EXAMPLE\n"
-    "    attn decode --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
+    "    attn decode --weights llama.safetensors \\\n"
+    "        --prefix model.layers.0.self_attn. \\\n"
     "        --num-heads 32 --num-kv-heads 8 --input x.npy --prefill 12 \\\n"
     "        --rope half --rope-base 500000.0 --window 4095,0 --output y.npy\n"
     "\n"
-    "    See docs/decoding.md for the KV cache and RoPE.\n";
+    "SEE ALSO\n"
+    "    attn forward --help (every option and the weights' names), attn --help;\n"
+    "    docs/decoding.md (the KV cache and RoPE), docs/half-precision.md.\n";
 
 /* An allocator that counts the calls it passes on to the context's own, so that
  * --stats can say how many times the decoding steps allocated. */
@@ -198,6 +207,7 @@ int cmd_decode(int argc, char **argv)
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
+    ctx.threads = (int)a.threads;
     counting_alloc counter = {ctx.allocator, 0};
     ctx.allocator.alloc = count_alloc;
     ctx.allocator.free = count_free;

@@ -50,7 +50,7 @@ static const char HELP[] =
     "                 [--window LEFT,RIGHT] [--softcap C]\n"
     "                 [--alibi | --alibi-slopes S.npy] [--bias B.npy] [--sinks S.npy]\n"
     "                 [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
-    "                 [--empty-rows error|zero]\n"
+    "                 [--empty-rows error|zero] [--threads N]\n"
     "                 --output Y.npy [--attention A.npy] [--lse L.npy]\n"
     "                 [--grad-output DY.npy [--grad-input DX.npy]\n"
     "                  [--grad-weights G.safetensors]]\n"
@@ -99,9 +99,9 @@ static const char HELP[] =
     "    --input X.npy\n"
     "        The input, [B, T, E] or [T, E].\n"
     "    --token-ids IDS.npy, --pad-id N\n"
-    "        Token ids [B, T] (or [T]; int32 or int64) and the pad id: keys whose id is\n"
-    "        N (any 64-bit whole number, e.g. -1 for none) are masked (a padding\n"
-    "        mask [B, 1, 1, T]). Give both or neither.\n"
+    "        Token ids [B, T] (or [T]; int32 or int64) and the pad id: keys whose\n"
+    "        id is N (any 64-bit whole number, e.g. -1 for none) are masked (a\n"
+    "        padding mask [B, 1, 1, T]). Give both or neither.\n"
     "    --causal\n"
     "        Position t attends to positions 0..t only (mask [1, 1, T, T]).\n"
     "    --causal-bottom-right\n"
@@ -127,8 +127,8 @@ static const char HELP[] =
     "        softmax denominator with no value; a row that sees no key then gets\n"
     "        zero output, not an error.\n"
     "    --mask M.npy\n"
-    "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
-    "        to [B, H, T, T] by numpy's rule.\n"
+    "        A boolean (or uint8) mask, true = may attend, of any shape that\n"
+    "        broadcasts to [B, H, T, T] by numpy's rule.\n"
     CLI_HELP_ROPE("        Here q and k are rotated after the projections, inside the library\n"
                   "        call, both at positions N .. N+T-1 (N = --rope-offset).\n")
     "    --empty-rows error|zero\n"
@@ -137,19 +137,20 @@ static const char HELP[] =
     "    --output Y.npy\n"
     "        Where to write the output (float32, the shape of X).\n"
     "    --attention A.npy\n"
-    "        Also write the attention weights, [B, H, T, T] (or [H, T, T] for [T, E]).\n"
+    "        Also write the attention weights, [B, H, T, T] (or [H, T, T] for\n"
+    "        [T, E]).\n"
     "    --lse L.npy\n"
     "        Also write the attention's log-sum-exp per query row, float32 [B, H, T]\n"
     "        (or [H, T] for [T, E]); see 'attn sdpa --help'.\n"
     "    --grad-output DY.npy\n"
-    "        Also run the backward pass: DY (float32, the shape of Y) is the gradient\n"
-    "        of a loss with respect to Y, e.g. all 1/N (N = Y's size) for the mean of\n"
-    "        Y. The forward is recomputed inside the call (docs/gradients.md,\n"
-    "        'Multi-head attention' and 'Grouped-query attention and RoPE'). Takes\n"
-    "        every weight name set (separate projections with --num-kv-heads too),\n"
-    "        every mask and option above and --rope (whose backward turns the\n"
-    "        gradients of q and k back by the same angles). Needs --grad-input or\n"
-    "        --grad-weights (or both).\n"
+    "        Also run the backward pass: DY (float32, or float64/float16 converted;\n"
+    "        the shape of Y) is the gradient of a loss with respect to Y, e.g. all\n"
+    "        1/N (N = Y's size) for the mean of Y. The forward is recomputed inside\n"
+    "        the call (docs/gradients.md, 'Multi-head attention' and 'Grouped-query\n"
+    "        attention and RoPE'). Takes every weight name set (separate\n"
+    "        projections with --num-kv-heads too), every mask and option above and\n"
+    "        --rope (whose backward turns the gradients of q and k back by the same\n"
+    "        angles). Needs --grad-input or --grad-weights (or both).\n"
     "    --grad-input DX.npy\n"
     "        Where to write the gradient with respect to X (float32, X's shape).\n"
     "    --grad-weights G.safetensors\n"
@@ -159,6 +160,7 @@ static const char HELP[] =
     "        With grouped-query attention the gradients of k_proj and v_proj sum\n"
     "        over the H / Hkv query heads that read each key/value head. A bias the\n"
     "        file does not have is zero, and no gradient is written for it.\n"
+    CLI_HELP_THREADS
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -175,24 +177,38 @@ static const char HELP[] =
     "    otherwise replaced). Slopes or sinks that are not [H] and a bias that\n"
     "    does not broadcast are errors (exit 1) that name the shapes.\n"
     "\n"
+    CLI_HELP_FILES
+    "\n"
+    "    The weights are a .safetensors file: F32, F16, BF16 or F64 tensors (see\n"
+    "    --weights), in any order in the file, with or without __metadata__; a\n"
+    "    header that lies (offsets out of range, overlapping tensors, gaps between\n"
+    "    them) is an error (exit 1) naming the file and the tensors.\n"
+    "\n"
     CLI_HELP_NUMBERS
     "\n"
     CLI_HELP_EXIT
     "\n"
+    CLI_HELP_ENVIRONMENT
+    "\n"
     "EXAMPLE\n"
     "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
     "        --token-ids ids.npy --pad-id 0 --causal --output y.npy --attention a.npy\n"
-    "    attn forward --weights llama.safetensors --prefix model.layers.0.self_attn. \\\n"
+    "    attn forward --weights llama.safetensors \\\n"
+    "        --prefix model.layers.0.self_attn. \\\n"
     "        --num-heads 32 --num-kv-heads 8 --input x.npy --causal \\\n"
     "        --rope half --rope-base 500000.0 --output y.npy\n"
-    "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy --causal \\\n"
+    "    attn forward --weights mha.safetensors --num-heads 4 --input x.npy \\\n"
+    "        --causal \\\n"
     "        --output y.npy --grad-output dy.npy --grad-input dx.npy \\\n"
     "        --grad-weights grads.safetensors\n"
     "    attn forward --weights llama.safetensors --num-heads 8 --num-kv-heads 2 \\\n"
     "        --input x.npy --causal --rope half --output y.npy \\\n"
     "        --grad-output dy.npy --grad-weights grads.safetensors\n"
     "\n"
-    "    See docs/files-and-cli.md for exporting weights from PyTorch.\n";
+    "SEE ALSO\n"
+    "    attn decode --help (the same block through a KV cache), attn sdpa --help\n"
+    "    (the attention alone), attn --help; docs/files-and-cli.md (exporting\n"
+    "    weights from PyTorch), docs/gradients.md.\n";
 
 /* Whether the file holds separate projections under prefix (*separate 1) or not;
  * fails (with the library's message) when the file cannot be opened. */
@@ -625,6 +641,7 @@ int cmd_forward(int argc, char **argv)
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
+    ctx.threads = (int)a.threads;
     fwd_data d;
     memset(&d, 0, sizeof d);
     attn_mha_packed *packed = NULL;

@@ -16,6 +16,7 @@
 typedef struct fwd_args {
     const char *weights, *prefix, *input, *ids_path, *mask_path, *output, *attention;
     int64_t num_heads, num_kv_heads, pad_id;
+    int64_t threads; /* --threads; 0: one per online core */
     int empty_rows;
     cli_sdpa_options so;
     cli_rope_options ro;
@@ -37,7 +38,8 @@ extern const char *const fwd_empty_choices[]; /* "error", "zero", NULL */
     {"mask", CLI_STRING, &(a)->mask_path, NULL, 0, 0, 0},                                 \
     {"empty-rows", CLI_CHOICE, &(a)->empty_rows, fwd_empty_choices, 0, 0, 0},             \
     {"output", CLI_STRING, &(a)->output, NULL, 0, 0, 0},                                  \
-    {"attention", CLI_STRING, &(a)->attention, NULL, 0, 0, 0}
+    {"attention", CLI_STRING, &(a)->attention, NULL, 0, 0, 0},                            \
+    {"threads", CLI_INT, &(a)->threads, NULL, 1, CLI_MAX_THREADS, 0}
 
 /* The usage rules after cli_parse: the required options, --token-ids with
  * --pad-id, distinct output files, section 6's and RoPE's rules (rope and

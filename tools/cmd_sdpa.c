@@ -37,7 +37,7 @@ static const char HELP[] =
     "              [--softcap C] [--alibi | --alibi-slopes S.npy] [--bias B.npy]\n"
     "              [--sinks S.npy] [--scale S] [--empty-rows error|zero]\n"
     "              [--rope interleaved|half [--rope-base B] [--rope-offset N]]\n"
-    "              [--dtype f32|bf16|f16]\n"
+    "              [--dtype f32|bf16|f16] [--threads N]\n"
     "              --output O.npy [--attention A.npy] [--lse L.npy]\n"
     "              [--grad-output DO.npy --grad-query DQ.npy --grad-key DK.npy\n"
     "               --grad-value DV.npy [--grad-bias DB.npy] [--grad-sinks DS.npy]]\n"
@@ -70,8 +70,9 @@ static const char HELP[] =
     "    --query Q.npy, --key K.npy, --value V.npy\n"
     "        The queries, keys and values.\n"
     "    --mask M.npy\n"
-    "        A boolean (or uint8) mask, true = may attend, of any shape that broadcasts\n"
-    "        to [B, H, Tq, Tk] by numpy's rule (e.g. a padding mask [B, 1, 1, Tk]).\n"
+    "        A boolean (or uint8) mask, true = may attend, of any shape that\n"
+    "        broadcasts to [B, H, Tq, Tk] by numpy's rule (e.g. a padding mask\n"
+    "        [B, 1, 1, Tk]).\n"
     "    --causal\n"
     "        Top-left causal (the chapter's; PyTorch's is_causal): query i attends to\n"
     "        keys 0..i only, for any Tq and Tk. Combines with --mask by AND.\n"
@@ -150,6 +151,7 @@ static const char HELP[] =
     "        holding the bfloat16 values exactly for bf16 (numpy has no bfloat16).\n"
     "        The weights and --lse stay float32. Not with --grad-output (the\n"
     "        backward is float32 only). See docs/half-precision.md.\n"
+    CLI_HELP_THREADS
     "    -h, --help\n"
     "        Print this help and exit.\n"
     "\n"
@@ -169,19 +171,30 @@ static const char HELP[] =
     "    slopes or sinks not [H], a bias that does not broadcast) are errors\n"
     "    (exit 1) that name the shapes.\n"
     "\n"
+    CLI_HELP_FILES
+    "\n"
     CLI_HELP_NUMBERS
     "\n"
     CLI_HELP_EXIT
+    "\n"
+    CLI_HELP_ENVIRONMENT
     "\n"
     "EXAMPLES\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal \\\n"
     "        --output o.npy --attention a.npy\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal-bottom-right \\\n"
-    "        --window 4095,0 --softcap 50 --sinks sinks.npy --output o.npy --lse l.npy\n"
+    "        --window 4095,0 --softcap 50 --sinks sinks.npy --output o.npy \\\n"
+    "        --lse l.npy\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal --output o.npy \\\n"
-    "        --grad-output do.npy --grad-query dq.npy --grad-key dk.npy --grad-value dv.npy\n"
+    "        --grad-output do.npy --grad-query dq.npy --grad-key dk.npy \\\n"
+    "        --grad-value dv.npy\n"
     "    attn sdpa --query q.npy --key k.npy --value v.npy --causal --dtype bf16 \\\n"
-    "        --output o.npy\n";
+    "        --output o.npy\n"
+    "\n"
+    "SEE ALSO\n"
+    "    attn forward --help (the same attention inside a multi-head block), attn\n"
+    "    --help; docs/files-and-cli.md (files, PyTorch equivalents of each option),\n"
+    "    docs/gradients.md, docs/half-precision.md.\n";
 
 /* Checks that a loaded q/k/v is a float array of 2 to 4 dimensions. */
 static int check_qkv(const char *opt, const char *path, const attn_array *a)
@@ -240,6 +253,7 @@ int cmd_sdpa(int argc, char **argv)
     static const char *const dtype_choices[] = {"f32", "bf16", "f16", NULL};
     static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     int dtype_ix = 0;
+    int64_t threads = 0; /* 0: one per online core */
     cli_opt opts[] = {
         {"query", CLI_STRING, &qp, NULL, 0, 0, 0},
         {"key", CLI_STRING, &kp, NULL, 0, 0, 0},
@@ -258,6 +272,7 @@ int cmd_sdpa(int argc, char **argv)
         {"grad-bias", CLI_STRING, &g[4], NULL, 0, 0, 0},
         {"grad-sinks", CLI_STRING, &g[5], NULL, 0, 0, 0},
         {"dtype", CLI_CHOICE, &dtype_ix, dtype_choices, 0, 0, 0},
+        {"threads", CLI_INT, &threads, NULL, 1, CLI_MAX_THREADS, 0},
     };
     const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
     int rc = cli_parse(PROG, argc, argv, opts, nopts, HELP);
@@ -289,6 +304,7 @@ int cmd_sdpa(int argc, char **argv)
 
     attn_ctx ctx;
     cli_ctx_init(&ctx);
+    ctx.threads = (int)threads;
     attn_array q = {0}, k = {0}, v = {0}, m = {0}, dout = {0};
     attn_tensor q16 = {0}, k16 = {0}, v16 = {0}; /* --dtype bf16|f16: the stored inputs */
     const attn_dtype dt = dtypes[dtype_ix];

@@ -534,6 +534,14 @@ int cli_outputs_spare_inputs(const char *prog, const cli_opt *opts, int nopts, i
         if (!in || !in->seen || in->kind != CLI_STRING)
             continue;
         const char *in_path = *(const char *const *)in->dest;
+        /* '-' is standard output for an output; for an input it would be read as a
+         * file named '-', which "No such file" explains badly. The readers seek, so
+         * standard input can only be a file redirected to it (/dev/stdin). */
+        if (in_path && strcmp(in_path, "-") == 0)
+            return cli_usage_error(prog,
+                                   "--%s -: inputs are read from files, not from a pipe; "
+                                   "give a file name (or /dev/stdin redirected from a file)",
+                                   inputs[k]);
         for (int i = 0; i < n; i++)
             if (paths[i] && in_path && same_file(paths[i], in_path))
                 return cli_usage_error(prog,

@@ -48,6 +48,66 @@
     "        not fit, a fully masked query row, out of memory.\n"                      \
     "    Every error prints exactly one line on stderr that names the problem.\n"
 
+/* The FILES paragraph of the programs that read .npy arrays: what the readers take
+ * (src/io/npy.c) and what the writers make (src/io/output.c). */
+#define CLI_HELP_FILES                                                                   \
+    "FILES\n"                                                                             \
+    "    Arrays are numpy .npy files (format 1.0, 2.0 or 3.0; little- or big-endian;\n"   \
+    "    C or Fortran order) of 1 to 4 dimensions, every size at least 1. Float\n"        \
+    "    inputs may be float32, float64 (rounded to float32) or float16 (exact);\n"       \
+    "    masks bool or uint8 (nonzero = may attend); token ids int32 or int64. Other\n"   \
+    "    dtypes, 0-d and empty arrays, truncated files and headers that lie about\n"      \
+    "    their sizes are errors (exit 1) naming the option, the file and the problem.\n"  \
+    "    An input must be a regular file: a directory, FIFO, pipe or device is\n"         \
+    "    refused at once, and '-' is a usage error (/dev/stdin redirected from a\n"      \
+    "    file is read).\n"                                                                \
+    "\n"                                                                                  \
+    "    Outputs are little-endian C-order .npy files, float32 unless said\n"             \
+    "    otherwise. Every output of a run is written to a temporary file beside it\n"     \
+    "    and renamed into place only when all are complete, so a failed run (a bad\n"     \
+    "    input, a full disk, Ctrl-C before the renames) changes no existing file.\n"    \
+    "    An existing file is replaced (its permission bits kept). An output that\n"      \
+    "    names an input file is refused before anything is read, two outputs that\n"     \
+    "    name one file before anything is written. '-' writes to standard output,\n"    \
+    "    and a character device or FIFO is written directly.\n"
+
+/* The ENVIRONMENT paragraph: every variable the library and these programs read
+ * (grep getenv in src/ and tools/). */
+#define CLI_HELP_ENVIRONMENT                                                             \
+    "ENVIRONMENT\n"                                                                       \
+    "    ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx|auto\n"                          \
+    "        Force a kernel path instead of the best one for this CPU (auto);\n"          \
+    "        avx512bf16 and amx are the avx512 build with a bfloat16 kernel of their\n"  \
+    "        own. A value that is not one of these, or a path this CPU cannot run,\n"    \
+    "        is ignored; 'attn bench' prints which path runs and why.\n"                  \
+    "    ATTN_BF16_EMULATE=1\n"                                                           \
+    "        Let avx512bf16 run on an AVX-512 CPU without AVX512-BF16 (vdpbf16ps\n"       \
+    "        emulated; for testing).\n"                                                   \
+    "    ATTN_TILE=BRxBC\n"                                                               \
+    "        Force the fused kernel's tile sizes (BR a multiple of 32 in 32..512, BC\n"   \
+    "        a multiple of 8 in 8..1024); another value is ignored.\n"                    \
+    "    ATTN_MICROTILE=8x2|4x4\n"                                                        \
+    "        Force the avx512 build's micro-tile shapes (the same bits either way).\n"    \
+    "    ATTN_FAIL_ALLOC_AT=N\n"                                                          \
+    "        Make the Nth allocation of attn forward, decode or sdpa fail (for\n"        \
+    "        testing the out-of-memory paths).\n"                                                                   \
+    "    ATTN_TEST_OUTPUT_PAUSE_MS=N\n"                                                   \
+    "        Wait N ms (1..600000) after the outputs are written and before they are\n"   \
+    "        renamed into place (for testing Ctrl-C).\n"
+
+/* attn bench's own variable, for its ENVIRONMENT and attn's. */
+#define CLI_HELP_BENCH_CLOCK                                                             \
+    "    ATTN_BENCH_CLOCK=cpu\n"                                                          \
+    "        attn bench times the calling thread's CPU time instead of the wall\n"       \
+    "        clock: on a busy machine, a --threads 1 figure without the waits.\n"
+
+/* The --threads option of attn sdpa, forward and decode. */
+#define CLI_HELP_THREADS                                                                 \
+    "    --threads N\n"                                                                   \
+    "        Worker threads, a whole number in 1..1024 (default: one per online\n"        \
+    "        core). Every output has the same bits for any N.\n"
+#define CLI_MAX_THREADS 1024
+
 typedef enum cli_kind {
     CLI_FLAG,   /* no value; *(int *)dest = 1 */
     CLI_STRING, /* *(const char **)dest = the value, which must not be empty */
@@ -237,7 +297,8 @@ int cli_distinct_outputs(const char *prog, int n, const char *const *names,
  * one of the input options in `inputs` (NULL-terminated option names; those not in
  * opts, or not given, are skipped): "--grad-weights w.safetensors is also read as
  * --weights: ...". A run would otherwise replace the user's weights or
- * arrays with its results. */
+ * arrays with its results. An input given as '-' is a usage error too: '-' is
+ * standard output, and the readers cannot read a pipe. */
 int cli_outputs_spare_inputs(const char *prog, const cli_opt *opts, int nopts, int n,
                              const char *const *names, const char *const *paths,
                              const char *const *inputs);

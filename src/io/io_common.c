@@ -63,19 +63,29 @@ int attn__rfile_open(attn_ctx *ctx, attn__rfile *rf, const char *path)
     rf->path = path;
     if (!path)
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "no file name given");
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* O_NONBLOCK so that opening a FIFO nobody writes to returns at once instead of
+     * waiting for a writer forever: only regular files are read (the readers seek),
+     * so a FIFO is refused just below, and for a regular file the flag changes
+     * nothing. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open: %s", path,
                           strerror(errno));
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
+    if (fstat(fd, &sb) != 0) {
         int e = errno;
-        fclose(f);
+        close(fd);
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(sb.st_mode)) {
-        fclose(f);
+        close(fd);
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: not a regular file", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open: %s", path, strerror(e));
     }
     rf->f = f;
     rf->size = (uint64_t)sb.st_size;
