@@ -47,7 +47,10 @@ refuse "trailing junk is refused" "--num-heads takes a whole number, not '4x'" -
 refuse "a leading '+' is refused" "--num-heads takes a whole number, not '+4'" --num-heads +4
 refuse "hex is refused" "--seq-len takes a whole number, not '0x10'" --seq-len 0x10
 refuse "a seed beyond 64 bits is refused" "--seed does not fit in 64 bits (got 99999999999999999999)" --seed 99999999999999999999
-refuse "a sample outside the batch is refused" "--sample 2 is out of range for --batch-size 2" --sample 2
+refuse "a sample outside the batch is refused" "--sample 2 is out of range for --batch-size 2" --sample 2 --values
+refuse "--sample alone (it would change nothing) is refused" "--sample picks the sample that --values, --heatmap and --show show" --sample 1
+refuse "--head without --values (the seven lines show head 0) is refused" "--head picks the head that --values shows" --head 2
+refuse "--head with --show alone is refused too" "--head picks the head that --values shows" --head 1 --show
 refuse "an unknown flag is refused" "unknown option '--bogus'" --bogus
 refuse "a missing value is refused" "--seed needs a value" --seed
 refuse "sizes too large for memory are refused" "too large" --seq-len 1000000 --batch-size 1000000

@@ -230,8 +230,8 @@ static int parse_options(int argc, char **argv, options *o)
     o->dump = NULL;
     o->heatmap = NULL;
     o->show = 0;
-    o->sample = 0;
-    o->head = 0;
+    o->sample = -1; /* -1: not given (the option's range starts at 0) */
+    o->head = -1;
     o->values = 0;
     o->impl = IMPL_REF;
     o->layout = LAYOUT_FUSED;
@@ -264,6 +264,19 @@ static int parse_options(int argc, char **argv, options *o)
         return cli_usage_error(prog, "--heatmap and --show draw at most --seq-len 256 and "
                                "--num-heads 64, got %" PRId64 " and %" PRId64,
                                o->seq_len, o->num_heads);
+    /* An option that changes nothing is a mistake the learner should hear about:
+     * `--head 2` alone would print the seven lines, which show head 0, and leave
+     * them thinking they were looking at head 2. */
+    if (o->sample >= 0 && !(o->values || o->heatmap || o->show))
+        return cli_usage_error(prog, "--sample picks the sample that --values, --heatmap and "
+                               "--show show; give one of them with it");
+    if (o->head >= 0 && !o->values)
+        return cli_usage_error(prog, "--head picks the head that --values shows; give "
+                               "--values with it (the seven lines always show head 0)");
+    if (o->sample < 0)
+        o->sample = 0;
+    if (o->head < 0)
+        o->head = 0;
     if (o->sample >= o->batch_size)
         return cli_usage_error(prog, "--sample %" PRId64 " is out of range for --batch-size %"
                                PRId64 " (samples are 0 .. %" PRId64 ")",
