@@ -148,9 +148,6 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
  * on S2 and 1-4% less on S3, S4 and S8 (one thread, CPU time, interleaved runs;
  * docs/performance.md). */
 #define FB_SLICE 32
-#ifndef FB_FAST_KEYS
-#define FB_FAST_KEYS SIMD_W
-#endif
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
 #if defined(ATTN_SIMD_AVX512)
@@ -541,49 +538,38 @@ FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e
  * L log2(e)) (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen
  * for a hidden key in both. dS goes to dsx only
  * (without a softcap the two are the same). */
-/* What fb_rows_tile_fast needs of one sub-block that does not change along the
- * tile: its rows' ranges [ra, re) in the tile, as floats too (for the choosing
- * by key index), -L log2(e) and Delta of its rows, and its slots of the block's
- * buffers. Set once per block and tile (fb_block_tile), not once per slice. */
-typedef struct fb_fast_sub {
-    fb_sub w;
-    const int64_t *ra, *re;
-    const float *nl2, *delta;
-    float fa[FB_R], fe[FB_R];
-    float scale2; /* fb_scale2 */
-} fb_fast_sub;
-
 /* One step of fb_rows_tile_fast: the nv vectors of keys from jv (nv <= FB_NV, a
- * constant at each call). */
-FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const fb_fast_sub *f,
+ * constant at each call, which unrolls the loops over them). */
+FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const float *nl2,
+                            const float *delta, const fb_sub *w, const int64_t *ra,
+                            const int64_t *re, const float *fa, const float *fe,
                             simd_f32 vscale2, simd_f32 iota, int64_t jv, int nv)
 {
-    const fb_sub *w = &f->w;
     simd_f32 x[FB_R][FB_NV];
     fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x, nv);
     for (int r = 0; r < FB_R; r++) {
         /* Whole vectors inside the row's range need no choosing. */
-        const int whole = jv >= f->ra[r] && jv + nv * SIMD_W <= f->re[r];
-        const simd_f32 vnl2 = simd_set1(f->nl2[r]);
+        const int whole = jv >= ra[r] && jv + nv * SIMD_W <= re[r];
+        const simd_f32 vnl2 = simd_set1(nl2[r]);
         for (int c = 0; c < nv; c++) {
             const int64_t j = jv + c * SIMD_W;
             simd_f32 pv = simd_exp2_nonpos(simd_fma(x[r][c], vscale2, vnl2));
             if (!whole)
-                pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)),
-                                   simd_set1(f->fa[r]), simd_set1(f->fe[r]));
+                pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)), simd_set1(fa[r]),
+                                   simd_set1(fe[r]));
             simd_store(w->p + r * bcp + j, pv);
         }
     }
     fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x, nv);
     for (int r = 0; r < FB_R; r++) {
-        const int whole = jv >= f->ra[r] && jv + nv * SIMD_W <= f->re[r];
-        const simd_f32 vdelta = simd_set1(f->delta[r]);
+        const int whole = jv >= ra[r] && jv + nv * SIMD_W <= re[r];
+        const simd_f32 vdelta = simd_set1(delta[r]);
         for (int c = 0; c < nv; c++) {
             const int64_t j = jv + c * SIMD_W;
             simd_f32 dsv = simd_mul(simd_load(w->p + r * bcp + j), simd_sub(x[r][c], vdelta));
             if (!whole)
-                dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)),
-                                    simd_set1(f->fa[r]), simd_set1(f->fe[r]));
+                dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)), simd_set1(fa[r]),
+                                    simd_set1(fe[r]));
             simd_store(w->dsx + r * bcp + j, dsv);
         }
     }
@@ -601,17 +587,25 @@ FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const fb_fa
  * SIMD_W keys, not necessarily FB_NV of them): FB_NV vectors a step, then one at
  * a time for what is left, so that on the causal diagonal, where a sub-block's
  * rows end 8 keys apart, the keys scored are rounded up to one vector, not FB_NV
- * (fb_sub_range). fb_block_tile sets f once per tile for all its slices. */
-static void fb_rows_tile_fast(const attn__sdpa_shapes *s, int64_t bcp, const fb_fast_sub *f,
-                              int64_t jv0, int64_t jv1)
+ * (fb_sub_range). */
+static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
+                              const float *delta, const fb_sub *w, const int64_t *ra,
+                              const int64_t *re, int64_t jv0, int64_t jv1)
 {
-    const simd_f32 vscale2 = simd_set1(f->scale2), iota = simd_load(fb_iota);
+    const attn__sdpa_shapes *s = &job->bs->s;
+    const int64_t bcp = job->bcp;
+    const simd_f32 vscale2 = simd_set1(fb_scale2(s)), iota = simd_load(fb_iota);
+    float fa[FB_R], fe[FB_R];
+    for (int r = 0; r < FB_R; r++) {
+        fa[r] = (float)ra[r];
+        fe[r] = (float)re[r];
+    }
     int64_t jv = jv0;
     for (; jv + FB_NV * SIMD_W <= jv1; jv += FB_NV * SIMD_W)
-        fb_fast_step(s, bcp, f, vscale2, iota, jv, FB_NV);
+        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, FB_NV);
 #if FB_NV > 1
     for (; jv < jv1; jv += SIMD_W)
-        fb_fast_step(s, bcp, f, vscale2, iota, jv, 1);
+        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, 1);
 #endif
 }
 
@@ -792,7 +786,7 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         if (!reach)
             continue;
         if (fast)
-            fb_sub_range(job, rs, sb, j0, n, FB_FAST_KEYS, ra[sb], re[sb], &jlo[sb], &jhi[sb], &vlo[sb],
+            fb_sub_range(job, rs, sb, j0, n, SIMD_W, ra[sb], re[sb], &jlo[sb], &jhi[sb], &vlo[sb],
                          &vhi[sb]);
         else
             fb_rows_tile(job, b, h, rs, j0, n, slope, w, sb, &jlo[sb], &jhi[sb], &vlo[sb],
@@ -813,28 +807,14 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
          * whole packed tile is not. Each key's values are computed by the same
          * operations in the same order as in fb_rows_tile, whatever the slices
          * and however many vectors a step takes. */
-        const attn__sdpa_shapes *s = &job->bs->s;
-        const float scale2 = fb_scale2(s);
-        fb_fast_sub f[FB_SB];
-        for (int sb = 0; sb < nsb; sb++) {
-            if (vlo[sb] >= vhi[sb])
-                continue;
-            f[sb].w = fb_sub_of(job, w, sb);
-            f[sb].ra = ra[sb];
-            f[sb].re = re[sb];
-            f[sb].nl2 = rs->nl2 + sb * FB_R;
-            f[sb].delta = rs->delta + sb * FB_R;
-            f[sb].scale2 = scale2;
-            for (int r = 0; r < FB_R; r++) {
-                f[sb].fa[r] = (float)ra[sb][r];
-                f[sb].fe[r] = (float)re[sb][r];
-            }
-        }
         for (int64_t jv = vmin / FB_SLICE * FB_SLICE; jv < vmax; jv += FB_SLICE)
             for (int sb = 0; sb < nsb; sb++) {
                 const int64_t a = fb_max(jv, vlo[sb]), e = fb_min(jv + FB_SLICE, vhi[sb]);
-                if (a < e)
-                    fb_rows_tile_fast(s, job->bcp, &f[sb], a, e);
+                if (a < e) {
+                    const fb_sub sub = fb_sub_of(job, w, sb);
+                    fb_rows_tile_fast(job, rs->nl2 + sb * FB_R, rs->delta + sb * FB_R, &sub,
+                                      ra[sb], re[sb], a, e);
+                }
             }
     }
     if (hi <= lo) {
