@@ -670,6 +670,79 @@ static void test_forms_agree(void)
         }
 }
 
+/* Without a mask, bias, ALiBi or softcap the kernel makes P and dS in registers
+ * (fb_rows_tile_fast), and on AVX-512 it scores the causal diagonal's last keys
+ * one vector (16 keys) at a time where a step of two would reach past the rows'
+ * keys; an all-true mask gives the same visible keys through the general path
+ * (scores stored, then the options applied), which scores whole steps of two.
+ * Both compute every value by the same operations in the same order, so the
+ * gradients must agree bit for bit, on shapes whose sub-blocks end on every
+ * offset within a step (113, a bottom-right 40 x 100, a window) and on 1 and 2
+ * threads. */
+static void test_fast_general_agree(void)
+{
+    TEST("causal (top-left 113 x 113, bottom-right 40 x 100) and window problems get the "
+         "same bits of dq, dk and dv with no mask (P and dS in registers, the diagonal by "
+         "single vectors) as with an all-true mask (the general path), on every "
+         "instruction set, 1 and 2 threads");
+    static const struct {
+        int opt;
+        int64_t Tq, Tk;
+    } cases[] = {{OPT_CAUSAL_TL, 113, 113}, {OPT_CAUSAL_BR, 40, 100}, {OPT_WINDOW, 113, 113}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        problem P;
+        memset(&P, 0, sizeof P);
+        P.B = 2; /* two (b, hk) items: the one-pass form */
+        P.H = 2;
+        P.Hkv = 1;
+        P.Tq = cases[c].Tq;
+        P.Tk = cases[c].Tk;
+        P.D = P.Dv = 64;
+        P.opt = cases[c].opt;
+        problem_make(&P, 6100 + (uint64_t)c);
+        /* The same problem with every key let through by a mask. */
+        problem M = P;
+        const int64_t nm = P.B * P.Tq * P.Tk;
+        unsigned char *ones = malloc((size_t)nm);
+        memset(ones, 1, (size_t)nm);
+        const int64_t sh[4] = {P.B, 1, P.Tq, P.Tk};
+        attn_tensor_init(NULL, &M.tmask, ATTN_DTYPE_BOOL, ones, 4, sh);
+        M.p.mask = &M.tmask;
+        const int64_t nq = P.B * P.H * P.Tq * P.D, nk = P.B * P.Hkv * P.Tk * P.D;
+        const int64_t nv = P.B * P.Hkv * P.Tk * P.Dv;
+        float *out = calloc((size_t)(P.B * P.H * P.Tq * P.Dv), sizeof(float));
+        float *lse = calloc((size_t)(P.B * P.H * P.Tq), sizeof(float));
+        CHECK_INT(forward(&P, out, lse), ATTN_OK);
+        for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+            if (!attn_arch_supported(fused_archs[a]))
+                continue;
+            for (int threads = 1; threads <= 2; threads++) {
+                grads gf, gm;
+                grads_alloc(&P, &gf);
+                grads_alloc(&P, &gm);
+                CHECK_INT(backward(&P, out, lse, fused_archs[a], threads, &gf), ATTN_OK);
+                CHECK_INT(backward(&M, out, lse, fused_archs[a], threads, &gm), ATTN_OK);
+                const int same = same_bits(gf.dq, gm.dq, nq) && same_bits(gf.dk, gm.dk, nk) &&
+                                 same_bits(gf.dv, gm.dv, nv);
+                if (!same)
+                    fprintf(stderr,
+                            "   %s, %s, %d threads, Tq=%lld Tk=%lld: no mask dq[0] %.9g "
+                            "dk[0] %.9g dv[0] %.9g; all-true mask %.9g %.9g %.9g\n",
+                            opt_names[cases[c].opt], attn_arch_name(fused_archs[a]), threads,
+                            (long long)P.Tq, (long long)P.Tk, gf.dq[0], gf.dk[0], gf.dv[0],
+                            gm.dq[0], gm.dk[0], gm.dv[0]);
+                CHECK(same);
+                grads_free(&gf);
+                grads_free(&gm);
+            }
+        }
+        free(out);
+        free(lse);
+        free(ones);
+        problem_free(&P);
+    }
+}
+
 /* A [B, Hx, T, Dx] view of a buffer whose rows are padded to Dx + 16 floats
  * (gap set) or whose last index takes every other float (gap clear). */
 static attn_tensor strided_view(float *buf, int64_t B, int64_t Hx, int64_t T, int64_t Dx, int gap)
@@ -865,6 +938,7 @@ int main(void)
     test_nan_in_dout_wide();
     test_nan_in_v_hidden();
     test_forms_agree();
+    test_fast_general_agree();
     test_strided_outputs();
     test_hidden_key_exact_zero();
     test_threads_used();

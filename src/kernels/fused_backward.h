@@ -464,14 +464,16 @@ static void fb_fill_range(float *vis, int64_t a, int64_t e, int64_t jv0, int64_t
 }
 
 /* x[r][c] = sum over d < n of rows[r][d] * tile[d * bcp + c * SIMD_W], for the FB_R
- * rows and FB_NV vectors of keys: the register block both of fb_rows_tile's
- * products use (q K^T and dO V^T). Each loaded tile vector feeds FB_R FMAs, each
- * broadcast row element FB_NV; the sums run in d order. */
+ * rows and nv vectors of keys (nv <= FB_NV, a constant at each call, which unrolls
+ * the loops over c): the register block both of fb_rows_tile's products use (q
+ * K^T and dO V^T). Each loaded tile vector feeds FB_R FMAs, each broadcast row
+ * element nv; the sums run in d order, whatever nv, so a key's value does not
+ * depend on the block it was computed in. */
 FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile, int64_t bcp,
-                               int64_t n, simd_f32 x[FB_R][FB_NV])
+                               int64_t n, simd_f32 x[FB_R][FB_NV], int nv)
 {
     for (int r = 0; r < FB_R; r++)
-        for (int c = 0; c < FB_NV; c++)
+        for (int c = 0; c < nv; c++)
             x[r][c] = simd_zero();
     /* Rows equally spaced in memory (consecutive rows of q or dO read in place,
      * the usual case) are read from one pointer at fixed offsets: the loop then
@@ -488,11 +490,11 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
         const int64_t step = (int64_t)(ld / (intptr_t)sizeof(float));
         for (int64_t d = 0; d < n; d++) {
             simd_f32 t[FB_NV];
-            for (int c = 0; c < FB_NV; c++)
+            for (int c = 0; c < nv; c++)
                 t[c] = simd_load(tile + d * bcp + c * SIMD_W);
             for (int r = 0; r < FB_R; r++) {
                 const simd_f32 g = simd_set1(row0[r * step + d]);
-                for (int c = 0; c < FB_NV; c++)
+                for (int c = 0; c < nv; c++)
                     x[r][c] = simd_fma(g, t[c], x[r][c]);
             }
         }
@@ -500,11 +502,11 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
     }
     for (int64_t d = 0; d < n; d++) {
         simd_f32 t[FB_NV];
-        for (int c = 0; c < FB_NV; c++)
+        for (int c = 0; c < nv; c++)
             t[c] = simd_load(tile + d * bcp + c * SIMD_W);
         for (int r = 0; r < FB_R; r++) {
             const simd_f32 g = simd_set1(rows[r][d]);
-            for (int c = 0; c < FB_NV; c++)
+            for (int c = 0; c < nv; c++)
                 x[r][c] = simd_fma(g, t[c], x[r][c]);
         }
     }
@@ -536,6 +538,58 @@ FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e
  * L log2(e)) (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen
  * for a hidden key in both. dS goes to dsx only
  * (without a softcap the two are the same). */
+/* One step of fb_rows_tile_fast: the nv vectors of keys from jv (nv <= FB_NV, a
+ * constant at each call, which unrolls the loops over them). */
+FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const float *nl2,
+                            const float *delta, const fb_sub *w, const int64_t *ra,
+                            const int64_t *re, const float *fa, const float *fe,
+                            simd_f32 vscale2, simd_f32 iota, int64_t jv, int nv)
+{
+    simd_f32 x[FB_R][FB_NV];
+    fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x, nv);
+    for (int r = 0; r < FB_R; r++) {
+        /* Whole vectors inside the row's range need no choosing. */
+        const int whole = jv >= ra[r] && jv + nv * SIMD_W <= re[r];
+        const simd_f32 vnl2 = simd_set1(nl2[r]);
+        for (int c = 0; c < nv; c++) {
+            const int64_t j = jv + c * SIMD_W;
+            simd_f32 pv = simd_exp2_nonpos(simd_fma(x[r][c], vscale2, vnl2));
+            if (!whole)
+                pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)), simd_set1(fa[r]),
+                                   simd_set1(fe[r]));
+            simd_store(w->p + r * bcp + j, pv);
+        }
+    }
+    fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x, nv);
+    for (int r = 0; r < FB_R; r++) {
+        const int whole = jv >= ra[r] && jv + nv * SIMD_W <= re[r];
+        const simd_f32 vdelta = simd_set1(delta[r]);
+        for (int c = 0; c < nv; c++) {
+            const int64_t j = jv + c * SIMD_W;
+            simd_f32 dsv = simd_mul(simd_load(w->p + r * bcp + j), simd_sub(x[r][c], vdelta));
+            if (!whole)
+                dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)), simd_set1(fa[r]),
+                                    simd_set1(fe[r]));
+            simd_store(w->dsx + r * bcp + j, dsv);
+        }
+    }
+}
+
+/* fb_rows_tile's work when no key is hidden by anything but the range [ra[r],
+ * re[r]) of its row (no mask, bias, ALiBi or softcap) and no one reads vis (the
+ * block's rows and the tile's keys are finite): P and dS are made in registers
+ * as each vector of scores and of dP comes out of its products, instead of being
+ * stored, read back and stored again. Every value is what the general path
+ * computes, by the same operations in the same order: P = 2^(x (scale log2(e)) -
+ * L log2(e)) (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen
+ * for a hidden key in both. dS goes to dsx only
+ * (without a softcap the two are the same). [jv0, jv1) is whole vectors (of
+ * SIMD_W keys, not necessarily FB_NV of them): FB_NV vectors a step, then one at
+ * a time for what is left, so that on the causal diagonal, where a sub-block's
+ * rows end 8 keys apart, the keys scored are rounded up to one vector, not FB_NV
+ * (fb_sub_range): a sixth fewer of a 64 x 64 diagonal tile's scores on AVX-512,
+ * 2% less time with a causal window of 128 keys, within the noise on S2
+ * (docs/performance.md, "A fifth look"). */
 static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
                               const float *delta, const fb_sub *w, const int64_t *ra,
                               const int64_t *re, int64_t jv0, int64_t jv1)
@@ -548,36 +602,13 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
         fa[r] = (float)ra[r];
         fe[r] = (float)re[r];
     }
-    for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
-        simd_f32 x[FB_R][FB_NV];
-        fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x);
-        for (int r = 0; r < FB_R; r++) {
-            /* Whole vectors inside the row's range need no choosing. */
-            const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
-            const simd_f32 vnl2 = simd_set1(nl2[r]);
-            for (int c = 0; c < FB_NV; c++) {
-                const int64_t j = jv + c * SIMD_W;
-                simd_f32 pv = simd_exp2_nonpos(simd_fma(x[r][c], vscale2, vnl2));
-                if (!whole)
-                    pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)),
-                                       simd_set1(fa[r]), simd_set1(fe[r]));
-                simd_store(w->p + r * bcp + j, pv);
-            }
-        }
-        fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x);
-        for (int r = 0; r < FB_R; r++) {
-            const int whole = jv >= ra[r] && jv + FB_NV * SIMD_W <= re[r];
-            const simd_f32 vdelta = simd_set1(delta[r]);
-            for (int c = 0; c < FB_NV; c++) {
-                const int64_t j = jv + c * SIMD_W;
-                simd_f32 dsv = simd_mul(simd_load(w->p + r * bcp + j), simd_sub(x[r][c], vdelta));
-                if (!whole)
-                    dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)),
-                                        simd_set1(fa[r]), simd_set1(fe[r]));
-                simd_store(w->dsx + r * bcp + j, dsv);
-            }
-        }
-    }
+    int64_t jv = jv0;
+    for (; jv + FB_NV * SIMD_W <= jv1; jv += FB_NV * SIMD_W)
+        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, FB_NV);
+#if FB_NV > 1
+    for (; jv < jv1; jv += SIMD_W)
+        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, 1);
+#endif
 }
 
 /* For sub-block sb of w's block, the FB_R rows of (b, h) in slots sb * FB_R on
@@ -591,10 +622,13 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
  * cost about half), and only they may be read afterwards; [*vlo, *vhi) is the
  * range of key vectors scored, which holds it. */
 /* The part of fb_rows_tile's work that needs no key: the tile's range [ra[r],
- * re[r]) of each row of sub-block sb, and [*jlo, *jhi), [*vlo, *vhi) as above. */
+ * re[r]) of each row of sub-block sb, and [*jlo, *jhi), [*vlo, *vhi) as above,
+ * the latter rounded out to multiples of step keys: FB_NV vectors for
+ * fb_rows_tile's loop, one vector for fb_rows_tile_fast's, which takes a last
+ * single vector where FB_NV would reach past the rows' keys. */
 static void fb_sub_range(const attn__fused_bwd_job *job, const fb_rows *rs, int sb, int64_t j0,
-                         int64_t n, int64_t ra[FB_R], int64_t re[FB_R], int64_t *jlo,
-                         int64_t *jhi, int64_t *vlo, int64_t *vhi)
+                         int64_t n, int64_t step, int64_t ra[FB_R], int64_t re[FB_R],
+                         int64_t *jlo, int64_t *jhi, int64_t *vlo, int64_t *vhi)
 {
     const int64_t *rows = rs->i + sb * FB_R;
     int64_t ulo = n, uhi = 0;
@@ -610,7 +644,6 @@ static void fb_sub_range(const attn__fused_bwd_job *job, const fb_rows *rs, int 
     uhi = fb_max(ulo, uhi);
     *jlo = ulo;
     *jhi = uhi;
-    const int64_t step = FB_NV * SIMD_W;
     const int64_t jv0 = ulo / step * step, jv1 = fb_min(job->bcp, (uhi + step - 1) / step * step);
     *vlo = jv0;
     *vhi = jv1;
@@ -627,7 +660,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
     const fb_sub sub = fb_sub_of(job, w0, sb), *w = &sub;
     const int64_t *rows = rs->i + sb * FB_R;
     int64_t ra[FB_R], re[FB_R];
-    fb_sub_range(job, rs, sb, j0, n, ra, re, jlo, jhi, vlo, vhi);
+    fb_sub_range(job, rs, sb, j0, n, FB_NV * SIMD_W, ra, re, jlo, jhi, vlo, vhi);
     const int64_t jv0 = *vlo, jv1 = *vhi;
     const attn__sdpa_bwd_shapes *bs = job->bs;
     const attn__sdpa_shapes *s = &bs->s;
@@ -655,7 +688,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
      * (dO_i[d]) FB_NV. The softcap's tanh is kept for its derivative. */
     for (int64_t jv = jv0; jv < jv1; jv += FB_NV * SIMD_W) {
         simd_f32 x[FB_R][FB_NV];
-        fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x);
+        fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x, FB_NV);
         for (int r = 0; r < FB_R; r++)
             for (int c = 0; c < FB_NV; c++) {
                 const int64_t at = r * bcp + jv + c * SIMD_W;
@@ -671,7 +704,7 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 }
                 simd_store(w->p + at, xr); /* the score so far */
             }
-        fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x);
+        fb_rows_by_tile(w->drow, w->vt + jv, bcp, s->Dv, x, FB_NV);
         for (int r = 0; r < FB_R; r++)
             for (int c = 0; c < FB_NV; c++)
                 simd_store(w->ds + r * bcp + jv + c * SIMD_W, x[r][c]); /* dP for now */
@@ -755,7 +788,7 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         if (!reach)
             continue;
         if (fast)
-            fb_sub_range(job, rs, sb, j0, n, ra[sb], re[sb], &jlo[sb], &jhi[sb], &vlo[sb],
+            fb_sub_range(job, rs, sb, j0, n, SIMD_W, ra[sb], re[sb], &jlo[sb], &jhi[sb], &vlo[sb],
                          &vhi[sb]);
         else
             fb_rows_tile(job, b, h, rs, j0, n, slope, w, sb, &jlo[sb], &jhi[sb], &vlo[sb],
@@ -773,8 +806,9 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         /* Slices of FB_SLICE keys outside, sub-blocks inside: the slice's columns
          * of K^T and V^T (2 x D x FB_SLICE floats, 16 KiB for D = 64) are read by
          * every sub-block while they are in the first-level cache, where the
-         * whole packed tile is not. Each sub-block's key steps are computed
-         * exactly as in fb_rows_tile, whatever the slices. */
+         * whole packed tile is not. Each key's values are computed by the same
+         * operations in the same order as in fb_rows_tile, whatever the slices
+         * and however many vectors a step takes. */
         for (int64_t jv = vmin / FB_SLICE * FB_SLICE; jv < vmax; jv += FB_SLICE)
             for (int sb = 0; sb < nsb; sb++) {
                 const int64_t a = fb_max(jv, vlo[sb]), e = fb_min(jv + FB_SLICE, vhi[sb]);
