@@ -1001,8 +1001,8 @@ static void fk_prime_kv(const attn__sdpa_shapes *s, const float *kb, const float
  * the worker takes next when it runs alone and the other worker often does (the
  * lines wait in this core's L2, or the other core's read finds them there rather
  * than in memory). Items run head by head (fk_tile_begin), so that first key tile
- * is in memory only when item + 1 starts a head. Measured (1 thread, CPU time,
- * docs/performance.md): S2 4.6%, S3 4-5%, S4 3.4%, S6 8%, S8 2.9% faster. */
+ * is in memory only when item + 1 starts a head. It made S2-S8 3-6% faster with
+ * 1 thread (docs/performance.md, the float32 forward's sixth session). */
 static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t item,
                           int64_t jn, int64_t j_end)
 {
