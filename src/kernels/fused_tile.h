@@ -960,13 +960,13 @@ static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
 #endif
 
 /* Asks the L2 for the first FK_PRIME_LINES cache lines of every 4 KiB page of
- * [p, p + bytes) (`write`: to be written). Why only those: the core's own
- * requests, software prefetches included, each hold one of its few L1 fill buffers
- * until the line arrives, so asking for every line of a 16 KiB tile in a burst
- * stalls the loads of the products behind them (a prefetch of all 256 lines of the
- * next item's query rows measured slower than two a page); while two requests in a
- * page set the L2's own streaming prefetcher, which runs page by page, fetching the
- * rest without them. Nothing is read here, so nothing changes a bit of the result. */
+ * [p, p + bytes) (`write`: to be written). Why only those: asking for every line
+ * of a 16 KiB tile measured slower than two a page (and, for the item's own query
+ * rows, moved the wait into the prefetch loop), which fits the core's own requests,
+ * software prefetches included, each holding one of its few L1 fill buffers until
+ * the line arrives; two requests in a page are enough to set the L2's own
+ * streaming prefetcher, which works page by page, on the rest. Nothing is read
+ * here, so nothing changes a bit of the result. */
 static void fk_prime(const void *p, int64_t bytes, int write)
 {
     const uintptr_t end = (uintptr_t)p + (uintptr_t)bytes;
@@ -998,11 +998,11 @@ static void fk_prime_kv(const attn__sdpa_shapes *s, const float *kb, const float
  * time of a tile's products covers a fetch from memory): before each key tile but
  * the last, the next one's K and V; before the last, this item's out rows, which
  * its weighted sum then writes, and item + 1's query rows and first key tile, which
- * the worker takes next when it runs alone and the other worker often does (the
- * lines wait in this core's L2, or the other core's read finds them there rather
- * than in memory). Items run head by head (fk_tile_begin), so that first key tile
- * is in memory only when item + 1 starts a head. It made S2-S8 3-6% faster with
- * 1 thread (docs/performance.md, the float32 forward's sixth session). */
+ * the worker takes next when it runs alone (with more workers item + 1 may already
+ * run elsewhere; asking for item + 2's as well measured slower with 1 thread and
+ * could not be told apart with 2). Items run head by head (fk_tile_begin), so that
+ * first key tile is in memory only when item + 1 starts a head. The figures are in
+ * docs/performance.md (the float32 forward's sixth session). */
 static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t item,
                           int64_t jn, int64_t j_end)
 {
