@@ -126,6 +126,8 @@ typedef struct fk_tile {
     float *l;                  /* [br] running sum */
     float *alpha;              /* [br] this key tile's correction factor */
     float *inv;                /* [br] 1 / l, 0 for an empty row, NaN for a NaN row */
+    float *cmax;               /* [br] a FULL key tile's max of S per row, gathered by
+                                  the score product (fk_max_in_scores) */
 } fk_tile;
 
 /* Scratch floats one worker needs on the tile path: the buffers of fk_tile. */
@@ -133,7 +135,7 @@ static int64_t fk_tile_ws_floats(const attn__fused_job *job)
 {
     const int64_t br = job->br, bc = job->bc, dvp = job->dvp;
     return fk_align(br * job->s->D) + fk_align(bc * dvp) + fk_align(bc * br) +
-           fk_align(br * dvp) + 4 * fk_align(br);
+           fk_align(br * dvp) + 5 * fk_align(br);
 }
 
 /* ---- Pack ----------------------------------------------------------------------- */
@@ -276,6 +278,7 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->l = t->m + fk_align(t->br);
     t->alpha = t->l + fk_align(t->br);
     t->inv = t->alpha + fk_align(t->br);
+    t->cmax = t->inv + fk_align(t->br);
 
     int64_t kvb, kvh;
     fk_kv_head(s, t->b, t->h, &kvb, &kvh);
@@ -360,7 +363,7 @@ static int64_t fk_keys_seen(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
  * micro-panel [D][FK_QW]; nq <= FK_NQV, a constant at each call site), summed over
  * d in increasing order; ST has key stride ldst. */
 FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const float *qt,
-                         float *ST, int64_t ldst, simd_f32 vscale, const int nq)
+                         float *ST, int64_t ldst, simd_f32 vscale, float *cmax, const int nq)
 {
     simd_f32 acc[FK_MK][FK_NQV];
     for (int kk = 0; kk < FK_MK; kk++)
@@ -377,8 +380,17 @@ FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const 
         }
     }
     for (int kk = 0; kk < FK_MK; kk++)
-        for (int c = 0; c < nq; c++)
-            simd_store(ST + kk * ldst + c * SIMD_W, simd_mul(acc[kk][c], vscale));
+        for (int c = 0; c < nq; c++) {
+            acc[kk][c] = simd_mul(acc[kk][c], vscale);
+            simd_store(ST + kk * ldst + c * SIMD_W, acc[kk][c]);
+        }
+    if (cmax) /* the running column max of these rows, from the registers */
+        for (int c = 0; c < nq; c++) {
+            simd_f32 mx = simd_load(cmax + c * SIMD_W);
+            for (int kk = 0; kk < FK_MK; kk++)
+                mx = simd_max(mx, acc[kk][c]);
+            simd_store(cmax + c * SIMD_W, mx);
+        }
 }
 
 /* The factor by which fk_score_mod multiplies what it adds: log2(e) where ST
@@ -524,6 +536,16 @@ static void fk_hide(const fk_tile *t, int64_t j0, int64_t nkp)
     }
 }
 
+/* 1 when the score product gathers the tile's max per row as it stores the scores
+ * (into cmax), so that the softmax need not read S once more for it: a FULL tile
+ * (nothing in it hidden, so every entry counts) whose scores nothing changes after
+ * the product (no softcap, bias or ALiBi). A max is exact in any order, so this is
+ * the max fk_col_max would find. */
+static int fk_max_in_scores(const fk_tile *t, int kind)
+{
+    return kind == FK_FULL && !fk_has_score_mod(t->s) && fk_mod_unit(t) != 1.0f;
+}
+
 /* Step 2: ST [nkp][br] = (K Q^T) * scale * log2(e) for the nkp keys from j0 and the
  * tile's query rows, modified by the softcap, the bias and ALiBi (fk_score_mod, on
  * the scores times scale, before the factor log2(e)), then, for a PARTIAL tile,
@@ -550,6 +572,10 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
     float *ST = t->ST;
     const int natural = fk_mod_unit(t) == 1.0f; /* the softcap's scores, as they are */
     const simd_f32 vscale = simd_set1(natural ? s->scale : s->scale * SIMD_LOG2E);
+    float *cmax = fk_max_in_scores(t, kind) ? t->cmax : NULL;
+    if (cmax)
+        for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W)
+            simd_store(cmax + r0, simd_set1(-INFINITY));
     for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
         const float *krow[FK_MK];
         for (int kk = 0; kk < FK_MK; kk++) {
@@ -560,7 +586,7 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
         for (int64_t rb = 0; rb < nr; rb += FK_QW) {
             if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW - SIMD_W)) {
                 fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale,
-                          FK_NQV);
+                          cmax ? cmax + rb : NULL, FK_NQV);
                 continue;
             }
             if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW)) {
@@ -571,7 +597,7 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
                 for (int kk = 0; kk < FK_MK; kk++)
                     fk_fill_neginf(ST + (kg + kk) * ldst + rb, FK_QW - SIMD_W);
                 fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D + FK_QW - SIMD_W,
-                          ST + kg * ldst + rb + FK_QW - SIMD_W, ldst, vscale, 1);
+                          ST + kg * ldst + rb + FK_QW - SIMD_W, ldst, vscale, NULL, 1);
                 continue;
             }
             /* Keys past what these rows may see: hidden, never computed. */
@@ -652,12 +678,13 @@ static void fk_softmax_stats(const fk_tile *t, int64_t j0, int64_t nkp, int kind
 {
     const int64_t br = t->br, nr = t->nr;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
+    const int fused_max = fk_max_in_scores(t, kind);
     for (int64_t r0 = 0; r0 < nr; r0 += SIMD_W) {
         /* Only the keys these rows, and the rows of every weighted-sum micro-tile
          * they belong to, may see: fk_accumulate reads no further (the rest of ST
          * stays -inf). */
         const int64_t nk = fk_keys_seen(t, j0, nkp, kind, fk_round_up(r0 + SIMD_W, FK_MR));
-        const simd_f32 vmax = fk_col_max(ST + r0, br, nk);
+        const simd_f32 vmax = fused_max ? simd_load(t->cmax + r0) : fk_col_max(ST + r0, br, nk);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, vmax);
         const simd_f32 msafe = fk_max_for_exp(mnew);
@@ -920,6 +947,89 @@ static void fk_write_weights(const attn__fused_job *job, const fk_tile *t)
     }
 }
 
+/* ---- Ahead of the data ------------------------------------------------------------- */
+
+/* Cache lines asked for at the start of each 4 KiB page by fk_prime. */
+#define FK_PRIME_LINES 2
+/* A line asked for to be written (into L2); FK_PREFETCH_L2 (fused_split.h) to be
+ * read. Without the GCC/Clang builtin, neither does anything. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FK_PREFETCH_W(p) __builtin_prefetch((p), 1, 2)
+#else
+#define FK_PREFETCH_W(p) ((void)(p))
+#endif
+
+/* Asks the L2 for the first FK_PRIME_LINES cache lines of every 4 KiB page of
+ * [p, p + bytes) (`write`: to be written). Why only those: asking for every line
+ * of a 16 KiB tile measured slower than two a page (and, for the item's own query
+ * rows, moved the wait into the prefetch loop), which fits the core's own requests,
+ * software prefetches included, each holding one of its few L1 fill buffers until
+ * the line arrives; two requests in a page are enough to set the L2's own
+ * streaming prefetcher, which works page by page, on the rest. Nothing is read
+ * here, so nothing changes a bit of the result. */
+static void fk_prime(const void *p, int64_t bytes, int write)
+{
+    const uintptr_t end = (uintptr_t)p + (uintptr_t)bytes;
+    for (uintptr_t page = (uintptr_t)p; page < end; page = (page | 4095) + 1)
+        for (uintptr_t a = page; a < end && a < page + 64 * FK_PRIME_LINES; a += 64) {
+            if (write)
+                FK_PREFETCH_W((const void *)a);
+            else
+                FK_PREFETCH_L2((const void *)a);
+        }
+}
+
+/* The key tile from j0 of the item's K and V, when their rows are contiguous
+ * (rows of other layouts lie apart, one short stream each, which this does not
+ * help). */
+static void fk_prime_kv(const attn__sdpa_shapes *s, const float *kb, const float *vb,
+                        int64_t j0, int64_t bc)
+{
+    const int64_t n = fk_min(bc, s->Tk - j0);
+    if (n <= 0)
+        return;
+    if (s->k_s[3] == 1 && s->k_s[2] == s->D)
+        fk_prime(kb + j0 * s->D, n * s->D * (int64_t)sizeof(float), 0);
+    if (s->v_s[3] == 1 && s->v_s[2] == s->Dv)
+        fk_prime(vb + j0 * s->Dv, n * s->Dv * (int64_t)sizeof(float), 0);
+}
+
+/* What the item's next steps will first touch, asked for one key tile ahead (the
+ * time of a tile's products covers a fetch from memory): before each key tile but
+ * the last, the next one's K and V; before the last, this item's out rows, which
+ * its weighted sum then writes, and item + 1's query rows and first key tile, which
+ * the worker takes next when it runs alone (with more workers item + 1 may already
+ * run elsewhere; asking for item + 2's as well measured slower with 1 thread and
+ * could not be told apart with 2). Items run head by head (fk_tile_begin), so that
+ * first key tile is in memory only when item + 1 starts a head. The figures are in
+ * docs/performance.md (the float32 forward's sixth session). */
+static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t item,
+                          int64_t jn, int64_t j_end)
+{
+    const attn__sdpa_shapes *s = t->s;
+    if (jn < j_end) {
+        fk_prime_kv(s, t->kb, t->vb, jn, t->bc);
+        return;
+    }
+    if (s->o_s[3] == 1 && s->o_s[2] == s->Dv)
+        fk_prime(t->ob + t->i0 * s->Dv, (t->i1 - t->i0) * s->Dv * (int64_t)sizeof(float), 1);
+    const int64_t next = item + 1;
+    if (next >= s->B * s->H * job->n_qt)
+        return;
+    /* Item numbering as in fk_tile_begin. */
+    const int64_t bh = next / job->n_qt;
+    const int64_t i0 = (job->n_qt - 1 - next % job->n_qt) * job->br;
+    const int64_t b = bh / s->H, h = bh % s->H;
+    if (s->q_s[3] == 1 && s->q_s[2] == s->D)
+        fk_prime(job->q + b * s->q_s[0] + h * s->q_s[1] + i0 * s->D,
+                 fk_min(job->br, s->Tq - i0) * s->D * (int64_t)sizeof(float), 0);
+    int64_t kvb, kvh, lo, hi;
+    fk_kv_head(s, b, h, &kvb, &kvh);
+    fk_row_range(s, i0, &lo, &hi);
+    fk_prime_kv(s, job->k + kvb * s->k_s[0] + kvh * s->k_s[1],
+                job->v + kvb * s->v_s[0] + kvh * s->v_s[1], lo / job->bc * job->bc, job->bc);
+}
+
 /* ---- The item ------------------------------------------------------------------------- */
 
 /* From key tile *j0 on (multiples of bc), the first that is not SKIP: moves *j0 to
@@ -960,6 +1070,7 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         int64_t jn = j0 + t.bc;
         const int kind_next = fk_next_tile(&t, &jn, j_end);
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
+        fk_prime_next(job, &t, item, jn, j_end);
         fk_scores(&t, j0, nkp, kind);
         fk_softmax_stats(&t, j0, nkp, kind);
         int64_t rows_out = 0;
