@@ -386,7 +386,8 @@ def backward_main(a):
         print("compare_torch.py --backward needs PyTorch 2.x (scaled_dot_product_attention)")
         return 1
     common = ["--threads", str(a.threads), "--runs", str(a.runs)]
-    setup = attn_json(a.attn, ["--peak"] + common)[0]
+    # --peak times FMA chains alone and refuses --runs (it has nothing to repeat).
+    setup = attn_json(a.attn, ["--peak", "--threads", str(a.threads)])[0]
     print(f"# torch {torch.__version__}, {a.threads} threads; FP32 FMA peak "
           f"{setup['peak_gflops']:.1f} GFLOP/s (attn bench --peak); best of {a.repeat} "
           f"rounds of medians of {a.runs}")
@@ -482,7 +483,8 @@ def main():
         return backward_main(a)
     common = ["--threads", str(a.threads), "--runs", str(a.runs)]
 
-    setup = attn_json(a.attn, ["--peak"] + common)[0]
+    # --peak times FMA chains alone and refuses --runs (it has nothing to repeat).
+    setup = attn_json(a.attn, ["--peak", "--threads", str(a.threads)])[0]
     peak = setup["peak_gflops"]
     print(f"# torch {torch.__version__}, numpy {np.__version__}, {a.threads} threads; "
           f"FP32 FMA peak {peak:.1f} GFLOP/s (attn bench --peak)")
