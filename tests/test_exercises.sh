@@ -52,6 +52,20 @@ for f in "$src"/tests/*__*.c; do
 done
 [ "$n_broken" -gt 0 ] && ok "$n_broken broken files graded" || bad "no broken files in $src/tests"
 
+# 2b. A crash or an endless loop inside the learner's function names the case it was
+# on (the child writes it to a page it shares with the grader before each call), so
+# the learner knows which shapes to try: the crashed file reads the mask without
+# checking for NULL, which the first case of exercise 3 passes.
+joined() { "$1" 2>&1 | tr '\n' ' ' | tr -s ' '; }
+out=$(joined "$bin/grade_broken_03_masked_softmax__crashed")
+if [[ "$out" == *"It crashed on case 1 of 5 (Tq = 3, Tk = 5, no mask,"* ]]; then
+    ok "a crash names the case it happened on (case 1, no mask)"
+else bad "the [crashed] verdict does not name 'case 1 of 5 (Tq = 3, Tk = 5, no mask': $out"; fi
+out=$(joined "$bin/grade_broken_02_causal_mask__too_slow")
+if [[ "$out" == *"It was on case 1 of 4 (T = 4)"* ]]; then
+    ok "an endless loop names the case it was on (case 1, T = 4)"
+else bad "the [too-slow] verdict does not name 'case 1 of 4 (T = 4)': $out"; fi
+
 # 3. Every mistake docs/exercises.md's table lists (its first column, one or two ids
 # in backquotes) has a broken file, as the page promises, so no diagnosis it names
 # goes untested; "not-implemented" is the stubs' verdict, checked in 4. The brief's

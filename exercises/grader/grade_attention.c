@@ -305,6 +305,11 @@ void grade_masked_softmax(grade_result *r)
         problem p = {Tq, Tk, Tk, Tk, scores, NULL, NULL, NULL, mask};
 
         float *got = grade_alloc_f((int64_t)Tq * Tk);
+        char where[160];
+        snprintf(where, sizeof where, "case %d of %d (Tq = %d, Tk = %d, %s, scores %s)", c + 1,
+                 CASES, Tq, Tk, mask_name(cases[c].mask),
+                 cases[c].hi > 0 ? "between 60 and 120" : "of order 1");
+        grade_running(where);
         masked_softmax(Tq, Tk, scores, mask, got);
 
         attn_ctx ctx;
@@ -331,10 +336,6 @@ void grade_masked_softmax(grade_result *r)
         o = base; o.over_queries = 1; add_variant(vars, &nvar, &SOFTMAX_AXIS, &p, o, 0);
         o = base; o.no_division = 1; add_variant(vars, &nvar, &NO_DIVISION, &p, o, 0);
 
-        char where[160];
-        snprintf(where, sizeof where, "case %d of %d (Tq = %d, Tk = %d, %s, scores %s)", c + 1,
-                 CASES, Tq, Tk, mask_name(cases[c].mask),
-                 cases[c].hi > 0 ? "between 60 and 120" : "of order 1");
         grade_output out = {"weights", 2, {Tq, Tk}, got, want};
         int ok = grade_case(r, where, 1, &out, nvar, vars, cases[c].hi > 0 ? &NO_MAX : NULL);
         grade_free_all();
@@ -366,6 +367,10 @@ void grade_sdpa(grade_result *r)
         problem p = {Tq, Tk, D, Dv, NULL, q, k, v, mask};
 
         float *gw = grade_alloc_f((int64_t)Tq * Tk), *go = grade_alloc_f((int64_t)Tq * Dv);
+        char where[160];
+        snprintf(where, sizeof where, "case %d of %d (Tq = %d, Tk = %d, D = %d, Dv = %d, %s)",
+                 c + 1, CASES, Tq, Tk, D, Dv, mask_name(cases[c].mask));
+        grade_running(where);
         sdpa(Tq, Tk, D, Dv, q, k, v, mask, gw, go);
 
         attn_ctx ctx;
@@ -400,9 +405,6 @@ void grade_sdpa(grade_result *r)
         o = base; o.k_transposed = 1; add_variant(vars, &nvar, &K_LAYOUT, &p, o, 1);
         o = base; o.v_transposed = 1; add_variant(vars, &nvar, &V_LAYOUT, &p, o, 1);
 
-        char where[160];
-        snprintf(where, sizeof where, "case %d of %d (Tq = %d, Tk = %d, D = %d, Dv = %d, %s)",
-                 c + 1, CASES, Tq, Tk, D, Dv, mask_name(cases[c].mask));
         grade_output outs[2] = {{"weights", 2, {Tq, Tk}, gw, ww}, {"out", 2, {Tq, Dv}, go, wo}};
         int ok = grade_case(r, where, 2, outs, nvar, vars, NULL);
         grade_free_all();

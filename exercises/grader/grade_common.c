@@ -96,6 +96,23 @@ void grade_randn(attn_rng *rng, float *out, int64_t n, float scale)
         out[i] *= scale;
 }
 
+static char *running;
+static size_t running_size;
+
+void grade_running_to(char *buf, size_t size)
+{
+    running = buf;
+    running_size = size;
+    if (buf && size)
+        buf[0] = '\0';
+}
+
+void grade_running(const char *where)
+{
+    if (running && running_size)
+        snprintf(running, running_size, "%s", where);
+}
+
 void grade_begin(grade_result *r, int cases)
 {
     memset(r, 0, sizeof *r);

@@ -66,6 +66,10 @@ static void grade_heads(grade_result *r, int split)
         const int64_t n = (int64_t)B * T * H * D, E = (int64_t)H * D;
         float *in = grade_alloc_f(n), *got = grade_alloc_f(n), *want = grade_alloc_f(n);
         grade_randn(&rng, in, n, 1.0f);
+        char where[160];
+        snprintf(where, sizeof where, "case %d of %d (B = %d, T = %d, H = %d, D = %d)", c + 1,
+                 CASES, B, T, H, D);
+        grade_running(where);
         if (split)
             split_heads(B, T, H, D, in, got);
         else
@@ -99,9 +103,6 @@ static void grade_heads(grade_result *r, int split)
             {split ? &HEADS_VIEW : &MERGE_VIEW, {view}},
             {split ? &HEADS_INTERLEAVED : &MERGE_INTERLEAVED, {inter}},
         };
-        char where[160];
-        snprintf(where, sizeof where, "case %d of %d (B = %d, T = %d, H = %d, D = %d)", c + 1,
-                 CASES, B, T, H, D);
         grade_output out;
         if (split)
             out = (grade_output){"heads", 4, {B, H, T, D}, got, want};

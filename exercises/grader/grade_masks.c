@@ -140,6 +140,7 @@ void grade_padding_mask(grade_result *r)
     for (int c = 0; c < CASES; c++) {
         describe_ids(where, sizeof where, cases[c].B, cases[c].T, cases[c].ids, cases[c].pad,
                      c + 1, CASES);
+        grade_running(where);
         int ok = padding_case(r, where, cases[c].B, cases[c].T, cases[c].ids, cases[c].pad);
         grade_free_all();
         if (!ok)
@@ -157,6 +158,9 @@ void grade_causal_mask(grade_result *r)
         attn_ctx ctx;
         attn_ctx_init(&ctx);
         uint8_t *got = grade_alloc_u8((int64_t)T * T), *want = grade_alloc_u8((int64_t)T * T);
+        char where[128];
+        snprintf(where, sizeof where, "case %d of %d (T = %d)", c + 1, CASES, T);
+        grade_running(where);
         causal_mask(T, got);
         attn_tensor tw;
         int64_t sw[4] = {1, 1, T, T};
@@ -185,8 +189,6 @@ void grade_causal_mask(grade_result *r)
             {&CAUSAL_OFF_BY_ONE, {ahead}},
             {&CAUSAL_NOTHING_MASKED, {all}},
         };
-        char where[128];
-        snprintf(where, sizeof where, "case %d of %d (T = %d)", c + 1, CASES, T);
         int64_t shape[2] = {T, T};
         int ok = grade_mask_case(r, where, "mask", 2, shape, got, want,
                                  (int)(sizeof vars / sizeof vars[0]), vars);

@@ -117,6 +117,10 @@ void grade_online_softmax(grade_result *r)
             for (int64_t i = 0; i < (int64_t)Tq * Tk; i++)
                 mask[i] = (uint8_t)((attn_rng_u32(&rng) % 4) != 0);
 
+        char where[200];
+        snprintf(where, sizeof where, "case %d of %d (%d rows of Tk = %d keys, Dv = %d%s%s)",
+                 c + 1, CASES, Tq, Tk, Dv, ", ", KIND[kind]);
+        grade_running(where);
         /* The learner's pass, one key at a time; the state starts as NaN bytes so
          * that a missing init shows. */
         float *got = grade_alloc_f((int64_t)Tq * Dv), *fed = grade_alloc_f((int64_t)Tq * Tk);
@@ -175,9 +179,6 @@ void grade_online_softmax(grade_result *r)
             vars[w] = (grade_variant){WRONG[w].m, {vals}};
         }
 
-        char where[200];
-        snprintf(where, sizeof where, "case %d of %d (%d rows of Tk = %d keys, Dv = %d%s%s)",
-                 c + 1, CASES, Tq, Tk, Dv, ", ", KIND[kind]);
         grade_output out = {"out", 2, {Tq, Dv}, got, want};
         int ok = grade_case(r, where, 1, &out, NWRONG, vars, kind == 5 ? &NO_RUNNING_MAX : NULL);
         grade_free_all();

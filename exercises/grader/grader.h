@@ -67,6 +67,13 @@ void grade_free_all(void);
  * 0/0 in one row, say): it matches everything. */
 float grade_any(void);
 
+/* Says which case is about to call the learner's function (its `where`), so that
+ * a crash or an endless loop inside it can be reported with the case: the text
+ * goes to the buffer grade_running_to names (main's page shared with the child
+ * process that grades; NULL: nowhere), and an exercise starts with it empty. */
+void grade_running_to(char *buf, size_t size);
+void grade_running(const char *where);
+
 /* Starts a result for an exercise with `cases` cases. */
 void grade_begin(grade_result *r, int cases);
 /* Checks one case. Returns 1 when every output matches the reference; otherwise

@@ -21,12 +21,14 @@
  * exercise takes milliseconds) is stopped by an alarm: a loop that never ends.
  */
 #define _POSIX_C_SOURCE 200809L /* fork, waitpid, pipe, strsignal, alarm */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,6 +127,12 @@ static unsigned time_limit(void)
     return (s && *s && !*end && v > 0 && v <= 3600) ? (unsigned)v : 10u;
 }
 
+/* The case the child was running (grade_running writes it there): a page shared
+ * with the child, so that a crash or a timeout can say which case it was on; NULL
+ * where it could not be mapped. */
+static char *running_case;
+enum { RUNNING_SIZE = 512 };
+
 static void grade_isolated(const exercise *ex, grade_result *r)
 {
     const unsigned limit = time_limit();
@@ -178,6 +186,8 @@ static void grade_isolated(const exercise *ex, grade_result *r)
         snprintf(r->detail, sizeof r->detail,
                  "every exercise takes the grader milliseconds, so the program was stopped; "
                  "the grader went on with the other exercises");
+        if (running_case && running_case[0])
+            grade_appendf(r->detail, sizeof r->detail, ". It was on %s", running_case);
         snprintf(r->hint, sizeof r->hint,
                  "Check that each loop's counter moves towards its bound: for (int64_t j = 0; "
                  "j < T; j++). A missing j++, or i++ where the inner loop meant j++, never "
@@ -195,6 +205,8 @@ static void grade_isolated(const exercise *ex, grade_result *r)
     snprintf(r->detail, sizeof r->detail,
              "your function did not return, so no case could be compared; the grader "
              "went on with the other exercises");
+    if (running_case && running_case[0])
+        grade_appendf(r->detail, sizeof r->detail, ". It crashed on %s", running_case);
     snprintf(r->hint, sizeof r->hint,
              "A crash is almost always a pointer read or written outside its array. Check "
              "every index against the shape written beside its pointer (row * row_length + "
@@ -219,6 +231,9 @@ int main(int argc, char **argv)
         }
     }
 
+    void *page = mmap(NULL, RUNNING_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                      -1, 0);
+    running_case = page == MAP_FAILED ? NULL : page;
     printf("Grading %s/*.c against libattn's reference (attn_mask_padding, "
            "attn_mask_causal, attn_sdpa_ref, attn_tensor_transpose)%s%s\n\n",
            GRADE_SET, GRADE_SWAP_FILE[0] ? ", with " : "", GRADE_SWAP_FILE);
@@ -233,6 +248,7 @@ int main(int argc, char **argv)
         else
             snprintf(file, sizeof file, "%s/%s.c", GRADE_SET, ex->stem);
         grade_result r;
+        grade_running_to(running_case, RUNNING_SIZE);
         grade_isolated(ex, &r);
         graded++;
         if (r.verdict == GRADE_PASS) {
