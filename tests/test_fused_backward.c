@@ -138,6 +138,22 @@ static void problem_make(problem *P, uint64_t seed)
     }
 }
 
+/* A problem of two (b, hk) items, B = 2, H = 2, Hkv = 1 (the one-pass form), with
+ * D = Dv; the caller makes its data (problem_make). */
+static problem one_pass_problem(int64_t Tq, int64_t Tk, int64_t D, int opt)
+{
+    problem P;
+    memset(&P, 0, sizeof P);
+    P.B = 2;
+    P.H = 2;
+    P.Hkv = 1;
+    P.Tq = Tq;
+    P.Tk = Tk;
+    P.D = P.Dv = D;
+    P.opt = opt;
+    return P;
+}
+
 static void problem_free(problem *P)
 {
     free(P->q);
@@ -538,15 +554,7 @@ static void test_many_key_groups(void)
     };
     double worst = 0.0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        problem P;
-        memset(&P, 0, sizeof P);
-        P.B = 2; /* two (b, hk) items: the one-pass form */
-        P.H = 2;
-        P.Hkv = 1;
-        P.Tq = cases[c].Tq;
-        P.Tk = cases[c].Tk;
-        P.D = P.Dv = cases[c].D;
-        P.opt = cases[c].opt;
+        problem P = one_pass_problem(cases[c].Tq, cases[c].Tk, cases[c].D, cases[c].opt);
         run_problem(&P, 5100 + (uint64_t)c, &worst);
     }
     printf("   the largest fused error is %.2f of its bound\n", worst);
@@ -690,15 +698,7 @@ static void test_fast_general_agree(void)
         int64_t Tq, Tk;
     } cases[] = {{OPT_CAUSAL_TL, 113, 113}, {OPT_CAUSAL_BR, 40, 100}, {OPT_WINDOW, 113, 113}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        problem P;
-        memset(&P, 0, sizeof P);
-        P.B = 2; /* two (b, hk) items: the one-pass form */
-        P.H = 2;
-        P.Hkv = 1;
-        P.Tq = cases[c].Tq;
-        P.Tk = cases[c].Tk;
-        P.D = P.Dv = 64;
-        P.opt = cases[c].opt;
+        problem P = one_pass_problem(cases[c].Tq, cases[c].Tk, 64, cases[c].opt);
         problem_make(&P, 6100 + (uint64_t)c);
         /* The same problem with every key let through by a mask. */
         problem M = P;
