@@ -395,6 +395,19 @@ static int same_bits(const float *a, const float *b, int64_t n)
     return n == 0 || memcmp(a, b, sizeof(float) * (size_t)n) == 0;
 }
 
+/* 1 when a and b hold the same bits of dq, dk and dv (nq, nk, nv floats); else
+ * prints both's first entries, labelled, after `where`, and returns 0. */
+static int grads_same(const grads *a, const char *a_name, const grads *b, const char *b_name,
+                      int64_t nq, int64_t nk, int64_t nv, const char *where)
+{
+    if (same_bits(a->dq, b->dq, nq) && same_bits(a->dk, b->dk, nk) &&
+        same_bits(a->dv, b->dv, nv))
+        return 1;
+    fprintf(stderr, "   %s: %s dq[0] %.9g dk[0] %.9g dv[0] %.9g; %s %.9g %.9g %.9g\n", where,
+            a_name, a->dq[0], a->dk[0], a->dv[0], b_name, b->dq[0], b->dk[0], b->dv[0]);
+    return 0;
+}
+
 static const attn_arch fused_archs[] = {ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2, ATTN_ARCH_AVX512};
 
 static void run_problem(problem *P, uint64_t seed, double *worst_ratio)
@@ -659,16 +672,10 @@ static void test_forms_agree(void)
                 grads_alloc(&P2, &g2);
                 CHECK_INT(backward(&P1, out, lse, fused_archs[a], 2, &g1), ATTN_OK);
                 CHECK_INT(backward(&P2, out, lse, fused_archs[a], 2, &g2), ATTN_OK);
-                const int same = same_bits(g1.dq, g2.dq, nq) && same_bits(g1.dk, g2.dk, nk) &&
-                                 same_bits(g1.dv, g2.dv, nv);
-                if (!same)
-                    fprintf(stderr,
-                            "   %s, %s, Tq=%lld Tk=%lld: one pass dq[0] %.9g dk[0] %.9g "
-                            "dv[0] %.9g; two passes %.9g %.9g %.9g\n",
-                            opt_names[opts[o]], attn_arch_name(fused_archs[a]),
-                            (long long)P2.Tq, (long long)P2.Tk, g2.dq[0], g2.dk[0], g2.dv[0],
-                            g1.dq[0], g1.dk[0], g1.dv[0]);
-                CHECK(same);
+                char where[160];
+                snprintf(where, sizeof where, "%s, %s, Tq=%lld Tk=%lld", opt_names[opts[o]],
+                         attn_arch_name(fused_archs[a]), (long long)P2.Tq, (long long)P2.Tk);
+                CHECK(grads_same(&g2, "one pass", &g1, "two passes", nq, nk, nv, where));
                 grads_free(&g1);
                 grads_free(&g2);
             }
@@ -722,16 +729,11 @@ static void test_fast_general_agree(void)
                 grads_alloc(&P, &gm);
                 CHECK_INT(backward(&P, out, lse, fused_archs[a], threads, &gf), ATTN_OK);
                 CHECK_INT(backward(&M, out, lse, fused_archs[a], threads, &gm), ATTN_OK);
-                const int same = same_bits(gf.dq, gm.dq, nq) && same_bits(gf.dk, gm.dk, nk) &&
-                                 same_bits(gf.dv, gm.dv, nv);
-                if (!same)
-                    fprintf(stderr,
-                            "   %s, %s, %d threads, Tq=%lld Tk=%lld: no mask dq[0] %.9g "
-                            "dk[0] %.9g dv[0] %.9g; all-true mask %.9g %.9g %.9g\n",
-                            opt_names[cases[c].opt], attn_arch_name(fused_archs[a]), threads,
-                            (long long)P.Tq, (long long)P.Tk, gf.dq[0], gf.dk[0], gf.dv[0],
-                            gm.dq[0], gm.dk[0], gm.dv[0]);
-                CHECK(same);
+                char where[160];
+                snprintf(where, sizeof where, "%s, %s, %d threads, Tq=%lld Tk=%lld",
+                         opt_names[cases[c].opt], attn_arch_name(fused_archs[a]), threads,
+                         (long long)P.Tq, (long long)P.Tk);
+                CHECK(grads_same(&gf, "no mask", &gm, "all-true mask", nq, nk, nv, where));
                 grads_free(&gf);
                 grads_free(&gm);
             }
