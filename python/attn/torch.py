@@ -49,9 +49,12 @@ Differences a caller can see, all of them deliberate:
   device); integer tensors are refused (TypeError).
 - attention_mask (and pad_id) may also be passed by position; the chapter's
   module takes them by keyword only.
-- The backward is differentiable once: a second derivative through attention
-  (create_graph=True, then a gradient of the gradient) raises PyTorch's
-  "differentiate twice" error.
+- A second derivative (backward with create_graph=True, as a gradient penalty
+  needs) works, at PyTorch's cost: attn's backward runs in C outside autograd's
+  graph, so when autograd asks for a graph of the backward itself, the
+  backward is worked out instead in PyTorch operations on the same tensors (the
+  chapter's steps, differentiated by autograd), which autograd can differentiate
+  again. Without create_graph the backward is always attn's.
 """
 
 try:
@@ -65,7 +68,6 @@ import math
 
 import numpy as _numpy
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from . import _attn
 
@@ -226,14 +228,19 @@ class _SDPAFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         return out, weights
 
-    # The backward runs in C on numpy views, outside autograd's graph, so its
-    # result has no derivative of its own: once_differentiable makes a second
-    # derivative (create_graph=True, then a grad of the grad) an error that says
-    # so, instead of a gradient that silently leaves attention's term out.
+    # attn's backward runs in C on numpy views, outside autograd's graph, so its
+    # result has no derivative of its own. Autograd runs a backward with grad mode
+    # on exactly when it was asked to build a graph of it (create_graph=True, for a
+    # second derivative); then the gradients are worked out in PyTorch operations
+    # instead, so that the second derivative is the chapter's. (Returning the C
+    # result there would silently leave attention out of the second derivative.)
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, dweights):
         q, k, v, mask, out, lse, weights = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _grads_in_torch(
+                ctx, (q, k, v), lambda q, k, v: _sdpa_in_torch(q, k, v, mask, ctx.causal),
+                (dout, dweights)) + (None, None)
         m = None if mask is None else _np(mask)
         if dout is not None:
             dq, dk, dv = (torch.from_numpy(a) for a in _call(
@@ -376,6 +383,52 @@ def _half_call(query, key, value):
 
 
 # ---------------------------------------------------------------------------
+# The same computations in PyTorch operations, for second derivatives
+# ---------------------------------------------------------------------------
+
+def _sdpa_in_torch(q, k, v, mask, causal):
+    """The chapter's three steps on [..., T, D] tensors in PyTorch operations:
+    (output, weights), differentiable as many times as autograd likes. causal is
+    the top-left triangle (_split_causal gives it only for Tq == Tk)."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        tq, tk = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(tq, tk, dtype=torch.bool).tril_()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v), weights
+
+
+def _mha_in_torch(x, w_qkv, b_qkv, w_o, b_o, mask, causal, num_heads):
+    """attn's multi-head forward (the chapter's module) in PyTorch operations."""
+    B, T, E = x.shape
+    qkv = nn.functional.linear(x, w_qkv, b_qkv)
+    q, k, v = (t.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
+               for t in qkv.chunk(3, dim=-1))
+    context, _ = _sdpa_in_torch(q, k, v, mask, causal)
+    return nn.functional.linear(context.transpose(1, 2).reshape(B, T, E), w_o, b_o)
+
+
+def _grads_in_torch(ctx, inputs, fn, grad_outputs):
+    """The gradients of fn(*inputs) (a tuple of tensors) for the inputs that need
+    one, given the gradients of its outputs (None: the loss does not read that
+    output), with a graph of their own (create_graph=True). For a backward called
+    with grad mode on; the inputs are the function's saved inputs, so the graph
+    reaches back to the caller's tensors."""
+    needs = ctx.needs_input_grad[:len(inputs)]
+    with torch.enable_grad():
+        outputs = fn(*inputs)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+    wanted = [t for t, need in zip(inputs, needs) if need]
+    if not pairs or not wanted:
+        return (None,) * len(inputs)
+    grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                     create_graph=True, allow_unused=True))
+    return tuple(next(grads) if need else None for need in needs)
+
+
+# ---------------------------------------------------------------------------
 # Masks
 # ---------------------------------------------------------------------------
 
@@ -432,11 +485,17 @@ class _MHAFunction(torch.autograd.Function):
         return torch.from_numpy(r)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, *unused):
         x, w_qkv, b_qkv, w_o, b_o, mask = ctx.saved_tensors
         if dout is None:
             return (None,) * 9
+        if torch.is_grad_enabled():
+            # create_graph=True: the gradients in PyTorch operations, as in
+            # _SDPAFunction.backward, so that they can be differentiated again.
+            return _grads_in_torch(
+                ctx, (x, w_qkv, b_qkv, w_o, b_o),
+                lambda *t: (_mha_in_torch(*t, mask, ctx.causal, ctx.num_heads),),
+                (dout,)) + (None,) * 4
         grads = _call(_attn._mha_backward, _np(x), _np(w_qkv), _np(b_qkv), _np(w_o), _np(b_o),
                       ctx.num_heads, _np(dout), mask=None if mask is None else _np(mask),
                       causal=ctx.causal)
