@@ -18,6 +18,9 @@ other calls (multi-head attention, RoPE, the backward) take float32 only.
 Functions:
     sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,
          return_weights, return_lse, empty_rows, out)   scaled dot-product attention
+    sdpa_backward(q, k, v, out, lse, dout, *, the same options)
+                                                         its gradients (dq, dk, dv
+                                                         [, dbias][, dsinks])
     padding_mask(token_ids, pad_id), causal_mask(T)      the chapter's masks
     mha_forward(x, weights, num_heads, ...)              multi-head self-attention
     rope(x, *, pairing, base, offset, out)               rotary position embedding
@@ -43,11 +46,12 @@ from ._attn import (  # noqa: F401  (re-exported)
     save_npy,
     save_safetensors,
     sdpa,
+    sdpa_backward,
 )
 from . import _attn
 
 __all__ = [
-    "sdpa", "padding_mask", "causal_mask", "mha_forward", "rope", "KVCache",
+    "sdpa", "sdpa_backward", "padding_mask", "causal_mask", "mha_forward", "rope", "KVCache",
     "load_npy", "save_npy", "load_safetensors", "save_safetensors", "arch", "Generator",
 ]
 

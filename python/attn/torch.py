@@ -244,7 +244,7 @@ class _SDPAFunction(torch.autograd.Function):
         m = None if mask is None else _np(mask)
         if dout is not None:
             dq, dk, dv = (torch.from_numpy(a) for a in _call(
-                _attn._sdpa_backward, _np(q), _np(k), _np(v), _np(out), _np(lse),
+                _attn.sdpa_backward, _np(q), _np(k), _np(v), _np(out), _np(lse),
                 _np(dout), mask=m, causal=ctx.causal))
         else:
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
