@@ -93,3 +93,100 @@ def test_a_plain_backward_still_runs_attns_backward_not_pytorchs(monkeypatch):
     m = attention.MultiHeadSelfAttention(8, 2)
     m(torch.randn(2, 3, 8)).sum().backward()
     assert q.grad is not None and m.qkv.weight.grad is not None
+
+
+class TinyModel(torch.nn.Module):
+    """A trainer's toy: token embedding -> the chapter's module -> a linear readout."""
+
+    def __init__(self, module, vocab=8, E=16, H=2, T=6):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, E)
+        self.pos = torch.nn.Parameter(0.1 * torch.randn(T, E))
+        self.attention = module.MultiHeadSelfAttention(E, H)
+        self.readout = torch.nn.Linear(E, vocab)
+
+    def forward(self, ids, mask=None):
+        return self.readout(self.attention(self.embed(ids) + self.pos, attention_mask=mask))
+
+
+def train_adamw(module, steps, masked):
+    """steps of AdamW on reversing 6 tokens (copying them under the causal mask, which
+    hides the tokens a reversal needs); the losses and the trained model."""
+    torch.manual_seed(1)
+    model = TinyModel(module)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(2)
+    mask = attention.make_causal_attention_mask(6) if masked else None
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, 8, (16, 6), generator=g)
+        logits = model(ids, mask)
+        target = ids if masked else ids.flip(1)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 8), target.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_adamw_training_tracks_the_same_model_on_plain_pytorch_step_for_step(masked):
+    """60 AdamW steps through attn.torch give plain PyTorch's loss at every step (within
+    1e-5) and its parameters at the end (within 1e-5), from the same initial parameters
+    and the same batches. The keys' bias (qkv.bias rows E..2E) is left out: its gradient
+    is zero in exact arithmetic (adding a constant to every key of a row leaves the
+    softmax as it is), so both sides give float32 noise of order 1e-9 there, which AdamW
+    divides by its own square root into steps of the learning rate's size."""
+    ours, our_model = train_adamw(attention, 60, masked)
+    theirs, their_model = train_adamw(plain, 60, masked)
+    worst = max(abs(a - b) for a, b in zip(ours, theirs))
+    assert worst < 1e-5, "losses differ by %.3g\nattn  %s\nplain %s" % (worst, ours, theirs)
+    # It learns (the point here is the lockstep; the reversal takes longer than 60
+    # steps to finish): the last ten steps' mean loss is below 0.8 of the first.
+    assert sum(ours[-10:]) / 10 < 0.8 * ours[0], "the loss did not fall: %s" % ours
+    E = 16
+    for (name, p), q in zip(our_model.named_parameters(), their_model.parameters()):
+        if name == "attention.qkv.bias":
+            p, q = torch.cat([p[:E], p[2 * E:]]), torch.cat([q[:E], q[2 * E:]])
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=0, msg=lambda m: "%s: %s" % (name, m))
+
+
+def test_the_module_copies_pickles_and_moves_between_dtypes_like_a_module():
+    """copy.deepcopy, pickle and torch.save/load give a module with the same output;
+    its state_dict loads into the plain module and back with the same output; .double()
+    gives float64 outputs and float64 gradients; no_grad and inference_mode give outputs
+    that need no gradient; .train()/.eval() change nothing (the module has no dropout)."""
+    import copy
+    import io
+    import pickle
+
+    torch.manual_seed(6)
+    m = attention.MultiHeadSelfAttention(8, 2)
+    x = torch.randn(2, 5, 8)
+    want = m(x)
+    for how, other in (("deepcopy", copy.deepcopy(m)), ("pickle", pickle.loads(pickle.dumps(m)))):
+        torch.testing.assert_close(other(x), want, atol=0, rtol=0, msg=lambda s: how + ": " + s)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    p = plain.MultiHeadSelfAttention(8, 2)
+    p.load_state_dict(torch.load(buf))
+    close(p(x), want, "the plain module with attn's state_dict")
+    back = attention.MultiHeadSelfAttention(8, 2)
+    back.load_state_dict(p.state_dict())
+    torch.testing.assert_close(back(x), want, atol=0, rtol=0)
+
+    d = copy.deepcopy(m).double()
+    xd = x.double().requires_grad_(True)
+    out = d(xd)
+    out.sum().backward()
+    assert out.dtype == torch.float64 and xd.grad.dtype == torch.float64 \
+        and d.qkv.weight.grad.dtype == torch.float64, (out.dtype, xd.grad.dtype,
+                                                      d.qkv.weight.grad.dtype)
+    close(out.float(), want, "float64 module")
+    with torch.no_grad():
+        assert not m(x).requires_grad
+    with torch.inference_mode():
+        assert not m(x).requires_grad
+    torch.testing.assert_close(m.eval()(x), m.train()(x), atol=0, rtol=0)
