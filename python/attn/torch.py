@@ -55,6 +55,11 @@ Differences a caller can see, all of them deliberate:
   backward is worked out instead in PyTorch operations on the same tensors (the
   chapter's steps, differentiated by autograd), which autograd can differentiate
   again. Without create_graph the backward is always attn's.
+- Under torch.func (PyTorch 2.x: grad, vmap, jacrev, functional_call ...) the
+  tensors are functorch's wrappers, which attn cannot read: the chapter's steps
+  run in PyTorch operations instead, at PyTorch's cost. There a query row that
+  sees no key gives NaN, as PyTorch's softmax does, not the ValueError (the
+  check would read the mask's values, which vmap does not allow).
 """
 
 try:
@@ -164,6 +169,19 @@ def _split_causal(mask, Tq, Tk):
     if torch.equal(mask.reshape(Tq, Tk), tril):
         return None, True
     return mask, False
+
+
+# torch.func's test for its wrapper tensors (PyTorch 2.x; absent in 1.13, whose
+# functorch is a separate package that attn.torch does not support).
+_IS_FUNCTORCH_WRAPPED = getattr(getattr(torch._C, "_functorch", None),
+                                "is_functorch_wrapped_tensor", None)
+
+
+def _functorch_wrapped(*tensors):
+    """Whether any tensor is a torch.func wrapper (under grad, vmap, jacrev ...)."""
+    if _IS_FUNCTORCH_WRAPPED is None:
+        return False
+    return any(t is not None and _IS_FUNCTORCH_WRAPPED(t) for t in tensors)
 
 
 def _np(t):
@@ -330,7 +348,13 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
             out, weights = out.to(query.dtype), weights.to(query.dtype)
         return out, weights
 
-    if q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
+    if _functorch_wrapped(q, k, v, mask):
+        # Under torch.func (grad, vmap, jacrev, functional_call ...) the tensors are
+        # functorch's wrappers, which have no memory of their own for attn to read:
+        # the chapter's steps run in PyTorch operations instead, which every
+        # transform knows how to handle.
+        out, weights = _sdpa_in_torch(q, k, v, mask, False)
+    elif q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
         # The chapter's case: attn reads the tensors, and the mask with its
         # broadcast axes, where they are.
         out, weights = _sdpa(q, k, v, mask)
@@ -544,9 +568,10 @@ class MultiHeadSelfAttention(nn.Module):
         w_qkv, b_qkv, w_o, b_o = (p if p.dtype == torch.float32 else p.float() for p in params)
         needs_grad = torch.is_grad_enabled() and (
             xf.requires_grad or any(p.requires_grad for p in params))
-        if return_attention and needs_grad or B * T == 0:
+        if return_attention and needs_grad or B * T == 0 or _functorch_wrapped(xf, *params):
             # (An empty batch or sequence goes this way too: the library takes
-            # sizes of at least 1, and there is nothing to compute.)
+            # sizes of at least 1, and there is nothing to compute; and so do
+            # torch.func's wrapped tensors, whose attention then runs in PyTorch.)
             # The weights are returned with their gradient, as the chapter's are:
             # the projections in PyTorch around attn's attention and its backward.
             out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)

@@ -190,3 +190,34 @@ def test_the_module_copies_pickles_and_moves_between_dtypes_like_a_module():
     with torch.inference_mode():
         assert not m(x).requires_grad
     torch.testing.assert_close(m.eval()(x), m.train()(x), atol=0, rtol=0)
+
+
+def test_torch_func_grad_vmap_and_functional_call_give_plain_pytorchs_results():
+    """Under torch.func (PyTorch 2.x) attention runs in PyTorch operations on the wrapped
+    tensors: grad and vmap of scaled_dot_product_attention, and grad through the module
+    by functional_call, equal plain PyTorch's. Before, grad raised PyTorch's
+    'must override the setup_context staticmethod' and vmap 'Cannot access data
+    pointer of Tensor that doesn't have storage'."""
+    func = pytest.importorskip("torch.func", reason="torch.func is PyTorch 2.x's")
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=g) for _ in range(3))
+    mask = causal_and_padding(3, 5)
+
+    def loss(module):
+        return lambda q: module.scaled_dot_product_attention(
+            q, k, v, attention_mask=mask)[0].pow(2).sum()
+    close(func.grad(loss(attention))(q), func.grad(loss(plain))(q), "grad of sdpa")
+
+    def one(module):
+        return lambda q, k, v: module.scaled_dot_product_attention(q, k, v)[0]
+    close(func.vmap(one(attention))(q, k, v), func.vmap(one(plain))(q, k, v), "vmap of sdpa")
+
+    x = torch.randn(2, 5, 8, generator=g)
+    grads = []
+    for module in (attention, plain):
+        torch.manual_seed(8)
+        m = module.MultiHeadSelfAttention(8, 2)
+        params = dict(m.named_parameters())
+        grads.append(func.grad(lambda p: func.functional_call(m, p, (x,)).pow(2).sum())(params))
+    for name in grads[1]:
+        close(grads[0][name], grads[1][name], "torch.func.grad of " + name)
