@@ -221,3 +221,34 @@ def test_torch_func_grad_vmap_and_functional_call_give_plain_pytorchs_results():
         grads.append(func.grad(lambda p: func.functional_call(m, p, (x,)).pow(2).sum())(params))
     for name in grads[1]:
         close(grads[0][name], grads[1][name], "torch.func.grad of " + name)
+
+
+def test_torch_compile_gives_the_same_output_and_gradients():
+    """torch.compile (PyTorch 2.x) of the module and of the function runs (with a graph
+    break at attn's call) and gives plain PyTorch's outputs and gradients."""
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch.compile is PyTorch 2.x's")
+    import warnings
+    torch.manual_seed(3)
+    ours = attention.MultiHeadSelfAttention(16, 4)
+    theirs = plain.MultiHeadSelfAttention(16, 4)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 5, 16)
+    mask = causal_and_padding(2, 5)
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo's note that it cannot trace the extension
+        for module in (torch.compile(ours), theirs):
+            xg = x.clone().requires_grad_(True)
+            out = module(xg, attention_mask=mask)
+            out.pow(2).sum().backward()
+            results.append([out, xg.grad, module.qkv.weight.grad])
+        f = torch.compile(lambda q: attention.scaled_dot_product_attention(q, q, q, mask))
+        for fn in (f, lambda q: plain.scaled_dot_product_attention(q, q, q, mask)):
+            q = torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(1),
+                            requires_grad=True)
+            out, weights = fn(q)
+            (out.sum() + weights.pow(2).sum()).backward()
+            results[0 if fn is f else 1].append(q.grad)
+    for name, a, b in zip(("output", "dx", "qkv.weight.grad", "dq of sdpa"), *results):
+        close(a, b, name)
