@@ -1,9 +1,11 @@
-"""attn.sdpa_backward with every option of SPEC section 6, as a trainer calls it from
-numpy: the log-sum-exp of sdpa(..., return_lse=True) goes in with the same options,
-and the gradients (dq, dk, dv, and dbias, dsinks when given) must be those of the
-forward, checked against float64 central differences of SPEC section 6's forward
-written here in numpy (no PyTorch needed). Also: each bad argument's message names
-it, threads get one thread's bits, and nothing leaks.
+"""attn.sdpa_backward with every option of SPEC section 6, and attn.mha_backward, as a
+trainer calls them from numpy. For sdpa_backward the log-sum-exp of sdpa(...,
+return_lse=True) goes in with the same options, and the gradients (dq, dk, dv, and
+dbias, dsinks when given) must be those of the forward, checked against float64
+central differences of SPEC section 6's forward written here in numpy (no PyTorch
+needed); mha_backward's against the chapter's module written the same way. Also:
+each bad argument's message names it, threads get one thread's bits, and nothing
+leaks.
 
 Tolerance: attn computes in float32 on values of order 1 over at most 7 keys (the
 rounding seen is a few 1e-7); the differences are float64 with a step of 1e-6 on a
@@ -235,3 +237,62 @@ def test_backward_calls_with_bias_and_sinks_leak_nothing():
     tracemalloc.stop()
     assert [sys.getrefcount(a) for a in args] == refs
     assert snap1 - snap0 < 64 * 1024, "Python memory grew by %d bytes" % (snap1 - snap0)
+
+
+def mha_forward64(x, w, H, mask=None, causal=False):
+    """The chapter's module in float64 numpy: qkv projection, heads, SPEC 6's attention,
+    heads merged, output projection."""
+    B, T, E = x.shape
+    qkv = x @ w["qkv.weight"].T + w["qkv.bias"]
+    q, k, v = (qkv[..., i * E:(i + 1) * E].reshape(B, T, H, E // H).transpose(0, 2, 1, 3)
+               for i in range(3))
+    ctx = forward64(q, k, v, mask=mask, causal=causal)
+    return ctx.transpose(0, 2, 1, 3).reshape(B, T, E) @ w["output.weight"].T + w["output.bias"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mha_backward_gives_the_gradients_of_mha_forward_by_name(causal):
+    """attn.mha_backward returns dx and a dict of the four weights' gradients, keyed by
+    their names with the prefix, equal to float64 central differences of
+    sum(mha_forward(x) * dout), with a padding mask, with and without causal."""
+    B, T, E, H = 2, 4, 6, 2
+    x = rand(B, T, E, seed=1)
+    w = {"layer0.qkv.weight": rand(3 * E, E, seed=2, scale=0.4),
+         "layer0.qkv.bias": rand(3 * E, seed=3),
+         "layer0.output.weight": rand(E, E, seed=4, scale=0.4),
+         "layer0.output.bias": rand(E, seed=5)}
+    mask = np.ones((B, 1, 1, T), bool)
+    mask[1, ..., T - 1] = False
+    dout = rand(B, T, E, seed=6)
+    dx, grads = attn.mha_backward(x, w, H, dout, prefix="layer0.", mask=mask, causal=causal)
+    assert sorted(grads) == sorted(w), sorted(grads)
+
+    x64 = x.astype(np.float64)
+    w64 = {n[len("layer0."):]: a.astype(np.float64) for n, a in w.items()}
+    d64 = dout.astype(np.float64)
+
+    def loss():
+        return float((mha_forward64(x64, w64, H, mask, causal) * d64).sum())
+
+    names = ["qkv.weight", "qkv.bias", "output.weight", "output.bias"]
+    wants = central_differences(loss, [x64] + [w64[n] for n in names])
+    for name, got, want in zip(["x"] + names, [dx] + [grads["layer0." + n] for n in names],
+                               wants):
+        assert got.shape == want.shape, (name, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=name)
+
+
+def test_mha_backward_refuses_what_it_cannot_differentiate_naming_it():
+    """mha_backward on separate q_proj/k_proj/v_proj weights, on no known name set, and
+    with a dout of the wrong shape raises ValueError saying which."""
+    x = rand(1, 3, 4)
+    sep = {n: rand(4, 4) for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                   "o_proj.weight")}
+    with pytest.raises(ValueError, match="grouped-query attention.*no backward from Python"):
+        attn.mha_backward(x, sep, 2, x)
+    with pytest.raises(ValueError, match="no weight name set found"):
+        attn.mha_backward(x, {"w": rand(4, 4)}, 2, x)
+    w = {"qkv.weight": rand(12, 4), "qkv.bias": rand(12), "output.weight": rand(4, 4),
+         "output.bias": rand(4)}
+    with pytest.raises(ValueError, match=r"dout has shape \(1, 2, 4\); expected \(1, 3, 4\)"):
+        attn.mha_backward(x, w, 2, x[:, :2])
