@@ -49,6 +49,9 @@ Differences a caller can see, all of them deliberate:
   device); integer tensors are refused (TypeError).
 - attention_mask (and pad_id) may also be passed by position; the chapter's
   module takes them by keyword only.
+- torch.autocast is ignored: under CPU autocast to bfloat16 the results are
+  float32 (the chapter's module, whose linears autocast runs in bfloat16,
+  returns bfloat16).
 - A second derivative (backward with create_graph=True, as a gradient penalty
   needs) works, at PyTorch's cost: attn's backward runs in C outside autograd's
   graph, so when autograd asks for a graph of the backward itself, the

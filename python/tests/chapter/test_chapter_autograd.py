@@ -252,3 +252,26 @@ def test_torch_compile_gives_the_same_output_and_gradients():
             results[0 if fn is f else 1].append(q.grad)
     for name, a, b in zip(("output", "dx", "qkv.weight.grad", "dq of sdpa"), *results):
         close(a, b, name)
+
+
+def test_under_cpu_autocast_attention_stays_float32_and_trains():
+    """Under torch.autocast("cpu", bfloat16) attn.torch ignores autocast: the module and
+    the function compute in float32 and return float32 (the chapter's module would
+    return bfloat16 from its autocast linears), equal to the float32 results outside
+    autocast, and the gradients reach x and the parameters in float32."""
+    torch.manual_seed(2)
+    m = attention.MultiHeadSelfAttention(8, 2)
+    x = torch.randn(2, 5, 8)
+    want = m(x)
+    q = torch.randn(1, 2, 5, 4)
+    want_sdpa, _ = attention.scaled_dot_product_attention(q, q, q)
+    xg = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(xg)
+        got_sdpa, _ = attention.scaled_dot_product_attention(q, q, q)
+    assert out.dtype == torch.float32 and got_sdpa.dtype == torch.float32, \
+        (out.dtype, got_sdpa.dtype)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(got_sdpa, want_sdpa, atol=0, rtol=0)
+    out.pow(2).sum().backward()
+    assert xg.grad.dtype == torch.float32 and m.qkv.weight.grad.dtype == torch.float32
