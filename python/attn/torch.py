@@ -59,10 +59,13 @@ Differences a caller can see, all of them deliberate:
   chapter's steps, differentiated by autograd), which autograd can differentiate
   again. Without create_graph the backward is always attn's.
 - Under torch.func (PyTorch 2.x: grad, vmap, jacrev, functional_call ...) the
-  tensors are functorch's wrappers, which attn cannot read: the chapter's steps
-  run in PyTorch operations instead, at PyTorch's cost. There a query row that
-  sees no key gives NaN, as PyTorch's softmax does, not the ValueError (the
-  check would read the mask's values, which vmap does not allow).
+  tensors are functorch's wrappers, which attn cannot read, and torch.jit.trace
+  records PyTorch operations only: in both the chapter's steps run in PyTorch
+  operations instead, at PyTorch's cost (a trace is then a graph of PyTorch
+  operations, which torch.jit.save can write). There a query row that sees no
+  key gives NaN, as PyTorch's softmax does, not the ValueError (the check would
+  read the mask's values, which vmap does not allow and a trace cannot record).
+  torch.jit.script cannot compile the module (its Python is not TorchScript).
 """
 
 try:
@@ -180,8 +183,14 @@ _IS_FUNCTORCH_WRAPPED = getattr(getattr(torch._C, "_functorch", None),
                                 "is_functorch_wrapped_tensor", None)
 
 
-def _functorch_wrapped(*tensors):
-    """Whether any tensor is a torch.func wrapper (under grad, vmap, jacrev ...)."""
+def _pytorch_only(*tensors):
+    """Whether attention must run in PyTorch operations rather than attn's call:
+    under torch.jit.trace, which records PyTorch operations only (attn's result
+    would be recorded as a constant, and the trace would return it for any input),
+    or when a tensor is a torch.func wrapper (under grad, vmap, jacrev ...), which
+    has no memory of its own for attn to read."""
+    if torch.jit.is_tracing():
+        return True
     if _IS_FUNCTORCH_WRAPPED is None:
         return False
     return any(t is not None and _IS_FUNCTORCH_WRAPPED(t) for t in tensors)
@@ -351,11 +360,10 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
             out, weights = out.to(query.dtype), weights.to(query.dtype)
         return out, weights
 
-    if _functorch_wrapped(q, k, v, mask):
-        # Under torch.func (grad, vmap, jacrev, functional_call ...) the tensors are
-        # functorch's wrappers, which have no memory of their own for attn to read:
-        # the chapter's steps run in PyTorch operations instead, which every
-        # transform knows how to handle.
+    if _pytorch_only(q, k, v, mask):
+        # Under torch.jit.trace, or torch.func (grad, vmap, jacrev, functional_call
+        # ...): the chapter's steps in PyTorch operations, which a trace records
+        # and every transform knows how to handle (see _pytorch_only).
         out, weights = _sdpa_in_torch(q, k, v, mask, False)
     elif q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
         # The chapter's case: attn reads the tensors, and the mask with its
@@ -571,10 +579,11 @@ class MultiHeadSelfAttention(nn.Module):
         w_qkv, b_qkv, w_o, b_o = (p if p.dtype == torch.float32 else p.float() for p in params)
         needs_grad = torch.is_grad_enabled() and (
             xf.requires_grad or any(p.requires_grad for p in params))
-        if return_attention and needs_grad or B * T == 0 or _functorch_wrapped(xf, *params):
+        if return_attention and needs_grad or B * T == 0 or _pytorch_only(xf, *params):
             # (An empty batch or sequence goes this way too: the library takes
-            # sizes of at least 1, and there is nothing to compute; and so do
-            # torch.func's wrapped tensors, whose attention then runs in PyTorch.)
+            # sizes of at least 1, and there is nothing to compute; and so do a
+            # trace and torch.func's wrapped tensors, whose attention then runs in
+            # PyTorch: see _pytorch_only.)
             # The weights are returned with their gradient, as the chapter's are:
             # the projections in PyTorch around attn's attention and its backward.
             out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)

@@ -275,3 +275,38 @@ def test_under_cpu_autocast_attention_stays_float32_and_trains():
     torch.testing.assert_close(got_sdpa, want_sdpa, atol=0, rtol=0)
     out.pow(2).sum().backward()
     assert xg.grad.dtype == torch.float32 and m.qkv.weight.grad.dtype == torch.float32
+
+
+def test_a_jit_trace_records_attention_and_gives_plain_pytorchs_results_on_new_inputs():
+    """torch.jit.trace of scaled_dot_product_attention and of the module records
+    attention as PyTorch operations: the trace (also after torch.jit.save and load)
+    gives plain PyTorch's results on inputs it was not traced with. Before, the
+    function's output was recorded as a constant: the trace returned the traced
+    input's attention for every input."""
+    import io
+    import warnings
+    torch.manual_seed(12)
+    ours = attention.MultiHeadSelfAttention(8, 2)
+    theirs = plain.MultiHeadSelfAttention(8, 2)
+    theirs.load_state_dict(ours.state_dict())
+    g = torch.Generator().manual_seed(13)
+    x, x_new = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    q, q_new = torch.randn(1, 2, 5, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g)
+    mask = causal_and_padding(1, 5)
+
+    def sdpa(module):
+        return lambda q: module.scaled_dot_product_attention(q, q, q, attention_mask=mask)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch 2.x calls trace deprecated
+        traced_fn = torch.jit.trace(sdpa(attention), q)
+        traced_module = torch.jit.trace(ours, x)
+        buf = io.BytesIO()
+        torch.jit.save(traced_module, buf)
+        buf.seek(0)
+        loaded = torch.jit.load(buf)
+    close(traced_fn(q_new), sdpa(plain)(q_new), "traced sdpa on a new input")
+    with torch.no_grad():
+        want = theirs(x_new)
+        close(traced_module(x_new), want, "traced module on a new input")
+        close(loaded(x_new), want, "traced module saved and loaded, on a new input")
