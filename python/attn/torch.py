@@ -60,7 +60,7 @@ Differences a caller can see, all of them deliberate:
   again. Without create_graph the backward is always attn's.
 - Under torch.func (PyTorch 2.x: grad, vmap, jacrev, functional_call ...) the
   tensors are functorch's wrappers, which attn cannot read, and torch.jit.trace
-  records PyTorch operations only: in both the chapter's steps run in PyTorch
+  and torch.export record PyTorch operations only: in both the chapter's steps run in PyTorch
   operations instead, at PyTorch's cost (a trace is then a graph of PyTorch
   operations, which torch.jit.save can write). There a query row that sees no
   key gives NaN, as PyTorch's softmax does, not the ValueError (the check would
@@ -183,13 +183,18 @@ _IS_FUNCTORCH_WRAPPED = getattr(getattr(torch._C, "_functorch", None),
                                 "is_functorch_wrapped_tensor", None)
 
 
+# torch.export's test for an export in progress (PyTorch 2.x), which, like a trace,
+# records PyTorch operations only.
+_IS_EXPORTING = getattr(getattr(torch, "compiler", None), "is_exporting", None)
+
+
 def _pytorch_only(*tensors):
     """Whether attention must run in PyTorch operations rather than attn's call:
-    under torch.jit.trace, which records PyTorch operations only (attn's result
+    under torch.jit.trace or torch.export, which record PyTorch operations only (attn's result
     would be recorded as a constant, and the trace would return it for any input),
     or when a tensor is a torch.func wrapper (under grad, vmap, jacrev ...), which
     has no memory of its own for attn to read."""
-    if torch.jit.is_tracing():
+    if torch.jit.is_tracing() or (_IS_EXPORTING is not None and _IS_EXPORTING()):
         return True
     if _IS_FUNCTORCH_WRAPPED is None:
         return False
