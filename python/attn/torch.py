@@ -177,28 +177,24 @@ def _split_causal(mask, Tq, Tk):
     return mask, False
 
 
-# torch.func's test for its wrapper tensors (PyTorch 2.x; absent in 1.13, whose
-# functorch is a separate package that attn.torch does not support).
-_IS_FUNCTORCH_WRAPPED = getattr(getattr(torch._C, "_functorch", None),
-                                "is_functorch_wrapped_tensor", None)
-
-
-# torch.export's test for an export in progress (PyTorch 2.x), which, like a trace,
-# records PyTorch operations only.
+# torch.func's stack of active transforms (PyTorch 2.x: None when no grad, vmap,
+# jacrev ... is running; absent in 1.13, whose functorch is a separate package
+# that attn.torch does not support), and torch.export's test for an export in
+# progress. One call each, well under a microsecond, on every attention call.
+_FUNCTORCH_STACK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack",
+                           None)
 _IS_EXPORTING = getattr(getattr(torch, "compiler", None), "is_exporting", None)
 
 
-def _pytorch_only(*tensors):
+def _pytorch_only():
     """Whether attention must run in PyTorch operations rather than attn's call:
-    under torch.jit.trace or torch.export, which record PyTorch operations only (attn's result
-    would be recorded as a constant, and the trace would return it for any input),
-    or when a tensor is a torch.func wrapper (under grad, vmap, jacrev ...), which
-    has no memory of its own for attn to read."""
-    if torch.jit.is_tracing() or (_IS_EXPORTING is not None and _IS_EXPORTING()):
-        return True
-    if _IS_FUNCTORCH_WRAPPED is None:
-        return False
-    return any(t is not None and _IS_FUNCTORCH_WRAPPED(t) for t in tensors)
+    under torch.jit.trace or torch.export, which record PyTorch operations only
+    (attn's result would be recorded as a constant, and the trace would return it
+    for any input), or under a torch.func transform (grad, vmap, jacrev ...),
+    whose wrapper tensors have no memory of their own for attn to read."""
+    return (torch.jit.is_tracing()
+            or (_IS_EXPORTING is not None and _IS_EXPORTING())
+            or (_FUNCTORCH_STACK is not None and _FUNCTORCH_STACK() is not None))
 
 
 def _np(t):
@@ -365,7 +361,7 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
             out, weights = out.to(query.dtype), weights.to(query.dtype)
         return out, weights
 
-    if _pytorch_only(q, k, v, mask):
+    if _pytorch_only():
         # Under torch.jit.trace, or torch.func (grad, vmap, jacrev, functional_call
         # ...): the chapter's steps in PyTorch operations, which a trace records
         # and every transform knows how to handle (see _pytorch_only).
@@ -584,7 +580,7 @@ class MultiHeadSelfAttention(nn.Module):
         w_qkv, b_qkv, w_o, b_o = (p if p.dtype == torch.float32 else p.float() for p in params)
         needs_grad = torch.is_grad_enabled() and (
             xf.requires_grad or any(p.requires_grad for p in params))
-        if return_attention and needs_grad or B * T == 0 or _pytorch_only(xf, *params):
+        if return_attention and needs_grad or B * T == 0 or _pytorch_only():
             # (An empty batch or sequence goes this way too: the library takes
             # sizes of at least 1, and there is nothing to compute; and so do a
             # trace and torch.func's wrapped tensors, whose attention then runs in
