@@ -334,3 +334,58 @@ def test_torch_export_records_attention_and_gives_plain_pytorchs_results_on_new_
             program = export.export(ours, (x,), strict=strict)
         with torch.no_grad():
             close(program.module()(x_new), theirs(x_new), "exported (strict=%s)" % strict)
+
+
+@pytest.mark.parametrize("wanted", ["q", "k", "v", "kv"])
+def test_gradients_only_for_the_inputs_that_require_them_equal_plain_pytorchs(wanted):
+    """With only some of query, key and value requiring a gradient, those get plain
+    PyTorch's gradient and the others none (grad stays None)."""
+    g = torch.Generator().manual_seed(16)
+    q, k, v = (torch.randn(2, 3, 17, 4, generator=g) for _ in range(3))
+    mask = causal_and_padding(2, 17)
+    results = []
+    for module in (attention, plain):
+        leaves = [t.clone().requires_grad_(n in wanted) for t, n in zip((q, k, v), "qkv")]
+        out, weights = module.scaled_dot_product_attention(*leaves, attention_mask=mask)
+        (out.pow(2).sum() + weights.pow(2).sum()).backward()
+        results.append([t.grad for t in leaves])
+    for n, a, b in zip("qkv", *results):
+        if n in wanted:
+            close(a, b, "d" + n)
+        else:
+            assert a is None and b is None, (n, a, b)
+
+
+def test_strided_leaves_retain_graph_and_nan_in_the_incoming_gradient_as_plain_pytorch():
+    """Query a transposed view, key an expanded (stride 0) batch, value a slice: their
+    bases get plain PyTorch's gradients; backward twice with retain_graph=True doubles
+    them; a NaN in the output's gradient reaches the same entries of dq, dk, dv (SPEC
+    section 8: a NaN stays in the rows it reaches) as in plain PyTorch."""
+    g = torch.Generator().manual_seed(17)
+    qb, kb, vb = (torch.randn(2, 3, 3, 4, generator=g), torch.randn(1, 3, 3, 4, generator=g),
+                  torch.randn(2, 3, 3, 8, generator=g))
+    dout = torch.randn(2, 3, 3, 4, generator=g)
+    nan_dout = dout.clone()
+    nan_dout[1, 2, 0, 3] = float("nan")
+    results = []
+    for module in (attention, plain):
+        bases = [t.clone().requires_grad_(True) for t in (qb, kb, vb)]
+        q, k, v = bases[0].transpose(1, 2), bases[1].expand(2, 3, 3, 4), bases[2][..., ::2]
+        out, _ = module.scaled_dot_product_attention(q, k, v)
+        out.backward(dout, retain_graph=True)
+        once = [b.grad.clone() for b in bases]
+        out.backward(dout, retain_graph=True)
+        twice = [b.grad.clone() for b in bases]
+        for b in bases:
+            b.grad = None
+        out.backward(nan_dout)
+        results.append(once + twice + [b.grad.isnan() for b in bases])
+    names = ["dq", "dk", "dv", "dq twice", "dk twice", "dv twice"]
+    for name, a, b in zip(names, results[0][:6], results[1][:6]):
+        close(a, b, name)
+    for name, a, b in zip(names[:3], results[0][:3], results[0][3:6]):
+        close(b, 2 * a, name + ": twice is double")
+    for name, a, b in zip(names[:3], results[0][6:], results[1][6:]):
+        assert torch.equal(a, b), "NaN in %s: attn %s, plain %s" % (name, a.nonzero().tolist(),
+                                                                    b.nonzero().tolist())
+        assert a.any(), "no NaN reached %s" % name
