@@ -60,11 +60,12 @@ Differences a caller can see, all of them deliberate:
   again. Without create_graph the backward is always attn's.
 - Under torch.func (PyTorch 2.x: grad, vmap, jacrev, functional_call ...) the
   tensors are functorch's wrappers, which attn cannot read, and torch.jit.trace
-  and torch.export record PyTorch operations only: in both the chapter's steps run in PyTorch
-  operations instead, at PyTorch's cost (a trace is then a graph of PyTorch
-  operations, which torch.jit.save can write). There a query row that sees no
-  key gives NaN, as PyTorch's softmax does, not the ValueError (the check would
-  read the mask's values, which vmap does not allow and a trace cannot record).
+  and torch.export record PyTorch operations only: under all three the
+  chapter's steps run in PyTorch operations instead, at PyTorch's cost (a trace
+  is then a graph of PyTorch operations, which torch.jit.save can write). There
+  a query row that sees no key gives NaN, as PyTorch's softmax does, not the
+  ValueError (the check would read the mask's values, which vmap does not allow
+  and a trace cannot record).
   torch.jit.script cannot compile the module (its Python is not TorchScript).
 """
 
@@ -362,9 +363,10 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
         return out, weights
 
     if _pytorch_only():
-        # Under torch.jit.trace, or torch.func (grad, vmap, jacrev, functional_call
-        # ...): the chapter's steps in PyTorch operations, which a trace records
-        # and every transform knows how to handle (see _pytorch_only).
+        # Under torch.jit.trace, torch.export or torch.func (grad, vmap, jacrev,
+        # functional_call ...): the chapter's steps in PyTorch operations, which a
+        # trace or an export records and every transform knows how to handle (see
+        # _pytorch_only).
         out, weights = _sdpa_in_torch(q, k, v, mask, False)
     elif q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
         # The chapter's case: attn reads the tensors, and the mask with its
@@ -419,7 +421,8 @@ def _half_call(query, key, value):
 
 
 # ---------------------------------------------------------------------------
-# The same computations in PyTorch operations, for second derivatives
+# The same computations in PyTorch operations, for second derivatives, traces,
+# exports and torch.func
 # ---------------------------------------------------------------------------
 
 def _sdpa_in_torch(q, k, v, mask, causal):
@@ -583,8 +586,8 @@ class MultiHeadSelfAttention(nn.Module):
         if return_attention and needs_grad or B * T == 0 or _pytorch_only():
             # (An empty batch or sequence goes this way too: the library takes
             # sizes of at least 1, and there is nothing to compute; and so do a
-            # trace and torch.func's wrapped tensors, whose attention then runs in
-            # PyTorch: see _pytorch_only.)
+            # trace, an export and torch.func's transforms, whose attention then
+            # runs in PyTorch: see _pytorch_only.)
             # The weights are returned with their gradient, as the chapter's are:
             # the projections in PyTorch around attn's attention and its backward.
             out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)
