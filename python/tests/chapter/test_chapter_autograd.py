@@ -136,7 +136,7 @@ def test_adamw_training_tracks_the_same_model_on_plain_pytorch_step_for_step(mas
     1e-5) and its parameters at the end (within 1e-5), from the same initial parameters
     and the same batches. The keys' bias (qkv.bias rows E..2E) is left out: its gradient
     is zero in exact arithmetic (adding a constant to every key of a row leaves the
-    softmax as it is), so both sides give float32 noise of order 1e-9 there, which AdamW
+    softmax as it is), so both sides give float32 noise of order 1e-10 there, which AdamW
     divides by its own square root into steps of the learning rate's size."""
     ours, our_model = train_adamw(attention, 60, masked)
     theirs, their_model = train_adamw(plain, 60, masked)
