@@ -18,8 +18,12 @@ other calls (multi-head attention, RoPE, the backward) take float32 only.
 Functions:
     sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,
          return_weights, return_lse, empty_rows, out)   scaled dot-product attention
+    sdpa_backward(q, k, v, out, lse, dout, *, the same options)
+                                                         its gradients (dq, dk, dv
+                                                         [, dbias][, dsinks])
     padding_mask(token_ids, pad_id), causal_mask(T)      the chapter's masks
     mha_forward(x, weights, num_heads, ...)              multi-head self-attention
+    mha_backward(x, weights, num_heads, dout, ...)       its gradients (dx, {name: grad})
     rope(x, *, pairing, base, offset, out)               rotary position embedding
     KVCache(batch, kv_heads, capacity, head_dim, dtype=) a KV cache for decoding
     load_npy, save_npy, load_safetensors, save_safetensors
@@ -43,11 +47,13 @@ from ._attn import (  # noqa: F401  (re-exported)
     save_npy,
     save_safetensors,
     sdpa,
+    sdpa_backward,
 )
 from . import _attn
 
 __all__ = [
-    "sdpa", "padding_mask", "causal_mask", "mha_forward", "rope", "KVCache",
+    "sdpa", "sdpa_backward", "padding_mask", "causal_mask", "mha_forward", "mha_backward",
+    "rope", "KVCache",
     "load_npy", "save_npy", "load_safetensors", "save_safetensors", "arch", "Generator",
 ]
 
@@ -97,17 +103,8 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
     opts = dict(mask=mask, causal=causal, scale=scale, empty_rows=empty_rows,
                 return_weights=return_weights)
     if _CHAPTER[0] in w or _TORCH[0] in w:
-        names = _CHAPTER if _CHAPTER[0] in w else _TORCH
-        wqkv = _f32(w[names[0]], names[0])
-        E3 = wqkv.shape[0]
-        bqkv = w.get(names[1])
-        bqkv = _np.zeros(E3, _np.float32) if bqkv is None else _f32(bqkv, names[1])
-        if names[2] not in w:
-            raise ValueError("weights have %s but no %s" % (names[0], names[2]))
-        wo = _f32(w[names[2]], names[2])
-        bo = w.get(names[3])
-        bo = _np.zeros(wo.shape[0], _np.float32) if bo is None else _f32(bo, names[3])
-        return _attn._mha_forward(x, wqkv, bqkv, wo, bo, num_heads, **opts)
+        _, fused = _fused_weights(w)
+        return _attn._mha_forward(x, *fused, num_heads, **opts)
     if all(n in w for n in _SEPARATE):
         wq, wk, wv, wo = (_f32(w[n], n) for n in _SEPARATE)
         bq, bk, bv, bo = (_f32(w.get(n[:-len("weight")] + "bias"), n) for n in _SEPARATE)
@@ -118,6 +115,53 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
     raise ValueError("no weight name set found under prefix %r: looked for %s, %s or %s; "
                      "have %s" % (prefix, "/".join(_CHAPTER), "/".join(_TORCH),
                                   "/".join(_SEPARATE), sorted(w)))
+
+
+def _fused_weights(w):
+    """(names, (w_qkv, b_qkv, w_o, b_o)) of the chapter's or nn.MultiheadAttention's
+    name set in w, float32, a missing bias as zeros."""
+    names = _CHAPTER if _CHAPTER[0] in w else _TORCH
+    wqkv = _f32(w[names[0]], names[0])
+    bqkv = w.get(names[1])
+    bqkv = _np.zeros(wqkv.shape[0], _np.float32) if bqkv is None else _f32(bqkv, names[1])
+    if names[2] not in w:
+        raise ValueError("weights have %s but no %s" % (names[0], names[2]))
+    wo = _f32(w[names[2]], names[2])
+    bo = w.get(names[3])
+    bo = _np.zeros(wo.shape[0], _np.float32) if bo is None else _f32(bo, names[3])
+    return names, (wqkv, bqkv, wo, bo)
+
+
+def mha_backward(x, weights, num_heads, dout, *, prefix="", mask=None, causal=False,
+                 scale=None, empty_rows="error"):
+    """The backward of mha_forward (attn_mha_backward, SPEC section 8), for a training
+    loop in numpy: the gradients of a loss with respect to x and to the weights.
+
+    x [B, T, E] float32, weights, num_heads, prefix and the options exactly as given
+    to mha_forward (the chapter's qkv.* / output.* names or nn.MultiheadAttention's
+    in_proj_* / out_proj.*); dout [B, T, E] the loss's gradient with respect to
+    mha_forward's output. Returns (dx [B, T, E], grads), grads a dict {name:
+    gradient} with the four names of the set, prefix included, each the shape of
+    its weight (qkv.weight [3E, E], qkv.bias [3E], output.weight [E, E],
+    output.bias [E]); a bias missing from the weights (taken as zeros by the
+    forward) still gets its gradient. Separate q_proj/k_proj/v_proj weights
+    (grouped-query attention) are a ValueError: their backward is the C library's
+    attn_gqa_backward, not wrapped here. Raises ValueError for shapes and names.
+    """
+    w = _weights_dict(weights, prefix)
+    if not (_CHAPTER[0] in w or _TORCH[0] in w):
+        if all(n in w for n in _SEPARATE):
+            raise ValueError("mha_backward takes the chapter's (%s) or nn.MultiheadAttention's "
+                             "(%s) weights; separate %s weights (grouped-query attention) "
+                             "have no backward from Python" % ("/".join(_CHAPTER),
+                                                               "/".join(_TORCH),
+                                                               "/".join(_SEPARATE)))
+        raise ValueError("no weight name set found under prefix %r: looked for %s or %s; "
+                         "have %s" % (prefix, "/".join(_CHAPTER), "/".join(_TORCH), sorted(w)))
+    names, fused = _fused_weights(w)
+    dx, *grads = _attn._mha_backward(x, *fused, num_heads, dout, mask=mask, causal=causal,
+                                     scale=scale, empty_rows=empty_rows)
+    return dx, {(prefix or "") + n: g for n, g in zip(names, grads)}
 
 
 class KVCache:

@@ -49,9 +49,24 @@ Differences a caller can see, all of them deliberate:
   device); integer tensors are refused (TypeError).
 - attention_mask (and pad_id) may also be passed by position; the chapter's
   module takes them by keyword only.
-- The backward is differentiable once: a second derivative through attention
-  (create_graph=True, then a gradient of the gradient) raises PyTorch's
-  "differentiate twice" error.
+- torch.autocast is ignored: under CPU autocast to bfloat16 the results are
+  float32 (the chapter's module, whose linears autocast runs in bfloat16,
+  returns bfloat16).
+- A second derivative (backward with create_graph=True, as a gradient penalty
+  needs) works, at PyTorch's cost: attn's backward runs in C outside autograd's
+  graph, so when autograd asks for a graph of the backward itself, the
+  backward is worked out instead in PyTorch operations on the same tensors (the
+  chapter's steps, differentiated by autograd), which autograd can differentiate
+  again. Without create_graph the backward is always attn's.
+- Under torch.func (PyTorch 2.x: grad, vmap, jacrev, functional_call ...) the
+  tensors are functorch's wrappers, which attn cannot read, and torch.jit.trace
+  and torch.export record PyTorch operations only: under all three the
+  chapter's steps run in PyTorch operations instead, at PyTorch's cost (a trace
+  is then a graph of PyTorch operations, which torch.jit.save can write). There
+  a query row that sees no key gives NaN, as PyTorch's softmax does, not the
+  ValueError (the check would read the mask's values, which vmap does not allow
+  and a trace cannot record).
+  torch.jit.script cannot compile the module (its Python is not TorchScript).
 """
 
 try:
@@ -65,7 +80,6 @@ import math
 
 import numpy as _numpy
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from . import _attn
 
@@ -164,6 +178,26 @@ def _split_causal(mask, Tq, Tk):
     return mask, False
 
 
+# torch.func's stack of active transforms (PyTorch 2.x: None when no grad, vmap,
+# jacrev ... is running; absent in 1.13, whose functorch is a separate package
+# that attn.torch does not support), and torch.export's test for an export in
+# progress. One call each, well under a microsecond, on every attention call.
+_FUNCTORCH_STACK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack",
+                           None)
+_IS_EXPORTING = getattr(getattr(torch, "compiler", None), "is_exporting", None)
+
+
+def _pytorch_only():
+    """Whether attention must run in PyTorch operations rather than attn's call:
+    under torch.jit.trace or torch.export, which record PyTorch operations only
+    (attn's result would be recorded as a constant, and the trace would return it
+    for any input), or under a torch.func transform (grad, vmap, jacrev ...),
+    whose wrapper tensors have no memory of their own for attn to read."""
+    return (torch.jit.is_tracing()
+            or (_IS_EXPORTING is not None and _IS_EXPORTING())
+            or (_FUNCTORCH_STACK is not None and _FUNCTORCH_STACK() is not None))
+
+
 def _np(t):
     # A numpy view of the tensor's own memory (no copy, strides kept): the C
     # library reads strided float32 views in place, zero strides included.
@@ -226,18 +260,23 @@ class _SDPAFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         return out, weights
 
-    # The backward runs in C on numpy views, outside autograd's graph, so its
-    # result has no derivative of its own: once_differentiable makes a second
-    # derivative (create_graph=True, then a grad of the grad) an error that says
-    # so, instead of a gradient that silently leaves attention's term out.
+    # attn's backward runs in C on numpy views, outside autograd's graph, so its
+    # result has no derivative of its own. Autograd runs a backward with grad mode
+    # on exactly when it was asked to build a graph of it (create_graph=True, for a
+    # second derivative); then the gradients are worked out in PyTorch operations
+    # instead, so that the second derivative is the chapter's. (Returning the C
+    # result there would silently leave attention out of the second derivative.)
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, dweights):
         q, k, v, mask, out, lse, weights = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _grads_in_torch(
+                ctx, (q, k, v), lambda q, k, v: _sdpa_in_torch(q, k, v, mask, ctx.causal),
+                (dout, dweights)) + (None, None)
         m = None if mask is None else _np(mask)
         if dout is not None:
             dq, dk, dv = (torch.from_numpy(a) for a in _call(
-                _attn._sdpa_backward, _np(q), _np(k), _np(v), _np(out), _np(lse),
+                _attn.sdpa_backward, _np(q), _np(k), _np(v), _np(out), _np(lse),
                 _np(dout), mask=m, causal=ctx.causal))
         else:
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -323,7 +362,13 @@ def scaled_dot_product_attention(query, key, value, attention_mask=None):
             out, weights = out.to(query.dtype), weights.to(query.dtype)
         return out, weights
 
-    if q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
+    if _pytorch_only():
+        # Under torch.jit.trace, torch.export or torch.func (grad, vmap, jacrev,
+        # functional_call ...): the chapter's steps in PyTorch operations, which a
+        # trace or an export records and every transform knows how to handle (see
+        # _pytorch_only).
+        out, weights = _sdpa_in_torch(q, k, v, mask, False)
+    elif q.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]:
         # The chapter's case: attn reads the tensors, and the mask with its
         # broadcast axes, where they are.
         out, weights = _sdpa(q, k, v, mask)
@@ -373,6 +418,53 @@ def _half_call(query, key, value):
     return (all(isinstance(t, torch.Tensor) for t in (query, key, value))
             and query.dtype in _HALF and key.dtype == value.dtype == query.dtype
             and not _wants_grad(query, key, value))
+
+
+# ---------------------------------------------------------------------------
+# The same computations in PyTorch operations, for second derivatives, traces,
+# exports and torch.func
+# ---------------------------------------------------------------------------
+
+def _sdpa_in_torch(q, k, v, mask, causal):
+    """The chapter's three steps on [..., T, D] tensors in PyTorch operations:
+    (output, weights), differentiable as many times as autograd likes. causal is
+    the top-left triangle (_split_causal gives it only for Tq == Tk)."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        tq, tk = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(tq, tk, dtype=torch.bool).tril_()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v), weights
+
+
+def _mha_in_torch(x, w_qkv, b_qkv, w_o, b_o, mask, causal, num_heads):
+    """attn's multi-head forward (the chapter's module) in PyTorch operations."""
+    B, T, E = x.shape
+    qkv = nn.functional.linear(x, w_qkv, b_qkv)
+    q, k, v = (t.reshape(B, T, num_heads, E // num_heads).transpose(1, 2)
+               for t in qkv.chunk(3, dim=-1))
+    context, _ = _sdpa_in_torch(q, k, v, mask, causal)
+    return nn.functional.linear(context.transpose(1, 2).reshape(B, T, E), w_o, b_o)
+
+
+def _grads_in_torch(ctx, inputs, fn, grad_outputs):
+    """The gradients of fn(*inputs) (a tuple of tensors) for the inputs that need
+    one, given the gradients of its outputs (None: the loss does not read that
+    output), with a graph of their own (create_graph=True). For a backward called
+    with grad mode on; the inputs are the function's saved inputs, so the graph
+    reaches back to the caller's tensors."""
+    needs = ctx.needs_input_grad[:len(inputs)]
+    with torch.enable_grad():
+        outputs = fn(*inputs)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+    wanted = [t for t, need in zip(inputs, needs) if need]
+    if not pairs or not wanted:
+        return (None,) * len(inputs)
+    grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                     create_graph=True, allow_unused=True))
+    return tuple(next(grads) if need else None for need in needs)
 
 
 # ---------------------------------------------------------------------------
@@ -432,11 +524,17 @@ class _MHAFunction(torch.autograd.Function):
         return torch.from_numpy(r)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, *unused):
         x, w_qkv, b_qkv, w_o, b_o, mask = ctx.saved_tensors
         if dout is None:
             return (None,) * 9
+        if torch.is_grad_enabled():
+            # create_graph=True: the gradients in PyTorch operations, as in
+            # _SDPAFunction.backward, so that they can be differentiated again.
+            return _grads_in_torch(
+                ctx, (x, w_qkv, b_qkv, w_o, b_o),
+                lambda *t: (_mha_in_torch(*t, mask, ctx.causal, ctx.num_heads),),
+                (dout,)) + (None,) * 4
         grads = _call(_attn._mha_backward, _np(x), _np(w_qkv), _np(b_qkv), _np(w_o), _np(b_o),
                       ctx.num_heads, _np(dout), mask=None if mask is None else _np(mask),
                       causal=ctx.causal)
@@ -485,9 +583,11 @@ class MultiHeadSelfAttention(nn.Module):
         w_qkv, b_qkv, w_o, b_o = (p if p.dtype == torch.float32 else p.float() for p in params)
         needs_grad = torch.is_grad_enabled() and (
             xf.requires_grad or any(p.requires_grad for p in params))
-        if return_attention and needs_grad or B * T == 0:
+        if return_attention and needs_grad or B * T == 0 or _pytorch_only():
             # (An empty batch or sequence goes this way too: the library takes
-            # sizes of at least 1, and there is nothing to compute.)
+            # sizes of at least 1, and there is nothing to compute; and so do a
+            # trace, an export and torch.func's transforms, whose attention then
+            # runs in PyTorch: see _pytorch_only.)
             # The weights are returned with their gradient, as the chapter's are:
             # the projections in PyTorch around attn's attention and its backward.
             out, weights = self._forward_in_steps(xf, w_qkv, b_qkv, w_o, b_o, mask)

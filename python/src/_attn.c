@@ -907,41 +907,72 @@ fail:
  * ------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(sdpa_backward_doc,
-"_sdpa_backward(q, k, v, out, lse, dout, *, mask=None, causal=False, scale=None,\n"
-"               empty_rows=\"error\")\n--\n\n"
-"The backward of sdpa: q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], the\n"
-"forward's out [B, H, Tq, Dv] and lse [B, H, Tq] (sdpa(..., return_lse=True)),\n"
-"dout [B, H, Tq, Dv] the loss's gradient with respect to out; the options are the\n"
-"forward's. Returns new arrays (dq, dk, dv) shaped like q, k and v.");
+"sdpa_backward(q, k, v, out, lse, dout, *, mask=None, causal=False, scale=None,\n"
+"              window=None, softcap=None, alibi=None, bias=None, sinks=None,\n"
+"              empty_rows=\"error\")\n--\n\n"
+"The backward of sdpa (attn_sdpa_backward, SPEC section 8): the gradients of a\n"
+"loss with respect to q, k and v (and to bias and sinks when given), from the\n"
+"forward's inputs, its output and log-sum-exp, and dout, the loss's gradient\n"
+"with respect to the output.\n\n"
+"  q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]  float32, as given to sdpa\n"
+"  out [B, H, Tq, Dv], lse [B, H, Tq]  the forward's: sdpa(..., return_lse=True)\n"
+"  dout [B, H, Tq, Dv]  float32\n"
+"  mask, causal, scale, window, softcap, alibi, bias, sinks, empty_rows: the\n"
+"  forward's options, given again exactly as they were given to sdpa.\n\n"
+"Returns new float32 arrays (dq, dk, dv) shaped like q, k and v, then dbias (the\n"
+"bias's own shape: summed over the axes it was broadcast along) when bias is\n"
+"given, then dsinks [H] when sinks are given. With grouped-query attention\n"
+"(Hkv < H) dk and dv sum over the query heads that share a key/value head. A\n"
+"masked key gets exactly zero gradient. Raises ValueError (naming the argument\n"
+"and the shapes) and TypeError as sdpa does. The GIL is released while it runs.");
 
 static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
-    static char *kwlist[] = {"q", "k", "v", "out", "lse", "dout", "mask", "causal", "scale",
-                             "empty_rows", NULL};
+    static char *kwlist[] = {"q",      "k",       "v",     "out",  "lse",   "dout",
+                             "mask",   "causal",  "scale", "window", "softcap", "alibi",
+                             "bias",   "sinks",   "empty_rows", NULL};
     PyObject *qo, *ko, *vo, *oo, *lo, *doo, *mask = NULL, *causal = NULL, *scale = NULL,
-                                            *empty_rows = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|$OOOO", kwlist, &qo, &ko, &vo, &oo,
-                                     &lo, &doo, &mask, &causal, &scale, &empty_rows))
+                                            *window = NULL, *softcap = NULL, *alibi = NULL,
+                                            *bias = NULL, *sinks = NULL, *empty_rows = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|$OOOOOOOOO", kwlist, &qo, &ko, &vo,
+                                     &oo, &lo, &doo, &mask, &causal, &scale, &window, &softcap,
+                                     &alibi, &bias, &sinks, &empty_rows))
         return NULL;
     bufset bs;
     bs.n = 0;
-    attn_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    attn_tensor q, k, v, out, lse, dout, dq, dk, dv, dbias, dsinks;
     sdpa_opts o;
-    PyObject *arr[3] = {NULL, NULL, NULL};
+    PyObject *arr[5] = {NULL, NULL, NULL, NULL, NULL};
     if (get_tensor(&bs, qo, "q", WANT_F32, 0, &q) < 0 ||
         get_tensor(&bs, ko, "k", WANT_F32, 0, &k) < 0 ||
         get_tensor(&bs, vo, "v", WANT_F32, 0, &v) < 0 ||
         get_tensor(&bs, oo, "out", WANT_F32, 0, &out) < 0 ||
         get_tensor(&bs, lo, "lse", WANT_F32, 0, &lse) < 0 ||
         get_tensor(&bs, doo, "dout", WANT_F32, 0, &dout) < 0 ||
-        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        parse_opts(&bs, &o, mask, causal, scale, window, softcap, alibi, bias, sinks,
+                   empty_rows) < 0)
         goto fail;
     if (!(arr[0] = new_array(&bs, q.ndim, q.shape, ATTN_DTYPE_F32, "dq", &dq)) ||
         !(arr[1] = new_array(&bs, k.ndim, k.shape, ATTN_DTYPE_F32, "dk", &dk)) ||
         !(arr[2] = new_array(&bs, v.ndim, v.shape, ATTN_DTYPE_F32, "dv", &dv)))
         goto fail;
+    /* dbias has the bias's own shape and dsinks the sinks' (the library checks
+     * that the sinks are [H]); each only when its option was given. */
     attn_sdpa_grads g = {&dq, &dk, &dv, NULL, NULL};
+    int n = 3;
+    if (o.p.bias) {
+        if (!(arr[n++] = new_array(&bs, o.bias.ndim, o.bias.shape, ATTN_DTYPE_F32, "dbias",
+                                   &dbias)))
+            goto fail;
+        g.dbias = &dbias;
+    }
+    if (o.p.sinks) {
+        if (!(arr[n++] = new_array(&bs, o.sinks.ndim, o.sinks.shape, ATTN_DTYPE_F32, "dsinks",
+                                   &dsinks)))
+            goto fail;
+        g.dsinks = &dsinks;
+    }
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     int st;
@@ -954,10 +985,16 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
         goto fail;
     }
     bufset_release(&bs);
-    return Py_BuildValue("(NNN)", arr[0], arr[1], arr[2]);
+    PyObject *r = PyTuple_New(n);
+    if (!r)
+        goto fail_arrays;
+    for (int i = 0; i < n; i++)
+        PyTuple_SetItem(r, i, arr[i]); /* steals arr[i] */
+    return r;
 fail:
     bufset_release(&bs);
-    for (int i = 0; i < 3; i++)
+fail_arrays:
+    for (int i = 0; i < 5; i++)
         Py_XDECREF(arr[i]);
     return NULL;
 }
@@ -1717,7 +1754,7 @@ static PyMethodDef methods[] = {
      mha_forward_doc},
     {"_gqa_forward", (PyCFunction)(void (*)(void))py_gqa_forward, METH_VARARGS | METH_KEYWORDS,
      gqa_forward_doc},
-    {"_sdpa_backward", (PyCFunction)(void (*)(void))py_sdpa_backward,
+    {"sdpa_backward", (PyCFunction)(void (*)(void))py_sdpa_backward,
      METH_VARARGS | METH_KEYWORDS, sdpa_backward_doc},
     {"_mha_backward", (PyCFunction)(void (*)(void))py_mha_backward,
      METH_VARARGS | METH_KEYWORDS, mha_backward_doc},

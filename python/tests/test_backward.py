@@ -33,20 +33,20 @@ ATOL, RTOL = 1e-5, 1e-4
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_backward_equals_the_float64_formulas(causal):
-    """_sdpa_backward's dq, dk, dv equal the float64 backward, with and without a mask
+    """attn.sdpa_backward's dq, dk, dv equal the float64 backward, with and without a mask
     (causal given as a flag, and as a bool mask: the same gradients)."""
     B, H, T, D = 2, 3, 17, 8
     q, k, v, dout = rand(B, H, T, D, seed=1), rand(B, H, T, D, seed=2), \
         rand(B, H, T, D, seed=3), rand(B, H, T, D, seed=4)
     out, lse = attn.sdpa(q, k, v, causal=causal, return_lse=True)
-    got = _attn._sdpa_backward(q, k, v, out, lse, dout, causal=causal)
+    got = attn.sdpa_backward(q, k, v, out, lse, dout, causal=causal)
     mask = np.tril(np.ones((T, T), bool)) if causal else None
     want = sdpa_backward_f64(q, k, v, mask, dout)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.shape == w.shape and g.dtype == np.float32, (name, g.shape, g.dtype)
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=RTOL, err_msg=name)
     if causal:
-        by_mask = _attn._sdpa_backward(q, k, v, out, lse, dout, mask=mask)
+        by_mask = attn.sdpa_backward(q, k, v, out, lse, dout, mask=mask)
         for name, a, b in zip(("dq", "dk", "dv"), got, by_mask):
             np.testing.assert_allclose(a, b, atol=ATOL, rtol=RTOL, err_msg=name)
 
@@ -69,11 +69,11 @@ def test_backward_bad_arguments_raise_and_never_crash():
     q, k, v = rand(1, 2, 4, 4), rand(1, 2, 4, 4, seed=1), rand(1, 2, 4, 4, seed=2)
     out, lse = attn.sdpa(q, k, v, return_lse=True)
     with pytest.raises(TypeError, match="dout"):
-        _attn._sdpa_backward(q, k, v, out, lse, None)
+        attn.sdpa_backward(q, k, v, out, lse, None)
     with pytest.raises(TypeError, match="q must be float32"):
-        _attn._sdpa_backward(q.astype(np.float64), k, v, out, lse, out)
+        attn.sdpa_backward(q.astype(np.float64), k, v, out, lse, out)
     with pytest.raises(ValueError):
-        _attn._sdpa_backward(q, k, v, out, lse[..., :2], out)
+        attn.sdpa_backward(q, k, v, out, lse[..., :2], out)
     x = rand(1, 4, 4)
     w = (rand(12, 4), rand(12), rand(4, 4), rand(4))
     with pytest.raises(ValueError, match="num_heads"):
@@ -104,9 +104,9 @@ def test_backward_calls_leak_nothing():
 
     def calls(n):
         for _ in range(n):
-            _attn._sdpa_backward(q, k, v, out, lse, dout)
+            attn.sdpa_backward(q, k, v, out, lse, dout)
             _attn._mha_backward(x, *w, 1, x)
-            for bad_call in (lambda: _attn._sdpa_backward(q, k, v, out, bad, dout),
+            for bad_call in (lambda: attn.sdpa_backward(q, k, v, out, bad, dout),
                              lambda: _attn._mha_backward(x, *w, 3, x)):
                 try:
                     bad_call()

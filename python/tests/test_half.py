@@ -365,9 +365,9 @@ def test_the_float32_only_calls_refuse_16_bit_arrays_naming_the_dtype():
     msg = ("must be float32, not float16: of attn's calls only sdpa and a KVCache made "
            "with dtype=\"bf16\" or \"f16\" take 16-bit arrays")
     with pytest.raises(TypeError, match="q " + msg):
-        _attn._sdpa_backward(h, q, q, q, lse, q)
+        attn.sdpa_backward(h, q, q, q, lse, q)
     with pytest.raises(TypeError, match="dout " + msg):
-        _attn._sdpa_backward(q, q, q, q, lse, h)
+        attn.sdpa_backward(q, q, q, q, lse, h)
     with pytest.raises(TypeError, match="x " + msg):
         attn.rope(h)
     cache = attn.KVCache(1, 1, 4, 4)

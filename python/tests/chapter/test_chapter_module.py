@@ -443,19 +443,3 @@ def test_the_module_on_an_empty_batch_or_sequence_is_plain_pytorchs(shape):
     for name, p in module.named_parameters():
         assert p.grad is not None and not p.grad.any(), (name, p.grad)
 
-
-def test_a_second_derivative_is_an_error_not_a_gradient_without_attention():
-    """attn's backward runs in C, outside autograd: differentiating it again (a
-    gradient penalty through create_graph=True) raises PyTorch's 'differentiate twice'
-    error. Before, the penalty's gradient silently left attention's term out."""
-    q = torch.randn(1, 2, 4, 3, requires_grad=True)
-    k, v = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
-    out, _ = attention.scaled_dot_product_attention(q, k, v)
-    g, = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        (g.pow(2).sum() + q.pow(2).sum()).backward()
-    module = attention.MultiHeadSelfAttention(embed_dim=8, num_heads=2)
-    x = torch.randn(2, 3, 8, requires_grad=True)
-    g, = torch.autograd.grad(module(x).pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        g.pow(2).sum().backward()
