@@ -750,19 +750,21 @@ static void test_fast_general_agree(void)
 /* The mask is chosen in registers, a vector of keys at a time, where its row is
  * contiguous along the keys (fb_mask_keep), and key by key where it is not or
  * where a vector reaches past the tile's last key; a padding mask [B, 1, 1, Tk]
- * serves every query from one row. A mask with a stride of two bytes along the
- * keys (the same values) must give the same bits as the contiguous one, and a
- * padding mask the same bits as its expansion to [B, 1, Tq, Tk]. */
+ * serves every query from one row, and a key tile it hides whole is left out
+ * (fb_mask_hides_tile: sample 1's last quarter of 130 and of 300 keys holds the
+ * whole last tile). A mask with a stride of two bytes along the keys (the same
+ * values) must give the same bits as the contiguous one, and a padding mask the
+ * same bits as its expansion to [B, 1, Tq, Tk], which is read row by row. */
 static void test_mask_layouts_agree(void)
 {
     TEST("a [B, 1, Tq, Tk] mask read with a stride of 2 bytes along the keys, and a [B, 1, "
          "1, Tk] padding mask, give the same bits of dq, dk and dv as the same masks "
-         "contiguous and expanded (causal 113 x 113, none 17 x 130; every instruction set, "
-         "1 and 2 threads)");
+         "contiguous and expanded (causal 113 x 113, none 17 x 130, bottom-right causal 100 "
+         "x 300; every instruction set, 1 and 2 threads)");
     static const struct {
         int opt;
         int64_t Tq, Tk;
-    } cases[] = {{OPT_CAUSAL_TL, 113, 113}, {OPT_NONE, 17, 130}};
+    } cases[] = {{OPT_CAUSAL_TL, 113, 113}, {OPT_NONE, 17, 130}, {OPT_CAUSAL_BR, 100, 300}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         problem P = one_pass_problem(cases[c].Tq, cases[c].Tk, 64, cases[c].opt);
         problem_make(&P, 6300 + (uint64_t)c);

@@ -1247,6 +1247,31 @@ static void fb_dq_rows(float *const acc[FB_R], const float *dsx, int64_t bcp,
     }
 }
 
+/* 1 when a mask with one row for every query of (b, h) (a padding mask [B, 1, 1,
+ * Tk] or [B, H, 1, Tk]: stride 0 along the queries) hides every key of the tile
+ * j0 .. j0+n-1 that the block's r rows reach. Such a tile adds nothing but terms
+ * 0 * x (P and dS chosen 0) to sums that start at +0 and so are never -0, or
+ * skips them (non-finite rows): leaving it out gives the same bits. Other masks
+ * would need a row each, which costs more to read than it saves. */
+static int fb_mask_hides_tile(const attn__sdpa_shapes *s, int64_t b, int64_t h, const fb_rows *rs,
+                              int r, int64_t j0, int64_t n)
+{
+    if (!s->mask.data || s->mask.stride[2] != 0)
+        return 0;
+    int64_t a = j0 + n, e = j0;
+    for (int u = 0; u < r; u++)
+        if (rs->hi[u] > j0 && rs->lo[u] < j0 + n) {
+            a = fb_min(a, fb_max(rs->lo[u], j0));
+            e = fb_max(e, fb_min(rs->hi[u], j0 + n));
+        }
+    const uint8_t *m = s->mask.data + attn__off4(s->mask.stride, b, h, 0, 0);
+    const int64_t ms3 = s->mask.stride[3];
+    for (int64_t j = a; j < e; j++)
+        if (m[j * ms3])
+            return 0;
+    return 1;
+}
+
 /* The one-pass form, item (b, hk): every gradient of the key/value head hk of
  * sample b and of its group's query heads. Key tiles run in order; for each, dK
  * and dV of the tile as in pass 1, and, from the same P and dS, dQ of each row
@@ -1327,7 +1352,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     int reach = 0;
                     for (int u = 0; u < r; u++)
                         reach |= rs.hi[u] > j0[c] && rs.lo[u] < j0[c] + n[c];
-                    if (!reach)
+                    if (!reach || fb_mask_hides_tile(s, b, h, &rs, r, j0[c], n[c]))
                         continue;
                     if (!packed[c]) {
                         kfinite[c] = fb_pack_kv(job, b, hk, j0[c], n[c], &wt[c], 1);
