@@ -536,7 +536,8 @@ FB_INLINE simd_f32 fb_mask_keep(simd_f32 v, const uint8_t *m, int64_t ms3, int64
     }
 #elif defined(ATTN_SIMD_AVX2)
     if (ms3 == 1 && j + SIMD_W <= n) {
-        const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(m + j)));
+        const __m128i b8 = _mm_loadl_epi64((const __m128i *)(const void *)(m + j));
+        const __m256i w = _mm256_cvtepu8_epi32(b8);
         const __m256i off = _mm256_cmpeq_epi32(w, _mm256_setzero_si256());
         return _mm256_andnot_ps(_mm256_castsi256_ps(off), v);
     }
@@ -618,14 +619,15 @@ FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const float
  * (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen for a hidden
  * key in both (by the range, then the mask). dS goes to dsx only (without a
  * softcap the two are the same). The general path tests the mask one pair at a
- * time in a second loop; S6's padding mask took it 1.7x the time of the same
- * shape without a mask (docs/performance.md, "A sixth look"). [jv0, jv1) is whole vectors (of
- * SIMD_W keys, not necessarily FB_NV of them): FB_NV vectors a step, then one at
- * a time for what is left, so that on the causal diagonal, where a sub-block's
- * rows end 8 keys apart, the keys scored are rounded up to one vector, not FB_NV
- * (fb_sub_range): a sixth fewer of a 64 x 64 diagonal tile's scores on AVX-512,
- * 2% less time with a causal window of 128 keys, within the noise on S2
- * (docs/performance.md, "A fifth look"). */
+ * time in a second loop; S6's padding mask took it 1.6x the time of the same
+ * shape without a mask (docs/performance.md, "A sixth look").
+ *
+ * [jv0, jv1) is whole vectors (of SIMD_W keys, not necessarily FB_NV of them):
+ * FB_NV vectors a step, then one at a time for what is left, so that on the
+ * causal diagonal, where a sub-block's rows end 8 keys apart, the keys scored are
+ * rounded up to one vector, not FB_NV (fb_sub_range): a sixth fewer of a 64 x 64
+ * diagonal tile's scores on AVX-512, 2% less time with a causal window of 128
+ * keys, within the noise on S2 (docs/performance.md, "A fifth look"). */
 static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
                               const float *delta, const fb_sub *w, const int64_t *ra,
                               const int64_t *re, const fb_mrows *mk, int64_t jv0, int64_t jv1)
