@@ -685,21 +685,23 @@ static void test_forms_agree(void)
         }
 }
 
-/* Without a mask, bias, ALiBi or softcap the kernel makes P and dS in registers
+/* Without a bias, ALiBi or softcap the kernel makes P and dS in registers
  * (fb_rows_tile_fast), and on AVX-512 it scores the causal diagonal's last keys
  * one vector (16 keys) at a time where a step of two would reach past the rows'
- * keys; an all-true mask gives the same visible keys through the general path
- * (scores stored, then the options applied), which scores whole steps of two.
- * Both compute every value by the same operations in the same order, so the
- * gradients must agree bit for bit, on shapes whose sub-blocks end on every
- * offset within a step (113, a bottom-right 40 x 100, a window) and on 1 and 2
- * threads. */
+ * keys. An all-true mask gives the same visible keys with the mask's choice
+ * added to each vector (until the sixth look at the backward's speed it sent the
+ * problem through the general path, scores stored and the options applied after;
+ * that path's agreement with the registers' is now test_forms_agree's, whose
+ * two-pass form takes dQ through it). Both compute every value by the same
+ * operations in the same order, so the gradients must agree bit for bit, on
+ * shapes whose sub-blocks end on every offset within a step (113, a bottom-right
+ * 40 x 100, a window) and on 1 and 2 threads. */
 static void test_fast_general_agree(void)
 {
     TEST("causal (top-left 113 x 113, bottom-right 40 x 100) and window problems get the "
          "same bits of dq, dk and dv with no mask (P and dS in registers, the diagonal by "
-         "single vectors) as with an all-true mask (the general path), on every "
-         "instruction set, 1 and 2 threads");
+         "single vectors) as with an all-true mask (the mask chosen in registers too), on "
+         "every instruction set, 1 and 2 threads");
     static const struct {
         int opt;
         int64_t Tq, Tk;
@@ -741,6 +743,101 @@ static void test_fast_general_agree(void)
         free(out);
         free(lse);
         free(ones);
+        problem_free(&P);
+    }
+}
+
+/* The mask is chosen in registers, a vector of keys at a time, where its row is
+ * contiguous along the keys (fb_mask_keep), and key by key where it is not or
+ * where a vector reaches past the tile's last key; a padding mask [B, 1, 1, Tk]
+ * serves every query from one row, and a key tile it hides whole is left out
+ * (fb_mask_hides_tile: sample 1's last quarter of 130 and of 300 keys holds the
+ * whole last tile). A mask with a stride of two bytes along the keys (the same
+ * values) must give the same bits as the contiguous one, and a padding mask the
+ * same bits as its expansion to [B, 1, Tq, Tk], which is read row by row. */
+static void test_mask_layouts_agree(void)
+{
+    TEST("a [B, 1, Tq, Tk] mask read with a stride of 2 bytes along the keys, and a [B, 1, "
+         "1, Tk] padding mask, give the same bits of dq, dk and dv as the same masks "
+         "contiguous and expanded (causal 113 x 113, none 17 x 130, bottom-right causal 100 "
+         "x 300; every instruction set, 1 and 2 threads)");
+    static const struct {
+        int opt;
+        int64_t Tq, Tk;
+    } cases[] = {{OPT_CAUSAL_TL, 113, 113}, {OPT_NONE, 17, 130}, {OPT_CAUSAL_BR, 100, 300}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        problem P = one_pass_problem(cases[c].Tq, cases[c].Tk, 64, cases[c].opt);
+        problem_make(&P, 6300 + (uint64_t)c);
+        const int64_t B = P.B, Tq = P.Tq, Tk = P.Tk, nm = B * Tq * Tk;
+        /* A padding row per sample (sample 1 pads its last quarter of keys, and
+         * both hide every fifth key), its expansion, a random per-query mask and
+         * the same values every other byte. */
+        unsigned char *pad = malloc((size_t)(B * Tk)), *full = malloc((size_t)nm);
+        unsigned char *rnd = malloc((size_t)nm), *wide = calloc((size_t)(2 * nm), 1);
+        uint64_t seed = 6400 + (uint64_t)c;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Tk; j++)
+                pad[b * Tk + j] = !(b == 1 && j >= Tk - Tk / 4) && j % 5 != 3;
+        for (int64_t x = 0; x < nm; x++) {
+            full[x] = pad[(x / (Tq * Tk)) * Tk + x % Tk];
+            rnd[x] = tu_uniform(&seed) > -0.4f;
+            wide[2 * x] = rnd[x];
+        }
+        const int64_t sh_full[4] = {B, 1, Tq, Tk}, sh_pad[4] = {B, 1, 1, Tk};
+        problem Mf = P, Mp = P, Mr = P, Mw = P;
+        attn_tensor_init(NULL, &Mf.tmask, ATTN_DTYPE_BOOL, full, 4, sh_full);
+        attn_tensor_init(NULL, &Mp.tmask, ATTN_DTYPE_BOOL, pad, 4, sh_pad);
+        attn_tensor_init(NULL, &Mr.tmask, ATTN_DTYPE_BOOL, rnd, 4, sh_full);
+        attn_tensor_init(NULL, &Mw.tmask, ATTN_DTYPE_BOOL, wide, 4, sh_full);
+        for (int d = 0; d < 4; d++)
+            Mw.tmask.stride[d] *= 2;
+        Mf.p.mask = &Mf.tmask;
+        Mp.p.mask = &Mp.tmask;
+        Mr.p.mask = &Mr.tmask;
+        Mw.p.mask = &Mw.tmask;
+        const int64_t nq = B * P.H * Tq * P.D, nk = B * P.Hkv * Tk * P.D;
+        const int64_t nv = B * P.Hkv * Tk * P.Dv;
+        float *out_f = calloc((size_t)(B * P.H * Tq * P.Dv), sizeof(float));
+        float *lse_f = calloc((size_t)(B * P.H * Tq), sizeof(float));
+        float *out_r = calloc((size_t)(B * P.H * Tq * P.Dv), sizeof(float));
+        float *lse_r = calloc((size_t)(B * P.H * Tq), sizeof(float));
+        CHECK_INT(forward(&Mf, out_f, lse_f), ATTN_OK);
+        CHECK_INT(forward(&Mr, out_r, lse_r), ATTN_OK);
+        for (size_t a = 0; a < sizeof fused_archs / sizeof fused_archs[0]; a++) {
+            if (!attn_arch_supported(fused_archs[a]))
+                continue;
+            for (int threads = 1; threads <= 2; threads++) {
+                grads gf, gp, gr, gw;
+                grads_alloc(&P, &gf);
+                grads_alloc(&P, &gp);
+                grads_alloc(&P, &gr);
+                grads_alloc(&P, &gw);
+                CHECK_INT(backward(&Mf, out_f, lse_f, fused_archs[a], threads, &gf), ATTN_OK);
+                CHECK_INT(backward(&Mp, out_f, lse_f, fused_archs[a], threads, &gp), ATTN_OK);
+                CHECK_INT(backward(&Mr, out_r, lse_r, fused_archs[a], threads, &gr), ATTN_OK);
+                CHECK_INT(backward(&Mw, out_r, lse_r, fused_archs[a], threads, &gw), ATTN_OK);
+                char where[160];
+                snprintf(where, sizeof where, "%s, %s, %d threads, Tq=%lld Tk=%lld",
+                         opt_names[cases[c].opt], attn_arch_name(fused_archs[a]), threads,
+                         (long long)Tq, (long long)Tk);
+                CHECK(grads_same(&gp, "padding [B,1,1,Tk]", &gf, "expanded [B,1,Tq,Tk]", nq,
+                                 nk, nv, where));
+                CHECK(grads_same(&gw, "mask at stride 2", &gr, "contiguous mask", nq, nk, nv,
+                                 where));
+                grads_free(&gf);
+                grads_free(&gp);
+                grads_free(&gr);
+                grads_free(&gw);
+            }
+        }
+        free(out_f);
+        free(lse_f);
+        free(out_r);
+        free(lse_r);
+        free(pad);
+        free(full);
+        free(rnd);
+        free(wide);
         problem_free(&P);
     }
 }
@@ -941,6 +1038,7 @@ int main(void)
     test_nan_in_v_hidden();
     test_forms_agree();
     test_fast_general_agree();
+    test_mask_layouts_agree();
     test_strided_outputs();
     test_hidden_key_exact_zero();
     test_threads_used();

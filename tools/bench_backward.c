@@ -19,7 +19,7 @@
 
 typedef struct bwd_arg {
     attn_ctx ctx;
-    attn_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    attn_tensor q, k, v, out, lse, dout, dq, dk, dv, mask;
     attn_sdpa_params p;
     attn_sdpa_grads g;
     int use_ref;
@@ -53,7 +53,8 @@ static int fwd_bwd_call(void *p)
 
 static void bwd_arg_free(bwd_arg *a)
 {
-    attn_tensor *t[] = {&a->q, &a->k, &a->v, &a->out, &a->lse, &a->dout, &a->dq, &a->dk, &a->dv};
+    attn_tensor *t[] = {&a->q,    &a->k,  &a->v,  &a->out, &a->lse,
+                        &a->dout, &a->dq, &a->dk, &a->dv,  &a->mask};
     for (size_t x = 0; x < sizeof t / sizeof t[0]; x++)
         attn_tensor_free(&a->ctx, t[x]);
 }
@@ -118,6 +119,7 @@ int bench_backward(const bench_shape *s, const bench_opts *o)
     a.ctx.threads = o->threads;
     const int64_t B = s->B, H = s->H, Hkv = bench_kv_heads(s), Tq = s->Tq, Tk = s->Tk, D = s->D;
     const int64_t qs[4] = {B, H, Tq, D}, ks[4] = {B, Hkv, Tk, D}, ls[3] = {B, H, Tq};
+    const int64_t ms[4] = {B, 1, 1, Tk};
     int rc;
     if ((rc = attn_tensor_alloc(&a.ctx, &a.q, ATTN_DTYPE_F32, 4, qs)) ||
         (rc = attn_tensor_alloc(&a.ctx, &a.k, ATTN_DTYPE_F32, 4, ks)) ||
@@ -127,7 +129,8 @@ int bench_backward(const bench_shape *s, const bench_opts *o)
         (rc = attn_tensor_alloc(&a.ctx, &a.dout, ATTN_DTYPE_F32, 4, qs)) ||
         (rc = attn_tensor_alloc(&a.ctx, &a.dq, ATTN_DTYPE_F32, 4, qs)) ||
         (rc = attn_tensor_alloc(&a.ctx, &a.dk, ATTN_DTYPE_F32, 4, ks)) ||
-        (rc = attn_tensor_alloc(&a.ctx, &a.dv, ATTN_DTYPE_F32, 4, ks))) {
+        (rc = attn_tensor_alloc(&a.ctx, &a.dv, ATTN_DTYPE_F32, 4, ks)) ||
+        (s->padding && (rc = attn_tensor_alloc(&a.ctx, &a.mask, ATTN_DTYPE_BOOL, 4, ms)))) {
         fprintf(stderr, "attn bench: %s\n", a.ctx.message);
         bwd_arg_free(&a);
         return 1;
@@ -142,7 +145,16 @@ int bench_backward(const bench_shape *s, const bench_opts *o)
     a.p.window_left = s->window_left;
     a.p.window_right = s->window_right;
     a.p.softcap = s->softcap;
-    /* A padding mask leaves no row empty (only keys are padded), as in bench_sdpa. */
+    /* The padding mask of bench_sdpa (S6's, or --padding on a custom shape): samples
+     * b >= B/2 pad their last quarter of keys. Only keys are padded, so no row is
+     * left empty. Without it the backward ran unmasked under a mask's name. */
+    if (s->padding) {
+        uint8_t *m = a.mask.data;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Tk; j++)
+                m[b * Tk + j] = !(b >= B / 2 && j >= Tk - Tk / 4);
+        a.p.mask = &a.mask;
+    }
     a.g.dq = &a.dq;
     a.g.dk = &a.dk;
     a.g.dv = &a.dv;

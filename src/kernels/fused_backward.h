@@ -512,11 +512,40 @@ FB_INLINE void fb_rows_by_tile(const float *const rows[FB_R], const float *tile,
     }
 }
 
-/* 1 when no key is hidden by anything but its row's range (no mask, bias, ALiBi
- * or softcap): then fb_rows_tile_fast may do fb_rows_tile's work. */
+/* 1 when no key is hidden by anything but its row's range and a boolean mask,
+ * and a score is scale x itself (no bias, ALiBi or softcap): then
+ * fb_rows_tile_fast may do fb_rows_tile's work. */
 static int fb_simple(const attn__sdpa_shapes *s)
 {
-    return !s->mask.data && !s->bias && !s->alibi && !(s->softcap > 0.0f);
+    return !s->bias && !s->alibi && !(s->softcap > 0.0f);
+}
+
+/* v where the mask lets key j of a row through, else 0, chosen: m is the row's
+ * mask at key 0 of the tile, ms3 its stride along the keys, and keys j .. j +
+ * SIMD_W - 1 of the tile, of which those at n or past it are not read (0). A
+ * chosen 0 is what the general path stores for a hidden key, and a NaN or an inf
+ * in v stays out of it. Whole vectors of a contiguous row are tested in
+ * registers: two instructions on AVX-512 (a byte test into a mask register, a
+ * zeroing move), three on AVX2. */
+FB_INLINE simd_f32 fb_mask_keep(simd_f32 v, const uint8_t *m, int64_t ms3, int64_t j, int64_t n)
+{
+#if defined(ATTN_SIMD_AVX512)
+    if (ms3 == 1 && j + SIMD_W <= n) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(m + j));
+        return _mm512_maskz_mov_ps(_mm_test_epi8_mask(bytes, bytes), v);
+    }
+#elif defined(ATTN_SIMD_AVX2)
+    if (ms3 == 1 && j + SIMD_W <= n) {
+        const __m128i b8 = _mm_loadl_epi64((const __m128i *)(const void *)(m + j));
+        const __m256i w = _mm256_cvtepu8_epi32(b8);
+        const __m256i off = _mm256_cmpeq_epi32(w, _mm256_setzero_si256());
+        return _mm256_andnot_ps(_mm256_castsi256_ps(off), v);
+    }
+#endif
+    float keep[SIMD_W];
+    for (int t = 0; t < SIMD_W; t++)
+        keep[t] = j + t < n && m[(j + t) * ms3] ? 1.0f : 0.0f;
+    return simd_select_lt(simd_load(keep), simd_set1(0.5f), simd_zero(), v);
 }
 
 /* The keys 0, 1, ... of a vector, as floats (exact below 2^24). */
@@ -529,21 +558,22 @@ FB_INLINE simd_f32 fb_keep_range(simd_f32 v, simd_f32 jj, simd_f32 a, simd_f32 e
     return simd_select_lt(jj, e, simd_select_lt(jj, a, zero, v), zero);
 }
 
-/* fb_rows_tile's work when no key is hidden by anything but the range [ra[r],
- * re[r]) of its row (no mask, bias, ALiBi or softcap) and no one reads vis (the
- * block's rows and the tile's keys are finite): P and dS are made in registers
- * as each vector of scores and of dP comes out of its products, instead of being
- * stored, read back and stored again. Every value is what the general path
- * computes, by the same operations in the same order: P = 2^(x (scale log2(e)) -
- * L log2(e)) (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen
- * for a hidden key in both. dS goes to dsx only
- * (without a softcap the two are the same). */
+/* A sub-block's rows of the boolean mask for fb_rows_tile_fast: each row's mask
+ * at key 0 of the tile (NULL for an unused slot), the stride along the keys, and
+ * the tile's keys n (the mask has none past them). */
+typedef struct fb_mrows {
+    const uint8_t *m[FB_R];
+    int64_t ms3, n;
+} fb_mrows;
+
 /* One step of fb_rows_tile_fast: the nv vectors of keys from jv (nv <= FB_NV, a
- * constant at each call, which unrolls the loops over them). */
+ * constant at each call, which unrolls the loops over them); with msk (also a
+ * constant at each call) the mask mk chooses too. */
 FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const float *nl2,
                             const float *delta, const fb_sub *w, const int64_t *ra,
                             const int64_t *re, const float *fa, const float *fe,
-                            simd_f32 vscale2, simd_f32 iota, int64_t jv, int nv)
+                            simd_f32 vscale2, simd_f32 iota, int64_t jv, int nv, int msk,
+                            const fb_mrows *mk)
 {
     simd_f32 x[FB_R][FB_NV];
     fb_rows_by_tile(w->qrow, w->kt + jv, bcp, s->D, x, nv);
@@ -557,6 +587,8 @@ FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const float
             if (!whole)
                 pv = fb_keep_range(pv, simd_add(iota, simd_set1((float)j)), simd_set1(fa[r]),
                                    simd_set1(fe[r]));
+            if (msk && mk->m[r])
+                pv = fb_mask_keep(pv, mk->m[r], mk->ms3, j, mk->n);
             simd_store(w->p + r * bcp + j, pv);
         }
     }
@@ -570,29 +602,35 @@ FB_INLINE void fb_fast_step(const attn__sdpa_shapes *s, int64_t bcp, const float
             if (!whole)
                 dsv = fb_keep_range(dsv, simd_add(iota, simd_set1((float)j)), simd_set1(fa[r]),
                                     simd_set1(fe[r]));
+            if (msk && mk->m[r])
+                dsv = fb_mask_keep(dsv, mk->m[r], mk->ms3, j, mk->n);
             simd_store(w->dsx + r * bcp + j, dsv);
         }
     }
 }
 
 /* fb_rows_tile's work when no key is hidden by anything but the range [ra[r],
- * re[r]) of its row (no mask, bias, ALiBi or softcap) and no one reads vis (the
- * block's rows and the tile's keys are finite): P and dS are made in registers
- * as each vector of scores and of dP comes out of its products, instead of being
- * stored, read back and stored again. Every value is what the general path
- * computes, by the same operations in the same order: P = 2^(x (scale log2(e)) -
- * L log2(e)) (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen
- * for a hidden key in both. dS goes to dsx only
- * (without a softcap the two are the same). [jv0, jv1) is whole vectors (of
- * SIMD_W keys, not necessarily FB_NV of them): FB_NV vectors a step, then one at
- * a time for what is left, so that on the causal diagonal, where a sub-block's
- * rows end 8 keys apart, the keys scored are rounded up to one vector, not FB_NV
- * (fb_sub_range): a sixth fewer of a 64 x 64 diagonal tile's scores on AVX-512,
- * 2% less time with a causal window of 128 keys, within the noise on S2
- * (docs/performance.md, "A fifth look"). */
+ * re[r]) of its row and the boolean mask (mk, NULL without one), a score is
+ * scale x itself (no bias, ALiBi or softcap) and no one reads vis (the block's
+ * rows and the tile's keys are finite): P and dS are made in registers as each
+ * vector of scores and of dP comes out of its products, instead of being stored,
+ * read back and stored again. Every value is what the general path computes, by
+ * the same operations in the same order: P = 2^(x (scale log2(e)) - L log2(e))
+ * (one FMA and simd_exp2_nonpos), dS = P (dP - Delta), and 0 chosen for a hidden
+ * key in both (by the range, then the mask). dS goes to dsx only (without a
+ * softcap the two are the same). The general path tests the mask one pair at a
+ * time in a second loop; S6's padding mask took it 1.6x the time of the same
+ * shape without a mask (docs/performance.md, "A sixth look").
+ *
+ * [jv0, jv1) is whole vectors (of SIMD_W keys, not necessarily FB_NV of them):
+ * FB_NV vectors a step, then one at a time for what is left, so that on the
+ * causal diagonal, where a sub-block's rows end 8 keys apart, the keys scored are
+ * rounded up to one vector, not FB_NV (fb_sub_range): a sixth fewer of a 64 x 64
+ * diagonal tile's scores on AVX-512, 2% less time with a causal window of 128
+ * keys, within the noise on S2 (docs/performance.md, "A fifth look"). */
 static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
                               const float *delta, const fb_sub *w, const int64_t *ra,
-                              const int64_t *re, int64_t jv0, int64_t jv1)
+                              const int64_t *re, const fb_mrows *mk, int64_t jv0, int64_t jv1)
 {
     const attn__sdpa_shapes *s = &job->bs->s;
     const int64_t bcp = job->bcp;
@@ -603,11 +641,20 @@ static void fb_rows_tile_fast(const attn__fused_bwd_job *job, const float *nl2,
         fe[r] = (float)re[r];
     }
     int64_t jv = jv0;
+    if (mk) {
+        for (; jv + FB_NV * SIMD_W <= jv1; jv += FB_NV * SIMD_W)
+            fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, FB_NV, 1, mk);
+#if FB_NV > 1
+        for (; jv < jv1; jv += SIMD_W)
+            fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, 1, 1, mk);
+#endif
+        return;
+    }
     for (; jv + FB_NV * SIMD_W <= jv1; jv += FB_NV * SIMD_W)
-        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, FB_NV);
+        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, FB_NV, 0, mk);
 #if FB_NV > 1
     for (; jv < jv1; jv += SIMD_W)
-        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, 1);
+        fb_fast_step(s, bcp, nl2, delta, w, ra, re, fa, fe, vscale2, iota, jv, 1, 0, mk);
 #endif
 }
 
@@ -803,6 +850,19 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
         }
     }
     if (fast) {
+        /* The mask's rows of each sub-block, for the slices below. */
+        const attn__sdpa_shapes *s = &job->bs->s;
+        const int mask = s->mask.data != NULL;
+        fb_mrows mk[FB_SB];
+        for (int sb = 0; mask && sb < nsb; sb++) {
+            mk[sb].ms3 = s->mask.stride[3];
+            mk[sb].n = n;
+            for (int r = 0; r < FB_R; r++) {
+                const int64_t i = rs->i[sb * FB_R + r];
+                mk[sb].m[r] =
+                    i >= 0 ? s->mask.data + attn__off4(s->mask.stride, b, h, i, j0) : NULL;
+            }
+        }
         /* Slices of FB_SLICE keys outside, sub-blocks inside: the slice's columns
          * of K^T and V^T (2 x D x FB_SLICE floats, 16 KiB for D = 64) are read by
          * every sub-block while they are in the first-level cache, where the
@@ -815,7 +875,7 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
                 if (a < e) {
                     const fb_sub sub = fb_sub_of(job, w, sb);
                     fb_rows_tile_fast(job, rs->nl2 + sb * FB_R, rs->delta + sb * FB_R, &sub,
-                                      ra[sb], re[sb], a, e);
+                                      ra[sb], re[sb], mask ? &mk[sb] : NULL, a, e);
                 }
             }
     }
@@ -1189,6 +1249,31 @@ static void fb_dq_rows(float *const acc[FB_R], const float *dsx, int64_t bcp,
     }
 }
 
+/* 1 when a mask with one row for every query of (b, h) (a padding mask [B, 1, 1,
+ * Tk] or [B, H, 1, Tk]: stride 0 along the queries) hides every key of the tile
+ * j0 .. j0+n-1 that the block's r rows reach. Such a tile adds nothing but terms
+ * 0 * x (P and dS chosen 0) to sums that start at +0 and so are never -0, or
+ * skips them (non-finite rows): leaving it out gives the same bits. Other masks
+ * would need a row each, which costs more to read than it saves. */
+static int fb_mask_hides_tile(const attn__sdpa_shapes *s, int64_t b, int64_t h, const fb_rows *rs,
+                              int r, int64_t j0, int64_t n)
+{
+    if (!s->mask.data || s->mask.stride[2] != 0)
+        return 0;
+    int64_t a = j0 + n, e = j0;
+    for (int u = 0; u < r; u++)
+        if (rs->hi[u] > j0 && rs->lo[u] < j0 + n) {
+            a = fb_min(a, fb_max(rs->lo[u], j0));
+            e = fb_max(e, fb_min(rs->hi[u], j0 + n));
+        }
+    const uint8_t *m = s->mask.data + attn__off4(s->mask.stride, b, h, 0, 0);
+    const int64_t ms3 = s->mask.stride[3];
+    for (int64_t j = a; j < e; j++)
+        if (m[j * ms3])
+            return 0;
+    return 1;
+}
+
 /* The one-pass form, item (b, hk): every gradient of the key/value head hk of
  * sample b and of its group's query heads. Key tiles run in order; for each, dK
  * and dV of the tile as in pass 1, and, from the same P and dS, dQ of each row
@@ -1269,7 +1354,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     int reach = 0;
                     for (int u = 0; u < r; u++)
                         reach |= rs.hi[u] > j0[c] && rs.lo[u] < j0[c] + n[c];
-                    if (!reach)
+                    if (!reach || fb_mask_hides_tile(s, b, h, &rs, r, j0[c], n[c]))
                         continue;
                     if (!packed[c]) {
                         kfinite[c] = fb_pack_kv(job, b, hk, j0[c], n[c], &wt[c], 1);
