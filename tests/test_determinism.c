@@ -1,7 +1,8 @@
 /*
  * test_determinism.c - the same inputs give the same bits: across repeated runs,
  * across thread counts (1, 2, 3), for attention alone (with and without every
- * option of SPEC section 6) and for multi-head attention end to end, on every
+ * option of SPEC section 6; the tile path's items, which its workers claim ahead,
+ * with 4 and 7 threads too) and for multi-head attention end to end, on every
  * instruction-set path this machine runs. Between paths the
  * summation order differs (vector widths, fused multiply-adds), so there the test
  * measures the largest difference, prints it, and holds it to the float32 error
@@ -70,6 +71,33 @@ static void run_sdpa_options(attn_arch arch, int threads, float *out)
     p.sinks = &tsk;
     p.lse = &tl;
     CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
+}
+
+/* The tile path's workers claim their next item ahead (fk_tile_worker,
+ * src/kernels/fused_tile.h). Two problems that stress that loop: CQ query rows
+ * against CK keys, bottom-right causal, so that the first query tiles see no key
+ * at all (items with no key tile, which claim their successor only after they
+ * end); and one query head of CQ2 rows, two items, fewer than the threads asked
+ * for. out is filled with NaN first, so that an item no worker ran shows. */
+enum { CH = 3, CQ = 600, CK = 256, CQ2 = 70 };
+static float cq[CH * CQ * D], ck[CH * CK * D], cv[CH * CK * D];
+
+static void run_claimed(attn_arch arch, int threads, int few, float *out)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = arch;
+    ctx.threads = threads;
+    const int64_t h = few ? 1 : CH, tq = few ? CQ2 : CQ;
+    for (int64_t i = 0; i < h * tq * D; i++)
+        out[i] = NAN;
+    attn_tensor tq_ = tu_tensor4(cq, 1, h, tq, D), tk = tu_tensor4(ck, 1, h, CK, D),
+                tv = tu_tensor4(cv, 1, h, CK, D), to = tu_tensor4(out, 1, h, tq, D);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    p.empty_rows = ATTN_EMPTY_ROWS_ZERO;
+    CHECK_INT(attn_sdpa(&ctx, &tq_, &tk, &tv, &p, &to, NULL), ATTN_OK);
 }
 
 /* Split-key decoding (src/kernels/fused_split.h): SB sequences of SQ query rows
@@ -164,6 +192,9 @@ int main(void)
         wqkv[i] /= sqrtf((float)E);
     for (int i = 0; i < E * E; i++)
         wo[i] /= sqrtf((float)E);
+    tu_fill(cq, CH * CQ * D, 16);
+    tu_fill(ck, CH * CK * D, 17);
+    tu_fill(cv, CH * CK * D, 18);
     tu_fill(sq_, SB * SH * SQ * D, 12);
     tu_fill(sk_, SB * SHKV * SK * D, 13);
     tu_fill(sv_, SB * SHKV * SK * D, 14);
@@ -213,6 +244,41 @@ int main(void)
                 CHECK(memcmp(p1, p2, n_opt * 4) == 0);
             }
             free(p1), free(p2);
+        }
+        TEST("the tile path's items, which workers claim ahead, each run once: with query "
+             "tiles that see no key, and with fewer items than workers, every output is "
+             "finite, within 1e-5 of the reference, and the same bits for 1, 2, 3, 4 and 7 threads");
+        {
+            const size_t n_c = CH * CQ * D;
+            float *c1 = malloc(n_c * 4), *c2 = malloc(n_c * 4), *cr = malloc(n_c * 4);
+            for (int few = 0; few <= 1; few++) {
+                const size_t n = few ? (size_t)CQ2 * D : n_c;
+                run_claimed(ATTN_ARCH_REF, 1, few, cr);
+                run_claimed(archs[a], 1, few, c1);
+                size_t nonfinite = 0;
+                for (size_t i = 0; i < n; i++)
+                    nonfinite += !isfinite(c1[i]);
+                const double dr = max_diff(c1, cr, n);
+                if (nonfinite || !(dr <= 1e-5))
+                    fprintf(stderr, "   problem %d, 1 thread: %zu outputs not finite, max "
+                            "|difference| from the reference %.3g\n", few, nonfinite, dr);
+                CHECK(nonfinite == 0);
+                CHECK(dr <= 1e-5);
+                static const int counts[] = {2, 3, 4, 7};
+                for (int c = 0; c < 4; c++) {
+                    run_claimed(archs[a], counts[c], few, c2);
+                    if (memcmp(c1, c2, n * 4) != 0) {
+                        size_t differ = 0;
+                        for (size_t i = 0; i < n; i++)
+                            differ += memcmp(c1 + i, c2 + i, 4) != 0;
+                        fprintf(stderr, "   problem %d, %d threads: %zu outputs differ in their "
+                                "bits from 1 thread's (max finite |difference| %.3g)\n", few,
+                                counts[c], differ, max_diff(c1, c2, n));
+                    }
+                    CHECK(memcmp(c1, c2, n * 4) == 0);
+                }
+            }
+            free(c1), free(c2), free(cr);
         }
         /* The reference does not split; the fused paths do. */
         if (archs[a] != ATTN_ARCH_REF) {

@@ -197,11 +197,14 @@ static int64_t fk_ws_floats(const attn__fused_job *job)
 }
 
 /* One work item: (b, h, query tile) on the tile path, (b, h) on the row path,
- * (b, key/value head, key chunk) on its split-key form. */
+ * (b, key/value head, key chunk) on its split-key form; or, on the tile path with
+ * job->claim set, a worker's whole share, which it takes from that counter. */
 static void fk_item(void *arg, int64_t item, int worker)
 {
     const attn__fused_job *job = (const attn__fused_job *)arg;
-    if (job->row_path && job->n_chunks)
+    if (!job->row_path && job->claim)
+        fk_tile_worker(job, worker);
+    else if (job->row_path && job->n_chunks)
         fk_split_item(arg, item, worker);
     else if (job->row_path)
         fk_row_item(arg, item, worker);

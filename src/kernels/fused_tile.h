@@ -997,13 +997,14 @@ static void fk_prime_kv(const attn__sdpa_shapes *s, const float *kb, const float
 /* What the item's next steps will first touch, asked for one key tile ahead (the
  * time of a tile's products covers a fetch from memory): before each key tile but
  * the last, the next one's K and V; before the last, this item's out rows, which
- * its weighted sum then writes, and item + 1's query rows and first key tile, which
- * the worker takes next when it runs alone (with more workers item + 1 may already
- * run elsewhere; asking for item + 2's as well measured slower with 1 thread and
- * could not be told apart with 2). Items run head by head (fk_tile_begin), so that
- * first key tile is in memory only when item + 1 starts a head. The figures are in
- * docs/performance.md (the float32 forward's sixth session). */
-static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t item,
+ * its weighted sum then writes, and item `next`'s query rows and first key tile:
+ * the item this worker runs next (fk_tile_worker claims it just before), or item
+ * + 1 when the caller hands out the items (the next one when it runs alone; with
+ * more workers item + 1 may already run elsewhere). Items run head by head
+ * (fk_tile_begin), so that first key tile is in memory only when `next` starts a
+ * head. The figures are in docs/performance.md (the float32 forward's sixth and
+ * seventh sessions). */
+static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t next,
                           int64_t jn, int64_t j_end)
 {
     const attn__sdpa_shapes *s = t->s;
@@ -1013,8 +1014,7 @@ static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t 
     }
     if (s->o_s[3] == 1 && s->o_s[2] == s->Dv)
         fk_prime(t->ob + t->i0 * s->Dv, (t->i1 - t->i0) * s->Dv * (int64_t)sizeof(float), 1);
-    const int64_t next = item + 1;
-    if (next >= s->B * s->H * job->n_qt)
+    if (next < 0 || next >= s->B * s->H * job->n_qt)
         return;
     /* Item numbering as in fk_tile_begin. */
     const int64_t bh = next / job->n_qt;
@@ -1047,11 +1047,15 @@ static int fk_next_tile(const fk_tile *t, int64_t *j0, int64_t j_end)
     return FK_SKIP;
 }
 
-/* One (b, h, query tile), in the steps above. */
-static void fk_tile_item(void *arg, int64_t item, int worker)
+/* One (b, h, query tile), in the steps above. With `claim`, the worker takes its
+ * next item from it when it reaches this item's last key tile and returns it (-1
+ * when the item had no key tile to compute, so claimed none); without, it returns
+ * -1 and asks the L2 for item + 1's data. */
+static int64_t fk_tile_run(const attn__fused_job *job, int64_t item, int worker,
+                           _Atomic int64_t *claim)
 {
-    const attn__fused_job *job = (const attn__fused_job *)arg;
     const attn__sdpa_shapes *s = job->s;
+    int64_t next = -1;
     fk_tile t;
     fk_tile_begin(job, item, worker, &t);
     /* Only the key tiles that meet [lo(i0), hi(i1 - 1)), the keys the causal
@@ -1070,7 +1074,10 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         int64_t jn = j0 + t.bc;
         const int kind_next = fk_next_tile(&t, &jn, j_end);
         const fk_vtile vt = fk_value_tile(&t, j0, nkp, kind);
-        fk_prime_next(job, &t, item, jn, j_end);
+        if (jn >= j_end)
+            next = claim ? atomic_fetch_add_explicit(claim, 1, memory_order_relaxed)
+                         : item + 1;
+        fk_prime_next(job, &t, next, jn, j_end);
         fk_scores(&t, j0, nkp, kind);
         fk_softmax_stats(&t, j0, nkp, kind);
         int64_t rows_out = 0;
@@ -1090,6 +1097,30 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
         fk_finish_out(&t, done);
     if (job->weights)
         fk_write_weights(job, &t);
+    return claim ? next : -1;
+}
+
+/* One item for a caller that hands out the items (attn__parallel_for, the batch). */
+static void fk_tile_item(void *arg, int64_t item, int worker)
+{
+    fk_tile_run((const attn__fused_job *)arg, item, worker, NULL);
+}
+
+/* One worker's items of a job whose workers take them from job->claim themselves.
+ * A worker asks for its next item at the start of its current item's last key
+ * tile, not after it, so that fk_prime_next asks the L2 for the item it will in
+ * fact run: with one counter and two workers that is usually item + 2, not the
+ * item + 1 another worker is already running. Which worker runs an item never
+ * changes its bits (each item writes its own rows alone). The cost is at the end
+ * of a call: a worker may hold a claimed item for one key tile while another finds
+ * the counter empty; the last items of each head are its lightest (fk_tile_begin). */
+static void fk_tile_worker(const attn__fused_job *job, int worker)
+{
+    int64_t item = atomic_fetch_add_explicit(job->claim, 1, memory_order_relaxed);
+    while (item < job->n_items) {
+        const int64_t next = fk_tile_run(job, item, worker, job->claim);
+        item = next >= 0 ? next : atomic_fetch_add_explicit(job->claim, 1, memory_order_relaxed);
+    }
 }
 
 #endif /* ATTN_FUSED_TILE_H */

@@ -701,7 +701,20 @@ int attn__sdpa_fused_run(attn_ctx *ctx, const attn__sdpa_plan *plan, const void 
         job.empty_first[t] = INT64_MAX;
 
     job.part = job.ws + plan->ws_floats * (int64_t)threads;
-    attn__parallel_for(threads, n_items, kern->item, &job);
+    if (job.row_path) {
+        attn__parallel_for(threads, n_items, kern->item, &job);
+    } else {
+        /* The tile path's workers take their items from a counter of the job's own,
+         * each claiming its next item before its current one ends, so that it asks
+         * the L2 for that item's data ahead (fk_tile_worker, fused_tile.h); the pool
+         * then hands out one share per worker. */
+        _Atomic int64_t claim;
+        atomic_init(&claim, 0);
+        job.claim = &claim;
+        job.n_items = n_items;
+        const int shares = n_items < threads ? (int)n_items : threads;
+        attn__parallel_for(shares, shares, kern->item, &job);
+    }
     if (job.n_chunks) {
         /* The merge reads what every chunk wrote, so it starts after the last. */
         const int64_t rows = s->B * s->H;

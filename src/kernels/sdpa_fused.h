@@ -12,6 +12,7 @@
 #include "sdpa_contract.h"
 #include "threads.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +60,11 @@ typedef struct attn__fused_job {
     float *ws;              /* workers * ws_floats */
     int64_t *empty_first;   /* per worker: smallest flat row index b*H*Tq + h*Tq + i
                                of a row with every key masked, or INT64_MAX */
+    _Atomic int64_t *claim; /* tile path, when set: the counter each worker takes its
+                               items from itself (fk_tile_worker), n_items of them;
+                               the pool's item is then the worker's share, not an
+                               item. NULL: each call of item is one item */
+    int64_t n_items;
 } attn__fused_job;
 
 /* What one instruction set's build of the kernel body provides. */
