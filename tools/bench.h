@@ -79,6 +79,11 @@ void bench_fill_uniform(float *p, int64_t n, uint64_t seed);
 double bench_sdpa_flops(const bench_shape *s);
 /* none, causal, causal_bottom_right or padding. */
 const char *bench_mask_name(const bench_shape *s);
+/* The options of shape s into p (initialised here); with S6's padding, fills mask
+ * [B, 1, 1, Tk] (samples b >= B/2 pad their last quarter of keys, so no row is left
+ * empty) and points p at it. Shared by the forward and backward benchmarks. */
+void bench_sdpa_params(const bench_shape *s, int64_t B, int64_t Tk, attn_tensor *mask,
+                       attn_sdpa_params *p);
 /* Why a call failed: the context's message, or the status when the benchmark's own
  * allocation failed and left none. */
 const char *bench_why(const attn_ctx *ctx, int rc);

@@ -139,22 +139,9 @@ int bench_backward(const bench_shape *s, const bench_opts *o)
     bench_fill_uniform(a.k.data, B * Hkv * Tk * D, 2);
     bench_fill_uniform(a.v.data, B * Hkv * Tk * D, 3);
     bench_fill_uniform(a.dout.data, B * H * Tq * D, 4);
-    attn_sdpa_params_init(&a.p);
-    a.p.causal = s->causal;
-    a.p.has_window = s->has_window;
-    a.p.window_left = s->window_left;
-    a.p.window_right = s->window_right;
-    a.p.softcap = s->softcap;
-    /* The padding mask of bench_sdpa (S6's, or --padding on a custom shape): samples
-     * b >= B/2 pad their last quarter of keys. Only keys are padded, so no row is
-     * left empty. Without it the backward ran unmasked under a mask's name. */
-    if (s->padding) {
-        uint8_t *m = a.mask.data;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < Tk; j++)
-                m[b * Tk + j] = !(b >= B / 2 && j >= Tk - Tk / 4);
-        a.p.mask = &a.mask;
-    }
+    /* S6's padding mask as bench_sdpa applies it; without it the backward ran
+     * unmasked under a mask's name. */
+    bench_sdpa_params(s, B, Tk, &a.mask, &a.p);
     a.g.dq = &a.dq;
     a.g.dk = &a.dk;
     a.g.dv = &a.dv;

@@ -206,19 +206,7 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
             memcpy(a.vc + c * n, a.v0, (size_t)n * sizeof(float));
         }
     }
-    attn_sdpa_params_init(&a.p);
-    a.p.causal = s->causal;
-    a.p.has_window = s->has_window;
-    a.p.window_left = s->window_left;
-    a.p.window_right = s->window_right;
-    a.p.softcap = s->softcap;
-    if (s->padding) {
-        uint8_t *m = a.mask.data;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < Tk; j++)
-                m[b * Tk + j] = !(b >= B / 2 && j >= Tk - Tk / 4);
-        a.p.mask = &a.mask;
-    }
+    bench_sdpa_params(s, B, Tk, &a.mask, &a.p);
     const char *impl = o->impl;
     int status = 0;
     const int want_all = !strcmp(impl, "all");
@@ -250,4 +238,22 @@ int bench_sdpa(const bench_shape *s, const bench_opts *o)
     }
     sdpa_arg_free(&a);
     return status;
+}
+
+void bench_sdpa_params(const bench_shape *s, int64_t B, int64_t Tk, attn_tensor *mask,
+                       attn_sdpa_params *p)
+{
+    attn_sdpa_params_init(p);
+    p->causal = s->causal;
+    p->has_window = s->has_window;
+    p->window_left = s->window_left;
+    p->window_right = s->window_right;
+    p->softcap = s->softcap;
+    if (s->padding) {
+        uint8_t *m = mask->data;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Tk; j++)
+                m[b * Tk + j] = !(b >= B / 2 && j >= Tk - Tk / 4);
+        p->mask = mask;
+    }
 }
