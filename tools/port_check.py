@@ -296,6 +296,10 @@ def magnitudes(p):
     if sinks is not None:
         psink = (1.0 - w.sum(dim=-1)).clamp(min=0.0)
         m["dsinks"] = (psink * dd[..., 0]).sum(dim=(0, 2))
+    m["weights64"] = w
+    oracle(p, q.float(), k.float(), v.float(), bias.float() if bias is not None else None,
+           sinks.float() if sinks is not None else None)
+    m["weights32"] = oracle.last_weights
     return {n: x.numpy() for n, x in m.items()}
 
 
@@ -379,6 +383,12 @@ def check_f32(attn, p, rep, label):
     if p.get("strided"):
         q, k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
                    for x in (q, k, v))
+        # A bias and a mask broadcast by numpy (stride 0), as a porter makes them.
+        full = (p["B"], p["H"], p["Tq"], p["Tk"])
+        if p["bias"] is not None and p["bias"].ndim == 4:
+            opts["bias"] = np.broadcast_to(p["bias"], full)
+        if p["mask"] is not None:
+            opts["mask"] = np.broadcast_to(p["mask"], full)
     try:
         out, lse = attn.sdpa(q, k, v, return_lse=True, **opts)
     except ValueError as e:
@@ -392,6 +402,15 @@ def check_f32(attn, p, rep, label):
     mags = magnitudes(p)
     rep.compare("out", out, out64, err_of(out32, out64), label, terms=mags["out"])
     rep.compare("lse", lse, lse64, err_of(lse32, lse64), label)
+    # The weights [B, H, Tq, Tk] when asked for (another plan: the split-key path
+    # cannot write them), and the output written into a caller's strided buffer, a
+    # [B, Tq, H, Dv] array seen as [B, H, Tq, Dv].
+    buf = np.full((p["B"], p["Tq"], p["H"], p["Dv"]), np.nan, dtype=np.float32)
+    o2, wts = attn.sdpa(q, k, v, return_weights=True, out=buf.transpose(0, 2, 1, 3), **opts)
+    rep.compare("out_weights_call", buf.transpose(0, 2, 1, 3), out64, err_of(out32, out64),
+                label, terms=mags["out"])
+    rep.compare("weights", wts, mags["weights64"], err_of(mags["weights32"], mags["weights64"]),
+                label)
     try:
         grads = attn.sdpa_backward(q, k, v, out, lse, p["dout"], **opts)
     except ValueError as e:
@@ -450,17 +469,29 @@ def check_half(attn, p, rep, label, dtype_name):
     q64, k64, v64 = (x.to(torch.float64) for x in (q16, k16, v16))
     bias = t(p["bias"], torch.float64) if p["bias"] is not None else None
     sinks = t(p["sinks"], torch.float64) if p["sinks"] is not None else None
-    out64, _, hidden = oracle(p, q64, k64, v64, bias, sinks)
-    out64 = out64.numpy()
+    out64, lse64, hidden = oracle(p, q64, k64, v64, bias, sinks)
+    w64 = oracle.last_weights.numpy()
+    out64, lse64 = out64.numpy(), lse64.numpy()
     if p["empty_rows"] == "error" and p["sinks"] is None and hidden.any():
         return
+    # The weights and the log-sum-exp stay float32 (SPEC section 10): they are held
+    # to the float32 rule, against torch's float32 formula on the same 16-bit values.
+    o32 = oracle(p, q64.float(), k64.float(), v64.float(),
+                 bias.float() if bias is not None else None,
+                 sinks.float() if sinks is not None else None)
+    lse32, w32 = o32[1].numpy(), oracle.last_weights.numpy()
     mine = torch_sdpa_16(p, q16, k16, v16, tdt).to(torch.float64).numpy()
     qa, ka, va = (x.to(torch.float32).numpy().astype(ndt) for x in (q16, k16, v16))
     try:
-        out = attn.sdpa(qa, ka, va, **opts_for_attn(p))
+        out, wts, lse = attn.sdpa(qa, ka, va, return_weights=True, return_lse=True,
+                                  **opts_for_attn(p))
+        out_nw, lse_nw = attn.sdpa(qa, ka, va, return_lse=True, **opts_for_attn(p))
     except (ValueError, TypeError) as e:
         rep.failures.append("%s: %s sdpa raised %s" % (label, dtype_name, e))
         return
+    rep.compare("lse_" + dtype_name, lse_nw, lse64, err_of(lse32, lse64), label)
+    rep.compare("lse_w_" + dtype_name, lse, lse64, err_of(lse32, lse64), label)
+    rep.compare("weights_" + dtype_name, wts, w64, err_of(w32, w64), label)
     out = np.asarray(out).astype(np.float32).astype(np.float64)
     floor_unit = 2.0 ** -8 if dtype_name == "bf16" else 2.0 ** -11
     rep.compare("out_" + dtype_name, out, out64, err_of(mine, out64), label,
@@ -515,10 +546,16 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
               "alibi": True if rng.random() < 0.25 else None, "bias": None,
               "sinks": (rng.standard_normal(H)).astype(np.float32) if rng.random() < 0.3
               else None}
+    # Some caches are long enough for split-key decoding (one or two query rows
+    # against many keys).
+    if rng.random() < 0.25:
+        cap = 800
+        plan = [int(rng.choice((600, 700)))] + [1] * int(rng.integers(2, 5))
+    else:
+        plan = [int(rng.choice((1, 5, 17)))] + [1] * int(rng.integers(2, 5))
     cache = attn.KVCache(B, Hkv, cap, D, rope_base=base, dtype=kv_dtype)
     keys = [[] for _ in range(B)]  # per sequence: list of (k [Hkv, D], v [Hkv, D]) rows
     vals = [[] for _ in range(B)]
-    plan = [int(rng.choice((1, 5, 17)))] + [1] * int(rng.integers(2, 5))
     trunc_at = len(plan) - 1
     plan += [int(rng.choice((1, 2, 3)))] * 2
     kw = {k: v for k, v in opts_for_attn(opts_p).items()}
@@ -529,11 +566,19 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
                 n = max(1, len(keys[b]) - int(rng.integers(1, 4)))
                 cache.truncate(n, b)
                 keys[b], vals[b] = keys[b][:n], vals[b][:n]
+        kb = rng.standard_normal((B, Hkv, tnew, D)).astype(np.float32)
+        vb = rng.standard_normal((B, Hkv, tnew, D)).astype(np.float32)
+        qb = rng.standard_normal((B, H, tnew, D)).astype(np.float32)
+        # Every sequence at once (each at its own length after the truncate: the
+        # batch path), or one sequence at a time.
+        batch = B > 1 and rng.random() < 0.5
+        if batch:
+            cache.append(kb, vb, first=0, rope=pairing)
+            outb = np.asarray(cache.attend(qb, first=0, rope=pairing, **kw))
         for b in range(B):
-            kn = rng.standard_normal((1, Hkv, tnew, D)).astype(np.float32)
-            vn = rng.standard_normal((1, Hkv, tnew, D)).astype(np.float32)
-            qn = rng.standard_normal((1, H, tnew, D)).astype(np.float32)
-            cache.append(kn, vn, first=b, rope=pairing)
+            kn, vn, qn = kb[b:b + 1], vb[b:b + 1], qb[b:b + 1]
+            if not batch:
+                cache.append(kn, vn, first=b, rope=pairing)
             off = len(keys[b])
             kr = rope_ref(torch.from_numpy(kn), list(range(off, off + tnew)), pairing, base,
                           torch.float64)
@@ -548,8 +593,19 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
             for r in range(tnew):
                 keys[b].append(kr[0, :, r])
                 vals[b].append(vq[0, :, r])
-            out = cache.attend(qn, first=b, rope=pairing, **kw)
             L = len(keys[b])
+            extra = {}
+            if not batch and rng.random() < 0.3:
+                # A bias and a mask over this sequence's keys (a key position the
+                # model wants hidden): their key axis is the cache's capacity, and
+                # attend reads the first L entries only (NaN past them here).
+                bias = np.full((1, H, tnew, cap), np.nan, dtype=np.float32)
+                bias[..., :L] = rng.standard_normal((1, H, tnew, L))
+                mask = np.ones((1, 1, tnew, cap), dtype=bool)
+                mask[..., :L] = rng.random((1, 1, tnew, L)) < 0.8
+                extra = {"bias": bias, "mask": mask}
+            out = outb[b:b + 1] if batch else cache.attend(qn, first=b, rope=pairing,
+                                                             **dict(kw, **extra))
             if tdt is not None:
                 # The stored keys are the float32 rotation rounded once: a key whose
                 # float32 rotation here and in attn differ by one float32 unit may
@@ -575,12 +631,14 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
             q32 = rope_ref(torch.from_numpy(qn), pos, pairing, base, torch.float32)
             sinks64 = t(opts_p["sinks"], torch.float64) if opts_p["sinks"] is not None else None
             sinks32 = t(opts_p["sinks"], torch.float32) if opts_p["sinks"] is not None else None
-            want, _, _ = oracle(opts_p, q64, K, V, None, sinks64)
-            mine, _, _ = oracle(opts_p, q32, K.to(torch.float32), V.to(torch.float32), None,
-                                sinks32)
+            op = dict(opts_p, mask=extra["mask"][..., :L] if extra else None)
+            b64 = t(extra["bias"][..., :L], torch.float64) if extra else None
+            b32 = t(extra["bias"][..., :L], torch.float32) if extra else None
+            want, _, _ = oracle(op, q64, K, V, b64, sinks64)
+            mine, _, _ = oracle(op, q32, K.to(torch.float32), V.to(torch.float32), b32, sinks32)
             got = np.asarray(out).astype(np.float32)
-            lab = "%s step %d seq %d (B=%d H=%d Hkv=%d D=%d %s base=%g len=%d new=%d %s)" % (
-                label, step, b, B, H, Hkv, D, pairing, base, L, tnew,
+            lab = "%s step %d seq %d%s (B=%d H=%d Hkv=%d D=%d %s base=%g len=%d new=%d %s)" % (
+                label, step, b, " batch" if batch else (" bias+mask" if extra else ""), B, H, Hkv, D, pairing, base, L, tnew,
                 json.dumps({k: (v if not isinstance(v, np.ndarray) else "array")
                             for k, v in opts_p.items()}))
             if tdt is None:
@@ -658,6 +716,135 @@ def check_cli(attn_bin, p, rep, label, exact):
             if got.shape != want.shape or got.astype(np.float32).tobytes() != \
                     np.asarray(want, dtype=np.float32).tobytes():
                 rep.failures.append("%s: attn sdpa's %s differs from attn.sdpa's" % (label, n))
+
+
+def llama_block(p, x, w, dtype):
+    """A Llama-style attention block in torch (separate projections, GQA, RoPE at
+    positions offset .. offset+T-1, SPEC section 6's options): y [B, T, E]."""
+    B, T, E = x.shape
+    H, Hkv, D = p["H"], p["Hkv"], p["D"]
+
+    def proj(name, heads):
+        y = x @ w[name + ".weight"].T
+        if name + ".bias" in w:
+            y = y + w[name + ".bias"]
+        return y.reshape(B, T, heads, D).transpose(1, 2)
+    q, k, v = proj("q_proj", H), proj("k_proj", Hkv), proj("v_proj", Hkv)
+    if p["rope"]:
+        pos = list(range(p["offset"], p["offset"] + T))
+        q = rope_ref(q, pos, p["rope"], p["base"], dtype)
+        k = rope_ref(k, pos, p["rope"], p["base"], dtype)
+    o, _, _ = oracle(p, q, k, v, None, w.get("sinks"))
+    y = o.transpose(1, 2).reshape(B, T, H * D) @ w["o_proj.weight"].T
+    if "o_proj.bias" in w:
+        y = y + w["o_proj.bias"]
+    return y
+
+
+def check_forward_cli(attn_bin, rng, rep, label):
+    """attn forward (and its --grad-*) on a Llama-style block with GQA and random
+    options, against llama_block in float64 autograd; attn decode against the
+    same block with causal."""
+    from safetensors.numpy import save_file
+    Hkv = int(rng.choice((1, 2)))
+    H = Hkv * int(rng.choice((1, 2, 3)))
+    D = int(rng.choice((2, 4, 8, 16)))
+    E = int(rng.choice((8, 12, 24)))
+    B, T = int(rng.choice((1, 2))), int(rng.choice((1, 3, 17, 33)))
+    p = {"H": H, "Hkv": Hkv, "D": D, "causal": "top_left" if rng.random() < 0.7 else None,
+         "scale": None, "mask": None, "empty_rows": "zero",
+         "window": (int(rng.choice((0, 2, 5))), 0) if rng.random() < 0.4 else None,
+         "softcap": 10.0 if rng.random() < 0.3 else None,
+         "alibi": True if rng.random() < 0.2 else None,
+         "rope": str(rng.choice(("interleaved", "half"))) if rng.random() < 0.7 else None,
+         "base": float(rng.choice((10000.0, 500000.0))), "offset": int(rng.choice((0, 7)))}
+    w = {"q_proj.weight": rng.standard_normal((H * D, E)) / math.sqrt(E),
+         "k_proj.weight": rng.standard_normal((Hkv * D, E)) / math.sqrt(E),
+         "v_proj.weight": rng.standard_normal((Hkv * D, E)) / math.sqrt(E),
+         "o_proj.weight": rng.standard_normal((E, H * D)) / math.sqrt(H * D)}
+    if rng.random() < 0.5:
+        w["q_proj.bias"] = rng.standard_normal(H * D) * 0.1
+        w["o_proj.bias"] = rng.standard_normal(E) * 0.1
+    w = {n: a.astype(np.float32) for n, a in w.items()}
+    sinks = rng.standard_normal(H).astype(np.float32) if rng.random() < 0.3 else None
+    x = rng.standard_normal((B, T, E)).astype(np.float32)
+    dy = rng.standard_normal((B, T, E)).astype(np.float32)
+    desc = "%s (B=%d T=%d E=%d H=%d Hkv=%d D=%d %s sinks=%s)" % (
+        label, B, T, E, H, Hkv, D, json.dumps({k: p[k] for k in (
+            "causal", "window", "softcap", "alibi", "rope", "base", "offset")}),
+        sinks is not None)
+
+    def run_torch(dtype):
+        xt = t(x, dtype, True)
+        wt = {n: t(a, dtype, True) for n, a in w.items()}
+        if sinks is not None:
+            wt["sinks"] = t(sinks, dtype)
+        y = llama_block(p, xt, wt, dtype)
+        leaves = [xt] + [wt[n] for n in w]
+        g = torch.autograd.grad(y, leaves, t(dy, dtype))
+        return y.detach().numpy(), {n: gg.numpy() for n, gg in zip(["x"] + list(w), g)}
+    y64, g64 = run_torch(torch.float64)
+    y32, g32 = run_torch(torch.float32)
+    with tempfile.TemporaryDirectory() as d:
+        def path(n):
+            return os.path.join(d, n)
+        save_file(w, path("w.safetensors"))
+        np.save(path("x.npy"), x)
+        np.save(path("dy.npy"), dy)
+        args = [attn_bin, "forward", "--weights", path("w.safetensors"), "--num-heads", str(H),
+                "--num-kv-heads", str(Hkv), "--input", path("x.npy"),
+                "--empty-rows", "zero"]
+        if p["window"] is not None:
+            args += ["--window", "%d,%d" % p["window"]]
+        if p["softcap"] is not None:
+            args += ["--softcap", repr(p["softcap"])]
+        if p["alibi"]:
+            args.append("--alibi")
+        if sinks is not None:
+            np.save(path("s.npy"), sinks)
+            args += ["--sinks", path("s.npy")]
+        if p["rope"]:
+            args += ["--rope", p["rope"], "--rope-base", repr(p["base"]),
+                     "--rope-offset", str(p["offset"])]
+        fwd = args + (["--causal"] if p["causal"] else []) + [
+            "--output", path("y.npy"), "--grad-output", path("dy.npy"),
+            "--grad-input", path("dx.npy"), "--grad-weights", path("g.safetensors")]
+        r = subprocess.run(fwd, capture_output=True, text=True)
+        if r.returncode != 0:
+            rep.failures.append("%s: attn forward exited %d: %s" % (desc, r.returncode,
+                                                                     r.stderr.strip()))
+            return
+        from safetensors.numpy import load_file
+        rep.compare("forward_y", np.load(path("y.npy")), y64, err_of(y32, y64), desc)
+        rep.compare("forward_dx", np.load(path("dx.npy")), g64["x"], err_of(g32["x"], g64["x"]),
+                    desc)
+        gw = load_file(path("g.safetensors"))
+        for n in w:
+            if n not in gw:
+                rep.failures.append("%s: --grad-weights has no %s (it has %s)" % (
+                    desc, n, sorted(gw)))
+                continue
+            # q's and k's gradients come through dS = P (dP - rowsum(dO o O)), which
+            # cancels terms of the size of the value path's gradient (exactly, to 0,
+            # where a row sees one key), so they are bounded with 16x that size as
+            # the terms (2^-16 of it).
+            terms = None
+            if n.startswith(("q_proj", "k_proj")):
+                terms = 16.0 * np.abs(g64["v_proj.weight"]).max()
+            rep.compare("forward_d" + n, gw[n], g64[n], err_of(g32[n], g64[n]), desc,
+                        terms=terms)
+        if p["causal"] and T > 1:
+            # Decoding token by token through the cache reproduces the causal pass.
+            prefill = int(rng.integers(1, T))
+            dec = [attn_bin, "decode"] + args[2:]
+            r = subprocess.run(dec + ["--prefill", str(prefill), "--output", path("yd.npy")],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                rep.failures.append("%s: attn decode exited %d: %s" % (
+                    desc, r.returncode, r.stderr.strip()))
+                return
+            rep.compare("decode_cli_y", np.load(path("yd.npy")), y64, err_of(y32, y64),
+                        desc + " decode --prefill %d" % prefill)
 
 
 # ---------------------------------------------------------------------------
@@ -742,6 +929,9 @@ def run_worker(args):
     for n in range(args.decode):
         for kvdt in ("f32", "bf16", "f16"):
             check_decode(attn, drng, rep, "%s decode %d kv=%s" % (args.arch, n, kvdt), kvdt)
+    frng = np.random.default_rng(args.seed + 3000)
+    for n in range(args.cli * 3):
+        check_forward_cli(args.attn_bin, frng, rep, "%s forward cli %d" % (args.arch, n))
     if args.cli:
         crng = np.random.default_rng(args.seed + 2000)
         done = 0
