@@ -476,9 +476,13 @@ static int check_dbias(attn_ctx *ctx, const attn_tensor *dbias, const attn_tenso
     }
     int64_t sh[4];
     attn__as4d(dbias, sh, bs->dbias_s);
+    /* A broadcast axis is one where the bias has size 1: every index lands on
+     * element 0. The bias's stride is no guide: an expanded view (np.broadcast_to,
+     * torch's expand) has stride 0 on axes of full size, and each of those elements
+     * gets its own gradient, as in a contiguous copy (tests/test_port_bias_view.c). */
     for (int i = 0; i < 4; i++)
-        if (bs->s.bias_s[i] == 0)
-            bs->dbias_s[i] = 0; /* a broadcast axis: every index lands on element 0 */
+        if (sh[i] == 1)
+            bs->dbias_s[i] = 0;
     bs->dbias = dbias->data;
     return ATTN_OK;
 }
