@@ -297,6 +297,7 @@ def magnitudes(p):
         psink = (1.0 - w.sum(dim=-1)).clamp(min=0.0)
         m["dsinks"] = (psink * dd[..., 0]).sum(dim=(0, 2))
     m["weights64"] = w
+    m["weights_terms"] = wa
     oracle(p, q.float(), k.float(), v.float(), bias.float() if bias is not None else None,
            sinks.float() if sinks is not None else None)
     m["weights32"] = oracle.last_weights
@@ -410,7 +411,7 @@ def check_f32(attn, p, rep, label):
     rep.compare("out_weights_call", buf.transpose(0, 2, 1, 3), out64, err_of(out32, out64),
                 label, terms=mags["out"])
     rep.compare("weights", wts, mags["weights64"], err_of(mags["weights32"], mags["weights64"]),
-                label)
+                label, terms=mags["weights_terms"])
     try:
         grads = attn.sdpa_backward(q, k, v, out, lse, p["dout"], **opts)
     except ValueError as e:
@@ -423,6 +424,11 @@ def check_f32(attn, p, rep, label):
             label, len(grads), names))
         return None
     for name, got, w64, w32 in zip(names, grads, g64, g32):
+        if name == "dbias" and got.shape != w64.shape:
+            # The bias was given broadcast (a stride-0 view of the full shape): its
+            # gradient has the view's shape, and sums to the bias's own.
+            got = sum_to(torch.from_numpy(np.asarray(got, dtype=np.float64)),
+                         w64.shape).numpy()
         rep.compare(name, got, w64, err_of(w32, w64), label, terms=mags[name])
     return out64, lse64, g64
 
@@ -654,43 +660,49 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
 # The command line
 # ---------------------------------------------------------------------------
 
+def cli_args(attn_bin, p, path):
+    """attn sdpa's command line for problem p, its files written under path()."""
+    args = [attn_bin, "sdpa"]
+    for n, flag in (("q", "--query"), ("k", "--key"), ("v", "--value")):
+        np.save(path(n + ".npy"), p[n])
+        args += [flag, path(n + ".npy")]
+    np.save(path("do.npy"), p["dout"])
+    if p["causal"] == "top_left":
+        args.append("--causal")
+    elif p["causal"] == "bottom_right":
+        args.append("--causal-bottom-right")
+    if p["window"] is not None:
+        args += ["--window", "%d,%d" % tuple(p["window"])]
+    if p["softcap"] is not None:
+        args += ["--softcap", repr(p["softcap"])]
+    if p["scale"] is not None:
+        args += ["--scale", repr(p["scale"])]
+    if p["alibi"] is True:
+        args.append("--alibi")
+    elif p["alibi"] is not None:
+        np.save(path("slopes.npy"), p["alibi"])
+        args += ["--alibi-slopes", path("slopes.npy")]
+    if p["bias"] is not None:
+        np.save(path("bias.npy"), p["bias"])
+        args += ["--bias", path("bias.npy"), "--grad-bias", path("db.npy")]
+    if p["sinks"] is not None:
+        np.save(path("sinks.npy"), p["sinks"])
+        args += ["--sinks", path("sinks.npy"), "--grad-sinks", path("ds.npy")]
+    if p["mask"] is not None:
+        np.save(path("mask.npy"), p["mask"])
+        args += ["--mask", path("mask.npy")]
+    args += ["--empty-rows", p["empty_rows"], "--output", path("o.npy"),
+             "--lse", path("lse.npy"), "--grad-output", path("do.npy"),
+             "--grad-query", path("dq.npy"), "--grad-key", path("dk.npy"),
+             "--grad-value", path("dv.npy")]
+    return args
+
+
 def check_cli(attn_bin, p, rep, label, exact):
     with tempfile.TemporaryDirectory() as d:
         def path(n):
             return os.path.join(d, n)
-        args = [attn_bin, "sdpa"]
-        for n, flag in (("q", "--query"), ("k", "--key"), ("v", "--value")):
-            np.save(path(n + ".npy"), p[n])
-            args += [flag, path(n + ".npy")]
-        np.save(path("do.npy"), p["dout"])
-        if p["causal"] == "top_left":
-            args.append("--causal")
-        elif p["causal"] == "bottom_right":
-            args.append("--causal-bottom-right")
-        if p["window"] is not None:
-            args += ["--window", "%d,%d" % tuple(p["window"])]
-        if p["softcap"] is not None:
-            args += ["--softcap", repr(p["softcap"])]
-        if p["scale"] is not None:
-            args += ["--scale", repr(p["scale"])]
-        if p["alibi"] is True:
-            args.append("--alibi")
-        elif p["alibi"] is not None:
-            np.save(path("slopes.npy"), p["alibi"])
-            args += ["--alibi-slopes", path("slopes.npy")]
-        if p["bias"] is not None:
-            np.save(path("bias.npy"), p["bias"])
-            args += ["--bias", path("bias.npy"), "--grad-bias", path("db.npy")]
-        if p["sinks"] is not None:
-            np.save(path("sinks.npy"), p["sinks"])
-            args += ["--sinks", path("sinks.npy"), "--grad-sinks", path("ds.npy")]
-        if p["mask"] is not None:
-            np.save(path("mask.npy"), p["mask"])
-            args += ["--mask", path("mask.npy")]
-        args += ["--empty-rows", p["empty_rows"], "--output", path("o.npy"),
-                 "--lse", path("lse.npy"), "--grad-output", path("do.npy"),
-                 "--grad-query", path("dq.npy"), "--grad-key", path("dk.npy"),
-                 "--grad-value", path("dv.npy")]
+        args = cli_args(attn_bin, p, path)
         results = []
         for threads in (1, 2):
             r = subprocess.run(args + ["--threads", str(threads)], capture_output=True,
@@ -716,6 +728,58 @@ def check_cli(attn_bin, p, rep, label, exact):
             if got.shape != want.shape or got.astype(np.float32).tobytes() != \
                     np.asarray(want, dtype=np.float32).tobytes():
                 rep.failures.append("%s: attn sdpa's %s differs from attn.sdpa's" % (label, n))
+
+
+def check_cli_rope(attn_bin, p, rep, label):
+    """attn sdpa --rope (keys at offset .. offset+Tk-1, queries at the last Tq of
+    those) with --grad-*, against the oracle through RoPE in float64 autograd: the
+    gradients are those of the unrotated q and k."""
+    pairing = "half" if p["D"] % 4 == 0 else "interleaved"
+    base, offset = 10000.0, 3
+    Tq, Tk = p["Tq"], p["Tk"]
+    kpos = list(range(offset, offset + Tk))
+    qpos = kpos[Tk - Tq:] if Tq <= Tk else None
+    if qpos is None:
+        return
+    res = {}
+    for dtype in (torch.float64, torch.float32):
+        q, k, v = (t(p[n], dtype, True) for n in ("q", "k", "v"))
+        bias = t(p["bias"], dtype, True) if p["bias"] is not None else None
+        sinks = t(p["sinks"], dtype, True) if p["sinks"] is not None else None
+        qr, kr = rope_ref(q, qpos, pairing, base, dtype), rope_ref(k, kpos, pairing, base, dtype)
+        out, lse, _ = oracle(p, qr, kr, v, bias, sinks)
+        leaves = [q, k, v] + [x for x in (bias, sinks) if x is not None]
+        g = torch.autograd.grad(out, leaves, t(p["dout"], dtype), allow_unused=True)
+        res[dtype] = [out.detach().numpy(), lse.numpy()] + [
+            np.zeros(x.shape) if gg is None else gg.numpy() for x, gg in zip(leaves, g)]
+    pr = dict(p)
+    pr["q"] = rope_ref(t(p["q"], torch.float64), qpos, pairing, base, torch.float64).numpy()
+    pr["k"] = rope_ref(t(p["k"], torch.float64), kpos, pairing, base, torch.float64).numpy()
+    mags = magnitudes(pr)
+    with tempfile.TemporaryDirectory() as d:
+        def path(n):
+            return os.path.join(d, n)
+        args = cli_args(attn_bin, p, path) + ["--rope", pairing, "--rope-base", repr(base),
+                                              "--rope-offset", str(offset)]
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            rep.failures.append("%s: attn sdpa --rope exited %d: %s" % (
+                label, r.returncode, r.stderr.strip()))
+            return
+        names = ["o", "lse", "dq", "dk", "dv"] + (["db"] if p["bias"] is not None else []) + \
+            (["ds"] if p["sinks"] is not None else [])
+        mag_names = ["out", None, "dq", "dk", "dv", "dbias", "dsinks"]
+        mag_names = mag_names[:5] + (["dbias"] if p["bias"] is not None else []) + \
+            (["dsinks"] if p["sinks"] is not None else [])
+        for n, mn, w64, w32 in zip(names, mag_names, res[torch.float64], res[torch.float32]):
+            terms = None
+            if mn is not None:
+                terms = mags[mn]
+                if mn in ("dq", "dk"):
+                    # RoPE mixes each pair: bound each element by its row's largest.
+                    terms = np.broadcast_to(terms.max(axis=-1, keepdims=True), terms.shape)
+            rep.compare("cli_rope_" + n, np.load(path(n + ".npy")), w64, err_of(w32, w64),
+                        label + " --rope %s" % pairing, terms=terms)
 
 
 def llama_block(p, x, w, dtype):
@@ -955,6 +1019,8 @@ def run_worker(args):
             if p["sinks"] is not None:
                 exact["ds"] = grads[i]
             check_cli(args.attn_bin, p, rep, label, exact)
+            if p["D"] % 2 == 0:
+                check_cli_rope(args.attn_bin, p, rep, label)
             done += 1
     print(json.dumps({"arch": args.arch, "checked": rep.checked, "failures": rep.failures,
                       "worst_ratio": rep.worst}))
