@@ -466,7 +466,8 @@ ATTN_API int attn_sdpa_ref(attn_ctx *ctx, const attn_tensor *q, const attn_tenso
  * that sees no key (empty_rows = zero, or sinks) gives and gets zero gradient;
  * with GQA, dk and dv sum over the H / Hkv query heads that share a key/value
  * head; dbias has the bias's own shape, summed over the axes it was broadcast
- * along. A NaN in dO reaches exactly the gradients that depend on its row. Every
+ * along (those where it has size 1: a bias expanded with stride 0 on a full-size
+ * axis gets each element's own gradient, as a contiguous copy would). A NaN in dO reaches exactly the gradients that depend on its row. Every
  * sum runs in a fixed order: the answer does not depend on ctx->threads or the
  * instruction set. docs/gradients.md derives the formulas and states the
  * tolerance a faster backward must meet.
