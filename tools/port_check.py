@@ -528,6 +528,11 @@ def rope_ref(x, positions, pairing, base, dtype):
     return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
 
 
+def ml_dtypes_bf16():
+    import ml_dtypes
+    return ml_dtypes.bfloat16
+
+
 def widen16(x, kv_dtype):
     """A 16-bit view of the cache as float64 (bfloat16 comes as uint16 bits)."""
     x = np.asarray(x)
@@ -578,9 +583,17 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
         # Every sequence at once (each at its own length after the truncate: the
         # batch path), or one sequence at a time.
         batch = B > 1 and rng.random() < 0.5
+        # With a 16-bit cache, q (and so out) in the cache's dtype half the time:
+        # q is then rounded before RoPE turns it, and out rounded once.
+        q16 = tdt is not None and rng.random() < 0.5
+        if q16:
+            qb = torch.from_numpy(qb).to(tdt).float().numpy()
+            qarg = qb.astype(ml_dtypes_bf16() if kv_dtype == "bf16" else np.float16)
+        else:
+            qarg = qb
         if batch:
             cache.append(kb, vb, first=0, rope=pairing)
-            outb = np.asarray(cache.attend(qb, first=0, rope=pairing, **kw))
+            outb, lseb = cache.attend(qarg, first=0, rope=pairing, return_lse=True, **kw)
         for b in range(B):
             kn, vn, qn = kb[b:b + 1], vb[b:b + 1], qb[b:b + 1]
             if not batch:
@@ -610,8 +623,11 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
                 mask = np.ones((1, 1, tnew, cap), dtype=bool)
                 mask[..., :L] = rng.random((1, 1, tnew, L)) < 0.8
                 extra = {"bias": bias, "mask": mask}
-            out = outb[b:b + 1] if batch else cache.attend(qn, first=b, rope=pairing,
-                                                             **dict(kw, **extra))
+            if batch:
+                out, lse = outb[b:b + 1], lseb[b:b + 1]
+            else:
+                out, lse = cache.attend(qarg[b:b + 1], first=b, rope=pairing, return_lse=True,
+                                        **dict(kw, **extra))
             if tdt is not None:
                 # The stored keys are the float32 rotation rounded once: a key whose
                 # float32 rotation here and in attn differ by one float32 unit may
@@ -622,7 +638,10 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
                 mine16 = torch.stack(keys[b], dim=1)[None].numpy()
                 unit = 2.0 ** -7 if kv_dtype == "bf16" else 2.0 ** -10
                 rep.checked += 1
-                off16 = np.abs(kv16 - mine16) > unit * np.abs(mine16) + 1e-30
+                # One unit of the 16-bit value, plus the float32 rotation's own
+                # rounding, which is relative to the pair's size, not the result's.
+                row = np.abs(mine16).max(axis=-1, keepdims=True)
+                off16 = np.abs(kv16 - mine16) > unit * np.abs(mine16) + 2.0 ** -21 * row
                 if off16.any():
                     rep.failures.append("%s decode step %d seq %d: the cache's rotated key "
                                         "%s is %r, RoPE here gives %r" % (
@@ -640,15 +659,24 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
             op = dict(opts_p, mask=extra["mask"][..., :L] if extra else None)
             b64 = t(extra["bias"][..., :L], torch.float64) if extra else None
             b32 = t(extra["bias"][..., :L], torch.float32) if extra else None
-            want, _, _ = oracle(op, q64, K, V, b64, sinks64)
-            mine, _, _ = oracle(op, q32, K.to(torch.float32), V.to(torch.float32), b32, sinks32)
+            want, want_lse, _ = oracle(op, q64, K, V, b64, sinks64)
+            mine, mine_lse, _ = oracle(op, q32, K.to(torch.float32), V.to(torch.float32), b32,
+                                       sinks32)
             got = np.asarray(out).astype(np.float32)
             lab = "%s step %d seq %d%s (B=%d H=%d Hkv=%d D=%d %s base=%g len=%d new=%d %s)" % (
                 label, step, b, " batch" if batch else (" bias+mask" if extra else ""), B, H, Hkv, D, pairing, base, L, tnew,
                 json.dumps({k: (v if not isinstance(v, np.ndarray) else "array")
                             for k, v in opts_p.items()}))
+            rep.compare("decode_lse", lse, want_lse.numpy(),
+                        err_of(mine_lse.numpy(), want_lse.numpy()), lab)
             if tdt is None:
                 rep.compare("decode", got, want.numpy(), err_of(mine.numpy(), want.numpy()), lab)
+            elif q16:
+                # A 16-bit out is the float32 result rounded once: one unit of the
+                # dtype at the output's magnitude (SPEC section 10's floor) on top.
+                rep.compare("decode_" + kv_dtype + "_q16", got, want.numpy(),
+                            err_of(mine.numpy(), want.numpy()), lab,
+                            floor_rel=2.0 ** -8 if kv_dtype == "bf16" else 2.0 ** -11)
             else:
                 # 16-bit cache: q stays float32, K and V were rounded (the oracle used
                 # the rounded values), so only float32 arithmetic separates them.
