@@ -14,7 +14,27 @@ code written against it runs on attn with only its import changed,
         forward(x, attention_mask=None, return_attention=False)
         -> output [B, T, E], or (output, weights [B, H, T, T])
 
-The same names, parameters, return values and errors as the chapter's module:
+Beyond the chapter's API, for training current models:
+
+    sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+         scale=None, enable_gqa=False, *, window, softcap, alibi, bias, sinks,
+         empty_rows) -> output
+        torch.nn.functional.scaled_dot_product_attention's arguments, then SPEC
+        section 6's options; gradients to query, key, value, bias (or a float
+        attn_mask) and sinks through attn's C backward.
+    GroupedQueryAttention(embed_dim, num_heads, num_kv_heads, head_dim=None,
+        bias=False, rope="interleaved", rope_base=10000.0)
+        chapter 21's block (q_proj, k_proj, v_proj, o_proj) on attn_gqa_forward
+        and attn_gqa_backward.
+    kernel_calls() -> {"forward": n, "backward": n}, the C calls made so far.
+
+With PyTorch >= 2.4 the forward and backward are also the custom operators
+attn::sdpa_forward and attn::sdpa_backward, which torch.compile (fullgraph=True
+too) and torch.export put in their graphs: compiled and exported code runs attn's
+kernels (the chapter's module and function, sdpa and GroupedQueryAttention).
+
+The chapter's API has the same names, parameters, return values and errors as the
+chapter's module:
 ValueError when a query row sees no key ("at least one key"), when a mask is not
 boolean ("boolean"), when a mask "cannot broadcast" to the scores (both shapes
 named), when the head sizes or the key and value lengths differ, and when
@@ -66,6 +86,7 @@ Differences a caller can see, all of them deliberate:
   a query row that sees no key gives NaN, as PyTorch's softmax does, not the
   ValueError (the check would read the mask's values, which vmap does not allow
   and a trace cannot record).
+  With PyTorch >= 2.4, torch.export records attn's custom operator instead.
   torch.jit.script cannot compile the module (its Python is not TorchScript).
 """
 
@@ -86,6 +107,7 @@ from . import _attn
 __all__ = [
     "sdpa",
     "kernel_calls",
+    "GroupedQueryAttention",
     "scaled_dot_product_attention",
     "make_padding_attention_mask",
     "make_causal_attention_mask",
@@ -1011,3 +1033,129 @@ def _check_tensor_device(t, name):
         raise ValueError("attn.torch runs on the CPU, but %s is on %s; move it with .cpu()"
                          % (name, t.device))
     return t
+
+
+# ---------------------------------------------------------------------------
+# Grouped-query attention as an nn.Module (chapter 21's block, Llama's names)
+# ---------------------------------------------------------------------------
+
+def _rope_in_torch(x, pairing, base, offset):
+    """RoPE on x [B, H, T, D] in PyTorch operations (attn.rope's rotation, for the
+    paths that record or transform PyTorch operations): pair k of row t turned by
+    (offset + t) * base^(-2k/D); "interleaved" pairs (2k, 2k+1), "half" (k, k+D/2)."""
+    T, D = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    ang = torch.arange(offset, offset + T, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    c, s = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+    if pairing == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    return torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+
+
+class _GQAFunction(torch.autograd.Function):
+    """attn's grouped-query forward (attn_gqa_forward, or with RoPE the packed
+    forward) and attn_gqa_backward, on x [B, T, E] and the four projections'
+    weights and biases (a bias may be None), float32 CPU."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, wv, wo, bq, bk, bv, bo, spec):
+        ctx.save_for_backward(x, wq, wk, wv, wo, bq, bk, bv, bo)
+        ctx.spec = spec
+        ctx.set_materialize_grads(False)
+        return torch.from_numpy(_gqa_call(_attn._gqa_forward, x, (wq, wk, wv, wo, bq, bk, bv, bo),
+                                          spec))
+
+    @staticmethod
+    def backward(ctx, dout):
+        saved = ctx.saved_tensors
+        if dout is None:
+            return (None,) * 10
+        if torch.is_grad_enabled():
+            # create_graph=True: the block in PyTorch operations, as _SDPAFunction.
+            return _grads_in_torch(ctx, saved, lambda *t: (_gqa_in_torch(*t, ctx.spec),),
+                                   (dout,)) + (None,)
+        grads = _gqa_call(_attn._gqa_backward, saved[0], saved[1:], ctx.spec, dout)
+        # (A bias the module does not have gets no gradient.)
+        return tuple(None if t is None else torch.from_numpy(g)
+                     for t, g in zip(saved, grads)) + (None,)
+
+
+def _gqa_call(fn, x, weights, spec, dout=None):
+    H, Hkv, mask, causal, window, rope, rope_base, rope_offset = spec
+    args = [_np(x)] + [None if w is None else _np(w) for w in weights] + [H, Hkv]
+    if dout is not None:
+        args.append(_np(dout))
+    return _call(fn, *args, mask=None if mask is None else _np(mask), causal=causal,
+                 window=window, rope=rope, rope_base=rope_base, rope_offset=rope_offset)
+
+
+def _gqa_in_torch(x, wq, wk, wv, wo, bq, bk, bv, bo, spec):
+    """The block in PyTorch operations, attention by sdpa (attn's operator under
+    torch.compile and torch.export, PyTorch operations under a trace or torch.func)."""
+    H, Hkv, mask, causal, window, rope, rope_base, rope_offset = spec
+    B, T, _ = x.shape
+
+    def heads(w, b, n):
+        return nn.functional.linear(x, w, b).reshape(B, T, n, -1).transpose(1, 2)
+
+    q, k, v = heads(wq, bq, H), heads(wk, bk, Hkv), heads(wv, bv, Hkv)
+    if rope is not None:
+        q, k = (_rope_in_torch(t, rope, rope_base, rope_offset) for t in (q, k))
+    ctx = sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, window=window)
+    return nn.functional.linear(ctx.transpose(1, 2).reshape(B, T, -1), wo, bo)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Grouped-query self-attention (chapter 21's block; Llama's layer names),
+    computed by attn's fused forward and backward (attn_gqa_forward,
+    attn_gqa_backward).
+
+    q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias), k_proj and v_proj
+    nn.Linear(embed_dim, num_kv_heads * head_dim, bias), o_proj nn.Linear(num_heads
+    * head_dim, embed_dim, bias); head_dim defaults to embed_dim // num_heads. Query
+    head h reads key/value head h // (num_heads / num_kv_heads). rope: None,
+    "interleaved" (chapter 21, GPT-J) or "half" (Llama), applied to q and k at
+    positions rope_offset + t with base rope_base. The state_dict's names are the
+    separate name set attn.mha_forward and attn.mha_backward take.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_kv_heads, head_dim=None, bias=False,
+                 rope="interleaved", rope_base=10000.0):
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError("num_heads (%d) must be a multiple of num_kv_heads (%d)"
+                             % (num_heads, num_kv_heads))
+        if rope not in (None, "interleaved", "half"):
+            raise ValueError('rope must be None, "interleaved" or "half", not %r' % (rope,))
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = head_dim or embed_dim // num_heads
+        self.rope, self.rope_base = rope, float(rope_base)
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
+
+    def forward(self, x, attention_mask=None, is_causal=False, window=None, rope_offset=0):
+        """x [B, T, E] -> [B, T, E]. attention_mask bool, broadcasting to
+        [B, H, T, T]; is_causal False/True; window (left, right) as in sdpa."""
+        xf = _check_tensor(x, "x")
+        layers = (self.q_proj, self.k_proj, self.v_proj, self.o_proj)
+        params = [l.weight for l in layers] + [l.bias for l in layers]
+        params = [None if p is None else (p if p.dtype == torch.float32 else p.float())
+                  for p in params]
+        mask = None if attention_mask is None else _check_tensor_device(attention_mask,
+                                                                         "attention_mask")
+        if window is not None:
+            window = tuple(-1 if w is None else int(w) for w in window)
+        spec = (self.num_heads, self.num_kv_heads, mask, bool(is_causal), window, self.rope,
+                self.rope_base, int(rope_offset))
+        if xf.dim() != 3 or 0 in xf.shape or _pytorch_only() or _in_graph_capture():
+            out = _gqa_in_torch(xf, *params, spec)
+        elif torch.is_grad_enabled() and (xf.requires_grad or any(
+                p is not None and p.requires_grad for p in params)):
+            out = _GQAFunction.apply(xf, *params, spec)
+        else:
+            out = torch.from_numpy(_gqa_call(_attn._gqa_forward, xf, params, spec))
+        return out if out.dtype == x.dtype else out.to(x.dtype)

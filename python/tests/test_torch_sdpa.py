@@ -306,6 +306,37 @@ def test_torch_func_grad_of_sdpa_with_options_equals_the_reference():
     close(got, want, "torch.func.grad")
 
 
+def test_float64_inputs_are_computed_in_float32_and_returned_in_float64():
+    """float64 query, key, value and bias give a float64 output and float64 gradients,
+    equal to the float32 call's values."""
+    q, k, v, ours, _ = make_case((1, 2, 2, 5, 5, 4, 4), {"bias": (2, 5, 5)})
+    results = []
+    for dt in (torch.float64, torch.float32):
+        leaves = [t.to(dt).requires_grad_(True) for t in (q, k, v, ours["bias"])]
+        out = at.sdpa(*leaves[:3], bias=leaves[3])
+        out.pow(2).sum().backward()
+        assert out.dtype == dt and all(t.grad.dtype == dt for t in leaves)
+        results.append([out] + [t.grad for t in leaves])
+    for a, b, n in zip(*results, ("out", "dq", "dk", "dv", "dbias")):
+        assert torch.equal(a, b.double()), n
+
+
+def test_a_jit_trace_of_sdpa_gives_the_references_results_on_a_new_input():
+    """torch.jit.trace of attn.torch.sdpa with sinks and bottom-right causal records
+    PyTorch operations, whose result on an input it was not traced with is the
+    reference's (not the traced input's attention)."""
+    import warnings
+    q, k, v, ours, ref = make_case((1, 2, 2, 3, 5, 4, 4),
+                                   {"sinks": True, "is_causal": "bottom_right"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(lambda q: at.sdpa(q, k, v, **ours), q)
+    q_new = rand(*q.shape, seed=20)
+    ref64 = {n: t.double() if isinstance(t, torch.Tensor) else t for n, t in ref.items()}
+    close(traced(q_new), ref_sdpa(q_new.double(), k.double(), v.double(), **ref64),
+          "traced sdpa on a new input")
+
+
 # --- torch.compile and torch.export: attn's custom operators ----------------------
 
 needs_ops = pytest.mark.skipif(not HAS_OPS, reason="attn's custom operators need "
@@ -400,3 +431,64 @@ def test_torch_export_records_attns_operator_and_runs_it():
     got = program.module()(q2, k, v)
     assert at.kernel_calls()["forward"] == before + 1
     assert torch.equal(got, Block()(q2, k, v))
+
+
+# --- GroupedQueryAttention --------------------------------------------------------
+
+@pytest.mark.parametrize("rope,bias,Hkv", [("interleaved", False, 2), ("half", True, 1),
+                                           (None, True, 4)])
+def test_grouped_query_attention_module_equals_the_block_in_plain_pytorch(rope, bias, Hkv):
+    """attn.torch.GroupedQueryAttention (fused forward and attn_gqa_backward) gives the
+    output and the gradients of x and of every parameter that PyTorch's autograd gives
+    through chapter 21's block written in plain PyTorch (float64) from the same
+    parameters, with a padding mask and causal; its state_dict is attn.mha_forward's
+    separate name set (the same output from numpy)."""
+    from test_gqa_backward import _torch_block
+    import numpy as np
+    torch.manual_seed(5)
+    B, T, E, H = 2, 17, 16, 4
+    m = at.GroupedQueryAttention(E, H, Hkv, bias=bias, rope=rope)
+    x = rand(B, T, E, seed=6).requires_grad_(True)
+    mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    mask[-1, ..., T - 1] = False
+    out = m(x, attention_mask=mask, is_causal=True)
+    dout = rand(B, T, E, seed=7) / (B * T)
+    (out * dout).sum().backward()
+
+    w64 = {n: p.detach().double().requires_grad_(True) for n, p in m.named_parameters()}
+    x64 = x.detach().double().requires_grad_(True)
+    want = _torch_block(torch, x64, w64, H, Hkv, rope, 10000.0, True, mask.numpy())
+    (want * dout.double()).sum().backward()
+    close(out, want, "output")
+    close(x.grad, x64.grad, "dx")
+    for n, p in m.named_parameters():
+        close(p.grad, w64[n].grad, "d" + n)
+    numpy_out = attn.mha_forward(x.detach().numpy(), {n: p.detach().numpy() for n, p in
+                                                     m.state_dict().items()},
+                                 H, num_kv_heads=Hkv, mask=mask.numpy(), causal=True, rope=rope)
+    np.testing.assert_array_equal(out.detach().numpy(), numpy_out)
+
+
+@needs_ops
+def test_compiled_fullgraph_grouped_query_attention_equals_eager():
+    """torch.compile(fullgraph=True) of GroupedQueryAttention (projections and RoPE in
+    PyTorch, attention as attn's operator) gives eager's output and gradients, and
+    its attention is attn's kernel (kernel_calls() counts it)."""
+    torch.manual_seed(6)
+    m = at.GroupedQueryAttention(16, 4, 2, rope="half")
+    x = rand(2, 5, 16, seed=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True)
+    results = []
+    for fn in (m, compiled):
+        m.zero_grad()
+        xg = x.clone().requires_grad_(True)
+        before = at.kernel_calls()
+        out = fn(xg, is_causal=True)
+        out.pow(2).sum().backward()
+        if fn is compiled:
+            after = at.kernel_calls()
+            assert after["forward"] > before["forward"] and after["backward"] > before["backward"]
+        results.append([out, xg.grad, m.q_proj.weight.grad.clone(), m.k_proj.weight.grad.clone()])
+    for a, b, n in zip(*results, ("out", "dx", "dq_proj", "dk_proj")):
+        close(a, b, "compiled GroupedQueryAttention " + n)
