@@ -137,8 +137,9 @@ def make_case(shape, opts, seed=0):
 def ours_and_reference(q, k, v, ours, ref, dout):
     """attn.torch.sdpa's output and gradients, and the float64 reference's, for the
     loss sum(out * dout), over query, key, value and the bias/sinks given."""
-    grads_of = [n for n in ("bias", "attn_mask", "sinks") if n in ours and ours[n].is_floating_point()
-                and not (n == "attn_mask" and ours[n].dtype == torch.bool)]
+    # A bool attn_mask has no gradient; a float one, a bias and sinks do.
+    grads_of = [n for n in ("bias", "attn_mask", "sinks")
+                if n in ours and ours[n].is_floating_point()]
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     kw = dict(ours)
     extra = [kw[n].clone().requires_grad_(True) for n in grads_of]
