@@ -1141,6 +1141,9 @@ class GroupedQueryAttention(nn.Module):
         """x [B, T, E] -> [B, T, E]. attention_mask bool, broadcasting to
         [B, H, T, T]; is_causal False/True; window (left, right) as in sdpa."""
         xf = _check_tensor(x, "x")
+        if xf.dim() != 3:
+            raise AttnShapeError("x must be [batch, seq_len, embed_dim] (3 axes), not %s"
+                                 % (tuple(x.shape),))
         layers = (self.q_proj, self.k_proj, self.v_proj, self.o_proj)
         params = [l.weight for l in layers] + [l.bias for l in layers]
         params = [None if p is None else (p if p.dtype == torch.float32 else p.float())
@@ -1151,7 +1154,7 @@ class GroupedQueryAttention(nn.Module):
             window = tuple(-1 if w is None else int(w) for w in window)
         spec = (self.num_heads, self.num_kv_heads, mask, bool(is_causal), window, self.rope,
                 self.rope_base, int(rope_offset))
-        if xf.dim() != 3 or 0 in xf.shape or _pytorch_only() or _in_graph_capture():
+        if 0 in xf.shape or _pytorch_only() or _in_graph_capture():
             out = _gqa_in_torch(xf, *params, spec)
         elif torch.is_grad_enabled() and (xf.requires_grad or any(
                 p is not None and p.requires_grad for p in params)):

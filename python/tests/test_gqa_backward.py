@@ -231,7 +231,6 @@ def test_gqa_backward_equals_pytorch_autograd_with_one_and_two_threads(B, T, E, 
     PyTorch's autograd through the same block in plain PyTorch (float64, from the
     same weights, a padding mask and causal), and 1 and 2 library threads give the
     same bits."""
-    torch = pytest.importorskip("torch")
     # dout of a mean over the B*T rows, so that the weights' gradients (sums over
     # the rows) stay of order 1 and the tolerance means the same at every T.
     x, dout = rand(B, T, E, seed=B * T), rand(B, T, E, seed=E, scale=1.0 / (B * T))
@@ -246,6 +245,8 @@ def test_gqa_backward_equals_pytorch_autograd_with_one_and_two_threads(B, T, E, 
     for n in w:
         np.testing.assert_array_equal(backs[0][1][n], backs[1][1][n], err_msg=n)
 
+    # (The threads' bits above need no PyTorch; the comparison below does.)
+    torch = pytest.importorskip("torch")
     xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     wt = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True) for n, a in w.items()}
     out = _torch_block(torch, xt, wt, H, Hkv, rope, 10000.0, True, mask)
