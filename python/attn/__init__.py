@@ -13,7 +13,7 @@ dtype="bf16". Products and sums accumulate in float32; the output has the
 inputs' dtype, the weights and log-sum-exp stay float32. A KVCache made with
 dtype="bf16" or "f16" stores K and V in 16 bits (see its docstring), and
 load_npy / load_safetensors(keep_half=True) keep 16-bit tensors as stored. The
-other calls (multi-head attention, RoPE, the backward) take float32 only.
+other calls (multi-head attention, RoPE, the backwards) take float32 only.
 
 Functions:
     sdpa(q, k, v, *, mask, causal, scale, window, softcap, alibi, bias, sinks,
@@ -23,7 +23,8 @@ Functions:
                                                          [, dbias][, dsinks])
     padding_mask(token_ids, pad_id), causal_mask(T)      the chapter's masks
     mha_forward(x, weights, num_heads, ...)              multi-head self-attention
-    mha_backward(x, weights, num_heads, dout, ...)       its gradients (dx, {name: grad})
+    mha_backward(x, weights, num_heads, dout, ...)       its gradients (dx, {name: grad}),
+                                                         grouped-query and RoPE too
     rope(x, *, pairing, base, offset, out)               rotary position embedding
     KVCache(batch, kv_heads, capacity, head_dim, dtype=) a KV cache for decoding
     load_npy, save_npy, load_safetensors, save_safetensors
@@ -82,7 +83,9 @@ def _weights_dict(weights, prefix):
 
 
 def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=None,
-                causal=False, scale=None, empty_rows="error", return_weights=False):
+                causal=False, scale=None, window=None, softcap=None, alibi=None, bias=None,
+                sinks=None, empty_rows="error", return_weights=False, rope=None,
+                rope_base=10000.0, rope_offset=0, threads=0):
     """Multi-head self-attention forward (the chapter's module, or Llama-style GQA).
 
     x [B, T, E] float32. weights: a dict {name: array} or the path of a
@@ -96,25 +99,52 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
                       Hkv < H (grouped-query attention) when num_kv_heads is given
                       or k_proj has fewer rows than q_proj.
     mask: bool, broadcasts to [B, H, T, T] (e.g. padding_mask(ids, pad) & causal);
-    causal: False/True. Returns out [B, T, E], or (out, weights [B, H, T, T]) with
-    return_weights. Raises ValueError for shapes, names and masks.
+    causal, scale, window, softcap, alibi, bias, sinks, empty_rows: attn.sdpa's
+    options, applied to every head's attention.
+    rope: None, "interleaved" (chapter 21, GPT-J) or "half" (Llama, NeoX): q and k
+    rotated at positions rope_offset + t after the projections, with base
+    rope_base (attn.rope's rotation). threads: the library's worker threads for
+    this call (0: one per online core; the result has the same bits for any).
+    Returns out [B, T, E], or (out, weights [B, H, T, T]) with return_weights.
+    Raises ValueError for shapes, names and masks.
     """
     w = _weights_dict(weights, prefix)
-    opts = dict(mask=mask, causal=causal, scale=scale, empty_rows=empty_rows,
-                return_weights=return_weights)
-    if _CHAPTER[0] in w or _TORCH[0] in w:
+    opts = dict(mask=mask, causal=causal, scale=scale, window=window, softcap=softcap,
+                alibi=alibi, bias=bias, sinks=sinks, empty_rows=empty_rows,
+                return_weights=return_weights, threads=threads)
+    if (_CHAPTER[0] in w or _TORCH[0] in w) and rope is None:
         _, fused = _fused_weights(w)
         return _attn._mha_forward(x, *fused, num_heads, **opts)
-    if all(n in w for n in _SEPARATE):
-        wq, wk, wv, wo = (_f32(w[n], n) for n in _SEPARATE)
-        bq, bk, bv, bo = (_f32(w.get(n[:-len("weight")] + "bias"), n) for n in _SEPARATE)
-        if num_kv_heads is None:
-            num_kv_heads = num_heads * wk.shape[0] // max(wq.shape[0], 1)
-        return _attn._gqa_forward(x, wq, wk, wv, wo, bq, bk, bv, bo, num_heads,
-                                  max(int(num_kv_heads), 1), **opts)
-    raise ValueError("no weight name set found under prefix %r: looked for %s, %s or %s; "
-                     "have %s" % (prefix, "/".join(_CHAPTER), "/".join(_TORCH),
-                                  "/".join(_SEPARATE), sorted(w)))
+    _, sep, heads = _separate_weights(w, prefix, num_heads, num_kv_heads)
+    return _attn._gqa_forward(x, *sep, *heads, rope=rope, rope_base=rope_base,
+                              rope_offset=rope_offset, **opts)
+
+
+def _separate_weights(w, prefix, num_heads, num_kv_heads):
+    """(names, (w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o), (H, Hkv)) for
+    _gqa_forward/_gqa_backward: the separate name set as it is (a missing bias
+    None), or the chapter's or nn.MultiheadAttention's W_qkv split into its three
+    row blocks (views, no copy: the library's grouped-query call with Hkv = H is
+    the chapter's module, with RoPE too). names are the weights' names for the
+    gradients, in the same order; None for a bias the weights do not have."""
+    if _CHAPTER[0] in w or _TORCH[0] in w:
+        names, (wqkv, bqkv, wo, bo) = _fused_weights(w)
+        e = wqkv.shape[0] // 3
+        if wqkv.ndim != 2 or wqkv.shape[0] != 3 * e:
+            raise ValueError("%s has shape %s; expected [3E, E]" % (names[0], wqkv.shape))
+        sep = (wqkv[:e], wqkv[e:2 * e], wqkv[2 * e:], wo, bqkv[:e], bqkv[e:2 * e], bqkv[2 * e:], bo)
+        return names, sep, (num_heads, num_heads)
+    if not all(n in w for n in _SEPARATE):
+        raise ValueError("no weight name set found under prefix %r: looked for %s, %s or %s; "
+                         "have %s" % (prefix, "/".join(_CHAPTER), "/".join(_TORCH),
+                                      "/".join(_SEPARATE), sorted(w)))
+    wq, wk, wv, wo = (_f32(w[n], n) for n in _SEPARATE)
+    bias_names = tuple(n[:-len("weight")] + "bias" for n in _SEPARATE)
+    bq, bk, bv, bo = (_f32(w.get(n), n) for n in bias_names)
+    if num_kv_heads is None:
+        num_kv_heads = num_heads * wk.shape[0] // max(wq.shape[0], 1)
+    names = _SEPARATE + tuple(n if n in w else None for n in bias_names)
+    return names, (wq, wk, wv, wo, bq, bk, bv, bo), (num_heads, max(int(num_kv_heads), 1))
 
 
 def _fused_weights(w):
@@ -132,36 +162,47 @@ def _fused_weights(w):
     return names, (wqkv, bqkv, wo, bo)
 
 
-def mha_backward(x, weights, num_heads, dout, *, prefix="", mask=None, causal=False,
-                 scale=None, empty_rows="error"):
-    """The backward of mha_forward (attn_mha_backward, SPEC section 8), for a training
-    loop in numpy: the gradients of a loss with respect to x and to the weights.
+def mha_backward(x, weights, num_heads, dout, *, num_kv_heads=None, prefix="", mask=None,
+                 causal=False, scale=None, window=None, softcap=None, alibi=None, bias=None,
+                 sinks=None, empty_rows="error", rope=None, rope_base=10000.0, rope_offset=0,
+                 threads=0):
+    """The backward of mha_forward (attn_mha_backward / attn_gqa_backward, SPEC
+    section 8), for a training loop in numpy: the gradients of a loss with respect
+    to x and to the weights.
 
-    x [B, T, E] float32, weights, num_heads, prefix and the options exactly as given
-    to mha_forward (the chapter's qkv.* / output.* names or nn.MultiheadAttention's
-    in_proj_* / out_proj.*); dout [B, T, E] the loss's gradient with respect to
-    mha_forward's output. Returns (dx [B, T, E], grads), grads a dict {name:
-    gradient} with the four names of the set, prefix included, each the shape of
-    its weight (qkv.weight [3E, E], qkv.bias [3E], output.weight [E, E],
-    output.bias [E]); a bias missing from the weights (taken as zeros by the
-    forward) still gets its gradient. Separate q_proj/k_proj/v_proj weights
-    (grouped-query attention) are a ValueError: their backward is the C library's
-    attn_gqa_backward, not wrapped here. Raises ValueError for shapes and names.
+    x [B, T, E] float32, weights, num_heads, num_kv_heads, prefix, the options and
+    RoPE exactly as given to mha_forward; dout [B, T, E] the loss's gradient with
+    respect to mha_forward's output. Returns (dx [B, T, E], grads), grads a dict
+    {name: gradient} named as the weights are, prefix included, each the shape of
+    its weight:
+      the chapter's / nn.MultiheadAttention's: the four names (qkv.weight [3E, E],
+        qkv.bias [3E], output.weight [E, E], output.bias [E]); a bias missing from
+        the weights (taken as zeros by the forward) still gets its gradient;
+      separate (grouped-query attention): q_proj.weight [H*D, E], k_proj.weight
+        and v_proj.weight [Hkv*D, E] (summed over the query heads of each group),
+        o_proj.weight [E, H*D], and each bias the weights have.
+    mask, bias, sinks and ALiBi's slopes are constants here: no gradient (for
+    those, attn.sdpa_backward). threads as for mha_forward. Raises ValueError for
+    shapes and names.
     """
     w = _weights_dict(weights, prefix)
-    if not (_CHAPTER[0] in w or _TORCH[0] in w):
-        if all(n in w for n in _SEPARATE):
-            raise ValueError("mha_backward takes the chapter's (%s) or nn.MultiheadAttention's "
-                             "(%s) weights; separate %s weights (grouped-query attention) "
-                             "have no backward from Python" % ("/".join(_CHAPTER),
-                                                               "/".join(_TORCH),
-                                                               "/".join(_SEPARATE)))
-        raise ValueError("no weight name set found under prefix %r: looked for %s or %s; "
-                         "have %s" % (prefix, "/".join(_CHAPTER), "/".join(_TORCH), sorted(w)))
-    names, fused = _fused_weights(w)
-    dx, *grads = _attn._mha_backward(x, *fused, num_heads, dout, mask=mask, causal=causal,
-                                     scale=scale, empty_rows=empty_rows)
-    return dx, {(prefix or "") + n: g for n, g in zip(names, grads)}
+    prefix = prefix or ""
+    opts = dict(mask=mask, causal=causal, scale=scale, window=window, softcap=softcap,
+                alibi=alibi, bias=bias, sinks=sinks, empty_rows=empty_rows, threads=threads)
+    if (_CHAPTER[0] in w or _TORCH[0] in w) and rope is None:
+        names, fused = _fused_weights(w)
+        dx, *grads = _attn._mha_backward(x, *fused, num_heads, dout, **opts)
+        return dx, {prefix + n: g for n, g in zip(names, grads)}
+    names, sep, heads = _separate_weights(w, prefix, num_heads, num_kv_heads)
+    dx, *grads = _attn._gqa_backward(x, *sep, *heads, dout, rope=rope, rope_base=rope_base,
+                                     rope_offset=rope_offset, **opts)
+    if names[0] in _SEPARATE:
+        return dx, {prefix + n: g for n, g in zip(names, grads) if n is not None}
+    # The chapter's W_qkv with RoPE: the three row blocks' gradients, stacked back.
+    dwq, dwk, dwv, dwo, dbq, dbk, dbv, dbo = grads
+    return dx, {prefix + names[0]: _np.concatenate([dwq, dwk, dwv]),
+                prefix + names[1]: _np.concatenate([dbq, dbk, dbv]),
+                prefix + names[2]: dwo, prefix + names[3]: dbo}
 
 
 class KVCache:

@@ -66,7 +66,7 @@ static PyObject *raise_status(int status, const attn_ctx *ctx)
 /* Every buffer a call holds, released together when it ends; hold[i] is the
  * uint16 view whose buffer view[i] is, for an ml_dtypes bfloat16 array (else
  * NULL). */
-#define MAX_BUFS 16
+#define MAX_BUFS 32
 typedef struct bufset {
     Py_buffer view[MAX_BUFS];
     PyObject *hold[MAX_BUFS];
@@ -837,7 +837,8 @@ static PyObject *py_causal_mask(PyObject *self, PyObject *args, PyObject *kwargs
 
 PyDoc_STRVAR(mha_forward_doc,
 "_mha_forward(x, w_qkv, b_qkv, w_o, b_o, num_heads, *, mask=None, causal=False,\n"
-"             scale=None, empty_rows=\"error\", return_weights=False)\n--\n\n"
+"             scale=None, window=None, softcap=None, alibi=None, bias=None,\n"
+"             sinks=None, empty_rows=\"error\", return_weights=False, threads=0)\n--\n\n"
 "The chapter's multi-head self-attention: x [B, T, E], w_qkv [3E, E], b_qkv [3E],\n"
 "w_o [E, E], b_o [E] (float32). Returns out [B, T, E] or (out, weights\n"
 "[B, H, T, T]). Use attn.mha_forward, which also takes a dict or a file.");
@@ -846,13 +847,15 @@ static PyObject *py_mha_forward(PyObject *self, PyObject *args, PyObject *kwargs
 {
     (void)self;
     static char *kwlist[] = {"x", "w_qkv", "b_qkv", "w_o", "b_o", "num_heads", "mask",
-                             "causal", "scale", "empty_rows", "return_weights", NULL};
-    PyObject *xo, *wqkv, *bqkv, *wo, *bo, *mask = NULL, *causal = NULL, *scale = NULL,
-                                           *empty_rows = NULL;
+                             "causal", "scale", "window", "softcap", "alibi", "bias", "sinks",
+                             "empty_rows", "return_weights", "threads", NULL};
+    PyObject *xo, *wqkv, *bqkv, *wo, *bo, *opt[9] = {NULL};
     long long H;
-    int want_w = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOL|$OOOOp", kwlist, &xo, &wqkv, &bqkv,
-                                     &wo, &bo, &H, &mask, &causal, &scale, &empty_rows, &want_w))
+    int want_w = 0, threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOL|$OOOOOOOOOpi", kwlist, &xo, &wqkv,
+                                     &bqkv, &wo, &bo, &H, &opt[0], &opt[1], &opt[2], &opt[3],
+                                     &opt[4], &opt[5], &opt[6], &opt[7], &opt[8], &want_w,
+                                     &threads))
         return NULL;
     bufset bs;
     bs.n = 0;
@@ -865,7 +868,8 @@ static PyObject *py_mha_forward(PyObject *self, PyObject *args, PyObject *kwargs
         get_tensor(&bs, bqkv, "b_qkv", WANT_F32, 0, &w.b_qkv) < 0 ||
         get_tensor(&bs, wo, "w_o", WANT_F32, 0, &w.w_o) < 0 ||
         get_tensor(&bs, bo, "b_o", WANT_F32, 0, &w.b_o) < 0 ||
-        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        parse_opts(&bs, &o, opt[0], opt[1], opt[2], opt[3], opt[4], opt[5], opt[6], opt[7],
+                   opt[8]) < 0)
         goto fail;
     if (x.ndim != 3) {
         PyErr_Format(PyExc_ValueError, "x must be [B, T, E] (3 dimensions), not %d", x.ndim);
@@ -884,6 +888,7 @@ static PyObject *py_mha_forward(PyObject *self, PyObject *args, PyObject *kwargs
     }
     attn_ctx ctx;
     attn_ctx_init(&ctx);
+    ctx.threads = threads;
     int st;
     Py_BEGIN_ALLOW_THREADS
     st = attn_mha_forward(&ctx, &w, H, &x, &o.p, &out, want_w ? &weights : NULL);
@@ -1001,7 +1006,8 @@ fail_arrays:
 
 PyDoc_STRVAR(mha_backward_doc,
 "_mha_backward(x, w_qkv, b_qkv, w_o, b_o, num_heads, dout, *, mask=None,\n"
-"              causal=False, scale=None, empty_rows=\"error\")\n--\n\n"
+"              causal=False, scale=None, window=None, softcap=None, alibi=None,\n"
+"              bias=None, sinks=None, empty_rows=\"error\", threads=0)\n--\n\n"
 "The backward of _mha_forward: x [B, T, E] and the weights as given to the forward,\n"
 "dout [B, T, E] the loss's gradient with respect to its output. Returns new arrays\n"
 "(dx [B, T, E], dw_qkv [3E, E], db_qkv [3E], dw_o [E, E], db_o [E]).");
@@ -1010,12 +1016,15 @@ static PyObject *py_mha_backward(PyObject *self, PyObject *args, PyObject *kwarg
 {
     (void)self;
     static char *kwlist[] = {"x", "w_qkv", "b_qkv", "w_o", "b_o", "num_heads", "dout", "mask",
-                             "causal", "scale", "empty_rows", NULL};
-    PyObject *xo, *wqkv, *bqkv, *wo, *bo, *doo, *mask = NULL, *causal = NULL, *scale = NULL,
-                                                 *empty_rows = NULL;
+                             "causal", "scale", "window", "softcap", "alibi", "bias", "sinks",
+                             "empty_rows", "threads", NULL};
+    PyObject *xo, *wqkv, *bqkv, *wo, *bo, *doo, *opt[9] = {NULL};
     long long H;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLO|$OOOO", kwlist, &xo, &wqkv, &bqkv,
-                                     &wo, &bo, &H, &doo, &mask, &causal, &scale, &empty_rows))
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLO|$OOOOOOOOOi", kwlist, &xo, &wqkv,
+                                     &bqkv, &wo, &bo, &H, &doo, &opt[0], &opt[1], &opt[2],
+                                     &opt[3], &opt[4], &opt[5], &opt[6], &opt[7], &opt[8],
+                                     &threads))
         return NULL;
     bufset bs;
     bs.n = 0;
@@ -1029,7 +1038,8 @@ static PyObject *py_mha_backward(PyObject *self, PyObject *args, PyObject *kwarg
         get_tensor(&bs, wo, "w_o", WANT_F32, 0, &w.w_o) < 0 ||
         get_tensor(&bs, bo, "b_o", WANT_F32, 0, &w.b_o) < 0 ||
         get_tensor(&bs, doo, "dout", WANT_F32, 0, &dout) < 0 ||
-        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
+        parse_opts(&bs, &o, opt[0], opt[1], opt[2], opt[3], opt[4], opt[5], opt[6], opt[7],
+                   opt[8]) < 0)
         goto fail;
     if (H < 1) {
         PyErr_Format(PyExc_ValueError, "num_heads must be at least 1, not %lld", H);
@@ -1045,6 +1055,7 @@ static PyObject *py_mha_backward(PyObject *self, PyObject *args, PyObject *kwarg
     attn_mha_grads g = {&t[0], &t[1], &t[2], &t[3], &t[4]};
     attn_ctx ctx;
     attn_ctx_init(&ctx);
+    ctx.threads = threads;
     int st;
     Py_BEGIN_ALLOW_THREADS
     st = attn_mha_backward(&ctx, &w, H, &x, &o.p, &dout, &g);
@@ -1063,87 +1074,7 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(gqa_forward_doc,
-"_gqa_forward(x, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, num_heads, num_kv_heads, *,\n"
-"             mask=None, causal=False, scale=None, empty_rows=\"error\",\n"
-"             return_weights=False)\n--\n\n"
-"Grouped-query self-attention with separate projections: x [B, T, E], w_q [H*D, E],\n"
-"w_k and w_v [Hkv*D, E], w_o [E, H*D]; each bias optional (None). Returns out\n"
-"[B, T, E] or (out, weights [B, H, T, T]). Use attn.mha_forward.");
-
-static PyObject *py_gqa_forward(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    (void)self;
-    static char *kwlist[] = {"x", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o",
-                             "num_heads", "num_kv_heads", "mask", "causal", "scale",
-                             "empty_rows", "return_weights", NULL};
-    PyObject *xo, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *mask = NULL, *causal = NULL,
-                                                          *scale = NULL, *empty_rows = NULL;
-    long long H, Hkv;
-    int want_w = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOLL|$OOOOp", kwlist, &xo, &wq, &wk,
-                                     &wv, &wo, &bq, &bk, &bv, &bo, &H, &Hkv, &mask, &causal,
-                                     &scale, &empty_rows, &want_w))
-        return NULL;
-    bufset bs;
-    bs.n = 0;
-    attn_tensor x, out, weights;
-    attn_gqa_weights w;
-    memset(&w, 0, sizeof w);
-    sdpa_opts o;
-    PyObject *out_arr = NULL, *w_arr = NULL;
-    int set;
-    if (get_tensor(&bs, xo, "x", WANT_F32, 0, &x) < 0 ||
-        get_tensor(&bs, wq, "w_q", WANT_F32, 0, &w.w_q) < 0 ||
-        get_tensor(&bs, wk, "w_k", WANT_F32, 0, &w.w_k) < 0 ||
-        get_tensor(&bs, wv, "w_v", WANT_F32, 0, &w.w_v) < 0 ||
-        get_tensor(&bs, wo, "w_o", WANT_F32, 0, &w.w_o) < 0 ||
-        get_opt_tensor(&bs, bq, "b_q", WANT_F32, &w.b_q, &set) < 0 ||
-        get_opt_tensor(&bs, bk, "b_k", WANT_F32, &w.b_k, &set) < 0 ||
-        get_opt_tensor(&bs, bv, "b_v", WANT_F32, &w.b_v, &set) < 0 ||
-        get_opt_tensor(&bs, bo, "b_o", WANT_F32, &w.b_o, &set) < 0 ||
-        parse_opts(&bs, &o, mask, causal, scale, NULL, NULL, NULL, NULL, NULL, empty_rows) < 0)
-        goto fail;
-    if (x.ndim != 3) {
-        PyErr_Format(PyExc_ValueError, "x must be [B, T, E] (3 dimensions), not %d", x.ndim);
-        goto fail;
-    }
-    if (H < 1 || Hkv < 1) {
-        PyErr_Format(PyExc_ValueError, "num_heads (%lld) and num_kv_heads (%lld) must be at "
-                     "least 1", H, Hkv);
-        goto fail;
-    }
-    if (!(out_arr = new_array(&bs, 3, x.shape, ATTN_DTYPE_F32, "out", &out)))
-        goto fail;
-    if (want_w) {
-        const int64_t ws[4] = {x.shape[0], H, x.shape[1], x.shape[1]};
-        if (!(w_arr = new_array(&bs, 4, ws, ATTN_DTYPE_F32, "weights", &weights)))
-            goto fail;
-    }
-    attn_ctx ctx;
-    attn_ctx_init(&ctx);
-    int st;
-    Py_BEGIN_ALLOW_THREADS
-    st = attn_gqa_forward(&ctx, &w, H, Hkv, &x, &o.p, &out, want_w ? &weights : NULL);
-    Py_END_ALLOW_THREADS
-    attn_ctx_release(&ctx);
-    if (st != ATTN_OK) {
-        raise_status(st, &ctx);
-        goto fail;
-    }
-    bufset_release(&bs);
-    return pack_result(out_arr, w_arr, NULL);
-fail:
-    bufset_release(&bs);
-    Py_XDECREF(out_arr);
-    Py_XDECREF(w_arr);
-    return NULL;
-}
-
-/* ---------------------------------------------------------------------------
- * RoPE
- * ------------------------------------------------------------------------- */
-
+/* RoPE's keywords as attn_rope_params (pairing None: the default). */
 static int parse_rope(PyObject *pairing, double base, long long offset, attn_rope_params *rp)
 {
     attn_rope_params_init(rp);
@@ -1164,6 +1095,229 @@ static int parse_rope(PyObject *pairing, double base, long long offset, attn_rop
     rp->offset = offset;
     return 0;
 }
+
+PyDoc_STRVAR(gqa_forward_doc,
+"_gqa_forward(x, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, num_heads, num_kv_heads, *,\n"
+"             mask=None, causal=False, scale=None, window=None, softcap=None,\n"
+"             alibi=None, bias=None, sinks=None, empty_rows=\"error\",\n"
+"             return_weights=False, rope=None, rope_base=10000.0, rope_offset=0,\n"
+"             threads=0)\n--\n\n"
+"Grouped-query self-attention with separate projections: x [B, T, E], w_q [H*D, E],\n"
+"w_k and w_v [Hkv*D, E], w_o [E, H*D]; each bias optional (None). The options are\n"
+"sdpa's; rope \"interleaved\" or \"half\" rotates q and k at positions\n"
+"rope_offset + t between the projections and the attention (the weights are then\n"
+"packed for the call: attn_gqa_pack, attn_mha_forward_packed_rope). threads: the\n"
+"library's worker threads (0: one per online core). Returns out [B, T, E] or\n"
+"(out, weights [B, H, T, T]). Use attn.mha_forward.");
+
+/* The weights, head counts and options of a grouped-query call, as both
+ * _gqa_forward and _gqa_backward take them. */
+typedef struct gqa_args {
+    attn_tensor x;
+    attn_gqa_weights w;
+    sdpa_opts o;
+    attn_rope_params rope;
+    int has_rope;
+    long long H, Hkv;
+} gqa_args;
+
+static int parse_gqa(bufset *bs, gqa_args *a, PyObject *const *wobj, PyObject *xo,
+                     PyObject *const *opt, PyObject *rope, double rope_base,
+                     long long rope_offset)
+{
+    static const char *wnames[8] = {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"};
+    attn_tensor *wt[8] = {&a->w.w_q, &a->w.w_k, &a->w.w_v, &a->w.w_o,
+                          &a->w.b_q, &a->w.b_k, &a->w.b_v, &a->w.b_o};
+    memset(&a->w, 0, sizeof a->w);
+    if (get_tensor(bs, xo, "x", WANT_F32, 0, &a->x) < 0)
+        return -1;
+    for (int i = 0; i < 8; i++) {
+        int set;
+        if (i < 4 ? get_tensor(bs, wobj[i], wnames[i], WANT_F32, 0, wt[i])
+                  : get_opt_tensor(bs, wobj[i], wnames[i], WANT_F32, wt[i], &set))
+            return -1;
+    }
+    if (parse_opts(bs, &a->o, opt[0], opt[1], opt[2], opt[3], opt[4], opt[5], opt[6], opt[7],
+                   opt[8]) < 0)
+        return -1;
+    a->has_rope = rope && rope != Py_None;
+    if (parse_rope(a->has_rope ? rope : NULL, rope_base, rope_offset, &a->rope) < 0)
+        return -1;
+    if (a->x.ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "x must be [B, T, E] (3 dimensions), not %d", a->x.ndim);
+        return -1;
+    }
+    if (a->H < 1 || a->Hkv < 1) {
+        PyErr_Format(PyExc_ValueError, "num_heads (%lld) and num_kv_heads (%lld) must be at "
+                     "least 1", a->H, a->Hkv);
+        return -1;
+    }
+    return 0;
+}
+
+/* attn_gqa_forward, or with RoPE the weights packed once for this call and
+ * attn_mha_forward_packed_rope, the only forward the library has with RoPE
+ * between the projections and the attention. Runs without the GIL. */
+static int gqa_forward_run(attn_ctx *ctx, const gqa_args *a, attn_tensor *out,
+                           attn_tensor *weights)
+{
+    if (!a->has_rope)
+        return attn_gqa_forward(ctx, &a->w, a->H, a->Hkv, &a->x, &a->o.p, out, weights);
+    attn_mha_packed *packed = NULL;
+    int st = attn_gqa_pack(ctx, &a->w, a->H, a->Hkv, &packed);
+    if (st == ATTN_OK)
+        st = attn_mha_forward_packed_rope(ctx, packed, a->H, &a->x, &a->o.p, &a->rope, out,
+                                          weights);
+    attn_mha_packed_free(ctx, packed);
+    return st;
+}
+
+static PyObject *py_gqa_forward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"x", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o",
+                             "num_heads", "num_kv_heads", "mask", "causal", "scale", "window",
+                             "softcap", "alibi", "bias", "sinks", "empty_rows",
+                             "return_weights", "rope", "rope_base", "rope_offset", "threads",
+                             NULL};
+    PyObject *xo, *wobj[8], *opt[9] = {NULL}, *rope = NULL;
+    double rope_base = 10000.0;
+    long long rope_offset = 0;
+    int want_w = 0, threads = 0;
+    gqa_args a;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOLL|$OOOOOOOOOpOdLi", kwlist, &xo,
+                                     &wobj[0], &wobj[1], &wobj[2], &wobj[3], &wobj[4], &wobj[5],
+                                     &wobj[6], &wobj[7], &a.H, &a.Hkv, &opt[0], &opt[1],
+                                     &opt[2], &opt[3], &opt[4], &opt[5], &opt[6], &opt[7],
+                                     &opt[8], &want_w, &rope, &rope_base, &rope_offset,
+                                     &threads))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor out, weights;
+    PyObject *out_arr = NULL, *w_arr = NULL;
+    if (parse_gqa(&bs, &a, wobj, xo, opt, rope, rope_base, rope_offset) < 0)
+        goto fail;
+    if (!(out_arr = new_array(&bs, 3, a.x.shape, ATTN_DTYPE_F32, "out", &out)))
+        goto fail;
+    if (want_w) {
+        const int64_t ws[4] = {a.x.shape[0], a.H, a.x.shape[1], a.x.shape[1]};
+        if (!(w_arr = new_array(&bs, 4, ws, ATTN_DTYPE_F32, "weights", &weights)))
+            goto fail;
+    }
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = threads;
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gqa_forward_run(&ctx, &a, &out, want_w ? &weights : NULL);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    return pack_result(out_arr, w_arr, NULL);
+fail:
+    bufset_release(&bs);
+    Py_XDECREF(out_arr);
+    Py_XDECREF(w_arr);
+    return NULL;
+}
+
+PyDoc_STRVAR(gqa_backward_doc,
+"_gqa_backward(x, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, num_heads, num_kv_heads,\n"
+"              dout, *, mask=None, causal=False, scale=None, window=None,\n"
+"              softcap=None, alibi=None, bias=None, sinks=None, empty_rows=\"error\",\n"
+"              rope=None, rope_base=10000.0, rope_offset=0, threads=0)\n--\n\n"
+"The backward of _gqa_forward (attn_gqa_backward, SPEC section 8): x, the weights,\n"
+"head counts, options and RoPE as given to the forward; dout [B, T, E] the loss's\n"
+"gradient with respect to its output. Returns new arrays (dx [B, T, E], dw_q, dw_k,\n"
+"dw_v, dw_o, db_q, db_k, db_v, db_o), each its parameter's shape; a bias the\n"
+"weights do not have (None) still gets its gradient. mask, bias, sinks and ALiBi's\n"
+"slopes are constants here (no gradient). Use attn.mha_backward.");
+
+static PyObject *py_gqa_backward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    static char *kwlist[] = {"x", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o",
+                             "num_heads", "num_kv_heads", "dout", "mask", "causal", "scale",
+                             "window", "softcap", "alibi", "bias", "sinks", "empty_rows",
+                             "rope", "rope_base", "rope_offset", "threads", NULL};
+    PyObject *xo, *wobj[8], *doo, *opt[9] = {NULL}, *rope = NULL;
+    double rope_base = 10000.0;
+    long long rope_offset = 0;
+    int threads = 0;
+    gqa_args a;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOLLO|$OOOOOOOOOOdLi", kwlist, &xo,
+                                     &wobj[0], &wobj[1], &wobj[2], &wobj[3], &wobj[4], &wobj[5],
+                                     &wobj[6], &wobj[7], &a.H, &a.Hkv, &doo, &opt[0], &opt[1],
+                                     &opt[2], &opt[3], &opt[4], &opt[5], &opt[6], &opt[7],
+                                     &opt[8], &rope, &rope_base, &rope_offset, &threads))
+        return NULL;
+    bufset bs;
+    bs.n = 0;
+    attn_tensor dout, t[9];
+    PyObject *arr[9] = {NULL};
+    if (parse_gqa(&bs, &a, wobj, xo, opt, rope, rope_base, rope_offset) < 0 ||
+        get_tensor(&bs, doo, "dout", WANT_F32, 0, &dout) < 0)
+        goto fail;
+    /* The weights' shapes are checked against each other (and D found) before
+     * the gradients are made in their shapes; a bias the weights lack gets the
+     * rows of its projection. */
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.threads = threads;
+    int64_t E = 0, D = 0;
+    int st = attn_gqa_weights_check(&ctx, &a.w, a.H, a.Hkv, &E, &D);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        attn_ctx_release(&ctx);
+        goto fail;
+    }
+    static const char *names[9] = {"dx",   "dw_q", "dw_k", "dw_v", "dw_o",
+                                   "db_q", "db_k", "db_v", "db_o"};
+    const attn_tensor *like[5] = {&a.x, &a.w.w_q, &a.w.w_k, &a.w.w_v, &a.w.w_o};
+    const int64_t brows[4] = {a.H * D, a.Hkv * D, a.Hkv * D, E};
+    for (int i = 0; i < 9; i++) {
+        PyObject *made = i < 5 ? new_array(&bs, like[i]->ndim, like[i]->shape, ATTN_DTYPE_F32,
+                                           names[i], &t[i])
+                               : new_array(&bs, 1, &brows[i - 5], ATTN_DTYPE_F32, names[i],
+                                           &t[i]);
+        if (!(arr[i] = made)) {
+            attn_ctx_release(&ctx);
+            goto fail;
+        }
+    }
+    attn_gqa_grads g = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8]};
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_gqa_backward(&ctx, &a.w, a.H, a.Hkv, &a.x, &a.o.p, a.has_rope ? &a.rope : NULL,
+                           &dout, &g);
+    Py_END_ALLOW_THREADS
+    attn_ctx_release(&ctx);
+    if (st != ATTN_OK) {
+        raise_status(st, &ctx);
+        goto fail;
+    }
+    bufset_release(&bs);
+    PyObject *r = PyTuple_New(9);
+    if (!r)
+        goto fail_arrays;
+    for (int i = 0; i < 9; i++)
+        PyTuple_SetItem(r, i, arr[i]); /* steals arr[i] */
+    return r;
+fail:
+    bufset_release(&bs);
+fail_arrays:
+    for (int i = 0; i < 9; i++)
+        Py_XDECREF(arr[i]);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * RoPE
+ * ------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(rope_doc,
 "rope(x, *, pairing=\"interleaved\", base=10000.0, offset=0, out=None)\n--\n\n"
@@ -1754,6 +1908,8 @@ static PyMethodDef methods[] = {
      mha_forward_doc},
     {"_gqa_forward", (PyCFunction)(void (*)(void))py_gqa_forward, METH_VARARGS | METH_KEYWORDS,
      gqa_forward_doc},
+    {"_gqa_backward", (PyCFunction)(void (*)(void))py_gqa_backward, METH_VARARGS | METH_KEYWORDS,
+     gqa_backward_doc},
     {"sdpa_backward", (PyCFunction)(void (*)(void))py_sdpa_backward,
      METH_VARARGS | METH_KEYWORDS, sdpa_backward_doc},
     {"_mha_backward", (PyCFunction)(void (*)(void))py_mha_backward,
