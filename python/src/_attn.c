@@ -911,6 +911,21 @@ fail:
  * Gradients (SPEC section 8): what attn.torch's autograd functions call
  * ------------------------------------------------------------------------- */
 
+/* The backward wrappers return their gradients as one tuple: it takes over the
+ * first n of arr's n_alloc arrays and drops the rest (NULL when unused). On
+ * failure every array is released, so the caller owns nothing either way. */
+static PyObject *arrays_to_tuple(PyObject **arr, int n, int n_alloc)
+{
+    PyObject *r = PyTuple_New(n);
+    for (int i = 0; i < n_alloc; i++) {
+        if (r && i < n)
+            PyTuple_SetItem(r, i, arr[i]); /* steals arr[i] */
+        else
+            Py_XDECREF(arr[i]);
+    }
+    return r;
+}
+
 PyDoc_STRVAR(sdpa_backward_doc,
 "sdpa_backward(q, k, v, out, lse, dout, *, mask=None, causal=False, scale=None,\n"
 "              window=None, softcap=None, alibi=None, bias=None, sinks=None,\n"
@@ -990,15 +1005,9 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
         goto fail;
     }
     bufset_release(&bs);
-    PyObject *r = PyTuple_New(n);
-    if (!r)
-        goto fail_arrays;
-    for (int i = 0; i < n; i++)
-        PyTuple_SetItem(r, i, arr[i]); /* steals arr[i] */
-    return r;
+    return arrays_to_tuple(arr, n, 5);
 fail:
     bufset_release(&bs);
-fail_arrays:
     for (int i = 0; i < 5; i++)
         Py_XDECREF(arr[i]);
     return NULL;
@@ -1301,15 +1310,9 @@ static PyObject *py_gqa_backward(PyObject *self, PyObject *args, PyObject *kwarg
         goto fail;
     }
     bufset_release(&bs);
-    PyObject *r = PyTuple_New(9);
-    if (!r)
-        goto fail_arrays;
-    for (int i = 0; i < 9; i++)
-        PyTuple_SetItem(r, i, arr[i]); /* steals arr[i] */
-    return r;
+    return arrays_to_tuple(arr, 9, 9);
 fail:
     bufset_release(&bs);
-fail_arrays:
     for (int i = 0; i < 9; i++)
         Py_XDECREF(arr[i]);
     return NULL;
