@@ -49,6 +49,60 @@ static void test_default(void)
     CHECK(attn_arch_selected(NULL) != ATTN_ARCH_AUTO);
 }
 
+/* The bfloat16 arch dispatch picks by itself: amx wherever the tiles are; avx512bf16
+ * on AMD cores with AVX512-BF16 and no AMX, where vdpbf16ps measured faster than the
+ * float32 kernel on widened copies; never avx512bf16 on an Intel core, where it
+ * measured slower (src/runtime/dispatch.c, best_arch). The vendor is the one the
+ * reason names from cpuid. */
+static void test_best_bf16(void)
+{
+    TEST("the automatic choice is amx with AMX-BF16, avx512bf16 on AMD with AVX512-BF16 "
+         "and no AMX, and never avx512bf16 on Intel");
+    const unsigned x = attn_cpu_features();
+    const attn_arch best = attn_arch_best();
+    const char *reason = attn_arch_reason(NULL);
+    const int avx512 = attn_arch_supported(ATTN_ARCH_AVX512);
+    printf("  best %s, cpu features %s\n", attn_arch_name(best), attn_cpu_features_string());
+    if (!avx512) {
+        CHECK(best != ATTN_ARCH_AVX512_BF16 && best != ATTN_ARCH_AMX);
+        return;
+    }
+    if (attn_arch_supported(ATTN_ARCH_AMX) && (x & ATTN_CPU_AMX_BF16)) {
+        CHECK_INT(best, ATTN_ARCH_AMX);
+    } else if (strstr(reason, "AuthenticAMD") && (x & ATTN_CPU_AVX512_BF16)) {
+        CHECK_INT(best, ATTN_ARCH_AVX512_BF16);
+    } else {
+        CHECK_INT(best, ATTN_ARCH_AVX512);
+    }
+    /* Whichever it is, float32 still runs the avx512 kernels: the same bits as a
+     * context forced to avx512. */
+    attn_ctx a, b;
+    attn_ctx_init(&a);
+    attn_ctx_init(&b);
+    a.threads = b.threads = 1;
+    b.arch = ATTN_ARCH_AVX512;
+    enum { T = 37, D = 24 };
+    static float q[T * D], k[T * D], v[T * D], o1[T * D], o2[T * D];
+    for (int i = 0; i < T * D; i++) {
+        q[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+        k[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+        v[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+    }
+    const int64_t shape[4] = {1, 1, T, D};
+    attn_tensor tq, tk, tv, t1, t2;
+    CHECK_INT(attn_tensor_init(&a, &tq, ATTN_DTYPE_F32, q, 4, shape), ATTN_OK);
+    CHECK_INT(attn_tensor_init(&a, &tk, ATTN_DTYPE_F32, k, 4, shape), ATTN_OK);
+    CHECK_INT(attn_tensor_init(&a, &tv, ATTN_DTYPE_F32, v, 4, shape), ATTN_OK);
+    CHECK_INT(attn_tensor_init(&a, &t1, ATTN_DTYPE_F32, o1, 4, shape), ATTN_OK);
+    CHECK_INT(attn_tensor_init(&a, &t2, ATTN_DTYPE_F32, o2, 4, shape), ATTN_OK);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    CHECK_INT(attn_sdpa(&a, &tq, &tk, &tv, &p, &t1, NULL), ATTN_OK);
+    CHECK_INT(attn_sdpa(&b, &tq, &tk, &tv, &p, &t2, NULL), ATTN_OK);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0);
+}
+
 static void test_ctx(void)
 {
     TEST("ctx->arch forces the path for that context, and one the CPU lacks is an "
@@ -141,6 +195,7 @@ int main(void)
     test_env(); /* first: before this process makes its own choice */
     test_names();
     test_default();
+    test_best_bf16();
     test_ctx();
     return check_summary("test_dispatch");
 }

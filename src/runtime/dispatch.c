@@ -234,16 +234,21 @@ static int has_amx(const cpu_features *f)
     return has_avx512_bf16(f) && (f->extra & ATTN_CPU_AMX_BF16);
 }
 
-/* The automatic choice. amx where the CPU has the tiles; never avx512bf16, which
- * ATTN_ARCH or ctx->arch must ask for: on the Sapphire Rapids class its bfloat16
- * kernel measured 0.61-0.73x the float32 kernel on widened copies (S2, S4, 2
- * threads; docs/half-precision.md), and llvm-mca's Zen 4 model gives vdpbf16ps no
- * more FLOP per cycle than a float32 FMA, so it is not the faster path anywhere it
- * was measured or modelled. */
+/* The automatic choice. amx where the CPU has the tiles. avx512bf16 on AMD cores
+ * with AVX512-BF16 and no AMX (Zen 4, Zen 5): there vdpbf16ps issues as often as a
+ * 512-bit FMA and does twice its multiply-adds, and the bfloat16 kernel measured
+ * 1.4-1.7x the float32 kernel on widened copies (S2, S4, S8, 2 threads, AMD EPYC
+ * family 25 model 17; docs/half-precision.md). Not on Intel without AMX: on the
+ * Sapphire Rapids class the same kernel measured 0.61-0.73x the float32 kernel on
+ * widened copies (S2, S4, 2 threads), so an Intel core with AVX512-BF16 but no
+ * tiles keeps avx512. Either bfloat16 arch runs float32 on the avx512 kernels
+ * (attn__arch_isa), so the choice changes only bfloat16 calls. */
 static attn_arch best_arch(const cpu_features *f)
 {
     if (has_amx(f))
         return ATTN_ARCH_AMX;
+    if (has_avx512_bf16(f) && strcmp(f->vendor, "AuthenticAMD") == 0)
+        return ATTN_ARCH_AVX512_BF16;
     if (f->avx512)
         return ATTN_ARCH_AVX512;
     if (f->avx2)
