@@ -441,15 +441,26 @@ static int parse_window(PyObject *obj, attn_sdpa_params *p)
 {
     if (!obj || obj == Py_None)
         return 0;
-    if (!PyTuple_Check(obj) || PyTuple_Size(obj) != 2) {
+    /* Any sequence of two (a tuple, a list as a model's JSON config gives it, a numpy
+     * array), not a string. */
+    if (PyUnicode_Check(obj) || PyBytes_Check(obj) || !PySequence_Check(obj) ||
+        PySequence_Size(obj) != 2) {
+        PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
                      "window must be a pair (left, right) of ints (-1 or None: unbounded), not %R",
                      obj);
         return -1;
     }
-    if (parse_window_side(PyTuple_GetItem(obj, 0), &p->window_left) < 0 ||
-        parse_window_side(PyTuple_GetItem(obj, 1), &p->window_right) < 0)
-        return -1;
+    int64_t side[2];
+    for (Py_ssize_t i = 0; i < 2; i++) {
+        PyObject *item = PySequence_GetItem(obj, i);
+        const int rc = item ? parse_window_side(item, &side[i]) : -1;
+        Py_XDECREF(item);
+        if (rc < 0)
+            return -1;
+    }
+    p->window_left = side[0];
+    p->window_right = side[1];
     p->has_window = 1;
     return 0;
 }

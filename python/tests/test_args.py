@@ -85,6 +85,10 @@ def test_bad_options_name_what_is_allowed():
         attn.sdpa(q, k, v, causal=1.5)
     with pytest.raises(TypeError, match="window"):
         attn.sdpa(q, k, v, window=3)
+    with pytest.raises(TypeError, match="window"):
+        attn.sdpa(q, k, v, window="12")
+    with pytest.raises(TypeError, match="window"):
+        attn.sdpa(q, k, v, window=[1, 2, 3])
     with pytest.raises(ValueError, match="softcap"):
         attn.sdpa(q, k, v, softcap=-1.0)
     with pytest.raises(ValueError, match="empty_rows"):
@@ -129,3 +133,15 @@ def test_weights_with_no_known_names_say_what_was_looked_for():
         attn.mha_forward(x, {"foo": np.ones((2, 2), np.float32)}, 2)
     with pytest.raises(TypeError):
         attn.mha_forward(x, 42, 2)
+
+
+def test_window_is_any_pair():
+    """A window given as a list (as a model's JSON config gives it), a tuple or a
+    numpy array of two ints runs the same attention; None on a side is unbounded."""
+    q, k, v = qkv()
+    want = attn.sdpa(q, k, v, window=(1, 0))
+    np.testing.assert_array_equal(attn.sdpa(q, k, v, window=[1, 0]), want)
+    np.testing.assert_array_equal(attn.sdpa(q, k, v, window=np.array([1, 0])), want)
+    np.testing.assert_array_equal(attn.sdpa(q, k, v, window=[None, 0]),
+                                  attn.sdpa(q, k, v, window=(-1, 0)))
+    assert not np.array_equal(want, attn.sdpa(q, k, v))
