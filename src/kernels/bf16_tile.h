@@ -6,17 +6,23 @@
  *
  *   b16_begin(cfg)   before an item's first product (AMX: load the tile
  *                    configuration into the 64 bytes at cfg); b16_end() after its last
- *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp)
+ *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp, cmax)
  *                    ST[c][r] = sum_d Kp[c][d] Q[r][d] for keys c < nkp (rows of kp,
- *                    ldk elements apart) and query rows r < nr, from Qp's pairs
- *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp)
- *                    OT[e][r] += sum_c Vt[e][c] P[r][c] for e < dvp, c < nkp, r < nr,
- *                    from Pp's pairs; vt is the key tile's first block of Vt, the
- *                    blocks [dvp][32] one after another
+ *                    ldk elements apart) and query rows r < nr, from Qp's pairs;
+ *                    with cmax, it may also gather cmax[r] = max_c ST[c][r] and
+ *                    then returns 1 (else 0)
+ *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp, alpha)
+ *                    OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c] for
+ *                    e < dvp, c < nkp, r < nr, from Pp's pairs; vt is the key
+ *                    tile's first block of Vt, the blocks [dvp][32] one after
+ *                    another
  *
- * and B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
+ * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
- * to nearest even, a NaN kept a NaN). nkp and nr are multiples of 32, dp and dvp
+ * to nearest even, a NaN kept a NaN), and B16_OVERLAP 1 when the next key tile's
+ * score product should be issued before this tile's softmax (AMX: the tile unit
+ * then works beside the vector units; where the vector units do the products too,
+ * it only doubles the scores' share of L1, so the plain order is the default). nkp and nr are multiples of 32, dp and dvp
  * too. Everything between the products is the float32 tile path's own code
  * (fused_tile.h), built here for AVX-512.
  */
@@ -146,8 +152,11 @@ FK_INLINE __m512 b16_exp(__m512 x)
  * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
  * bfloat16 straight into Pp's pairs:
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
- * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). */
-static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, uint16_t *pp)
+ * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). cmax,
+ * where the product gathered it, is the max of the products per row (else NULL:
+ * the max is read from ST). */
+static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
+                        const float *cmax, uint16_t *pp)
 {
     const int64_t br = t->br, nr = t->nr, groups = nr / 16;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
@@ -162,7 +171,7 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, u
     }
     const __m512i vidx = _mm512_loadu_si512(idx);
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-        const simd_f32 vmax = fk_col_max(ST + r0, br, nkp);
+        const simd_f32 vmax = cmax ? simd_load(cmax + r0) : fk_col_max(ST + r0, br, nkp);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, _mm512_mul_ps(vmax, vscale));
         const simd_f32 msafe = fk_max_for_exp(mnew);
@@ -183,6 +192,20 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, u
                                 b16_pairs(p0, p1, vidx));
         }
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
+    }
+}
+
+/* O^T's columns are query rows: each scaled by its row's correction (b16_pv does it
+ * as it loads O^T; this pass is for b16_accumulate_visible). */
+static void b16_rescale(const fk_tile *t, float *OT)
+{
+    for (int64_t r0 = 0; r0 < t->nr; r0 += 16) {
+        const __m512 va = _mm512_loadu_ps(t->alpha + r0);
+        if (_mm512_cmp_ps_mask(va, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0)
+            continue;
+        for (int64_t e = 0; e < t->dvp; e++)
+            _mm512_storeu_ps(OT + e * t->br + r0,
+                             _mm512_mul_ps(_mm512_loadu_ps(OT + e * t->br + r0), va));
     }
 }
 
@@ -292,6 +315,17 @@ static void b16_finish(const attn__bf16_job *job, const fk_tile *t, int worker)
     }
 }
 
+#ifndef B16_OVERLAP
+#define B16_OVERLAP 0
+#endif
+
+/* 1 when a key tile's scores need work before the softmax (the options that change
+ * or hide them, or a scale the softmax cannot apply as it reads them). */
+static int b16_needs_mod(const attn__sdpa_shapes *s, int kind)
+{
+    return fk_has_score_mod(s) || kind == FK_PARTIAL || !(s->scale > 0.0f);
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -341,28 +375,36 @@ static void b16_item(void *arg, int64_t item, int worker)
     int64_t j_begin, j_end, lo, hi;
     fk_row_range(s, t.i0, &j_begin, &hi);
     fk_row_range(s, t.i1 - 1, &lo, &j_end);
-    /* Software pipelining: the product of the next key tile is issued into the other
-     * score buffer before this tile's softmax, so that the tile unit (AMX) works on
-     * it while the vector units compute the weights; the sums are those of the plain
-     * order, tile by tile. */
-    float *stbuf[2] = {ws + w.st, ws + w.st2};
+    /* With B16_OVERLAP, software pipelining: the product of the next key tile is
+     * issued into the other score buffer before this tile's softmax; the sums are
+     * those of the plain order, tile by tile, either way. */
+    float *stbuf[2] = {ws + w.st, ws + w.st2}, *cmaxbuf[2] = {ws + w.cmax, ws + w.cmax + br};
+    int has_max[2] = {0, 0};
     int cur = 0;
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
-    if (next.nkp)
-        b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp);
+    if (B16_OVERLAP && next.nkp)
+        has_max[cur] = b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp,
+                                  b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur]);
     while (next.nkp) {
         const b16_ktile this_tile = next;
         const int64_t j0 = this_tile.j0, nkp = this_tile.nkp;
         const int kind = this_tile.kind;
-        next = b16_next_tile(&t, j0 + t.bc, j_end);
-        if (next.nkp)
-            b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp);
-        t.ST = stbuf[cur];
-        cur ^= 1;
         /* The scale is applied as the softmax reads the scores, unless the scores need
          * work first (the options that change or hide them), which must see them
-         * scaled. */
-        const int mod = fk_has_score_mod(s) || kind == FK_PARTIAL || !(s->scale > 0.0f);
+         * scaled; the max gathered by the product serves only the raw scores. */
+        const int mod = b16_needs_mod(s, kind);
+        if (!B16_OVERLAP)
+            has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
+                                      mod ? NULL : cmaxbuf[cur]);
+        next = b16_next_tile(&t, j0 + t.bc, j_end);
+        if (B16_OVERLAP && next.nkp)
+            has_max[cur ^ 1] =
+                b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp,
+                           b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur ^ 1]);
+        t.ST = stbuf[cur];
+        const float *cmax = has_max[cur] && !mod ? cmaxbuf[cur] : NULL;
+        if (B16_OVERLAP)
+            cur ^= 1;
         if (mod) {
             for (int64_t c = 0; c < nkp; c++)
                 for (int64_t r0 = 0; r0 < nr; r0 += 16)
@@ -377,19 +419,13 @@ static void b16_item(void *arg, int64_t item, int worker)
         if (kind == FK_PARTIAL)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
-        b16_softmax(&t, nkp, mod, bad, pp);
-        /* O^T's columns are query rows: each scaled by its row's correction. */
-        for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-            const __m512 va = _mm512_loadu_ps(t.alpha + r0);
-            if (_mm512_cmp_ps_mask(va, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0)
-                continue;
-            for (int64_t e = 0; e < dvp; e++)
-                _mm512_storeu_ps(OT + e * br + r0, _mm512_mul_ps(_mm512_loadu_ps(OT + e * br + r0), va));
-        }
-        if (bad)
+        b16_softmax(&t, nkp, mod, bad, cmax, pp);
+        if (bad) {
+            b16_rescale(&t, OT);
             b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
-        else
-            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp);
+        } else {
+            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, t.alpha);
+        }
     }
     b16_end();
     for (int64_t r = 0; r < nr; r++)

@@ -63,10 +63,11 @@ typedef struct attn__bf16_job {
  * ST and ST2 [bc][br] scores then weights, key-major (the float32 path's layout), two
  * so that the next key tile's product can start before this one's softmax; O [br][dvp]
  * the output accumulator for fk_finish; OT [dvp][br] the accumulator the products
- * update; m, l, alpha, inv [br]; Qp [dp][br] and Pp [bc][br] bfloat16 pairs; cfg, the
- * 64 bytes of an AMX tile configuration. */
+ * update; m, l, alpha, inv [br]; cmax [2][br] the max per row of ST's and ST2's
+ * products where the product gathered it; Qp [dp][br] and Pp [bc][br] bfloat16 pairs;
+ * cfg, the 64 bytes of an AMX tile configuration. */
 typedef struct attn__bf16_ws {
-    int64_t st, st2, o, ot, m, l, alpha, inv, qp, pp, cfg, total;
+    int64_t st, st2, o, ot, m, l, alpha, inv, cmax, qp, pp, cfg, total;
 } attn__bf16_ws;
 
 static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws *w)
@@ -82,6 +83,7 @@ static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws
     ATTN__BF16_PART(l, br);
     ATTN__BF16_PART(alpha, br);
     ATTN__BF16_PART(inv, br);
+    ATTN__BF16_PART(cmax, 2 * br);
     ATTN__BF16_PART(qp, job->dp * br / 2);
     ATTN__BF16_PART(pp, bc * br / 2);
     ATTN__BF16_PART(cfg, 16);
