@@ -65,6 +65,9 @@ B16_DEFINE_BLOCK(b16_block44, 4, 4)
 #define B16_MT44 1
 #endif
 
+/* n rounded up to a multiple of 32. */
+static inline int64_t b16_round32(int64_t n) { return (n + 31) / 32 * 32; }
+
 static void b16_begin(float *cfg) { (void)cfg; }
 static void b16_end(void) {}
 
@@ -98,9 +101,13 @@ B16_DEFINE_SCORES(b16_scores44, b16_block44, 4, 4)
 /* ST[c][r] = sum_d Kp[c][d] Q[r][d]; with cmax (nr floats), also cmax[r] = the max
  * over the nkp keys of ST[c][r], gathered from the registers so that the softmax
  * need not read ST for it (a max is exact in any order: fk_col_max's value).
- * Returns 1 when it filled cmax. */
+ * With seen (a tile on the causal diagonal or a window's edge), the rows of group g
+ * and those before it see only keys c < seen[g]: later keys are hidden from every
+ * row of a block, so their scores are left unwritten (the hiding writes -inf over
+ * them). Returns 1 when it filled cmax. */
 static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float *ST,
-                      int64_t ldst, int64_t nkp, int64_t nr, int64_t dp, float *cmax)
+                      int64_t ldst, int64_t nkp, int64_t nr, int64_t dp, float *cmax,
+                      const int64_t *seen)
 {
     const int64_t groups = nr / 16;
     if (cmax)
@@ -109,10 +116,10 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
     int64_t g = 0;
     if (B16_MT44)
         for (; g + 4 <= groups; g += 4)
-            for (int64_t c0 = 0; c0 < nkp; c0 += 4)
+            for (int64_t c0 = 0; c0 < (seen ? seen[g + 3] : nkp); c0 += 4)
                 b16_scores44(kp, ldk, qp, ST, ldst, c0, g, groups, dp, cmax);
     for (; g < groups; g += 2)
-        for (int64_t c0 = 0; c0 < nkp; c0 += 8)
+        for (int64_t c0 = 0; c0 < (seen ? seen[g + 1] : nkp); c0 += 8)
             b16_scores82(kp, ldk, qp, ST, ldst, c0, g, groups, dp, cmax);
     return cmax != NULL;
 }
@@ -141,19 +148,23 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
 B16_DEFINE_PV(b16_pv82, b16_block82, 8, 2)
 B16_DEFINE_PV(b16_pv44, b16_block44, 4, 4)
 
-/* OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c]. */
+/* OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c]; with seen (as for
+ * b16_scores), a block of rows sums only the blocks of 32 keys its rows see: the
+ * others' weights are 0 for each of its rows, and a sum of exact zeros added
+ * changes no bits. */
 static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
-                   int64_t nkp, int64_t nr, int64_t dvp, const float *alpha)
+                   int64_t nkp, int64_t nr, int64_t dvp, const float *alpha, const int64_t *seen)
 {
     const int64_t groups = nr / 16;
     int64_t g = 0;
     if (B16_MT44)
         for (; g + 4 <= groups; g += 4)
             for (int64_t e0 = 0; e0 < dvp; e0 += 4)
-                b16_pv44(vt, pp, OT, ldo, e0, g, groups, nkp, dvp, alpha);
+                b16_pv44(vt, pp, OT, ldo, e0, g, groups, seen ? b16_round32(seen[g + 3]) : nkp, dvp,
+                         alpha);
     for (; g < groups; g += 2)
         for (int64_t e0 = 0; e0 < dvp; e0 += 8)
-            b16_pv82(vt, pp, OT, ldo, e0, g, groups, nkp, dvp, alpha);
+            b16_pv82(vt, pp, OT, ldo, e0, g, groups, seen ? b16_round32(seen[g + 1]) : nkp, dvp, alpha);
 }
 
 #endif /* ATTN_BF16_DOT_H */

@@ -6,16 +6,18 @@
  *
  *   b16_begin(cfg)   before an item's first product (AMX: load the tile
  *                    configuration into the 64 bytes at cfg); b16_end() after its last
- *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp, cmax)
+ *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp, cmax, seen)
  *                    ST[c][r] = sum_d Kp[c][d] Q[r][d] for keys c < nkp (rows of kp,
  *                    ldk elements apart) and query rows r < nr, from Qp's pairs;
  *                    with cmax, it may also gather cmax[r] = max_c ST[c][r] and
- *                    then returns 1 (else 0)
- *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp, alpha)
+ *                    then returns 1 (else 0); with seen, it may leave out the keys
+ *                    c >= seen[g] for the rows r < 16 (g + 1) (hidden from them)
+ *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp, alpha, seen)
  *                    OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c] for
  *                    e < dvp, c < nkp, r < nr, from Pp's pairs; vt is the key
  *                    tile's first block of Vt, the blocks [dvp][32] one after
- *                    another
+ *                    another; with seen, it may leave out the same keys (their
+ *                    weights are 0)
  *
  * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
@@ -326,6 +328,21 @@ static int b16_needs_mod(const attn__sdpa_shapes *s, int kind)
     return fk_has_score_mod(s) || kind == FK_PARTIAL || !(s->scale > 0.0f);
 }
 
+/* For a PARTIAL key tile, seen[g] = how many of its keys the rows up to 16 (g + 1)
+ * see at most (fk_keys_seen: on the causal diagonal the later keys are hidden from
+ * a whole block of rows), and seen is returned; NULL for any other tile, and for
+ * more than B16_SEEN_MAX rows (dispatch's tiles have at most 512: everything is then
+ * computed, as without seen). */
+#define B16_SEEN_MAX 512
+static const int64_t *b16_seen(const fk_tile *t, const b16_ktile *k, int64_t *seen)
+{
+    if (k->kind != FK_PARTIAL || t->nr > B16_SEEN_MAX)
+        return NULL;
+    for (int64_t g = 0; g < t->nr / 16; g++)
+        seen[g] = fk_keys_seen(t, k->j0, k->nkp, k->kind, 16 * (g + 1));
+    return seen;
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -381,10 +398,12 @@ static void b16_item(void *arg, int64_t item, int worker)
     float *stbuf[2] = {ws + w.st, ws + w.st2}, *cmaxbuf[2] = {ws + w.cmax, ws + w.cmax + br};
     int has_max[2] = {0, 0};
     int cur = 0;
+    int64_t seen_buf[2][B16_SEEN_MAX / 16];
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
     if (B16_OVERLAP && next.nkp)
         has_max[cur] = b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp,
-                                  b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur]);
+                                  b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur],
+                                  b16_seen(&t, &next, seen_buf[cur]));
     while (next.nkp) {
         const b16_ktile this_tile = next;
         const int64_t j0 = this_tile.j0, nkp = this_tile.nkp;
@@ -393,14 +412,16 @@ static void b16_item(void *arg, int64_t item, int worker)
          * work first (the options that change or hide them), which must see them
          * scaled; the max gathered by the product serves only the raw scores. */
         const int mod = b16_needs_mod(s, kind);
+        const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
         if (!B16_OVERLAP)
             has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
-                                      mod ? NULL : cmaxbuf[cur]);
+                                      mod ? NULL : cmaxbuf[cur], seen);
         next = b16_next_tile(&t, j0 + t.bc, j_end);
         if (B16_OVERLAP && next.nkp)
             has_max[cur ^ 1] =
                 b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp,
-                           b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur ^ 1]);
+                           b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur ^ 1],
+                           b16_seen(&t, &next, seen_buf[cur ^ 1]));
         t.ST = stbuf[cur];
         const float *cmax = has_max[cur] && !mod ? cmaxbuf[cur] : NULL;
         if (B16_OVERLAP)
@@ -424,7 +445,7 @@ static void b16_item(void *arg, int64_t item, int worker)
             b16_rescale(&t, OT);
             b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
         } else {
-            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, t.alpha);
+            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, t.alpha, seen);
         }
     }
     b16_end();

@@ -45,11 +45,14 @@ static void b16_end(void) { _tile_release(); }
 
 /* ST[c][r] = sum_d Kp[c][d] Q[r][d]: C(x, y) = rows of keys c0 + 16x, columns of
  * query rows 16(g + y), summed over the dp / 32 blocks of D. The tiles leave no
- * registers to gather the max in, so cmax stays unfilled (returns 0). */
+ * registers to gather the max in, so cmax stays unfilled (returns 0); every key is
+ * computed (seen unused). */
 static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float *ST,
-                      int64_t ldst, int64_t nkp, int64_t nr, int64_t dp, float *cmax)
+                      int64_t ldst, int64_t nkp, int64_t nr, int64_t dp, float *cmax,
+                      const int64_t *seen)
 {
     (void)cmax;
+    (void)seen;
     const int64_t groups = nr / 16;
     for (int64_t c0 = 0; c0 < nkp; c0 += 32)
         for (int64_t g = 0; g < groups; g += 2) {
@@ -81,10 +84,11 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
 /* OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c]: first the correction, a
  * pass over OT's columns (query rows) whose alpha is not all 1, then C(x, y) = rows
  * of value columns e0 + 16x, columns of query rows 16(g + y), loaded from OT, summed
- * over the nkp / 32 blocks of keys, stored back. */
+ * over the nkp / 32 blocks of keys, stored back (every key: seen unused). */
 static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
-                   int64_t nkp, int64_t nr, int64_t dvp, const float *alpha)
+                   int64_t nkp, int64_t nr, int64_t dvp, const float *alpha, const int64_t *seen)
 {
+    (void)seen;
     const int64_t groups = nr / 16;
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
         const __m512 va = _mm512_loadu_ps(alpha + r0);
