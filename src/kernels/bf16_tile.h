@@ -180,18 +180,21 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         simd_store(alpha + r0, b16_exp(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
         simd_f32 vsum = simd_zero();
-        uint16_t *dst = pp + (r0 / 16) * 512;
-        for (int64_t c = 0; c < nkp; c += 2) {
-            const simd_f32 p0 = b16_exp(_mm512_fmsub_ps(simd_load(ST + c * br + r0), vscale, msafe));
-            const simd_f32 p1 =
-                b16_exp(_mm512_fmsub_ps(simd_load(ST + (c + 1) * br + r0), vscale, msafe));
-            vsum = simd_add(simd_add(vsum, p0), p1);
-            if (keep_p) {
-                simd_store(ST + c * br + r0, p0);
-                simd_store(ST + (c + 1) * br + r0, p1);
+        /* By blocks of 32 keys, pointers stepped: the pairs of one block of rows are
+         * 64 bytes apart, the blocks groups * 1 KiB. */
+        for (int64_t kc = 0; kc < nkp / 32; kc++) {
+            float *sc = ST + kc * 32 * br + r0;
+            uint16_t *dst = pp + (kc * groups + r0 / 16) * 512;
+            for (int p = 0; p < 16; p++, sc += 2 * br, dst += 32) {
+                const simd_f32 p0 = b16_exp(_mm512_fmsub_ps(simd_load(sc), vscale, msafe));
+                const simd_f32 p1 = b16_exp(_mm512_fmsub_ps(simd_load(sc + br), vscale, msafe));
+                vsum = simd_add(simd_add(vsum, p0), p1);
+                if (keep_p) {
+                    simd_store(sc, p0);
+                    simd_store(sc + br, p1);
+                }
+                _mm512_storeu_si512(dst, b16_pairs(p0, p1, vidx));
             }
-            _mm512_storeu_si512(dst + ((c / 32) * groups) * 512 + ((c % 32) / 2) * 32,
-                                b16_pairs(p0, p1, vidx));
         }
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
     }
