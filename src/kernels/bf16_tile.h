@@ -148,6 +148,51 @@ FK_INLINE __m512 b16_exp(__m512 x)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
+/* 2^x for x <= 0 (a few 1e-7 above 0 too), as b16_exp: NaN stays NaN, below
+ * SIMD_EXP2_MIN exactly 0; r = x - round(x) by vreduceps, exact, and a degree-5
+ * Taylor polynomial of 2^r = e^(r ln 2) on |r| <= 1/2 (first dropped term below
+ * 2.5e-6 relative, as b16_exp's). */
+FK_INLINE __m512 b16_exp2(__m512 x)
+{
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP2_MIN), _CMP_NLT_UQ);
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 n = _mm512_sub_ps(x, r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.3333558146428443e-3f), r,
+                               _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+/* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
+ * (base2: 2^(sc * vmul - vsub)) for the nkp keys from sc (br floats apart), rounded
+ * to bfloat16 pairs into dst's blocks (groups KiB apart), kept in sc too with
+ * keep_p; returns their sum, in key order. By blocks of 32 keys, pointers stepped. */
+FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp, int64_t groups,
+                             __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2)
+{
+    simd_f32 vsum = simd_zero();
+    for (int64_t kc = 0; kc < nkp / 32; kc++) {
+        float *sc = sc0 + kc * 32 * br;
+        uint16_t *dst = dst0 + kc * groups * 512;
+        for (int p = 0; p < 16; p++, sc += 2 * br, dst += 32) {
+            const __m512 x0 = _mm512_fmsub_ps(simd_load(sc), vmul, vsub);
+            const __m512 x1 = _mm512_fmsub_ps(simd_load(sc + br), vmul, vsub);
+            const simd_f32 p0 = base2 ? b16_exp2(x0) : b16_exp(x0);
+            const simd_f32 p1 = base2 ? b16_exp2(x1) : b16_exp(x1);
+            vsum = simd_add(simd_add(vsum, p0), p1);
+            if (keep_p) {
+                simd_store(sc, p0);
+                simd_store(sc + br, p1);
+            }
+            _mm512_storeu_si512(dst, b16_pairs(p0, p1, vidx));
+        }
+    }
+    return vsum;
+}
+
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
  * in ST ([nkp][br], key-major; `scaled` when they are already scaled, modified and
  * hidden), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
@@ -179,23 +224,22 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         const simd_f32 msafe = fk_max_for_exp(mnew);
         simd_store(alpha + r0, b16_exp(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
-        simd_f32 vsum = simd_zero();
-        /* By blocks of 32 keys, pointers stepped: the pairs of one block of rows are
-         * 64 bytes apart, the blocks groups * 1 KiB. */
-        for (int64_t kc = 0; kc < nkp / 32; kc++) {
-            float *sc = ST + kc * 32 * br + r0;
-            uint16_t *dst = pp + (kc * groups + r0 / 16) * 512;
-            for (int p = 0; p < 16; p++, sc += 2 * br, dst += 32) {
-                const simd_f32 p0 = b16_exp(_mm512_fmsub_ps(simd_load(sc), vscale, msafe));
-                const simd_f32 p1 = b16_exp(_mm512_fmsub_ps(simd_load(sc + br), vscale, msafe));
-                vsum = simd_add(simd_add(vsum, p0), p1);
-                if (keep_p) {
-                    simd_store(sc, p0);
-                    simd_store(sc + br, p1);
-                }
-                _mm512_storeu_si512(dst, b16_pairs(p0, p1, vidx));
-            }
-        }
+        /* Raw products: the exponent in base 2 straight from the product, S *
+         * (scale log2 e) - m log2 e, one FMA, and 2^x needs no reduction by ln 2
+         * (b16_exp2; two FMAs fewer a score). Both factors are rounded, so x is
+         * off by a few units in the last place of S scale log2 e, as on the
+         * float32 path, whose scores are rounded in base-2 units: weights off by
+         * ~1e-7 times |S scale|, beside bfloat16's 2^-9. A max whose base-2 value
+         * is not finite (products near FLT_MAX) keeps the plain steps. */
+        const __m512 m2 = _mm512_mul_ps(msafe, _mm512_set1_ps(SIMD_LOG2E));
+        const int base2 =
+            !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) ==
+                           0xffff;
+        const simd_f32 vsum =
+            base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
+                                _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1)
+                  : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
+                                keep_p, vidx, 0);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
     }
 }
