@@ -64,7 +64,16 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
     if (s0->q_s[3] == 1 && D % 32 == 0) {
         /* Whole blocks of 32 along D, unit stride: each pair is one 32-bit word, so a
          * (c, g) block is a 16 x 16 transpose of words. */
-        for (int64_t g = 0; g < groups; g++)
+        for (int64_t g = 0; g < groups; g++) {
+            if (16 * g + 16 <= rows && s0->q_s[2] % 2 == 0) {
+                /* 16 whole rows, 32-bit words in each row: the (c, g) block is the
+                 * words' transpose, in registers (bit copies of the floats' lanes). */
+                const float *src = (const float *)(const void *)(qb + (i0 + 16 * g) * s0->q_s[2]);
+                for (int64_t c = 0; c < D / 32; c++)
+                    simd_transpose_block((float *)(void *)(qp + (c * groups + g) * 512), 16,
+                                         src + 16 * c, s0->q_s[2] / 2);
+                continue;
+            }
             for (int64_t q = 0; q < 16; q++) {
                 const int64_t r = 16 * g + q;
                 /* Rows past Tq are zeros, and are never addressed. */
@@ -79,6 +88,7 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
                     }
                 }
             }
+        }
         return;
     }
     for (int64_t c = 0; c < job->dp / 32; c++)
@@ -496,9 +506,10 @@ static void b16_item(void *arg, int64_t item, int worker)
         }
     }
     b16_end();
-    for (int64_t r = 0; r < nr; r++)
-        for (int64_t e = 0; e < dvp; e++)
-            t.O[r * dvp + e] = OT[e * br + r];
+    /* O = (O^T)^T by 16 x 16 blocks in registers (nr and dvp are multiples of 32). */
+    for (int64_t e0 = 0; e0 < dvp; e0 += 16)
+        for (int64_t r0 = 0; r0 < nr; r0 += 16)
+            simd_transpose_block(t.O + r0 * dvp + e0, dvp, OT + e0 * br + r0, br);
     b16_finish(job, &t, worker);
 }
 
