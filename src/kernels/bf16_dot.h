@@ -114,7 +114,9 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
         for (int64_t r0 = 0; r0 < nr; r0 += 16)
             _mm512_storeu_ps(cmax + r0, _mm512_set1_ps(-INFINITY));
     int64_t g = 0;
-    if (B16_MT44)
+    /* A tile with seen goes by 32 rows (8 x 2), so that the first 32 rows of a
+     * diagonal tile leave out the keys only the next 32 see. */
+    if (B16_MT44 && !seen)
         for (; g + 4 <= groups; g += 4)
             for (int64_t c0 = 0; c0 < (seen ? seen[g + 3] : nkp); c0 += 4)
                 b16_scores44(kp, ldk, qp, ST, ldst, c0, g, groups, dp, cmax);
@@ -157,7 +159,7 @@ static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ld
 {
     const int64_t groups = nr / 16;
     int64_t g = 0;
-    if (B16_MT44)
+    if (B16_MT44 && !seen) /* as in b16_scores */
         for (; g + 4 <= groups; g += 4)
             for (int64_t e0 = 0; e0 < dvp; e0 += 4)
                 b16_pv44(vt, pp, OT, ldo, e0, g, groups, seen ? b16_round32(seen[g + 3]) : nkp, dvp,
