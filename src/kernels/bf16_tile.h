@@ -437,7 +437,10 @@ static void b16_item(void *arg, int64_t item, int worker)
     memset(OT, 0, (size_t)(dvp * br) * sizeof(float));
     b16_pack_q(job, job->q + t.b * s0->q_s[0] + t.h * s0->q_s[1], t.i0, nr, qp);
     const int64_t hk = t.b * s->Hkv + t.h / s->group;
-    const uint16_t *kp = job->kp + hk * tkp * dp, *vt = job->vt + hk * dvp * tkp;
+    const uint16_t *kp = job->k_inplace
+                             ? job->k + t.b * s0->k_s[0] + (t.h / s->group) * s0->k_s[1]
+                             : job->kp + hk * tkp * dp;
+    const uint16_t *vt = job->vt + hk * dvp * tkp;
     const uint8_t *vbad = job->vbad + hk * (tkp / 32);
     const __m512 vscale = _mm512_set1_ps(s->scale);
 

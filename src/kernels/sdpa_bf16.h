@@ -14,7 +14,8 @@
  * The run (src/kernels/sdpa_bf16.c):
  *
  *   1. pack, in parallel blocks of 32 keys of one (batch, key/value head):
- *        Kp [B*Hkv][Tkp][Dp]   K rows, unit stride, zeros past Tk and D
+ *        Kp [B*Hkv][Tkp][Dp]   K rows, unit stride, zeros past Tk and D (left
+ *                              out where K is already so: k_inplace)
  *        Vt [B*Hkv][Tkp/32][Dvp][32]  V transposed by blocks of 32 keys, so that
  *                              16 columns of a block are 1 KiB in a row; zeros
  *                              past Tk and Dv
@@ -55,6 +56,9 @@ typedef struct attn__bf16_job {
     void *out;
     int64_t dp, dvp, tkp;        /* D, Dv and Tk rounded up to 32 */
     uint16_t *kp;                /* [B*Hkv][tkp][dp] */
+    int k_inplace;               /* 1: k itself has Kp's layout (unit stride, rows dp
+                                    elements apart, Tk = tkp): Kp is not packed and
+                                    the items read k's rows in place */
     uint16_t *vt;                /* [B*Hkv][tkp/32][dvp][32] */
     uint8_t *vbad;               /* [B*Hkv][tkp/32] */
 } attn__bf16_job;
