@@ -6,17 +6,25 @@
  *
  *   b16_begin(cfg)   before an item's first product (AMX: load the tile
  *                    configuration into the 64 bytes at cfg); b16_end() after its last
- *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp)
+ *   b16_scores(kp, ldk, qp, ST, ldst, nkp, nr, dp, cmax, seen)
  *                    ST[c][r] = sum_d Kp[c][d] Q[r][d] for keys c < nkp (rows of kp,
- *                    ldk elements apart) and query rows r < nr, from Qp's pairs
- *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp)
- *                    OT[e][r] += sum_c Vt[e][c] P[r][c] for e < dvp, c < nkp, r < nr,
- *                    from Pp's pairs; vt is the key tile's first block of Vt, the
- *                    blocks [dvp][32] one after another
+ *                    ldk elements apart) and query rows r < nr, from Qp's pairs;
+ *                    with cmax, it may also gather cmax[r] = max_c ST[c][r] and
+ *                    then returns 1 (else 0); with seen, it may leave out the keys
+ *                    c >= seen[g] for the rows r < 16 (g + 1) (hidden from them)
+ *   b16_pv(vt, pp, OT, ldo, nkp, nr, dvp, alpha, seen)
+ *                    OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c] for
+ *                    e < dvp, c < nkp, r < nr, from Pp's pairs; vt is the key
+ *                    tile's first block of Vt, the blocks [dvp][32] one after
+ *                    another; with seen, it may leave out the same keys (their
+ *                    weights are 0)
  *
- * and B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
+ * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
- * to nearest even, a NaN kept a NaN). nkp and nr are multiples of 32, dp and dvp
+ * to nearest even, a NaN kept a NaN), and B16_OVERLAP 1 when the next key tile's
+ * score product should be issued before this tile's softmax (AMX: the tile unit
+ * then works beside the vector units; where the vector units do the products too,
+ * it only doubles the scores' share of L1, so the plain order is the default). nkp and nr are multiples of 32, dp and dvp
  * too. Everything between the products is the float32 tile path's own code
  * (fused_tile.h), built here for AVX-512.
  */
@@ -56,7 +64,16 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
     if (s0->q_s[3] == 1 && D % 32 == 0) {
         /* Whole blocks of 32 along D, unit stride: each pair is one 32-bit word, so a
          * (c, g) block is a 16 x 16 transpose of words. */
-        for (int64_t g = 0; g < groups; g++)
+        for (int64_t g = 0; g < groups; g++) {
+            if (16 * g + 16 <= rows && s0->q_s[2] % 2 == 0) {
+                /* 16 whole rows, 32-bit words in each row: the (c, g) block is the
+                 * words' transpose, in registers (bit copies of the floats' lanes). */
+                const float *src = (const float *)(const void *)(qb + (i0 + 16 * g) * s0->q_s[2]);
+                for (int64_t c = 0; c < D / 32; c++)
+                    simd_transpose_block((float *)(void *)(qp + (c * groups + g) * 512), 16,
+                                         src + 16 * c, s0->q_s[2] / 2);
+                continue;
+            }
             for (int64_t q = 0; q < 16; q++) {
                 const int64_t r = 16 * g + q;
                 /* Rows past Tq are zeros, and are never addressed. */
@@ -71,6 +88,7 @@ static void b16_pack_q(const attn__bf16_job *job, const uint16_t *qb, int64_t i0
                     }
                 }
             }
+        }
         return;
     }
     for (int64_t c = 0; c < job->dp / 32; c++)
@@ -140,14 +158,62 @@ FK_INLINE __m512 b16_exp(__m512 x)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
+/* 2^x for x <= 0 (a few 1e-7 above 0 too), as b16_exp: NaN stays NaN, below
+ * SIMD_EXP2_MIN exactly 0; r = x - round(x) by vreduceps, exact, and a degree-5
+ * Taylor polynomial of 2^r = e^(r ln 2) on |r| <= 1/2 (first dropped term below
+ * 2.5e-6 relative, as b16_exp's). */
+FK_INLINE __m512 b16_exp2(__m512 x)
+{
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP2_MIN), _CMP_NLT_UQ);
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 n = _mm512_sub_ps(x, r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.3333558146428443e-3f), r,
+                               _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+/* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
+ * (base2: 2^(sc * vmul - vsub)) for the nkp keys from sc (br floats apart), rounded
+ * to bfloat16 pairs into dst's blocks (groups KiB apart), kept in sc too with
+ * keep_p; returns their sum, in key order. By blocks of 32 keys, pointers stepped. */
+FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp, int64_t groups,
+                             __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2)
+{
+    simd_f32 vsum = simd_zero();
+    for (int64_t kc = 0; kc < nkp / 32; kc++) {
+        float *sc = sc0 + kc * 32 * br;
+        uint16_t *dst = dst0 + kc * groups * 512;
+        for (int p = 0; p < 16; p++, sc += 2 * br, dst += 32) {
+            const __m512 x0 = _mm512_fmsub_ps(simd_load(sc), vmul, vsub);
+            const __m512 x1 = _mm512_fmsub_ps(simd_load(sc + br), vmul, vsub);
+            const simd_f32 p0 = base2 ? b16_exp2(x0) : b16_exp(x0);
+            const simd_f32 p1 = base2 ? b16_exp2(x1) : b16_exp(x1);
+            vsum = simd_add(simd_add(vsum, p0), p1);
+            if (keep_p) {
+                simd_store(sc, p0);
+                simd_store(sc + br, p1);
+            }
+            _mm512_storeu_si512(dst, b16_pairs(p0, p1, vidx));
+        }
+    }
+    return vsum;
+}
+
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
  * in ST ([nkp][br], key-major; `scaled` when they are already scaled, modified and
  * hidden), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
  * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
  * bfloat16 straight into Pp's pairs:
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
- * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). */
-static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, uint16_t *pp)
+ * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). cmax,
+ * where the product gathered it, is the max of the products per row (else NULL:
+ * the max is read from ST). */
+static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
+                        const float *cmax, uint16_t *pp)
 {
     const int64_t br = t->br, nr = t->nr, groups = nr / 16;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
@@ -162,27 +228,43 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, u
     }
     const __m512i vidx = _mm512_loadu_si512(idx);
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-        const simd_f32 vmax = fk_col_max(ST + r0, br, nkp);
+        const simd_f32 vmax = cmax ? simd_load(cmax + r0) : fk_col_max(ST + r0, br, nkp);
         const simd_f32 mold = simd_load(m + r0);
         const simd_f32 mnew = simd_max(mold, _mm512_mul_ps(vmax, vscale));
         const simd_f32 msafe = fk_max_for_exp(mnew);
         simd_store(alpha + r0, b16_exp(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
-        simd_f32 vsum = simd_zero();
-        uint16_t *dst = pp + (r0 / 16) * 512;
-        for (int64_t c = 0; c < nkp; c += 2) {
-            const simd_f32 p0 = b16_exp(_mm512_fmsub_ps(simd_load(ST + c * br + r0), vscale, msafe));
-            const simd_f32 p1 =
-                b16_exp(_mm512_fmsub_ps(simd_load(ST + (c + 1) * br + r0), vscale, msafe));
-            vsum = simd_add(simd_add(vsum, p0), p1);
-            if (keep_p) {
-                simd_store(ST + c * br + r0, p0);
-                simd_store(ST + (c + 1) * br + r0, p1);
-            }
-            _mm512_storeu_si512(dst + ((c / 32) * groups) * 512 + ((c % 32) / 2) * 32,
-                                b16_pairs(p0, p1, vidx));
-        }
+        /* Raw products: the exponent in base 2 straight from the product, S *
+         * (scale log2 e) - m log2 e, one FMA, and 2^x needs no reduction by ln 2
+         * (b16_exp2; two FMAs fewer a score). Both factors are rounded, so x is
+         * off by a few units in the last place of S scale log2 e, as on the
+         * float32 path, whose scores are rounded in base-2 units: weights off by
+         * ~1e-7 times |S scale|, beside bfloat16's 2^-9. A max whose base-2 value
+         * is not finite (products near FLT_MAX) keeps the plain steps. */
+        const __m512 m2 = _mm512_mul_ps(msafe, _mm512_set1_ps(SIMD_LOG2E));
+        const int base2 =
+            !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) ==
+                           0xffff;
+        const simd_f32 vsum =
+            base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
+                                _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1)
+                  : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
+                                keep_p, vidx, 0);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
+    }
+}
+
+/* O^T's columns are query rows: each scaled by its row's correction (b16_pv does it
+ * as it loads O^T; this pass is for b16_accumulate_visible). */
+static void b16_rescale(const fk_tile *t, float *OT)
+{
+    for (int64_t r0 = 0; r0 < t->nr; r0 += 16) {
+        const __m512 va = _mm512_loadu_ps(t->alpha + r0);
+        if (_mm512_cmp_ps_mask(va, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0)
+            continue;
+        for (int64_t e = 0; e < t->dvp; e++)
+            _mm512_storeu_ps(OT + e * t->br + r0,
+                             _mm512_mul_ps(_mm512_loadu_ps(OT + e * t->br + r0), va));
     }
 }
 
@@ -207,8 +289,8 @@ static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t
 
 /* V^T of one whole block of 32 keys x 32 columns (attn__bf16_kernel.vblock): each
  * pair of key rows interleaved into 32-bit words (vpermw: word e of both rows side
- * by side), then the 16 x 16 words gathered down their columns, so that row e of
- * the result holds keys 0..31 of column e in order. */
+ * by side), then the 16 x 16 words transposed, so that row e of the result holds
+ * keys 0..31 of column e in order. */
 static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
 {
     uint16_t il[32], ih[32];
@@ -230,15 +312,11 @@ static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
         _mm512_storeu_si512(words[0][a], _mm512_permutex2var_epi16(r0, vil, r1));
         _mm512_storeu_si512(words[1][a], _mm512_permutex2var_epi16(r0, vih, r1));
     }
-    int32_t col[16];
-    for (int a = 0; a < 16; a++)
-        col[a] = a * 16;
-    const __m512i vcol = _mm512_loadu_si512(col);
+    /* Row e of the result, as 16 words, is column e of words[half]: a transpose in
+     * registers (bit copies; 32 gathers took ~2% of S2's samples on Zen 4). */
     for (int half = 0; half < 2; half++)
-        for (int e = 0; e < 16; e++)
-            _mm512_storeu_si512(dst + (16 * half + e) * 32,
-                                _mm512_i32gather_epi32(_mm512_add_epi32(vcol, _mm512_set1_epi32(e)),
-                                                       (const void *)&words[half][0][0], 4));
+        simd_transpose_block((float *)(void *)(dst + 16 * half * 32), 16,
+                             (const float *)(const void *)&words[half][0][0], 16);
     return bad != 0;
 }
 
@@ -292,6 +370,32 @@ static void b16_finish(const attn__bf16_job *job, const fk_tile *t, int worker)
     }
 }
 
+#ifndef B16_OVERLAP
+#define B16_OVERLAP 0
+#endif
+
+/* 1 when a key tile's scores need work before the softmax (the options that change
+ * or hide them, or a scale the softmax cannot apply as it reads them). */
+static int b16_needs_mod(const attn__sdpa_shapes *s, int kind)
+{
+    return fk_has_score_mod(s) || kind == FK_PARTIAL || !(s->scale > 0.0f);
+}
+
+/* For a PARTIAL key tile, seen[g] = how many of its keys the rows up to 16 (g + 1)
+ * see at most (fk_keys_seen: on the causal diagonal the later keys are hidden from
+ * a whole block of rows), and seen is returned; NULL for any other tile, and for
+ * more than B16_SEEN_MAX rows (dispatch's tiles have at most 512: everything is then
+ * computed, as without seen). */
+#define B16_SEEN_MAX 512
+static const int64_t *b16_seen(const fk_tile *t, const b16_ktile *k, int64_t *seen)
+{
+    if (k->kind != FK_PARTIAL || t->nr > B16_SEEN_MAX)
+        return NULL;
+    for (int64_t g = 0; g < t->nr / 16; g++)
+        seen[g] = fk_keys_seen(t, k->j0, k->nkp, k->kind, 16 * (g + 1));
+    return seen;
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -333,7 +437,10 @@ static void b16_item(void *arg, int64_t item, int worker)
     memset(OT, 0, (size_t)(dvp * br) * sizeof(float));
     b16_pack_q(job, job->q + t.b * s0->q_s[0] + t.h * s0->q_s[1], t.i0, nr, qp);
     const int64_t hk = t.b * s->Hkv + t.h / s->group;
-    const uint16_t *kp = job->kp + hk * tkp * dp, *vt = job->vt + hk * dvp * tkp;
+    const uint16_t *kp = job->k_inplace
+                             ? job->k + t.b * s0->k_s[0] + (t.h / s->group) * s0->k_s[1]
+                             : job->kp + hk * tkp * dp;
+    const uint16_t *vt = job->vt + hk * dvp * tkp;
     const uint8_t *vbad = job->vbad + hk * (tkp / 32);
     const __m512 vscale = _mm512_set1_ps(s->scale);
 
@@ -341,28 +448,40 @@ static void b16_item(void *arg, int64_t item, int worker)
     int64_t j_begin, j_end, lo, hi;
     fk_row_range(s, t.i0, &j_begin, &hi);
     fk_row_range(s, t.i1 - 1, &lo, &j_end);
-    /* Software pipelining: the product of the next key tile is issued into the other
-     * score buffer before this tile's softmax, so that the tile unit (AMX) works on
-     * it while the vector units compute the weights; the sums are those of the plain
-     * order, tile by tile. */
-    float *stbuf[2] = {ws + w.st, ws + w.st2};
+    /* With B16_OVERLAP, software pipelining: the product of the next key tile is
+     * issued into the other score buffer before this tile's softmax; the sums are
+     * those of the plain order, tile by tile, either way. */
+    float *stbuf[2] = {ws + w.st, ws + w.st2}, *cmaxbuf[2] = {ws + w.cmax, ws + w.cmax + br};
+    int has_max[2] = {0, 0};
     int cur = 0;
+    int64_t seen_buf[2][B16_SEEN_MAX / 16];
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
-    if (next.nkp)
-        b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp);
+    if (B16_OVERLAP && next.nkp)
+        has_max[cur] = b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp,
+                                  b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur],
+                                  b16_seen(&t, &next, seen_buf[cur]));
     while (next.nkp) {
         const b16_ktile this_tile = next;
         const int64_t j0 = this_tile.j0, nkp = this_tile.nkp;
         const int kind = this_tile.kind;
-        next = b16_next_tile(&t, j0 + t.bc, j_end);
-        if (next.nkp)
-            b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp);
-        t.ST = stbuf[cur];
-        cur ^= 1;
         /* The scale is applied as the softmax reads the scores, unless the scores need
          * work first (the options that change or hide them), which must see them
-         * scaled. */
-        const int mod = fk_has_score_mod(s) || kind == FK_PARTIAL || !(s->scale > 0.0f);
+         * scaled; the max gathered by the product serves only the raw scores. */
+        const int mod = b16_needs_mod(s, kind);
+        const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
+        if (!B16_OVERLAP)
+            has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
+                                      mod ? NULL : cmaxbuf[cur], seen);
+        next = b16_next_tile(&t, j0 + t.bc, j_end);
+        if (B16_OVERLAP && next.nkp)
+            has_max[cur ^ 1] =
+                b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp,
+                           b16_needs_mod(s, next.kind) ? NULL : cmaxbuf[cur ^ 1],
+                           b16_seen(&t, &next, seen_buf[cur ^ 1]));
+        t.ST = stbuf[cur];
+        const float *cmax = has_max[cur] && !mod ? cmaxbuf[cur] : NULL;
+        if (B16_OVERLAP)
+            cur ^= 1;
         if (mod) {
             for (int64_t c = 0; c < nkp; c++)
                 for (int64_t r0 = 0; r0 < nr; r0 += 16)
@@ -377,24 +496,19 @@ static void b16_item(void *arg, int64_t item, int worker)
         if (kind == FK_PARTIAL)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
-        b16_softmax(&t, nkp, mod, bad, pp);
-        /* O^T's columns are query rows: each scaled by its row's correction. */
-        for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-            const __m512 va = _mm512_loadu_ps(t.alpha + r0);
-            if (_mm512_cmp_ps_mask(va, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0)
-                continue;
-            for (int64_t e = 0; e < dvp; e++)
-                _mm512_storeu_ps(OT + e * br + r0, _mm512_mul_ps(_mm512_loadu_ps(OT + e * br + r0), va));
-        }
-        if (bad)
+        b16_softmax(&t, nkp, mod, bad, cmax, pp);
+        if (bad) {
+            b16_rescale(&t, OT);
             b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
-        else
-            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp);
+        } else {
+            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, t.alpha, seen);
+        }
     }
     b16_end();
-    for (int64_t r = 0; r < nr; r++)
-        for (int64_t e = 0; e < dvp; e++)
-            t.O[r * dvp + e] = OT[e * br + r];
+    /* O = (O^T)^T by 16 x 16 blocks in registers (nr and dvp are multiples of 32). */
+    for (int64_t e0 = 0; e0 < dvp; e0 += 16)
+        for (int64_t r0 = 0; r0 < nr; r0 += 16)
+            simd_transpose_block(t.O + r0 * dvp + e0, dvp, OT + e0 * br + r0, br);
     b16_finish(job, &t, worker);
 }
 

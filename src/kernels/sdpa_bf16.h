@@ -14,7 +14,8 @@
  * The run (src/kernels/sdpa_bf16.c):
  *
  *   1. pack, in parallel blocks of 32 keys of one (batch, key/value head):
- *        Kp [B*Hkv][Tkp][Dp]   K rows, unit stride, zeros past Tk and D
+ *        Kp [B*Hkv][Tkp][Dp]   K rows, unit stride, zeros past Tk and D (left
+ *                              out where K is already so: k_inplace)
  *        Vt [B*Hkv][Tkp/32][Dvp][32]  V transposed by blocks of 32 keys, so that
  *                              16 columns of a block are 1 KiB in a row; zeros
  *                              past Tk and Dv
@@ -55,6 +56,9 @@ typedef struct attn__bf16_job {
     void *out;
     int64_t dp, dvp, tkp;        /* D, Dv and Tk rounded up to 32 */
     uint16_t *kp;                /* [B*Hkv][tkp][dp] */
+    int k_inplace;               /* 1: k itself has Kp's layout (unit stride, rows dp
+                                    elements apart, Tk = tkp): Kp is not packed and
+                                    the items read k's rows in place */
     uint16_t *vt;                /* [B*Hkv][tkp/32][dvp][32] */
     uint8_t *vbad;               /* [B*Hkv][tkp/32] */
 } attn__bf16_job;
@@ -63,10 +67,11 @@ typedef struct attn__bf16_job {
  * ST and ST2 [bc][br] scores then weights, key-major (the float32 path's layout), two
  * so that the next key tile's product can start before this one's softmax; O [br][dvp]
  * the output accumulator for fk_finish; OT [dvp][br] the accumulator the products
- * update; m, l, alpha, inv [br]; Qp [dp][br] and Pp [bc][br] bfloat16 pairs; cfg, the
- * 64 bytes of an AMX tile configuration. */
+ * update; m, l, alpha, inv [br]; cmax [2][br] the max per row of ST's and ST2's
+ * products where the product gathered it; Qp [dp][br] and Pp [bc][br] bfloat16 pairs;
+ * cfg, the 64 bytes of an AMX tile configuration. */
 typedef struct attn__bf16_ws {
-    int64_t st, st2, o, ot, m, l, alpha, inv, qp, pp, cfg, total;
+    int64_t st, st2, o, ot, m, l, alpha, inv, cmax, qp, pp, cfg, total;
 } attn__bf16_ws;
 
 static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws *w)
@@ -82,6 +87,7 @@ static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws
     ATTN__BF16_PART(l, br);
     ATTN__BF16_PART(alpha, br);
     ATTN__BF16_PART(inv, br);
+    ATTN__BF16_PART(cmax, 2 * br);
     ATTN__BF16_PART(qp, job->dp * br / 2);
     ATTN__BF16_PART(pp, bc * br / 2);
     ATTN__BF16_PART(cfg, 16);

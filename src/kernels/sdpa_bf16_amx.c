@@ -23,6 +23,9 @@
 #include <string.h>
 
 #define B16_NATIVE_CVT 1
+/* The score product of the next key tile is issued before this tile's softmax
+ * (bf16_tile.h), so that the tiles work while the vector units compute weights. */
+#define B16_OVERLAP 1
 
 /* The tile configuration (palette 1): 16 rows of 64 bytes in tmm0-tmm7. */
 static void b16_begin(float *cfg_floats)
@@ -41,10 +44,15 @@ static void b16_begin(float *cfg_floats)
 static void b16_end(void) { _tile_release(); }
 
 /* ST[c][r] = sum_d Kp[c][d] Q[r][d]: C(x, y) = rows of keys c0 + 16x, columns of
- * query rows 16(g + y), summed over the dp / 32 blocks of D. */
-static void b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float *ST,
-                       int64_t ldst, int64_t nkp, int64_t nr, int64_t dp)
+ * query rows 16(g + y), summed over the dp / 32 blocks of D. The tiles leave no
+ * registers to gather the max in, so cmax stays unfilled (returns 0); every key is
+ * computed (seen unused). */
+static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float *ST,
+                      int64_t ldst, int64_t nkp, int64_t nr, int64_t dp, float *cmax,
+                      const int64_t *seen)
 {
+    (void)cmax;
+    (void)seen;
     const int64_t groups = nr / 16;
     for (int64_t c0 = 0; c0 < nkp; c0 += 32)
         for (int64_t g = 0; g < groups; g += 2) {
@@ -70,15 +78,25 @@ static void b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, floa
             _tile_stored(2, st + 16 * ldst, ldst * 4);
             _tile_stored(3, st + 16 * ldst + 16, ldst * 4);
         }
+    return 0;
 }
 
-/* OT[e][r] += sum_c Vt[e][c] P[r][c]: C(x, y) = rows of value columns e0 + 16x,
- * columns of query rows 16(g + y), loaded from OT, summed over the nkp / 32 blocks
- * of keys, stored back. */
+/* OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c]: first the correction, a
+ * pass over OT's columns (query rows) whose alpha is not all 1, then C(x, y) = rows
+ * of value columns e0 + 16x, columns of query rows 16(g + y), loaded from OT, summed
+ * over the nkp / 32 blocks of keys, stored back (every key: seen unused). */
 static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
-                   int64_t nkp, int64_t nr, int64_t dvp)
+                   int64_t nkp, int64_t nr, int64_t dvp, const float *alpha, const int64_t *seen)
 {
+    (void)seen;
     const int64_t groups = nr / 16;
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        const __m512 va = _mm512_loadu_ps(alpha + r0);
+        if (_mm512_cmp_ps_mask(va, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0)
+            continue;
+        for (int64_t e = 0; e < dvp; e++)
+            _mm512_storeu_ps(OT + e * ldo + r0, _mm512_mul_ps(_mm512_loadu_ps(OT + e * ldo + r0), va));
+    }
     for (int64_t e0 = 0; e0 < dvp; e0 += 32)
         for (int64_t g = 0; g < groups; g += 2) {
             float *o = OT + e0 * ldo + 16 * g;
