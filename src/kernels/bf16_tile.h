@@ -158,22 +158,23 @@ FK_INLINE __m512 b16_exp(__m512 x)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-/* 2^x for x <= 0 (a few 1e-7 above 0 too), as b16_exp: NaN stays NaN, below
- * SIMD_EXP2_MIN exactly 0; r = x - round(x) by vreduceps, exact, and a degree-5
- * Taylor polynomial of 2^r = e^(r ln 2) on |r| <= 1/2 (first dropped term below
- * 2.5e-6 relative, as b16_exp's). */
+/* 2^x for x <= 0 (a few 1e-7 above 0 too) on the full tiles of raw products: r = x -
+ * floor(x) in [0, 1] by vreduceps (rounding down; exact), a degree-4 polynomial of
+ * 2^r (fitted at Chebyshev nodes of [0, 1]: 3.5e-6 relative at most, beside the
+ * 2.5e-6 of b16_exp's and bfloat16's 2^-9), and vscalefps by x itself, which scales
+ * by 2^floor(x): no subtraction of the integer part and no mask. A NaN stays NaN, and
+ * -inf gives exactly 0 (r = 0, 1 * 2^-inf); below 2^-126 the weight is a denormal
+ * or 0 rather than exactly 0 (vcvtne2ps2bf16 rounds it to 0 for the products, and
+ * next to the max's weight, near 1, it is below l's last place). 8 instructions
+ * where b16_exp takes 11. */
 FK_INLINE __m512 b16_exp2(__m512 x)
 {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP2_MIN), _CMP_NLT_UQ);
-    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 n = _mm512_sub_ps(x, r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.3333558146428443e-3f), r,
-                               _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(live, p, n);
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.367030945e-2f), r, _mm512_set1_ps(5.174499776e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.416043573e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.929729222e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.000003493f));
+    return _mm512_scalef_ps(p, x);
 }
 
 /* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
