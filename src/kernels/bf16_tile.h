@@ -205,8 +205,8 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
 }
 
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
- * in ST ([nkp][br], key-major; `scaled` when they are already scaled, modified and
- * hidden), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
+ * in ST ([nkp][br], key-major; hidden ones -inf; `scaled` when they are already
+ * scaled and modified), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
  * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
  * bfloat16 straight into Pp's pairs:
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
@@ -465,10 +465,14 @@ static void b16_item(void *arg, int64_t item, int worker)
         const b16_ktile this_tile = next;
         const int64_t j0 = this_tile.j0, nkp = this_tile.nkp;
         const int kind = this_tile.kind;
-        /* The scale is applied as the softmax reads the scores, unless the scores need
-         * work first (the options that change or hide them), which must see them
-         * scaled; the max gathered by the product serves only the raw scores. */
+        /* The scale is applied as the softmax reads the scores, unless the options
+         * that change them (or a scale the softmax cannot apply) must see them scaled
+         * first; the hiding writes -inf, which any scale keeps, so a tile at the
+         * causal diagonal or a window's edge keeps its raw products (and the
+         * softmax's base-2 steps). The max gathered by the product serves only the
+         * raw scores left as they are. */
         const int mod = b16_needs_mod(s, kind);
+        const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
         if (!B16_OVERLAP)
             has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
@@ -483,21 +487,21 @@ static void b16_item(void *arg, int64_t item, int worker)
         const float *cmax = has_max[cur] && !mod ? cmaxbuf[cur] : NULL;
         if (B16_OVERLAP)
             cur ^= 1;
-        if (mod) {
+        if (scaled) {
             for (int64_t c = 0; c < nkp; c++)
                 for (int64_t r0 = 0; r0 < nr; r0 += 16)
                     _mm512_storeu_ps(t.ST + c * br + r0,
                                      _mm512_mul_ps(_mm512_loadu_ps(t.ST + c * br + r0), vscale));
             if (fk_has_score_mod(s))
                 fk_score_mod(&t, j0, nkp);
-            if (kind == FK_PARTIAL)
-                fk_hide(&t, j0, nkp);
         }
+        if (kind == FK_PARTIAL)
+            fk_hide(&t, j0, nkp);
         int bad = 0;
         if (kind == FK_PARTIAL)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
-        b16_softmax(&t, nkp, mod, bad, cmax, pp);
+        b16_softmax(&t, nkp, scaled, bad, cmax, pp);
         if (bad) {
             b16_rescale(&t, OT);
             b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
