@@ -158,22 +158,23 @@ FK_INLINE __m512 b16_exp(__m512 x)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-/* 2^x for x <= 0 (a few 1e-7 above 0 too), as b16_exp: NaN stays NaN, below
- * SIMD_EXP2_MIN exactly 0; r = x - round(x) by vreduceps, exact, and a degree-5
- * Taylor polynomial of 2^r = e^(r ln 2) on |r| <= 1/2 (first dropped term below
- * 2.5e-6 relative, as b16_exp's). */
+/* 2^x for x <= 0 (a few 1e-7 above 0 too) on the full tiles of raw products: r = x -
+ * floor(x) in [0, 1] by vreduceps (rounding down; exact), a degree-4 polynomial of
+ * 2^r (fitted at Chebyshev nodes of [0, 1]: 3.5e-6 relative at most, beside the
+ * 2.5e-6 of b16_exp's and bfloat16's 2^-9), and vscalefps by x itself, which scales
+ * by 2^floor(x): no subtraction of the integer part and no mask. A NaN stays NaN, and
+ * -inf gives exactly 0 (r = 0, 1 * 2^-inf); below 2^-126 the weight is a denormal
+ * or 0 rather than exactly 0 (vcvtne2ps2bf16 rounds it to 0 for the products, and
+ * next to the max's weight, near 1, it is below l's last place). 8 instructions
+ * where b16_exp takes 11. */
 FK_INLINE __m512 b16_exp2(__m512 x)
 {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SIMD_EXP2_MIN), _CMP_NLT_UQ);
-    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 n = _mm512_sub_ps(x, r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.3333558146428443e-3f), r,
-                               _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(live, p, n);
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.367030945e-2f), r, _mm512_set1_ps(5.174499776e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.416043573e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.929729222e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.000003493f));
+    return _mm512_scalef_ps(p, x);
 }
 
 /* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
@@ -204,8 +205,8 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
 }
 
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
- * in ST ([nkp][br], key-major; `scaled` when they are already scaled, modified and
- * hidden), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
+ * in ST ([nkp][br], key-major; hidden ones -inf; `scaled` when they are already
+ * scaled and modified), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
  * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
  * bfloat16 straight into Pp's pairs:
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
@@ -464,10 +465,14 @@ static void b16_item(void *arg, int64_t item, int worker)
         const b16_ktile this_tile = next;
         const int64_t j0 = this_tile.j0, nkp = this_tile.nkp;
         const int kind = this_tile.kind;
-        /* The scale is applied as the softmax reads the scores, unless the scores need
-         * work first (the options that change or hide them), which must see them
-         * scaled; the max gathered by the product serves only the raw scores. */
+        /* The scale is applied as the softmax reads the scores, unless the options
+         * that change them (or a scale the softmax cannot apply) must see them scaled
+         * first; the hiding writes -inf, which any scale keeps, so a tile at the
+         * causal diagonal or a window's edge keeps its raw products (and the
+         * softmax's base-2 steps). The max gathered by the product serves only the
+         * raw scores left as they are. */
         const int mod = b16_needs_mod(s, kind);
+        const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
         if (!B16_OVERLAP)
             has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
@@ -482,21 +487,21 @@ static void b16_item(void *arg, int64_t item, int worker)
         const float *cmax = has_max[cur] && !mod ? cmaxbuf[cur] : NULL;
         if (B16_OVERLAP)
             cur ^= 1;
-        if (mod) {
+        if (scaled) {
             for (int64_t c = 0; c < nkp; c++)
                 for (int64_t r0 = 0; r0 < nr; r0 += 16)
                     _mm512_storeu_ps(t.ST + c * br + r0,
                                      _mm512_mul_ps(_mm512_loadu_ps(t.ST + c * br + r0), vscale));
             if (fk_has_score_mod(s))
                 fk_score_mod(&t, j0, nkp);
-            if (kind == FK_PARTIAL)
-                fk_hide(&t, j0, nkp);
         }
+        if (kind == FK_PARTIAL)
+            fk_hide(&t, j0, nkp);
         int bad = 0;
         if (kind == FK_PARTIAL)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
-        b16_softmax(&t, nkp, mod, bad, cmax, pp);
+        b16_softmax(&t, nkp, scaled, bad, cmax, pp);
         if (bad) {
             b16_rescale(&t, OT);
             b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
