@@ -237,8 +237,8 @@ static int has_amx(const cpu_features *f)
 /* The automatic choice. amx where the CPU has the tiles. avx512bf16 on AMD cores
  * with AVX512-BF16 and no AMX (Zen 4, Zen 5): there vdpbf16ps issues as often as a
  * 512-bit FMA and does twice its multiply-adds, and the bfloat16 kernel measured
- * 1.4-1.7x the float32 kernel on widened copies (S2, S4, S8, 2 threads, AMD EPYC
- * family 25 model 17; docs/half-precision.md). Not on Intel without AMX: on the
+ * 1.74-1.91x the float32 kernel (S2, S3, S4, S8, 2 threads, AMD EPYC family 25
+ * model 17; docs/half-precision.md), where widened copies ran 0.97-1.0x. Not on Intel without AMX: on the
  * Sapphire Rapids class the same kernel measured 0.61-0.73x the float32 kernel on
  * widened copies (S2, S4, 2 threads), so an Intel core with AVX512-BF16 but no
  * tiles keeps avx512. Either bfloat16 arch runs float32 on the avx512 kernels
