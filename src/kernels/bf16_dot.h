@@ -61,6 +61,10 @@ static inline __m512i b16_pair(const uint16_t *p)
 B16_DEFINE_BLOCK(b16_block82, 8, 2)
 B16_DEFINE_BLOCK(b16_block44, 4, 4)
 
+/* b16_pv applies the key tile's correction alpha itself (bf16_tile.h then runs no
+ * pass of its own over O^T for it). */
+#define B16_PV_SCALES 1
+
 #ifndef B16_MT44
 #define B16_MT44 1
 #endif
@@ -118,7 +122,7 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
      * diagonal tile leave out the keys only the next 32 see. */
     if (B16_MT44 && !seen)
         for (; g + 4 <= groups; g += 4)
-            for (int64_t c0 = 0; c0 < (seen ? seen[g + 3] : nkp); c0 += 4)
+            for (int64_t c0 = 0; c0 < nkp; c0 += 4)
                 b16_scores44(kp, ldk, qp, ST, ldst, c0, g, groups, dp, cmax);
     for (; g < groups; g += 2)
         for (int64_t c0 = 0; c0 < (seen ? seen[g + 1] : nkp); c0 += 8)
@@ -162,8 +166,7 @@ static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ld
     if (B16_MT44 && !seen) /* as in b16_scores */
         for (; g + 4 <= groups; g += 4)
             for (int64_t e0 = 0; e0 < dvp; e0 += 4)
-                b16_pv44(vt, pp, OT, ldo, e0, g, groups, seen ? b16_round32(seen[g + 3]) : nkp, dvp,
-                         alpha);
+                b16_pv44(vt, pp, OT, ldo, e0, g, groups, nkp, dvp, alpha);
     for (; g < groups; g += 2)
         for (int64_t e0 = 0; e0 < dvp; e0 += 8)
             b16_pv82(vt, pp, OT, ldo, e0, g, groups, seen ? b16_round32(seen[g + 1]) : nkp, dvp, alpha);

@@ -17,7 +17,9 @@
  *                    e < dvp, c < nkp, r < nr, from Pp's pairs; vt is the key
  *                    tile's first block of Vt, the blocks [dvp][32] one after
  *                    another; with seen, it may leave out the same keys (their
- *                    weights are 0)
+ *                    weights are 0). A kernel that defines B16_PV_SCALES 1 applies
+ *                    alpha so; any other is handed alpha NULL and the item scales
+ *                    O^T by alpha in a pass of its own first (b16_rescale)
  *
  * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
@@ -255,8 +257,9 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
     }
 }
 
-/* O^T's columns are query rows: each scaled by its row's correction (b16_pv does it
- * as it loads O^T; this pass is for b16_accumulate_visible). */
+/* O^T's columns are query rows: each scaled by its row's correction (the vdpbf16ps
+ * kernels' b16_pv does it as it loads O^T, B16_PV_SCALES; this pass is for AMX's
+ * and for b16_accumulate_visible). */
 static void b16_rescale(const fk_tile *t, float *OT)
 {
     for (int64_t r0 = 0; r0 < t->nr; r0 += 16) {
@@ -373,6 +376,9 @@ static void b16_finish(const attn__bf16_job *job, const fk_tile *t, int worker)
 
 #ifndef B16_OVERLAP
 #define B16_OVERLAP 0
+#endif
+#ifndef B16_PV_SCALES
+#define B16_PV_SCALES 0
 #endif
 
 /* 1 when a key tile's scores need work before the softmax (the options that change
@@ -502,12 +508,13 @@ static void b16_item(void *arg, int64_t item, int worker)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
         b16_softmax(&t, nkp, scaled, bad, cmax, pp);
-        if (bad) {
+        if (bad || !B16_PV_SCALES)
             b16_rescale(&t, OT);
+        if (bad)
             b16_accumulate_visible(&t, vt, dvp, j0, nkp, OT);
-        } else {
-            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, t.alpha, seen);
-        }
+        else
+            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp,
+                   B16_PV_SCALES ? t.alpha : NULL, seen);
     }
     b16_end();
     /* O = (O^T)^T by 16 x 16 blocks in registers (nr and dvp are multiples of 32). */

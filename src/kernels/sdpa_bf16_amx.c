@@ -81,22 +81,17 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
     return 0;
 }
 
-/* OT[e][r] = OT[e][r] * alpha[r] + sum_c Vt[e][c] P[r][c]: first the correction, a
- * pass over OT's columns (query rows) whose alpha is not all 1, then C(x, y) = rows
- * of value columns e0 + 16x, columns of query rows 16(g + y), loaded from OT, summed
- * over the nkp / 32 blocks of keys, stored back (every key: seen unused). */
+/* OT[e][r] += sum_c Vt[e][c] P[r][c]: C(x, y) = rows of value columns e0 + 16x,
+ * columns of query rows 16(g + y), loaded from OT, summed over the nkp / 32 blocks
+ * of keys, stored back (every key: seen unused). The tiles load OT as it is, so the
+ * key tile's correction alpha is bf16_tile.h's pass (b16_rescale) before this one:
+ * B16_PV_SCALES is left 0. */
 static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
                    int64_t nkp, int64_t nr, int64_t dvp, const float *alpha, const int64_t *seen)
 {
+    (void)alpha;
     (void)seen;
     const int64_t groups = nr / 16;
-    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-        const __m512 va = _mm512_loadu_ps(alpha + r0);
-        if (_mm512_cmp_ps_mask(va, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0)
-            continue;
-        for (int64_t e = 0; e < dvp; e++)
-            _mm512_storeu_ps(OT + e * ldo + r0, _mm512_mul_ps(_mm512_loadu_ps(OT + e * ldo + r0), va));
-    }
     for (int64_t e0 = 0; e0 < dvp; e0 += 32)
         for (int64_t g = 0; g < groups; g += 2) {
             float *o = OT + e0 * ldo + 16 * g;
