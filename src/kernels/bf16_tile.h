@@ -179,14 +179,31 @@ FK_INLINE __m512 b16_exp2(__m512 x)
     return _mm512_scalef_ps(p, x);
 }
 
+/* acc plus the two weights of a row of Pp's pairs (b16_pairs' words), as rounded:
+ * the high one, then the low one, as vdpbf16ps adds a pair's products; by that
+ * instruction (times a pair of ones) where the kernel has it, which takes one FMA
+ * unit's slot rather than four of the units the weights' steps already keep busy. */
+FK_INLINE __m512 b16_pair_sum(__m512 acc, __m512i w)
+{
+#ifdef B16_DP
+    return B16_DP(acc, w, _mm512_set1_epi32(0x3f803f80));
+#else
+    acc = _mm512_add_ps(
+        acc, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u))));
+    return _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+#endif
+}
+
 /* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
  * (base2: 2^(sc * vmul - vsub)) for the nkp keys from sc (br floats apart), rounded
  * to bfloat16 pairs into dst's blocks (groups KiB apart), kept in sc too with
- * keep_p; returns their sum, in key order. By blocks of 32 keys, pointers stepped. */
+ * keep_p; returns their sum, in key order, and *rsum the sum of the rounded ones. By
+ * blocks of 32 keys, pointers stepped. */
 FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp, int64_t groups,
-                             __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2)
+                             __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2,
+                             __m512 *rsum)
 {
-    simd_f32 vsum = simd_zero();
+    simd_f32 vsum = simd_zero(), vrsum = simd_zero();
     for (int64_t kc = 0; kc < nkp / 32; kc++) {
         float *sc = sc0 + kc * 32 * br;
         uint16_t *dst = dst0 + kc * groups * 512;
@@ -200,9 +217,12 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
                 simd_store(sc, p0);
                 simd_store(sc + br, p1);
             }
-            _mm512_storeu_si512(dst, b16_pairs(p0, p1, vidx));
+            const __m512i w = b16_pairs(p0, p1, vidx);
+            vrsum = b16_pair_sum(vrsum, w);
+            _mm512_storeu_si512(dst, w);
         }
     }
+    *rsum = vrsum;
     return vsum;
 }
 
@@ -210,13 +230,13 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
  * in ST ([nkp][br], key-major; hidden ones -inf; `scaled` when they are already
  * scaled and modified), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
  * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
- * bfloat16 straight into Pp's pairs:
+ * bfloat16 straight into Pp's pairs, and l2 = l2 * alpha + the sum of those rounded:
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
  * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). cmax,
  * where the product gathered it, is the max of the products per row (else NULL:
  * the max is read from ST). */
 static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
-                        const float *cmax, uint16_t *pp)
+                        const float *cmax, uint16_t *pp, float *l2)
 {
     const int64_t br = t->br, nr = t->nr, groups = nr / 16;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
@@ -248,12 +268,15 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         const int base2 =
             !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) ==
                            0xffff;
+        __m512 rsum;
         const simd_f32 vsum =
             base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
-                                _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1)
+                                _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1,
+                                &rsum)
                   : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
-                                keep_p, vidx, 0);
+                                keep_p, vidx, 0, &rsum);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
+        simd_store(l2 + r0, simd_fma(simd_load(l2 + r0), simd_load(alpha + r0), rsum));
     }
 }
 
@@ -349,14 +372,21 @@ static b16_ktile b16_next_tile(const fk_tile *t, int64_t j0, int64_t j_end)
     return k;
 }
 
-/* Step 5 for the bfloat16 path: out = O / l rounded to bfloat16 straight into the
+/* Step 5 for the bfloat16 path: out = O / l2 rounded to bfloat16 straight into the
  * caller's out (as attn__f32_to_bf16 rounds: to nearest even, a NaN kept a NaN), with
- * 1 / l, the log-sum-exp and the empty rows decided as on the float32 path. */
-static void b16_finish(const attn__bf16_job *job, const fk_tile *t, int worker)
+ * the log-sum-exp and the empty rows decided as on the float32 path, from l. */
+static void b16_finish(const attn__bf16_job *job, const fk_tile *t, const float *l2, int worker)
 {
     const attn__sdpa_shapes *s0 = job->s0;
     const int64_t Dv = s0->Dv, dvp = t->dvp;
     fk_finish_rows(&job->f, t, worker);
+    /* O is a sum of the weights as rounded to bfloat16 times V: divided by the sum of
+     * those same weights (l2), a weight's rounding error counts only as far as it
+     * differs from the others' (the sum of the unrounded ones, l, gives the
+     * log-sum-exp, and with a row that sees no key 1 / l is 0 or NaN as decided). */
+    for (int64_t r = 0; r < t->nr; r++)
+        if (t->l[r] != 0.0f)
+            t->inv[r] = 1.0f / l2[r];
     uint16_t *ob = (uint16_t *)job->out + t->b * s0->o_s[0] + t->h * s0->o_s[1];
     for (int64_t r = 0; r < t->i1 - t->i0; r++) {
         uint16_t *orow = ob + (t->i0 + r) * s0->o_s[2];
@@ -431,7 +461,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     t.l = ws + w.l;
     t.alpha = ws + w.alpha;
     t.inv = ws + w.inv;
-    float *OT = ws + w.ot;
+    float *OT = ws + w.ot, *l2 = ws + w.l2;
     uint16_t *qp = (uint16_t *)(ws + w.qp), *pp = (uint16_t *)(ws + w.pp);
     t.slope = attn__alibi_slope(s, t.h);
     t.sink = attn__sink(s, t.h);
@@ -439,7 +469,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     const int64_t br = t.br, nr = t.nr, dvp = job->dvp, tkp = job->tkp, dp = job->dp;
     for (int64_t r = 0; r < nr; r++) {
         t.m[r] = t.sink;
-        t.l[r] = t.sink > -INFINITY ? 1.0f : 0.0f;
+        t.l[r] = l2[r] = t.sink > -INFINITY ? 1.0f : 0.0f;
     }
     memset(OT, 0, (size_t)(dvp * br) * sizeof(float));
     b16_pack_q(job, job->q + t.b * s0->q_s[0] + t.h * s0->q_s[1], t.i0, nr, qp);
@@ -507,7 +537,7 @@ static void b16_item(void *arg, int64_t item, int worker)
         if (kind == FK_PARTIAL)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
-        b16_softmax(&t, nkp, scaled, bad, cmax, pp);
+        b16_softmax(&t, nkp, scaled, bad, cmax, pp, l2);
         if (bad || !B16_PV_SCALES)
             b16_rescale(&t, OT);
         if (bad)
@@ -521,7 +551,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     for (int64_t e0 = 0; e0 < dvp; e0 += 16)
         for (int64_t r0 = 0; r0 < nr; r0 += 16)
             simd_transpose_block(t.O + r0 * dvp + e0, dvp, OT + e0 * br + r0, br);
-    b16_finish(job, &t, worker);
+    b16_finish(job, &t, l2, worker);
 }
 
 #endif /* ATTN_BF16_TILE_H */
