@@ -226,6 +226,110 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
     return vsum;
 }
 
+/* 2^x as b16_exp2 with a degree-3 polynomial, one FMA fewer: 7.5e-5 relative at
+ * most (fitted on [0, 1]), against bfloat16's 2^-9 on the rounded weights. Enough
+ * for the outputs, which are divided by the sum of the weights as rounded (l2), not
+ * for the log-sum-exp (l: tests/test_bf16_paths.c holds it to 1e-4, and this polynomial
+ * would move it by up to 7e-5), so calls that ask for that keep b16_exp2. */
+FK_INLINE __m512 b16_exp2_3(__m512 x)
+{
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(7.802367210e-2f), r, _mm512_set1_ps(2.260686308e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.958328485e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.999253154e-1f));
+    return _mm512_scalef_ps(p, x);
+}
+
+#ifndef B16_FUSED_WEIGHTS
+#define B16_FUSED_WEIGHTS 0
+#endif
+
+/* How far above a row's running max, in base-2 units, a full tile's score may be
+ * and still take its weight against that max (b16_scores_weights): weights up to
+ * 2^8, and O^T, l and l2 at most that much larger than against the max itself. */
+#define B16_LAZY_MAX 8.0f
+
+/* dispatch's tiles have at most 512 rows (b16_seen, b16_scores_weights). */
+#define B16_SEEN_MAX 512
+
+#if B16_FUSED_WEIGHTS
+/* b16_scores_weights' body, with coarse: b16_exp2_3 rather than b16_exp2. */
+FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uint16_t *qp,
+                                      int64_t nkp, int64_t nr, int64_t dp, const float *m,
+                                      float scale, float *tsum, uint16_t *pp, const int coarse)
+{
+    const int64_t groups = nr / 16;
+    __m512 m2[B16_SEEN_MAX / 16];
+    for (int64_t g = 0; g < groups; g++) {
+        m2[g] = _mm512_mul_ps(_mm512_loadu_ps(m + 16 * g), _mm512_set1_ps(SIMD_LOG2E));
+        if (_mm512_cmp_ps_mask(_mm512_abs_ps(m2[g]), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) !=
+            0xffff)
+            return 0;
+    }
+    uint16_t idx[32];
+    for (int q = 0; q < 16; q++) {
+        idx[2 * q] = (uint16_t)q;
+        idx[2 * q + 1] = (uint16_t)(16 + q);
+    }
+    const __m512i vidx = _mm512_loadu_si512(idx);
+    const __m512 vmul = _mm512_set1_ps(scale * SIMD_LOG2E), vlim = _mm512_set1_ps(B16_LAZY_MAX);
+    __mmask16 over = 0;
+    for (int64_t g = 0; g < groups; g += 4) {
+        __m512 vsum[4], vrsum[4];
+        for (int y = 0; y < 4; y++)
+            vsum[y] = vrsum[y] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nkp; c0 += 4) {
+            __m512 acc[4][4];
+            for (int x = 0; x < 4; x++)
+                for (int y = 0; y < 4; y++)
+                    acc[x][y] = _mm512_setzero_ps();
+            b16_block44(acc, kp + c0 * ldk, ldk, 32, qp + g * 512, groups * 512, dp / 32);
+            /* Keys c0 .. c0 + 3 are pairs c0 / 2 and c0 / 2 + 1 of Pp's block c0 / 32. */
+            uint16_t *dst = pp + ((c0 / 32 * groups + g) * 16 + (c0 % 32) / 2) * 32;
+            for (int y = 0; y < 4; y++) {
+                __m512 p[4];
+                for (int x = 0; x < 4; x++) {
+                    const __m512 xv = _mm512_fmsub_ps(acc[x][y], vmul, m2[g + y]);
+                    over |= _mm512_cmp_ps_mask(xv, vlim, _CMP_NLE_UQ);
+                    p[x] = coarse ? b16_exp2_3(xv) : b16_exp2(xv);
+                    vsum[y] = _mm512_add_ps(vsum[y], p[x]);
+                }
+                const __m512i w01 = b16_pairs(p[0], p[1], vidx), w23 = b16_pairs(p[2], p[3], vidx);
+                vrsum[y] = b16_pair_sum(b16_pair_sum(vrsum[y], w01), w23);
+                _mm512_storeu_si512(dst + y * 512, w01);
+                _mm512_storeu_si512(dst + y * 512 + 32, w23);
+            }
+        }
+        for (int y = 0; y < 4; y++) {
+            _mm512_storeu_ps(tsum + 16 * (g + y), vsum[y]);
+            _mm512_storeu_ps(tsum + B16_SEEN_MAX + 16 * (g + y), vrsum[y]);
+        }
+    }
+    return over == 0;
+}
+
+/* Steps 1-3 of a full key tile of raw products at once, where every row's running
+ * max m is finite in base 2: each 4 x 4 block of scores (b16_block44) goes from the
+ * registers straight to its weights P = 2^(S scale log2 e - m log2 e) against the
+ * max as it stands (no new max and no correction of O^T: alpha = 1), rounded to
+ * bfloat16 pairs into Pp; tsum[r] = their sum and tsum[B16_SEEN_MAX + r] that of the
+ * rounded ones, in key order. No ST is written nor read, and the weights' shuffles,
+ * conversions and adds run beside the products' FMAs. Returns 1 when P and tsum are
+ * the tile's; 0, with nothing to keep, when an exponent is above B16_LAZY_MAX (or
+ * NaN) or a max is not finite in base 2: the item then takes the tile's plain
+ * steps, a new max and its correction. nr a multiple of 64, at most B16_SEEN_MAX.
+ * Not inlined: in b16_item, the compiler's registers for the 4 x 4 block spill. */
+static __attribute__((noinline)) int b16_scores_weights(const uint16_t *kp, int64_t ldk,
+                                                        const uint16_t *qp, int64_t nkp,
+                                                        int64_t nr, int64_t dp, const float *m,
+                                                        float scale, float *tsum, uint16_t *pp,
+                                                        int coarse)
+{
+    return coarse ? b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 1)
+                  : b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 0);
+}
+#endif
+
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
  * in ST ([nkp][br], key-major; hidden ones -inf; `scaled` when they are already
  * scaled and modified), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
@@ -423,7 +527,6 @@ static int b16_needs_mod(const attn__sdpa_shapes *s, int kind)
  * a whole block of rows), and seen is returned; NULL for any other tile, and for
  * more than B16_SEEN_MAX rows (dispatch's tiles have at most 512: everything is then
  * computed, as without seen). */
-#define B16_SEEN_MAX 512
 static const int64_t *b16_seen(const fk_tile *t, const b16_ktile *k, int64_t *seen)
 {
     if (k->kind != FK_PARTIAL || t->nr > B16_SEEN_MAX)
@@ -492,6 +595,9 @@ static void b16_item(void *arg, int64_t item, int worker)
     int has_max[2] = {0, 0};
     int cur = 0;
     int64_t seen_buf[2][B16_SEEN_MAX / 16];
+#if B16_FUSED_WEIGHTS
+    float tsum[2 * B16_SEEN_MAX];
+#endif
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
     if (B16_OVERLAP && next.nkp)
         has_max[cur] = b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp,
@@ -510,10 +616,28 @@ static void b16_item(void *arg, int64_t item, int worker)
         const int mod = b16_needs_mod(s, kind);
         const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
+        next = b16_next_tile(&t, j0 + t.bc, j_end);
+#if B16_FUSED_WEIGHTS
+        /* A full tile of raw products whose weights fit under the running max: its
+         * weights straight from the product's registers and no correction of O^T
+         * (b16_scores_weights); else its plain steps below. */
+        if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
+            nr <= B16_SEEN_MAX &&
+            b16_scores_weights(kp + j0 * dp, dp, qp, nkp, nr, dp, t.m, s->scale, tsum, pp,
+                               !s->lse)) {
+            for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+                _mm512_storeu_ps(t.l + r0, _mm512_add_ps(_mm512_loadu_ps(t.l + r0),
+                                                         _mm512_loadu_ps(tsum + r0)));
+                _mm512_storeu_ps(l2 + r0, _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
+                                                        _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
+            }
+            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, NULL, NULL);
+            continue;
+        }
+#endif
         if (!B16_OVERLAP)
             has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
                                       mod ? NULL : cmaxbuf[cur], seen);
-        next = b16_next_tile(&t, j0 + t.bc, j_end);
         if (B16_OVERLAP && next.nkp)
             has_max[cur ^ 1] =
                 b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp,
