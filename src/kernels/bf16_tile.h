@@ -249,6 +249,10 @@ FK_INLINE __m512 b16_exp2_3(__m512 x)
  * 2^8, and O^T, l and l2 at most that much larger than against the max itself. */
 #define B16_LAZY_MAX 8.0f
 
+/* After this many tiles of an item whose scores went beyond (the row maxes still
+ * climbing: wide, peaked scores), its other tiles take the plain steps at once. */
+#define B16_LAZY_MISSES 2
+
 /* dispatch's tiles have at most 512 rows (b16_seen, b16_scores_weights). */
 #define B16_SEEN_MAX 512
 
@@ -299,13 +303,15 @@ FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uin
                 _mm512_storeu_si512(dst + y * 512, w01);
                 _mm512_storeu_si512(dst + y * 512 + 32, w23);
             }
+            if (over)
+                return 0; /* the plain steps redo the tile: stop wasting work on it */
         }
         for (int y = 0; y < 4; y++) {
             _mm512_storeu_ps(tsum + 16 * (g + y), vsum[y]);
             _mm512_storeu_ps(tsum + B16_SEEN_MAX + 16 * (g + y), vrsum[y]);
         }
     }
-    return over == 0;
+    return 1;
 }
 
 /* Steps 1-3 of a full key tile of raw products at once, where every row's running
@@ -597,6 +603,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     int64_t seen_buf[2][B16_SEEN_MAX / 16];
 #if B16_FUSED_WEIGHTS
     float tsum[2 * B16_SEEN_MAX];
+    int lazy_misses = 0;
 #endif
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
     if (B16_OVERLAP && next.nkp)
@@ -622,17 +629,21 @@ static void b16_item(void *arg, int64_t item, int worker)
          * weights straight from the product's registers and no correction of O^T
          * (b16_scores_weights); else its plain steps below. */
         if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
-            nr <= B16_SEEN_MAX &&
-            b16_scores_weights(kp + j0 * dp, dp, qp, nkp, nr, dp, t.m, s->scale, tsum, pp,
-                               !s->lse)) {
-            for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-                _mm512_storeu_ps(t.l + r0, _mm512_add_ps(_mm512_loadu_ps(t.l + r0),
-                                                         _mm512_loadu_ps(tsum + r0)));
-                _mm512_storeu_ps(l2 + r0, _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
-                                                        _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
+            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES) {
+            if (!b16_scores_weights(kp + j0 * dp, dp, qp, nkp, nr, dp, t.m, s->scale, tsum, pp,
+                                    !s->lse))
+                lazy_misses++;
+            else {
+                for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+                    _mm512_storeu_ps(t.l + r0, _mm512_add_ps(_mm512_loadu_ps(t.l + r0),
+                                                             _mm512_loadu_ps(tsum + r0)));
+                    _mm512_storeu_ps(l2 + r0,
+                                     _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
+                                                   _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
+                }
+                b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, NULL, NULL);
+                continue;
             }
-            b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, NULL, NULL);
-            continue;
         }
 #endif
         if (!B16_OVERLAP)
