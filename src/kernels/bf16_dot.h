@@ -146,7 +146,8 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
     {                                                                                          \
         __m512 acc[MX][NY];                                                                    \
         for (int y = 0; y < NY; y++) {                                                         \
-            const __m512 va = alpha ? _mm512_loadu_ps(alpha + 16 * (g + y)) : _mm512_setzero_ps(); \
+            const __m512 va =                                                                  \
+                alpha ? _mm512_loadu_ps(alpha + 16 * (g + y)) : _mm512_setzero_ps();           \
             for (int x = 0; x < MX; x++) {                                                     \
                 acc[x][y] = _mm512_loadu_ps(OT + (e0 + x) * ldo + 16 * (g + y));               \
                 if (alpha)                                                                     \

@@ -18,8 +18,12 @@
  *                    tile's first block of Vt, the blocks [dvp][32] one after
  *                    another; with seen, it may leave out the same keys (their
  *                    weights are 0). A kernel that defines B16_PV_SCALES 1 applies
- *                    alpha so; any other is handed alpha NULL and the item scales
- *                    O^T by alpha in a pass of its own first (b16_rescale)
+ *                    alpha so (alpha NULL: 1, no multiplies); any other is handed
+ *                    alpha NULL and the item scales O^T by alpha in a pass of its
+ *                    own first (b16_rescale)
+ *
+ * A kernel that defines B16_FUSED_WEIGHTS 1 (its scores in b16_block44's registers)
+ * lets the item take a full tile's weights from them (b16_scores_weights).
  *
  * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
