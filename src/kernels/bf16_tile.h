@@ -608,6 +608,9 @@ static void b16_item(void *arg, int64_t item, int worker)
 #if B16_FUSED_WEIGHTS
     float tsum[2 * B16_SEEN_MAX];
     int lazy_misses = 0;
+    /* Keys pend_j0 .. pend_j0 + pend_nkp - 1: full tiles whose weights are in Pp but
+     * not yet in O^T (see below). */
+    int64_t pend_j0 = 0, pend_nkp = 0;
 #endif
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
     if (B16_OVERLAP && next.nkp)
@@ -634,8 +637,19 @@ static void b16_item(void *arg, int64_t item, int worker)
          * (b16_scores_weights); else its plain steps below. */
         if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
             nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES) {
-            if (!b16_scores_weights(kp + j0 * dp, dp, qp, nkp, nr, dp, t.m, s->scale, tsum, pp,
-                                    !s->lse))
+            /* Right after pending tiles, the weights go to Pp's next blocks, so that
+             * one pass of b16_pv over O^T sums them all (the same sums in the same
+             * order as a pass a tile: alpha is 1 for each). */
+            const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
+                                       pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
+                                   ? pend_nkp
+                                   : 0;
+            if (pend_nkp && !at) {
+                b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL, NULL);
+                pend_nkp = 0;
+            }
+            if (!b16_scores_weights(kp + j0 * dp, dp, qp, nkp, nr, dp, t.m, s->scale, tsum,
+                                    pp + at / 32 * (nr / 16) * 512, !s->lse))
                 lazy_misses++;
             else {
                 for (int64_t r0 = 0; r0 < nr; r0 += 16) {
@@ -645,9 +659,19 @@ static void b16_item(void *arg, int64_t item, int worker)
                                      _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
                                                    _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
                 }
-                b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp, NULL, NULL);
+                if (at) {
+                    pend_nkp += nkp;
+                } else {
+                    pend_j0 = j0;
+                    pend_nkp = nkp;
+                }
                 continue;
             }
+        }
+        /* The plain steps below write Pp and correct O^T: the pending tiles' sum first. */
+        if (pend_nkp) {
+            b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL, NULL);
+            pend_nkp = 0;
         }
 #endif
         if (!B16_OVERLAP)
@@ -685,6 +709,10 @@ static void b16_item(void *arg, int64_t item, int worker)
             b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp,
                    B16_PV_SCALES ? t.alpha : NULL, seen);
     }
+#if B16_FUSED_WEIGHTS
+    if (pend_nkp)
+        b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL, NULL);
+#endif
     b16_end();
     /* O = (O^T)^T by 16 x 16 blocks in registers (nr and dvp are multiples of 32). */
     for (int64_t e0 = 0; e0 < dvp; e0 += 16)

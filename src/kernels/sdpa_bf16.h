@@ -70,8 +70,12 @@ typedef struct attn__bf16_job {
  * the output accumulator for fk_finish; OT [dvp][br] the accumulator the products
  * update; m, l, alpha, inv [br]; l2 [br] the sum of the weights as rounded to
  * bfloat16 (b16_finish divides by it); cmax [2][br] the max per row of ST's and ST2's
- * products where the product gathered it; Qp [dp][br] and Pp [bc][br] bfloat16 pairs;
- * cfg, the 64 bytes of an AMX tile configuration. */
+ * products where the product gathered it; Qp [dp][br] and Pp [ATTN__BF16_PP_TILES bc][br]
+ * bfloat16 pairs; cfg, the 64 bytes of an AMX tile configuration. */
+/* Key tiles whose weights Pp holds at once: the vdpbf16ps kernels sum up to this
+ * many consecutive tiles' weights times V in one pass over O^T (bf16_tile.h). */
+#define ATTN__BF16_PP_TILES 4
+
 typedef struct attn__bf16_ws {
     int64_t st, st2, o, ot, m, l, l2, alpha, inv, cmax, qp, pp, cfg, total;
 } attn__bf16_ws;
@@ -92,7 +96,7 @@ static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws
     ATTN__BF16_PART(inv, br);
     ATTN__BF16_PART(cmax, 2 * br);
     ATTN__BF16_PART(qp, job->dp * br / 2);
-    ATTN__BF16_PART(pp, bc * br / 2);
+    ATTN__BF16_PART(pp, ATTN__BF16_PP_TILES * bc * br / 2);
     ATTN__BF16_PART(cfg, 16);
 #undef ATTN__BF16_PART
     w->total = at;
