@@ -62,8 +62,13 @@ B16_DEFINE_BLOCK(b16_block82, 8, 2)
 B16_DEFINE_BLOCK(b16_block44, 4, 4)
 
 /* b16_pv applies the key tile's correction alpha itself (bf16_tile.h then runs no
- * pass of its own over O^T for it). */
+ * pass of its own over O^T for it); alpha NULL means a correction of 1 (no
+ * multiplies: x * 1 is x). */
 #define B16_PV_SCALES 1
+
+/* The 4 x 4 score blocks are in registers here: bf16_tile.h may turn them into
+ * weights on the spot (b16_scores_weights). */
+#define B16_FUSED_WEIGHTS 1
 
 #ifndef B16_MT44
 #define B16_MT44 1
@@ -141,10 +146,13 @@ static int b16_scores(const uint16_t *kp, int64_t ldk, const uint16_t *qp, float
     {                                                                                          \
         __m512 acc[MX][NY];                                                                    \
         for (int y = 0; y < NY; y++) {                                                         \
-            const __m512 va = _mm512_loadu_ps(alpha + 16 * (g + y));                           \
-            for (int x = 0; x < MX; x++)                                                       \
-                acc[x][y] = _mm512_mul_ps(_mm512_loadu_ps(OT + (e0 + x) * ldo + 16 * (g + y)), \
-                                          va);                                                 \
+            const __m512 va =                                                                  \
+                alpha ? _mm512_loadu_ps(alpha + 16 * (g + y)) : _mm512_setzero_ps();           \
+            for (int x = 0; x < MX; x++) {                                                     \
+                acc[x][y] = _mm512_loadu_ps(OT + (e0 + x) * ldo + 16 * (g + y));               \
+                if (alpha)                                                                     \
+                    acc[x][y] = _mm512_mul_ps(acc[x][y], va);                                  \
+            }                                                                                  \
         }                                                                                      \
         block(acc, vt + e0 * 32, 32, dvp * 32, pp + g * 512, groups * 512, nkp / 32);          \
         for (int x = 0; x < MX; x++)                                                           \

@@ -18,8 +18,12 @@
  *                    tile's first block of Vt, the blocks [dvp][32] one after
  *                    another; with seen, it may leave out the same keys (their
  *                    weights are 0). A kernel that defines B16_PV_SCALES 1 applies
- *                    alpha so; any other is handed alpha NULL and the item scales
- *                    O^T by alpha in a pass of its own first (b16_rescale)
+ *                    alpha so (alpha NULL: 1, no multiplies); any other is handed
+ *                    alpha NULL and the item scales O^T by alpha in a pass of its
+ *                    own first (b16_rescale)
+ *
+ * A kernel that defines B16_FUSED_WEIGHTS 1 (its scores in b16_block44's registers)
+ * lets the item take a full tile's weights from them (b16_scores_weights).
  *
  * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
@@ -179,14 +183,31 @@ FK_INLINE __m512 b16_exp2(__m512 x)
     return _mm512_scalef_ps(p, x);
 }
 
+/* acc plus the two weights of a row of Pp's pairs (b16_pairs' words), as rounded:
+ * the high one, then the low one, as vdpbf16ps adds a pair's products; by that
+ * instruction (times a pair of ones) where the kernel has it, which takes one FMA
+ * unit's slot rather than four of the units the weights' steps already keep busy. */
+FK_INLINE __m512 b16_pair_sum(__m512 acc, __m512i w)
+{
+#ifdef B16_DP
+    return B16_DP(acc, w, _mm512_set1_epi32(0x3f803f80));
+#else
+    acc = _mm512_add_ps(
+        acc, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u))));
+    return _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+#endif
+}
+
 /* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
  * (base2: 2^(sc * vmul - vsub)) for the nkp keys from sc (br floats apart), rounded
  * to bfloat16 pairs into dst's blocks (groups KiB apart), kept in sc too with
- * keep_p; returns their sum, in key order. By blocks of 32 keys, pointers stepped. */
+ * keep_p; returns their sum, in key order, and *rsum the sum of the rounded ones. By
+ * blocks of 32 keys, pointers stepped. */
 FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp, int64_t groups,
-                             __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2)
+                             __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2,
+                             __m512 *rsum)
 {
-    simd_f32 vsum = simd_zero();
+    simd_f32 vsum = simd_zero(), vrsum = simd_zero();
     for (int64_t kc = 0; kc < nkp / 32; kc++) {
         float *sc = sc0 + kc * 32 * br;
         uint16_t *dst = dst0 + kc * groups * 512;
@@ -200,23 +221,136 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
                 simd_store(sc, p0);
                 simd_store(sc + br, p1);
             }
-            _mm512_storeu_si512(dst, b16_pairs(p0, p1, vidx));
+            const __m512i w = b16_pairs(p0, p1, vidx);
+            vrsum = b16_pair_sum(vrsum, w);
+            _mm512_storeu_si512(dst, w);
         }
     }
+    *rsum = vrsum;
     return vsum;
 }
+
+/* 2^x as b16_exp2 with a degree-3 polynomial, one FMA fewer: 7.5e-5 relative at
+ * most (fitted on [0, 1]), against bfloat16's 2^-9 on the rounded weights. Enough
+ * for the outputs, which are divided by the sum of the weights as rounded (l2), not
+ * for the log-sum-exp (l: tests/test_bf16_paths.c holds it to 1e-4, and this polynomial
+ * would move it by up to 7e-5), so calls that ask for that keep b16_exp2. */
+FK_INLINE __m512 b16_exp2_3(__m512 x)
+{
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(7.802367210e-2f), r, _mm512_set1_ps(2.260686308e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.958328485e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.999253154e-1f));
+    return _mm512_scalef_ps(p, x);
+}
+
+#ifndef B16_FUSED_WEIGHTS
+#define B16_FUSED_WEIGHTS 0
+#endif
+
+/* How far above a row's running max, in base-2 units, a full tile's score may be
+ * and still take its weight against that max (b16_scores_weights): weights up to
+ * 2^8, and O^T, l and l2 at most that much larger than against the max itself. */
+#define B16_LAZY_MAX 8.0f
+
+/* After this many tiles of an item whose scores went beyond (the row maxes still
+ * climbing: wide, peaked scores), its other tiles take the plain steps at once. */
+#define B16_LAZY_MISSES 2
+
+/* dispatch's tiles have at most 512 rows (b16_seen, b16_scores_weights). */
+#define B16_SEEN_MAX 512
+
+#if B16_FUSED_WEIGHTS
+/* b16_scores_weights' body, with coarse: b16_exp2_3 rather than b16_exp2. */
+FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uint16_t *qp,
+                                      int64_t nkp, int64_t nr, int64_t dp, const float *m,
+                                      float scale, float *tsum, uint16_t *pp, const int coarse)
+{
+    const int64_t groups = nr / 16;
+    __m512 m2[B16_SEEN_MAX / 16];
+    for (int64_t g = 0; g < groups; g++) {
+        m2[g] = _mm512_mul_ps(_mm512_loadu_ps(m + 16 * g), _mm512_set1_ps(SIMD_LOG2E));
+        if (_mm512_cmp_ps_mask(_mm512_abs_ps(m2[g]), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) !=
+            0xffff)
+            return 0;
+    }
+    uint16_t idx[32];
+    for (int q = 0; q < 16; q++) {
+        idx[2 * q] = (uint16_t)q;
+        idx[2 * q + 1] = (uint16_t)(16 + q);
+    }
+    const __m512i vidx = _mm512_loadu_si512(idx);
+    const __m512 vmul = _mm512_set1_ps(scale * SIMD_LOG2E), vlim = _mm512_set1_ps(B16_LAZY_MAX);
+    __mmask16 over = 0;
+    for (int64_t g = 0; g < groups; g += 4) {
+        __m512 vsum[4], vrsum[4];
+        for (int y = 0; y < 4; y++)
+            vsum[y] = vrsum[y] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nkp; c0 += 4) {
+            __m512 acc[4][4];
+            for (int x = 0; x < 4; x++)
+                for (int y = 0; y < 4; y++)
+                    acc[x][y] = _mm512_setzero_ps();
+            b16_block44(acc, kp + c0 * ldk, ldk, 32, qp + g * 512, groups * 512, dp / 32);
+            /* Keys c0 .. c0 + 3 are pairs c0 / 2 and c0 / 2 + 1 of Pp's block c0 / 32. */
+            uint16_t *dst = pp + ((c0 / 32 * groups + g) * 16 + (c0 % 32) / 2) * 32;
+            for (int y = 0; y < 4; y++) {
+                __m512 p[4];
+                for (int x = 0; x < 4; x++) {
+                    const __m512 xv = _mm512_fmsub_ps(acc[x][y], vmul, m2[g + y]);
+                    over |= _mm512_cmp_ps_mask(xv, vlim, _CMP_NLE_UQ);
+                    p[x] = coarse ? b16_exp2_3(xv) : b16_exp2(xv);
+                    vsum[y] = _mm512_add_ps(vsum[y], p[x]);
+                }
+                const __m512i w01 = b16_pairs(p[0], p[1], vidx), w23 = b16_pairs(p[2], p[3], vidx);
+                vrsum[y] = b16_pair_sum(b16_pair_sum(vrsum[y], w01), w23);
+                _mm512_storeu_si512(dst + y * 512, w01);
+                _mm512_storeu_si512(dst + y * 512 + 32, w23);
+            }
+            if (over)
+                return 0; /* the plain steps redo the tile: stop wasting work on it */
+        }
+        for (int y = 0; y < 4; y++) {
+            _mm512_storeu_ps(tsum + 16 * (g + y), vsum[y]);
+            _mm512_storeu_ps(tsum + B16_SEEN_MAX + 16 * (g + y), vrsum[y]);
+        }
+    }
+    return 1;
+}
+
+/* Steps 1-3 of a full key tile of raw products at once, where every row's running
+ * max m is finite in base 2: each 4 x 4 block of scores (b16_block44) goes from the
+ * registers straight to its weights P = 2^(S scale log2 e - m log2 e) against the
+ * max as it stands (no new max and no correction of O^T: alpha = 1), rounded to
+ * bfloat16 pairs into Pp; tsum[r] = their sum and tsum[B16_SEEN_MAX + r] that of the
+ * rounded ones, in key order. No ST is written nor read, and the weights' shuffles,
+ * conversions and adds run beside the products' FMAs. Returns 1 when P and tsum are
+ * the tile's; 0, with nothing to keep, when an exponent is above B16_LAZY_MAX (or
+ * NaN) or a max is not finite in base 2: the item then takes the tile's plain
+ * steps, a new max and its correction. nr a multiple of 64, at most B16_SEEN_MAX.
+ * Not inlined: in b16_item, the compiler's registers for the 4 x 4 block spill. */
+static __attribute__((noinline)) int b16_scores_weights(const uint16_t *kp, int64_t ldk,
+                                                        const uint16_t *qp, int64_t nkp,
+                                                        int64_t nr, int64_t dp, const float *m,
+                                                        float scale, float *tsum, uint16_t *pp,
+                                                        int coarse)
+{
+    return coarse ? b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 1)
+                  : b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 0);
+}
+#endif
 
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
  * in ST ([nkp][br], key-major; hidden ones -inf; `scaled` when they are already
  * scaled and modified), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
  * l = l * alpha + sum_j P, as fk_softmax_stats computes them, with P rounded to
- * bfloat16 straight into Pp's pairs:
+ * bfloat16 straight into Pp's pairs, and l2 = l2 * alpha + the sum of those rounded:
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
  * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). cmax,
  * where the product gathered it, is the max of the products per row (else NULL:
  * the max is read from ST). */
 static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
-                        const float *cmax, uint16_t *pp)
+                        const float *cmax, uint16_t *pp, float *l2)
 {
     const int64_t br = t->br, nr = t->nr, groups = nr / 16;
     float *ST = t->ST, *m = t->m, *l = t->l, *alpha = t->alpha;
@@ -248,12 +382,15 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         const int base2 =
             !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) ==
                            0xffff;
+        __m512 rsum;
         const simd_f32 vsum =
             base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
-                                _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1)
+                                _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1,
+                                &rsum)
                   : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
-                                keep_p, vidx, 0);
+                                keep_p, vidx, 0, &rsum);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
+        simd_store(l2 + r0, simd_fma(simd_load(l2 + r0), simd_load(alpha + r0), rsum));
     }
 }
 
@@ -349,14 +486,21 @@ static b16_ktile b16_next_tile(const fk_tile *t, int64_t j0, int64_t j_end)
     return k;
 }
 
-/* Step 5 for the bfloat16 path: out = O / l rounded to bfloat16 straight into the
+/* Step 5 for the bfloat16 path: out = O / l2 rounded to bfloat16 straight into the
  * caller's out (as attn__f32_to_bf16 rounds: to nearest even, a NaN kept a NaN), with
- * 1 / l, the log-sum-exp and the empty rows decided as on the float32 path. */
-static void b16_finish(const attn__bf16_job *job, const fk_tile *t, int worker)
+ * the log-sum-exp and the empty rows decided as on the float32 path, from l. */
+static void b16_finish(const attn__bf16_job *job, const fk_tile *t, const float *l2, int worker)
 {
     const attn__sdpa_shapes *s0 = job->s0;
     const int64_t Dv = s0->Dv, dvp = t->dvp;
     fk_finish_rows(&job->f, t, worker);
+    /* O is a sum of the weights as rounded to bfloat16 times V: divided by the sum of
+     * those same weights (l2), a weight's rounding error counts only as far as it
+     * differs from the others' (the sum of the unrounded ones, l, gives the
+     * log-sum-exp, and with a row that sees no key 1 / l is 0 or NaN as decided). */
+    for (int64_t r = 0; r < t->nr; r++)
+        if (t->l[r] != 0.0f)
+            t->inv[r] = 1.0f / l2[r];
     uint16_t *ob = (uint16_t *)job->out + t->b * s0->o_s[0] + t->h * s0->o_s[1];
     for (int64_t r = 0; r < t->i1 - t->i0; r++) {
         uint16_t *orow = ob + (t->i0 + r) * s0->o_s[2];
@@ -393,7 +537,6 @@ static int b16_needs_mod(const attn__sdpa_shapes *s, int kind)
  * a whole block of rows), and seen is returned; NULL for any other tile, and for
  * more than B16_SEEN_MAX rows (dispatch's tiles have at most 512: everything is then
  * computed, as without seen). */
-#define B16_SEEN_MAX 512
 static const int64_t *b16_seen(const fk_tile *t, const b16_ktile *k, int64_t *seen)
 {
     if (k->kind != FK_PARTIAL || t->nr > B16_SEEN_MAX)
@@ -431,7 +574,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     t.l = ws + w.l;
     t.alpha = ws + w.alpha;
     t.inv = ws + w.inv;
-    float *OT = ws + w.ot;
+    float *OT = ws + w.ot, *l2 = ws + w.l2;
     uint16_t *qp = (uint16_t *)(ws + w.qp), *pp = (uint16_t *)(ws + w.pp);
     t.slope = attn__alibi_slope(s, t.h);
     t.sink = attn__sink(s, t.h);
@@ -439,7 +582,7 @@ static void b16_item(void *arg, int64_t item, int worker)
     const int64_t br = t.br, nr = t.nr, dvp = job->dvp, tkp = job->tkp, dp = job->dp;
     for (int64_t r = 0; r < nr; r++) {
         t.m[r] = t.sink;
-        t.l[r] = t.sink > -INFINITY ? 1.0f : 0.0f;
+        t.l[r] = l2[r] = t.sink > -INFINITY ? 1.0f : 0.0f;
     }
     memset(OT, 0, (size_t)(dvp * br) * sizeof(float));
     b16_pack_q(job, job->q + t.b * s0->q_s[0] + t.h * s0->q_s[1], t.i0, nr, qp);
@@ -462,6 +605,13 @@ static void b16_item(void *arg, int64_t item, int worker)
     int has_max[2] = {0, 0};
     int cur = 0;
     int64_t seen_buf[2][B16_SEEN_MAX / 16];
+#if B16_FUSED_WEIGHTS
+    float tsum[2 * B16_SEEN_MAX];
+    int lazy_misses = 0;
+    /* Keys pend_j0 .. pend_j0 + pend_nkp - 1: full tiles whose weights are in Pp but
+     * not yet in O^T (see below). */
+    int64_t pend_j0 = 0, pend_nkp = 0;
+#endif
     b16_ktile next = b16_next_tile(&t, j_begin / t.bc * t.bc, j_end);
     if (B16_OVERLAP && next.nkp)
         has_max[cur] = b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur], br, next.nkp, nr, dp,
@@ -480,10 +630,53 @@ static void b16_item(void *arg, int64_t item, int worker)
         const int mod = b16_needs_mod(s, kind);
         const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
+        next = b16_next_tile(&t, j0 + t.bc, j_end);
+#if B16_FUSED_WEIGHTS
+        /* A full tile of raw products whose weights fit under the running max: its
+         * weights straight from the product's registers and no correction of O^T
+         * (b16_scores_weights); else its plain steps below. */
+        if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
+            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES) {
+            /* Right after pending tiles, the weights go to Pp's next blocks, so that
+             * one pass of b16_pv over O^T sums them all (the same sums in the same
+             * order as a pass a tile: alpha is 1 for each). */
+            const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
+                                       pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
+                                   ? pend_nkp
+                                   : 0;
+            if (pend_nkp && !at) {
+                b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL, NULL);
+                pend_nkp = 0;
+            }
+            if (!b16_scores_weights(kp + j0 * dp, dp, qp, nkp, nr, dp, t.m, s->scale, tsum,
+                                    pp + at / 32 * (nr / 16) * 512, !s->lse))
+                lazy_misses++;
+            else {
+                for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+                    _mm512_storeu_ps(t.l + r0, _mm512_add_ps(_mm512_loadu_ps(t.l + r0),
+                                                             _mm512_loadu_ps(tsum + r0)));
+                    _mm512_storeu_ps(l2 + r0,
+                                     _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
+                                                   _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
+                }
+                if (at) {
+                    pend_nkp += nkp;
+                } else {
+                    pend_j0 = j0;
+                    pend_nkp = nkp;
+                }
+                continue;
+            }
+        }
+        /* The plain steps below write Pp and correct O^T: the pending tiles' sum first. */
+        if (pend_nkp) {
+            b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL, NULL);
+            pend_nkp = 0;
+        }
+#endif
         if (!B16_OVERLAP)
             has_max[cur] = b16_scores(kp + j0 * dp, dp, qp, stbuf[cur], br, nkp, nr, dp,
                                       mod ? NULL : cmaxbuf[cur], seen);
-        next = b16_next_tile(&t, j0 + t.bc, j_end);
         if (B16_OVERLAP && next.nkp)
             has_max[cur ^ 1] =
                 b16_scores(kp + next.j0 * dp, dp, qp, stbuf[cur ^ 1], br, next.nkp, nr, dp,
@@ -507,7 +700,7 @@ static void b16_item(void *arg, int64_t item, int worker)
         if (kind == FK_PARTIAL)
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 bad |= vbad[blk];
-        b16_softmax(&t, nkp, scaled, bad, cmax, pp);
+        b16_softmax(&t, nkp, scaled, bad, cmax, pp, l2);
         if (bad || !B16_PV_SCALES)
             b16_rescale(&t, OT);
         if (bad)
@@ -516,12 +709,16 @@ static void b16_item(void *arg, int64_t item, int worker)
             b16_pv(vt + j0 / 32 * dvp * 32, pp, OT, br, nkp, nr, dvp,
                    B16_PV_SCALES ? t.alpha : NULL, seen);
     }
+#if B16_FUSED_WEIGHTS
+    if (pend_nkp)
+        b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL, NULL);
+#endif
     b16_end();
     /* O = (O^T)^T by 16 x 16 blocks in registers (nr and dvp are multiples of 32). */
     for (int64_t e0 = 0; e0 < dvp; e0 += 16)
         for (int64_t r0 = 0; r0 < nr; r0 += 16)
             simd_transpose_block(t.O + r0 * dvp + e0, dvp, OT + e0 * br + r0, br);
-    b16_finish(job, &t, worker);
+    b16_finish(job, &t, l2, worker);
 }
 
 #endif /* ATTN_BF16_TILE_H */

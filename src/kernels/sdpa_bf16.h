@@ -29,8 +29,9 @@
  *                       P^T rounded to bfloat16 as pairs along the keys:
  *                                         Pp[bc/32][nr/16][16][16][2]
  *                       O^T = O^T * alpha + Vt P^T   (bfloat16 products)
- *        then O^T transposed, divided by l as on the float32 path
- *        (fk_finish_rows) and rounded to bfloat16 once into out.
+ *        then O^T transposed, divided by the sum of the weights as rounded
+ *        (the empty rows and the log-sum-exp as on the float32 path,
+ *        fk_finish_rows) and rounded to bfloat16 once into out.
  *
  * Both products read the same packed layouts: an AMX tile multiply takes A = 16
  * rows of Kp (or Vt) and B = 16 rows of pairs of Qp (or Pp), which is also what
@@ -67,11 +68,16 @@ typedef struct attn__bf16_job {
  * ST and ST2 [bc][br] scores then weights, key-major (the float32 path's layout), two
  * so that the next key tile's product can start before this one's softmax; O [br][dvp]
  * the output accumulator for fk_finish; OT [dvp][br] the accumulator the products
- * update; m, l, alpha, inv [br]; cmax [2][br] the max per row of ST's and ST2's
- * products where the product gathered it; Qp [dp][br] and Pp [bc][br] bfloat16 pairs;
- * cfg, the 64 bytes of an AMX tile configuration. */
+ * update; m, l, alpha, inv [br]; l2 [br] the sum of the weights as rounded to
+ * bfloat16 (b16_finish divides by it); cmax [2][br] the max per row of ST's and ST2's
+ * products where the product gathered it; Qp [dp][br] and Pp [ATTN__BF16_PP_TILES bc][br]
+ * bfloat16 pairs; cfg, the 64 bytes of an AMX tile configuration. */
+/* Key tiles whose weights Pp holds at once: the vdpbf16ps kernels sum up to this
+ * many consecutive tiles' weights times V in one pass over O^T (bf16_tile.h). */
+#define ATTN__BF16_PP_TILES 4
+
 typedef struct attn__bf16_ws {
-    int64_t st, st2, o, ot, m, l, alpha, inv, cmax, qp, pp, cfg, total;
+    int64_t st, st2, o, ot, m, l, l2, alpha, inv, cmax, qp, pp, cfg, total;
 } attn__bf16_ws;
 
 static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws *w)
@@ -85,11 +91,12 @@ static inline void attn__bf16_ws_layout(const attn__bf16_job *job, attn__bf16_ws
     ATTN__BF16_PART(ot, job->dvp * br);
     ATTN__BF16_PART(m, br);
     ATTN__BF16_PART(l, br);
+    ATTN__BF16_PART(l2, br);
     ATTN__BF16_PART(alpha, br);
     ATTN__BF16_PART(inv, br);
     ATTN__BF16_PART(cmax, 2 * br);
     ATTN__BF16_PART(qp, job->dp * br / 2);
-    ATTN__BF16_PART(pp, bc * br / 2);
+    ATTN__BF16_PART(pp, ATTN__BF16_PP_TILES * bc * br / 2);
     ATTN__BF16_PART(cfg, 16);
 #undef ATTN__BF16_PART
     w->total = at;
