@@ -80,9 +80,9 @@
     "        avx512bf16 and amx are the avx512 build with a bfloat16 kernel of their\n"  \
     "        own. A value that is not one of these, or a path this CPU cannot run,\n"    \
     "        is ignored; 'attn bench' prints which path runs and why.\n"                  \
-    "    ATTN_BF16_EMULATE=1\n"                                                           \
+    "    ATTN_BF16_EMULATE=1|always\n"                                                    \
     "        Let avx512bf16 run on an AVX-512 CPU without AVX512-BF16 (vdpbf16ps\n"       \
-    "        emulated; for testing).\n"                                                   \
+    "        emulated; for testing); always: emulate it even where the CPU has it.\n"    \
     "    ATTN_TILE=BRxBC\n"                                                               \
     "        Force the fused kernel's tile sizes (BR a multiple of 32 in 32..512, BC\n"   \
     "        a multiple of 8 in 8..1024); another value is ignored.\n"                    \

@@ -17,12 +17,14 @@ const attn__bf16_kernel *attn__bf16_kernel_for(attn_arch arch)
 #ifdef ATTN_HAVE_BF16_KERNELS
     if (arch == ATTN_ARCH_AMX)
         return &attn__bf16_kernel_amx;
-    if (arch == ATTN_ARCH_AVX512_BF16 && (cpu & ATTN_CPU_AVX512_BF16))
+    if (arch == ATTN_ARCH_AVX512_BF16 && (cpu & ATTN_CPU_AVX512_BF16) &&
+        !attn__bf16_emulate_always())
         return &attn__bf16_kernel_dp;
 #endif
-    /* avx512bf16 without the instruction: dispatch allows it only under
-     * ATTN_BF16_EMULATE, for the tests. */
-    if (arch == ATTN_ARCH_AVX512_BF16 && !(cpu & ATTN_CPU_AVX512_BF16))
+    /* avx512bf16 without the instruction (or with ATTN_BF16_EMULATE=always):
+     * dispatch allows it only under ATTN_BF16_EMULATE, for the tests. */
+    if (arch == ATTN_ARCH_AVX512_BF16 &&
+        (!(cpu & ATTN_CPU_AVX512_BF16) || attn__bf16_emulate_always()))
         return &attn__bf16_kernel_emulated;
 #endif
     (void)arch;

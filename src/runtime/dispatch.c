@@ -221,8 +221,11 @@ static void detect_cpu(cpu_features *f)
  * AVX512-BF16, its vdpbf16ps emulated by FMAs (src/kernels/sdpa_bf16_avx512.c), so
  * that the tests check that path's packing, masking and softmax on any AVX-512
  * machine. It is read once, with the rest of the decision, and never makes the
- * emulation the automatic choice. */
+ * emulation the automatic choice. ATTN_BF16_EMULATE=always runs the emulation even
+ * where the CPU has the instruction, so that a test can hold the two kernels to the
+ * same bits (tests/test_bf16_lazy.c). */
 static int bf16_emulate;
+static int bf16_emulate_always;
 
 static int has_avx512_bf16(const cpu_features *f)
 {
@@ -461,7 +464,8 @@ static void dispatch_decide(void)
 {
     detect_cpu(&dispatch_cpu);
     const char *emu = getenv("ATTN_BF16_EMULATE");
-    bf16_emulate = emu && strcmp(emu, "1") == 0;
+    bf16_emulate_always = emu && strcmp(emu, "always") == 0;
+    bf16_emulate = emu && (strcmp(emu, "1") == 0 || bf16_emulate_always);
     decide_tiles(&dispatch_cpu, &dispatch_tiles);
     decide_microtile(&dispatch_tiles);
     const unsigned x = dispatch_cpu.extra;
@@ -492,6 +496,8 @@ static void dispatch_decide(void)
         snprintf(dispatch_reason, sizeof dispatch_reason, "forced by ATTN_ARCH=%s%s", env,
                  forced == ATTN_ARCH_AVX512_BF16 && !has_avx512_bf16(&dispatch_cpu)
                      ? " (vdpbf16ps emulated by AVX-512F: ATTN_BF16_EMULATE=1)"
+                 : forced == ATTN_ARCH_AVX512_BF16 && bf16_emulate_always
+                     ? " (vdpbf16ps emulated by AVX-512F: ATTN_BF16_EMULATE=always)"
                      : "");
     }
     /* The machine and the tiles, so that a benchmark line says what it ran with. */
@@ -570,6 +576,12 @@ unsigned attn__cpu_features(void)
 {
     pthread_once(&dispatch_once, dispatch_decide);
     return dispatch_cpu.extra;
+}
+
+int attn__bf16_emulate_always(void)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    return bf16_emulate_always;
 }
 
 unsigned attn_cpu_features(void) { return attn__cpu_features(); }

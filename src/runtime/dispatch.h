@@ -46,4 +46,8 @@ void attn__cpu_caches(const char **uarch, int64_t *l1d_kib, int64_t *l2_kib);
 /* attn_cpu_features for the library's own use (decided once). */
 unsigned attn__cpu_features(void);
 
+/* 1 when ATTN_BF16_EMULATE=always: the avx512bf16 path runs its emulated kernel even
+ * on a CPU with vdpbf16ps (for the tests that compare the two). */
+int attn__bf16_emulate_always(void);
+
 #endif /* ATTN_DISPATCH_H */
