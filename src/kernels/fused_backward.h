@@ -145,7 +145,8 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
  * in the first-level cache from one block to the next (FB_KC tiles' packed K, V
  * and accumulators are larger than it). Measured on S2 with one thread: 5% less
  * time with blocks of 32 rows than of 8 (one sub-block of 8 x 2 tiles), and 64
- * gave no more. */
+ * gave no more (nor on Zen 4 with the 4 x 4 body). One value for every body, as
+ * FB_KC: the planner sizes the scratch with the portable build's fb_ws_floats_of. */
 #define FB_RB 32
 #define FB_SB (FB_RB / FB_R)
 /* Keys of a slice in fb_block_tile's fast scores: a multiple of every build's key
