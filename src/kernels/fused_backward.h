@@ -129,8 +129,14 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 /* Query rows scored together against one key tile: each packed K^T (V^T) vector
  * loaded feeds FB_R FMAs.
  * FB_NV vectors side by side (of keys in the scores, of d in the products) keep
- * FB_R x FB_NV accumulators in registers: 16 of AVX-512's 32, 8 of AVX2's 16. */
+ * FB_R x FB_NV accumulators in registers: 16 of AVX-512's 32, 8 of AVX2's 16.
+ * A file may set FB_R, FB_NV, FB_SLICE and FB_KQ before including this one
+ * (sdpa_fused_backward_4x4_avx512.c: 4 x 4 register tiles for Zen 4). The shapes
+ * change only which products run side by side, never a sum's order, so every
+ * shape gives the same bits. */
+#ifndef FB_R
 #define FB_R 8
+#endif
 /* Sub-blocks of FB_R rows in one block of the one-pass form and of pass 1. The
  * scores, dP and dQ work on one sub-block at a time (their register tiles are
  * FB_R rows); the dK and dV products take the whole block, so their
@@ -138,22 +144,29 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
  * once per FB_RB rows instead of once per FB_R. Those accumulators do not stay
  * in the first-level cache from one block to the next (FB_KC tiles' packed K, V
  * and accumulators are larger than it). Measured on S2 with one thread: 5% less
- * time with four sub-blocks than with one, and eight gave no more. */
-#define FB_SB 4
-#define FB_RB (FB_SB * FB_R)
+ * time with blocks of 32 rows than of 8 (one sub-block of 8 x 2 tiles), and 64
+ * gave no more (nor on Zen 4 with the 4 x 4 body). One value for every body, as
+ * FB_KC: the planner sizes the scratch with the portable build's fb_ws_floats_of. */
+#define FB_RB 32
+#define FB_SB (FB_RB / FB_R)
 /* Keys of a slice in fb_block_tile's fast scores: a multiple of every build's key
  * step (FB_NV vectors: 32 keys for AVX-512, 8 for AVX2, 1 for portable C). With
  * AVX2, slices of one step (8 keys) took 1.5% more time than the whole range per
  * sub-block, slices of 32 keys 0.9% less; with AVX-512 the slices took 0-3% less
  * on S2 and 1-4% less on S3, S4 and S8 (one thread, CPU time, interleaved runs;
- * docs/performance.md). */
+ * docs/performance.md). The 4 x 4 body's step is 64 keys, the whole key tile, so
+ * its slice is the tile. */
+#ifndef FB_SLICE
 #define FB_SLICE 32
+#endif
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
+#ifndef FB_NV
 #if defined(ATTN_SIMD_AVX512)
 #define FB_NV 2
 #else
 #define FB_NV 1
+#endif
 #endif
 /* Vectors of d in the dK and dV tiles of FB_KQ keys (see fb_outer_keys), each
  * broadcast weight feeding FB_ND FMAs. */
@@ -917,9 +930,12 @@ static void fb_axpy(float *acc, float a, const float *x, int64_t len)
 /* Keys of dK and dV held in registers at once by fb_outer_acc: FB_KQ x FB_ND
  * accumulators (24 of AVX-512's 32 registers, 12 of AVX2's 16), so that each
  * loaded row vector feeds six FMAs. Four keys a tile (16 accumulators) took 2%
- * more time on S2 with one thread, AVX-512, and 5% more with AVX2; seven would
- * not leave registers for the loaded row. */
+ * more time on S2 with one thread, AVX-512, and 5% more with AVX2, on a Sapphire
+ * Rapids class Xeon; seven would not leave registers for the loaded row. On Zen 4
+ * four keys took 2.6% less time than six (the 4 x 4 body's FB_KQ). */
+#ifndef FB_KQ
 #define FB_KQ 6
+#endif
 
 /* c[q][v] += a[q] * x[v * SIMD_W] for kq keys q and FB_ND vectors v: one row's
  * terms into fb_outer_keys' register tile. */

@@ -20,7 +20,8 @@ const attn__fused_bwd_kernel *attn__fused_bwd_kernel_for(attn_arch arch)
     arch = attn__arch_isa(arch);
 #ifdef ATTN_HAVE_X86
     if (arch == ATTN_ARCH_AVX512)
-        return &attn__fused_bwd_kernel_avx512;
+        return attn__fused_microtile() == ATTN__MICROTILE_4X4 ? &attn__fused_bwd_kernel_avx512_4x4
+                                                             : &attn__fused_bwd_kernel_avx512;
     if (arch == ATTN_ARCH_AVX2)
         return &attn__fused_bwd_kernel_avx2;
 #endif

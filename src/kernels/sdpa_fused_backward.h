@@ -59,11 +59,14 @@ typedef struct attn__fused_bwd_kernel {
 extern const attn__fused_bwd_kernel attn__fused_bwd_kernel_scalar;
 #ifdef ATTN_HAVE_X86
 extern const attn__fused_bwd_kernel attn__fused_bwd_kernel_avx2;
-extern const attn__fused_bwd_kernel attn__fused_bwd_kernel_avx512;
+extern const attn__fused_bwd_kernel attn__fused_bwd_kernel_avx512;     /* tiles 8 x 2, 6 x 4 */
+extern const attn__fused_bwd_kernel attn__fused_bwd_kernel_avx512_4x4; /* tiles 4 x 4 */
 #endif
 
 /* The build for arch (REF gives the portable one), or NULL when this library was
- * built without it. */
+ * built without it. For AVX-512, the body of the register tiles that go with the
+ * forward's micro-tile shape chosen for this machine (attn__fused_microtile,
+ * src/runtime/dispatch.c); both bodies give the same bits. */
 const attn__fused_bwd_kernel *attn__fused_bwd_kernel_for(attn_arch arch);
 
 #endif /* ATTN_SDPA_FUSED_BACKWARD_H */

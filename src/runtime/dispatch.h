@@ -22,8 +22,11 @@ void attn__fused_tiles(int64_t *br, int64_t *bc);
 /* The AVX-512 build's micro-tile shapes (keys x vectors of query rows for the
  * scores, rows x vectors of value columns for the weighted sum): two bodies of
  * src/kernels/fused_kernel.h, chosen once per process for the microarchitecture or
- * forced by ATTN_MICROTILE=8x2|4x4. Both give the same bits
- * (tests/test_fused_microtile.c); only their speed differs. */
+ * forced by ATTN_MICROTILE=8x2|4x4. The fused backward's two AVX-512 bodies
+ * (src/kernels/fused_backward.h's register tiles, sdpa_fused_backward_avx512.c and
+ * sdpa_fused_backward_4x4_avx512.c) follow the same choice. Both shapes give the
+ * same bits (tests/test_fused_microtile.c, tests/test_fused_backward_microtile.c);
+ * only their speed differs. */
 typedef enum attn__microtile {
     ATTN__MICROTILE_8X2, /* src/kernels/sdpa_fused_avx512.c */
     ATTN__MICROTILE_4X4  /* src/kernels/sdpa_fused_4x4_avx512.c */
