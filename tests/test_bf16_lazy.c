@@ -300,10 +300,16 @@ static void child(int emulated, unsigned char *res)
         setenv("ATTN_BF16_EMULATE", "always", 1);
     else
         unsetenv("ATTN_BF16_EMULATE");
+    setenv("ATTN_ARCH", "avx512bf16", 1); /* so that the reason says which kernel runs */
     if (!attn_arch_supported(ATTN_ARCH_AVX512_BF16) ||
         (!emulated && !(attn_cpu_features() & ATTN_CPU_AVX512_BF16)))
         _exit(SKIPPED);
-    int broken = 0;
+    /* The comparison of the two kernels means something only if each child runs the
+     * kernel it names. */
+    const char *reason = attn_arch_reason(NULL);
+    int broken = (strstr(reason, "emulated") != NULL) != emulated;
+    if (broken)
+        fprintf(stderr, "   the %s child runs: %s\n", emulated ? "emulated" : "native", reason);
     for (int n = 0; n < N_PROBLEMS; n++) {
         const problem p = problem_of(n);
         broken += check_problem(&p, res);
