@@ -26,6 +26,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "check.h"
+#include "child.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -33,12 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-/* A child's exit status when this CPU or build has no AVX-512 path. */
-#define SKIPPED 77
+static const char *const shapes[2] = {"8x2", "4x4"};
 
 enum { O_NONE, O_CAUSAL_TL, O_CAUSAL_BR, O_WINDOW, O_SOFTCAP, O_ALIBI, O_MASK, O_PADDING,
        O_BIAS, O_NAN, O_KINDS };
@@ -203,15 +200,15 @@ static int64_t bit_differences(const float *a, const float *b, int64_t n)
     return bad;
 }
 
-/* The child for one shape: every problem with 1 thread (into res) and 2 threads.
- * The parent calls nothing of the library before the forks, so each child decides
- * the dispatch itself, under its own ATTN_MICROTILE. Exits with 1 on a failure,
- * SKIPPED without AVX-512. */
-static void child(const char *shape, float *res)
+/* The child for shapes[s]: every problem with 1 thread (into res) and 2 threads,
+ * under its own ATTN_MICROTILE (child.h). Skipped without AVX-512. */
+static void child(int s, void *out)
 {
+    const char *shape = shapes[s];
+    float *res = out;
     setenv("ATTN_MICROTILE", shape, 1);
     if (!attn_arch_supported(ATTN_ARCH_AVX512))
-        _exit(SKIPPED);
+        _exit(TU_CHILD_SKIPPED);
     char want[32];
     snprintf(want, sizeof want, "micro-tiles %s, forced", shape);
     CHECK(strstr(attn_arch_reason(NULL), want) != NULL);
@@ -231,7 +228,6 @@ static void child(const char *shape, float *res)
         res += nf;
         free(two);
     }
-    _exit(check_failures_ > 0);
 }
 
 int main(void)
@@ -244,29 +240,16 @@ int main(void)
         total += result_floats(&p);
     }
     const size_t bytes = 2 * (size_t)total * sizeof(float);
-    float *shared = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    CHECK(shared != MAP_FAILED);
-    if (shared == MAP_FAILED)
+    float *shared = tu_shared_alloc(bytes);
+    if (!shared)
         return check_summary("test_fused_backward_microtile");
-    static const char *shapes[2] = {"8x2", "4x4"};
-    for (int s = 0; s < 2; s++) {
-        fflush(NULL);
-        const pid_t pid = fork();
-        CHECK(pid >= 0);
-        if (pid == 0)
-            child(shapes[s], shared + s * total);
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == SKIPPED) {
+    for (int s = 0; s < 2; s++)
+        if (tu_run_child(child, s, shared + s * total, shapes[s]) == TU_CHILD_SKIP) {
             printf("test_fused_backward_microtile: skipped (this CPU or build has no AVX-512 "
                    "path)\n");
-            munmap(shared, bytes);
+            tu_shared_free(shared, bytes);
             return check_summary("test_fused_backward_microtile");
         }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            fprintf(stderr, "   the %s child failed (status %d)\n", shapes[s], status);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
 
     /* The two shapes' gradients, problem by problem, bit for bit. */
     const float *a = shared, *b = shared + total;
@@ -290,6 +273,6 @@ int main(void)
     CHECK(nans > 0);
     printf("test_fused_backward_microtile: %d problems, 8x2 and 4x4 %s\n", N_PROBLEMS,
            differing ? "differ" : "give the same bits");
-    munmap(shared, bytes);
+    tu_shared_free(shared, bytes);
     return check_summary("test_fused_backward_microtile");
 }

@@ -29,6 +29,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "check.h"
+#include "child.h"
 #include "option_problems.h"
 #include "test_util.h"
 
@@ -37,12 +38,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-/* A child's exit status when this CPU or build has no AVX-512 path. */
-#define SKIPPED 77
+static const char *const shapes[2] = {"8x2", "4x4"};
 
 static const int64_t sizes[] = {1, 3, 17, 113, 200};
 static const int64_t dims[] = {1, 3, 17, 64, 128};
@@ -82,15 +79,16 @@ static problem problem_of(int n)
     return p;
 }
 
-/* The child for one shape: every problem on the AVX-512 fused path with 1 thread
- * (into res) and 2 threads, and on the reference. The parent calls nothing of the
- * library before the forks, so each child decides the dispatch itself, under its
- * own ATTN_MICROTILE. Exits with 1 on a failure, SKIPPED without AVX-512. */
-static void child(const char *shape, float *res)
+/* The child for shapes[s]: every problem on the AVX-512 fused path with 1 thread
+ * (into res) and 2 threads, and on the reference, under its own ATTN_MICROTILE
+ * (child.h). Skipped without AVX-512. */
+static void child(int s, void *out)
 {
+    const char *shape = shapes[s];
+    float *res = out;
     setenv("ATTN_MICROTILE", shape, 1);
     if (!attn_arch_supported(ATTN_ARCH_AVX512))
-        _exit(SKIPPED);
+        _exit(TU_CHILD_SKIPPED);
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     ctx.impl = ATTN_IMPL_FUSED;
@@ -122,13 +120,13 @@ static void child(const char *shape, float *res)
         free(two);
         free(ref);
     }
-    _exit(check_failures_ > 0);
 }
 
 /* A child that sets ATTN_MICROTILE to something that is not a shape: the value is
  * ignored, and the reason says so and names the shape used instead. */
-static void child_invalid(void)
+static void child_invalid(int unused, void *res)
 {
+    (void)unused, (void)res;
     setenv("ATTN_MICROTILE", "5x5", 1);
     const char *reason = attn_arch_reason(NULL);
     const int said = strstr(reason, "ATTN_MICROTILE=5x5 ignored") != NULL &&
@@ -137,7 +135,6 @@ static void child_invalid(void)
         fprintf(stderr, "   ATTN_MICROTILE=5x5: the reason does not say it was ignored: %s\n",
                 reason);
     CHECK(said);
-    _exit(check_failures_ > 0);
 }
 
 int main(void)
@@ -150,37 +147,17 @@ int main(void)
         total += result_floats(&p);
     }
     const size_t bytes = 2 * (size_t)total * sizeof(float);
-    float *shared = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    CHECK(shared != MAP_FAILED);
-    if (shared == MAP_FAILED)
+    float *shared = tu_shared_alloc(bytes);
+    if (!shared)
         return check_summary("test_fused_microtile");
-    static const char *shapes[2] = {"8x2", "4x4"};
-    for (int s = 0; s < 2; s++) {
-        fflush(NULL);
-        const pid_t pid = fork();
-        CHECK(pid >= 0);
-        if (pid == 0)
-            child(shapes[s], shared + s * total);
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == SKIPPED) {
+    for (int s = 0; s < 2; s++)
+        if (tu_run_child(child, s, shared + s * total, shapes[s]) == TU_CHILD_SKIP) {
             printf("test_fused_microtile: skipped (this CPU or build has no AVX-512 path)\n");
-            munmap(shared, bytes);
+            tu_shared_free(shared, bytes);
             return check_summary("test_fused_microtile");
         }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            fprintf(stderr, "   the %s child failed (status %d)\n", shapes[s], status);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
     TEST("an ATTN_MICROTILE value that is not 8x2 or 4x4 is ignored, and the reason says so");
-    fflush(NULL);
-    const pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0)
-        child_invalid();
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    tu_run_child(child_invalid, 0, NULL, "ATTN_MICROTILE=5x5");
 
     /* The two shapes' results, problem by problem, bit for bit. */
     const float *a = shared, *b = shared + total;
@@ -199,6 +176,6 @@ int main(void)
     CHECK_INT(differing, 0);
     printf("test_fused_microtile: %d problems, 8x2 and 4x4 %s\n", N_PROBLEMS,
            differing ? "differ" : "give the same bits");
-    munmap(shared, bytes);
+    tu_shared_free(shared, bytes);
     return check_summary("test_fused_microtile");
 }
