@@ -746,27 +746,33 @@ static void b16_item(void *arg, int64_t item, int worker)
             }
         }
         /* A tile at the causal diagonal likewise, with its hidden keys' weights 0 and the
-         * blocks no row sees left out (b16_diag_weights, b16_pv_diag); it writes Pp
-         * from its start, so the pending tiles' sum goes first. Values with an inf
-         * or a NaN keep the plain steps (0 times inf is NaN). */
+         * blocks no row sees left out (b16_diag_weights); right after pending tiles,
+         * its weights go to Pp's next blocks and b16_pv_diag sums them all in one
+         * pass. Values with an inf or a NaN keep the plain steps (0 times inf is
+         * NaN). */
         if (!B16_OVERLAP && kind == FK_PARTIAL && B16_MT44 && lazy_misses < B16_LAZY_MISSES &&
             b16_diag_lazy(&t, j0, nkp)) {
             int vbad_any = 0;
             for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
                 vbad_any |= vbad[blk];
             if (!vbad_any) {
-                if (pend_nkp) {
+                const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
+                                           pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
+                                       ? pend_nkp
+                                       : 0;
+                if (pend_nkp && !at) {
                     b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL,
                            NULL);
                     pend_nkp = 0;
                 }
-                if (b16_diag_weights(kp + j0 * dp, dp, qp, nr, dp, t.m, s->scale, tsum, pp,
-                                     !s->lse)) {
+                if (b16_diag_weights(kp + j0 * dp, dp, qp, nr, dp, t.m, s->scale, tsum,
+                                     pp + at / 32 * (nr / 16) * 512, !s->lse)) {
                     b16_add_sums(t.l, l2, tsum, nr);
-                    b16_pv_diag(vt + j0 / 32 * dvp * 32, pp, OT, br, nr, dvp);
+                    b16_pv_diag(vt + (j0 - at) / 32 * dvp * 32, pp, OT, br, at, nr, dvp);
+                    pend_nkp = 0;
                     continue;
                 }
-                lazy_misses++;
+                lazy_misses++; /* the plain steps below sum the pending tiles first */
             }
         }
         /* The plain steps below write Pp and correct O^T: the pending tiles' sum first. */
