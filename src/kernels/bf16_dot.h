@@ -230,8 +230,10 @@ static void b16_pv_diag(const uint16_t *vt, const uint16_t *pp, float *OT, int64
             /* Quarter k = g0 + y0 of the diagonal tile's keys: pairs 8 (k % 2) ..
              * 8 (k % 2) + 7 of its block k / 2, block pre / 32 + k / 2 from vt and pp. */
 #define B16_PV_QUARTER(y0)                                                                     \
-    b16_block4t(acc, y0, vt + (pre / 32 + (g0 + y0) / 2) * dvp * 32 + e0 * 32 + 16 * ((g0 + y0) % 2), \
-                32, 0, pp + ((pre / 32 + (g0 + y0) / 2) * groups + g0) * 512 + 256 * ((g0 + y0) % 2), \
+    b16_block4t(acc, y0,                                                                       \
+                vt + (pre / 32 + (g0 + y0) / 2) * dvp * 32 + e0 * 32 + 16 * ((g0 + y0) % 2),   \
+                32, 0,                                                                         \
+                pp + ((pre / 32 + (g0 + y0) / 2) * groups + g0) * 512 + 256 * ((g0 + y0) % 2), \
                 0, 1, 8)
             B16_PV_QUARTER(0);
             B16_PV_QUARTER(1);

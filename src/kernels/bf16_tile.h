@@ -403,7 +403,8 @@ static __attribute__((noinline)) int b16_diag_weights(const uint16_t *kp, int64_
 static void b16_add_sums(float *l, float *l2, const float *tsum, int64_t nr)
 {
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-        _mm512_storeu_ps(l + r0, _mm512_add_ps(_mm512_loadu_ps(l + r0), _mm512_loadu_ps(tsum + r0)));
+        _mm512_storeu_ps(l + r0,
+                         _mm512_add_ps(_mm512_loadu_ps(l + r0), _mm512_loadu_ps(tsum + r0)));
         _mm512_storeu_ps(l2 + r0, _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
                                                 _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
     }
