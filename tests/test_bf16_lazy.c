@@ -13,8 +13,15 @@
  * of a tile (one block goes beyond after others were taken; two such tiles end the
  * item's tries), a jump of 7.9 at one key a tile (weights near 2^8 kept against the
  * stale max), and a fall of 11.5 a tile (weights that underflow). Each runs with and
- * without the log-sum-exp, without a mask and causal (the diagonal's tiles take the
- * plain steps), with D of 48, 64 and 128 and grouped-query heads.
+ * without the log-sum-exp, without a mask, causal top-left and bottom-right, with D
+ * of 48, 64 and 128 and grouped-query heads. The shapes whose causal diagonal falls on
+ * whole 64 x 64 tiles (Tq = Tk = 256 top-left, Tq 128 and Tk 320 either way) take
+ * those tiles' weights against the stale max too (b16_diag_weights: hidden keys weight
+ * 0, the blocks no row sees left out), and the fills reach its branches as well: a
+ * diagonal tile within 2^8, one that goes beyond (the ramp, the jumps), one after the
+ * item's tries ended, and a jump of 200 at key Tk - 4, which only the last rows of the
+ * last diagonal tile see (its block of 16 rows at the diagonal must go beyond, or the
+ * weight 2^200 overflows).
  *
  * Against a float64 oracle on the same bfloat16 arrays, each output must lie within
  * 2^-8 (max |v| + |exact|): every weight is rounded to bfloat16 (2^-9 relative) and the
@@ -50,10 +57,11 @@
 /* A child's exit status when this CPU or build cannot run its kernel. */
 #define SKIPPED 77
 
-enum { FILL_SPREAD, FILL_RAMP, FILL_JUMPS, FILL_NEAR, FILL_FALL, FILL_COUNT };
+enum { FILL_SPREAD, FILL_RAMP, FILL_JUMPS, FILL_NEAR, FILL_FALL, FILL_LATE, FILL_COUNT };
 static const char *const fill_names[] = {
     "one spread", "a ramp of 40 a tile", "jumps of 11.5 at keys 165 and 261",
-    "a jump of 7.9 at key 37 of each tile", "a fall of 11.5 a tile"};
+    "a jump of 7.9 at key 37 of each tile", "a fall of 11.5 a tile",
+    "a jump of 200 at key Tk - 4"};
 
 typedef struct problem {
     int H, Hkv, Tq, Tk, D;
@@ -61,11 +69,13 @@ typedef struct problem {
 } problem;
 
 /* (H, Hkv, Tq, Tk, D): 70 query rows (a tile and a tail), 525 keys (8 tiles of 64
- * and a tail). */
-static const int shapes[][5] = {
-    {2, 2, 70, 525, 64}, {4, 2, 70, 525, 128}, {2, 1, 70, 525, 48}};
-#define N_SHAPES 3
-#define N_PROBLEMS (N_SHAPES * FILL_COUNT * 2 * 2)
+ * and a tail); then whole tiles, the causal diagonal on whole tiles. */
+static const int shapes[][5] = {{2, 2, 70, 525, 64},  {4, 2, 70, 525, 128},
+                                {2, 1, 70, 525, 48},  {2, 2, 256, 256, 64},
+                                {4, 2, 128, 320, 64}, {2, 1, 256, 256, 128}};
+#define N_SHAPES 6
+/* causal: 0 none, 1 top-left, 2 bottom-right. */
+#define N_PROBLEMS (N_SHAPES * FILL_COUNT * 3 * 2)
 
 static problem problem_of(int n)
 {
@@ -74,8 +84,8 @@ static problem problem_of(int n)
     problem p = {s[0], s[1], s[2], s[3], s[4], 0, 0, 0};
     p.fill = n % FILL_COUNT;
     n /= FILL_COUNT;
-    p.causal = n % 2;
-    p.with_lse = n / 2;
+    p.causal = n % 3;
+    p.with_lse = n / 3;
     return p;
 }
 
@@ -95,7 +105,8 @@ static float uniform(void)
 /* q and k in [-2, 2), v in [-1, 1); the fills other than FILL_SPREAD then set q's
  * column 0 to 2 and k's column 0 to a step over 2. A raw product of 64 sqrt(D / 64)
  * is 8 after the default scale 1 / sqrt(D): 8 log2(e) = 11.5 in base 2, beyond the
- * stale max's 8; FILL_NEAR's 44 sqrt(D / 64) is 7.9, within it. */
+ * stale max's 8; FILL_NEAR's 44 sqrt(D / 64) is 7.9, within it, FILL_LATE's 1109
+ * sqrt(D / 64) 200. */
 static void fill(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v)
 {
     rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)(p->fill * 7919 + p->D * 31 + p->H);
@@ -129,6 +140,10 @@ static void fill(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v)
             if (j % 64 == 37)
                 k0 = 22.0f * unit;
             break;
+        case FILL_LATE:
+            if (j == p->Tk - 4)
+                k0 = 554.5f * unit;
+            break;
         }
         k[r * p->D] = attn__f32_to_bf16(k0);
     }
@@ -150,7 +165,9 @@ static void oracle(const problem *p, const uint16_t *q, const uint16_t *k, const
         const int hk = h / (p->H / p->Hkv);
         for (int i = 0; i < p->Tq; i++) {
             const uint16_t *qi = q + ((int64_t)h * p->Tq + i) * p->D;
-            const int seen = p->causal ? (i + 1 < p->Tk ? i + 1 : p->Tk) : p->Tk;
+            /* The keys row i sees: up to i (top-left), i + Tk - Tq (bottom-right). */
+            const int last = p->causal == 2 ? i + p->Tk - p->Tq : i;
+            const int seen = p->causal ? (last + 1 < p->Tk ? last + 1 : p->Tk) : p->Tk;
             double m = -INFINITY, mag = 0;
             for (int j = 0; j < seen; j++) {
                 const uint16_t *kj = k + ((int64_t)hk * p->Tk + j) * p->D;
@@ -191,7 +208,9 @@ static void oracle(const problem *p, const uint16_t *q, const uint16_t *k, const
 static void describe(const problem *p)
 {
     fprintf(stderr, "   H %d over %d, Tq %d, Tk %d, D %d, %s, %s, %s\n", p->H, p->Hkv, p->Tq,
-            p->Tk, p->D, p->causal ? "causal" : "no mask", fill_names[p->fill],
+            p->Tk, p->D,
+            p->causal == 2 ? "causal bottom-right" : p->causal ? "causal" : "no mask",
+            fill_names[p->fill],
             p->with_lse ? "with lse" : "no lse");
 }
 
@@ -213,7 +232,9 @@ static int run(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v, int thre
     attn_tensor_init(&ctx, &tl, ATTN_DTYPE_F32, lse, 3, ls);
     attn_sdpa_params prm;
     attn_sdpa_params_init(&prm);
-    prm.causal = p->causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    prm.causal = p->causal == 2 ? ATTN_CAUSAL_BOTTOM_RIGHT
+                 : p->causal    ? ATTN_CAUSAL_TOP_LEFT
+                                : ATTN_CAUSAL_NONE;
     prm.lse = p->with_lse ? &tl : NULL;
     for (int64_t i = 0; i < lse_count(p); i++)
         lse[i] = 0.0f;
@@ -337,8 +358,8 @@ int main(void)
     for (int e = 0; e < 2; e++) {
         char what[256];
         snprintf(what, sizeof what,
-                 "the %s kernel: %d problems (every fill, causal or not, with and without "
-                 "lse) within the oracle's bounds, 1, 2 and 3 threads the same bits",
+                 "the %s kernel: %d problems (every fill, causal top-left, bottom-right or "
+                 "not, with and without lse) within the oracle's bounds, 1, 2 and 3 threads the same bits",
                  kernels[e], N_PROBLEMS);
         TEST(what);
         fflush(NULL);

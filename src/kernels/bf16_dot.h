@@ -61,6 +61,31 @@ static inline __m512i b16_pair(const uint16_t *p)
 B16_DEFINE_BLOCK(b16_block82, 8, 2)
 B16_DEFINE_BLOCK(b16_block44, 4, 4)
 
+/* b16_block44 for the query vectors y0 .. 3 only (y0 a constant at each call site)
+ * and the first np pairs of each block of 32: the blocks of a tile at the causal
+ * diagonal that some of their rows see (bf16_tile.h's b16_diag_weights,
+ * b16_pv_diag). Each lane sums its pairs in the same order as b16_block44. */
+static inline __attribute__((always_inline)) void b16_block4t(__m512 acc[4][4], const int y0,
+                                                              const uint16_t *a0, int64_t lda,
+                                                              int64_t astride, const uint16_t *b0,
+                                                              int64_t bstride, int64_t n32,
+                                                              const int np)
+{
+    for (int64_t kb = 0; kb < n32; kb++) {
+        const uint16_t *a = a0 + kb * astride, *b = b0 + kb * bstride;
+        for (int p = 0; p < np; p++) {
+            __m512i q[4];
+            for (int y = y0; y < 4; y++)
+                q[y] = _mm512_loadu_si512(b + y * 512 + p * 32);
+            for (int x = 0; x < 4; x++) {
+                const __m512i kw = b16_pair(a + x * lda + 2 * p);
+                for (int y = y0; y < 4; y++)
+                    acc[x][y] = B16_DP(acc[x][y], kw, q[y]);
+            }
+        }
+    }
+}
+
 /* b16_pv applies the key tile's correction alpha itself (bf16_tile.h then runs no
  * pass of its own over O^T for it); alpha NULL means a correction of 1 (no
  * multiplies: x * 1 is x). */
@@ -178,6 +203,47 @@ static void b16_pv(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ld
     for (; g < groups; g += 2)
         for (int64_t e0 = 0; e0 < dvp; e0 += 8)
             b16_pv82(vt, pp, OT, ldo, e0, g, groups, seen ? b16_round32(seen[g + 1]) : nkp, dvp, alpha);
+}
+
+/* b16_pv (alpha 1, no seen) for `pre` keys of full tiles (a multiple of 32) and then a
+ * tile at the causal diagonal where key c of the tile is visible to row r exactly
+ * when c <= r (nkp = nr, a multiple of 64), from Pp's blocks in that order and vt at
+ * the first key: one pass over O^T for both. The 16 rows of group g see the diagonal
+ * tile's keys below 16 (g + 1) only, so each block of 64 rows sums the keys before its
+ * own 64 whole (b16_block44), then its 64 by quarters of 16, each for the groups that
+ * see some of it: 5/8 of the diagonal tile's products, where the 32-row blocks of
+ * seen make 3/4. The pairs it reads of hidden keys are 0 (b16_diag_weights writes
+ * them so); the others it does not read. Each lane sums its keys in order, as
+ * b16_pv does, a pass for the full tiles and one for the diagonal tile included. */
+static void b16_pv_diag(const uint16_t *vt, const uint16_t *pp, float *OT, int64_t ldo,
+                        int64_t pre, int64_t nr, int64_t dvp)
+{
+    const int64_t groups = nr / 16;
+    for (int64_t g0 = 0; g0 < groups; g0 += 4)
+        for (int64_t e0 = 0; e0 < dvp; e0 += 4) {
+            __m512 acc[4][4];
+            for (int x = 0; x < 4; x++)
+                for (int y = 0; y < 4; y++)
+                    acc[x][y] = _mm512_loadu_ps(OT + (e0 + x) * ldo + 16 * (g0 + y));
+            b16_block44(acc, vt + e0 * 32, 32, dvp * 32, pp + g0 * 512, groups * 512,
+                        pre / 32 + g0 / 2);
+            /* Quarter k = g0 + y0 of the diagonal tile's keys: pairs 8 (k % 2) ..
+             * 8 (k % 2) + 7 of its block k / 2, block pre / 32 + k / 2 from vt and pp. */
+#define B16_PV_QUARTER(y0)                                                                     \
+    b16_block4t(acc, y0,                                                                       \
+                vt + (pre / 32 + (g0 + y0) / 2) * dvp * 32 + e0 * 32 + 16 * ((g0 + y0) % 2),   \
+                32, 0,                                                                         \
+                pp + ((pre / 32 + (g0 + y0) / 2) * groups + g0) * 512 + 256 * ((g0 + y0) % 2), \
+                0, 1, 8)
+            B16_PV_QUARTER(0);
+            B16_PV_QUARTER(1);
+            B16_PV_QUARTER(2);
+            B16_PV_QUARTER(3);
+#undef B16_PV_QUARTER
+            for (int x = 0; x < 4; x++)
+                for (int y = 0; y < 4; y++)
+                    _mm512_storeu_ps(OT + (e0 + x) * ldo + 16 * (g0 + y), acc[x][y]);
+        }
 }
 
 #endif /* ATTN_BF16_DOT_H */

@@ -23,7 +23,8 @@
  *                    own first (b16_rescale)
  *
  * A kernel that defines B16_FUSED_WEIGHTS 1 (its scores in b16_block44's registers)
- * lets the item take a full tile's weights from them (b16_scores_weights).
+ * lets the item take a full tile's weights from them (b16_scores_weights), and a
+ * causal diagonal tile's (b16_diag_weights, with its b16_pv_diag).
  *
  * B16_NATIVE_CVT when it has AVX512-BF16's vcvtne2ps2bf16 (the weights are
  * then rounded to bfloat16 by it, else by integer steps that round the same way:
@@ -261,10 +262,56 @@ FK_INLINE __m512 b16_exp2_3(__m512 x)
 #define B16_SEEN_MAX 512
 
 #if B16_FUSED_WEIGHTS
-/* b16_scores_weights' body, with coarse: b16_exp2_3 rather than b16_exp2. */
+/* One step of b16_scores_weights: the scores of keys c0 .. c0 + 3 for the query
+ * vectors y0 .. 3 of the four from group g (b16_block4t), straight to their weights
+ * against the max (m2, base 2), rounded into Pp's pairs; vsum and vrsum gather the
+ * weights' sums. With masked (a tile at the causal diagonal, b16_diag_weights),
+ * group g + y0 holds the diagonal: its lane q (row 16 (g + y0) + q) sees key c0 + x
+ * only when c0 % 16 + x <= q, and a hidden key's weight is 0, whatever its score.
+ * Returns the lanes whose exponent is above B16_LAZY_MAX (or NaN). */
+FK_INLINE __mmask16 b16_lazy_step(const uint16_t *kp, int64_t ldk, const uint16_t *qp,
+                                  int64_t groups, int64_t dp, int64_t c0, int64_t g, const int y0,
+                                  const int masked, const __m512 *m2, __m512 vmul, __m512 vlim,
+                                  __m512i vidx, __m512 *vsum, __m512 *vrsum, uint16_t *pp,
+                                  const int coarse)
+{
+    __m512 acc[4][4];
+    for (int x = 0; x < 4; x++)
+        for (int y = y0; y < 4; y++)
+            acc[x][y] = _mm512_setzero_ps();
+    b16_block4t(acc, y0, kp + c0 * ldk, ldk, 32, qp + g * 512, groups * 512, dp / 32, 16);
+    /* Keys c0 .. c0 + 3 are pairs c0 / 2 and c0 / 2 + 1 of Pp's block c0 / 32. */
+    uint16_t *dst = pp + ((c0 / 32 * groups + g) * 16 + (c0 % 32) / 2) * 32;
+    __mmask16 over = 0;
+    for (int y = y0; y < 4; y++) {
+        __m512 p[4];
+        for (int x = 0; x < 4; x++) {
+            const __m512 xv = _mm512_fmsub_ps(acc[x][y], vmul, m2[g + y]);
+            const __m512 e = coarse ? b16_exp2_3(xv) : b16_exp2(xv);
+            if (masked && y == y0) {
+                const __mmask16 vis = (__mmask16)(0xffffu << (c0 % 16 + x));
+                over |= _mm512_mask_cmp_ps_mask(vis, xv, vlim, _CMP_NLE_UQ);
+                p[x] = _mm512_maskz_mov_ps(vis, e);
+            } else {
+                over |= _mm512_cmp_ps_mask(xv, vlim, _CMP_NLE_UQ);
+                p[x] = e;
+            }
+            vsum[y] = _mm512_add_ps(vsum[y], p[x]);
+        }
+        const __m512i w01 = b16_pairs(p[0], p[1], vidx), w23 = b16_pairs(p[2], p[3], vidx);
+        vrsum[y] = b16_pair_sum(b16_pair_sum(vrsum[y], w01), w23);
+        _mm512_storeu_si512(dst + y * 512, w01);
+        _mm512_storeu_si512(dst + y * 512 + 32, w23);
+    }
+    return over;
+}
+
+/* b16_scores_weights' body, with coarse: b16_exp2_3 rather than b16_exp2; with diag,
+ * b16_diag_weights'. */
 FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uint16_t *qp,
                                       int64_t nkp, int64_t nr, int64_t dp, const float *m,
-                                      float scale, float *tsum, uint16_t *pp, const int coarse)
+                                      float scale, float *tsum, uint16_t *pp, const int coarse,
+                                      const int diag)
 {
     const int64_t groups = nr / 16;
     __m512 m2[B16_SEEN_MAX / 16];
@@ -286,27 +333,24 @@ FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uin
         __m512 vsum[4], vrsum[4];
         for (int y = 0; y < 4; y++)
             vsum[y] = vrsum[y] = _mm512_setzero_ps();
-        for (int64_t c0 = 0; c0 < nkp; c0 += 4) {
-            __m512 acc[4][4];
-            for (int x = 0; x < 4; x++)
-                for (int y = 0; y < 4; y++)
-                    acc[x][y] = _mm512_setzero_ps();
-            b16_block44(acc, kp + c0 * ldk, ldk, 32, qp + g * 512, groups * 512, dp / 32);
-            /* Keys c0 .. c0 + 3 are pairs c0 / 2 and c0 / 2 + 1 of Pp's block c0 / 32. */
-            uint16_t *dst = pp + ((c0 / 32 * groups + g) * 16 + (c0 % 32) / 2) * 32;
-            for (int y = 0; y < 4; y++) {
-                __m512 p[4];
-                for (int x = 0; x < 4; x++) {
-                    const __m512 xv = _mm512_fmsub_ps(acc[x][y], vmul, m2[g + y]);
-                    over |= _mm512_cmp_ps_mask(xv, vlim, _CMP_NLE_UQ);
-                    p[x] = coarse ? b16_exp2_3(xv) : b16_exp2(xv);
-                    vsum[y] = _mm512_add_ps(vsum[y], p[x]);
+        /* At the diagonal, the keys from 16 (g + 4) on are hidden from these rows. */
+        const int64_t cend = diag ? fk_min(nkp, 16 * (g + 4)) : nkp;
+        for (int64_t c0 = 0; c0 < cend; c0 += 4) {
+#define B16_STEP(y0, masked)                                                                   \
+    b16_lazy_step(kp, ldk, qp, groups, dp, c0, g, y0, masked, m2, vmul, vlim, vidx, vsum, vrsum, \
+                  pp, coarse)
+            if (!diag || c0 < 16 * g)
+                over |= B16_STEP(0, 0);
+            else
+                /* Keys c0 .. c0 + 3 are in group g + y0's 16 x 16 diagonal block; the
+                 * groups before it see none of them. */
+                switch (c0 / 16 - g) {
+                case 0: over |= B16_STEP(0, 1); break;
+                case 1: over |= B16_STEP(1, 1); break;
+                case 2: over |= B16_STEP(2, 1); break;
+                default: over |= B16_STEP(3, 1); break;
                 }
-                const __m512i w01 = b16_pairs(p[0], p[1], vidx), w23 = b16_pairs(p[2], p[3], vidx);
-                vrsum[y] = b16_pair_sum(b16_pair_sum(vrsum[y], w01), w23);
-                _mm512_storeu_si512(dst + y * 512, w01);
-                _mm512_storeu_si512(dst + y * 512 + 32, w23);
-            }
+#undef B16_STEP
             if (over)
                 return 0; /* the plain steps redo the tile: stop wasting work on it */
         }
@@ -335,8 +379,48 @@ static __attribute__((noinline)) int b16_scores_weights(const uint16_t *kp, int6
                                                         float scale, float *tsum, uint16_t *pp,
                                                         int coarse)
 {
-    return coarse ? b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 1)
-                  : b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 0);
+    return coarse ? b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 1, 0)
+                  : b16_scores_weights_body(kp, ldk, qp, nkp, nr, dp, m, scale, tsum, pp, 0, 0);
+}
+
+/* b16_scores_weights for a tile at the causal diagonal where key c of the tile is
+ * visible to row r exactly when c <= r (b16_diag_lazy; nkp = nr, a multiple of 64,
+ * at most B16_SEEN_MAX): the blocks of 4 keys x 16 rows that no row sees are left
+ * out (5/8 of the tile's products are made), the hidden keys of the 16 x 16 blocks
+ * on the diagonal get weight 0, and their scores are not held to B16_LAZY_MAX. The
+ * pairs of Pp that b16_pv_diag reads are written; the others are not. */
+static __attribute__((noinline)) int b16_diag_weights(const uint16_t *kp, int64_t ldk,
+                                                      const uint16_t *qp, int64_t nr, int64_t dp,
+                                                      const float *m, float scale, float *tsum,
+                                                      uint16_t *pp, int coarse)
+{
+    return coarse ? b16_scores_weights_body(kp, ldk, qp, nr, nr, dp, m, scale, tsum, pp, 1, 1)
+                  : b16_scores_weights_body(kp, ldk, qp, nr, nr, dp, m, scale, tsum, pp, 0, 1);
+}
+
+/* l += tsum and l2 += tsum + B16_SEEN_MAX, the sums of a tile's weights against the
+ * running max (b16_scores_weights, b16_diag_weights), nr rows. */
+static void b16_add_sums(float *l, float *l2, const float *tsum, int64_t nr)
+{
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        _mm512_storeu_ps(l + r0,
+                         _mm512_add_ps(_mm512_loadu_ps(l + r0), _mm512_loadu_ps(tsum + r0)));
+        _mm512_storeu_ps(l2 + r0, _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
+                                                _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
+    }
+}
+
+/* 1 when the key tile j0 .. j0 + nkp - 1 of t is at the causal diagonal so that key
+ * j0 + c is visible to row i0 + r exactly when c <= r, and its weights may go by
+ * b16_diag_weights: causal alone hides keys (no window, mask nor bias), no option
+ * changes the scores, every row and key of the tile is real, and nkp = nr. */
+static int b16_diag_lazy(const fk_tile *t, int64_t j0, int64_t nkp)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t off = s->causal == ATTN_CAUSAL_TOP_LEFT ? 0 : s->offset;
+    return s->causal && !s->has_window && !s->mask.data && !fk_has_score_mod(s) &&
+           s->scale > 0.0f && nkp == t->nr && t->nr % 64 == 0 && t->nr <= B16_SEEN_MAX &&
+           t->i1 - t->i0 == t->nr && j0 + nkp <= s->Tk && j0 == t->i0 + off;
 }
 #endif
 
@@ -652,13 +736,7 @@ static void b16_item(void *arg, int64_t item, int worker)
                                     pp + at / 32 * (nr / 16) * 512, !s->lse))
                 lazy_misses++;
             else {
-                for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-                    _mm512_storeu_ps(t.l + r0, _mm512_add_ps(_mm512_loadu_ps(t.l + r0),
-                                                             _mm512_loadu_ps(tsum + r0)));
-                    _mm512_storeu_ps(l2 + r0,
-                                     _mm512_add_ps(_mm512_loadu_ps(l2 + r0),
-                                                   _mm512_loadu_ps(tsum + B16_SEEN_MAX + r0)));
-                }
+                b16_add_sums(t.l, l2, tsum, nr);
                 if (at) {
                     pend_nkp += nkp;
                 } else {
@@ -666,6 +744,36 @@ static void b16_item(void *arg, int64_t item, int worker)
                     pend_nkp = nkp;
                 }
                 continue;
+            }
+        }
+        /* A tile at the causal diagonal likewise, with its hidden keys' weights 0 and the
+         * blocks no row sees left out (b16_diag_weights); right after pending tiles,
+         * its weights go to Pp's next blocks and b16_pv_diag sums them all in one
+         * pass. Values with an inf or a NaN keep the plain steps (0 times inf is
+         * NaN). */
+        if (!B16_OVERLAP && kind == FK_PARTIAL && B16_MT44 && lazy_misses < B16_LAZY_MISSES &&
+            b16_diag_lazy(&t, j0, nkp)) {
+            int vbad_any = 0;
+            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
+                vbad_any |= vbad[blk];
+            if (!vbad_any) {
+                const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
+                                           pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
+                                       ? pend_nkp
+                                       : 0;
+                if (pend_nkp && !at) {
+                    b16_pv(vt + pend_j0 / 32 * dvp * 32, pp, OT, br, pend_nkp, nr, dvp, NULL,
+                           NULL);
+                    pend_nkp = 0;
+                }
+                if (b16_diag_weights(kp + j0 * dp, dp, qp, nr, dp, t.m, s->scale, tsum,
+                                     pp + at / 32 * (nr / 16) * 512, !s->lse)) {
+                    b16_add_sums(t.l, l2, tsum, nr);
+                    b16_pv_diag(vt + (j0 - at) / 32 * dvp * 32, pp, OT, br, at, nr, dvp);
+                    pend_nkp = 0;
+                    continue;
+                }
+                lazy_misses++; /* the plain steps below sum the pending tiles first */
             }
         }
         /* The plain steps below write Pp and correct O^T: the pending tiles' sum first. */
