@@ -43,6 +43,7 @@
 #define _DEFAULT_SOURCE
 #include "attn.h"
 #include "check.h"
+#include "child.h"
 #include "half.h"
 
 #include <math.h>
@@ -50,12 +51,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-/* A child's exit status when this CPU or build cannot run its kernel. */
-#define SKIPPED 77
 
 enum { FILL_SPREAD, FILL_RAMP, FILL_JUMPS, FILL_NEAR, FILL_FALL, FILL_LATE, FILL_COUNT };
 static const char *const fill_names[] = {
@@ -314,9 +309,10 @@ static int check_problem(const problem *p, unsigned char *res)
 }
 
 /* The child for one kernel: every problem, its results into res. Exits 0 when all
- * hold, SKIPPED when this CPU cannot run the kernel. */
-static void child(int emulated, unsigned char *res)
+ * hold, TU_CHILD_SKIPPED when this CPU cannot run the kernel. */
+static void child(int emulated, void *out)
 {
+    unsigned char *res = out;
     if (emulated)
         setenv("ATTN_BF16_EMULATE", "always", 1);
     else
@@ -324,7 +320,7 @@ static void child(int emulated, unsigned char *res)
     setenv("ATTN_ARCH", "avx512bf16", 1); /* so that the reason says which kernel runs */
     if (!attn_arch_supported(ATTN_ARCH_AVX512_BF16) ||
         (!emulated && !(attn_cpu_features() & ATTN_CPU_AVX512_BF16)))
-        _exit(SKIPPED);
+        _exit(TU_CHILD_SKIPPED);
     /* The comparison of the two kernels means something only if each child runs the
      * kernel it names. */
     const char *reason = attn_arch_reason(NULL);
@@ -348,10 +344,8 @@ int main(void)
         total += result_bytes(&p);
     }
     const size_t bytes = 2 * (size_t)total;
-    unsigned char *shared =
-        mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    CHECK(shared != MAP_FAILED);
-    if (shared == MAP_FAILED)
+    unsigned char *shared = tu_shared_alloc(bytes);
+    if (!shared)
         return check_summary("test_bf16_lazy");
     static const char *const kernels[2] = {"native (vdpbf16ps)", "emulated (AVX-512F)"};
     int ran[2] = {0, 0};
@@ -362,19 +356,11 @@ int main(void)
                  "not, with and without lse) within the oracle's bounds, 1, 2 and 3 threads the same bits",
                  kernels[e], N_PROBLEMS);
         TEST(what);
-        fflush(NULL);
-        const pid_t pid = fork();
-        CHECK(pid >= 0);
-        if (pid == 0)
-            child(e, shared + e * total);
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == SKIPPED) {
+        if (tu_run_child(child, e, shared + e * total, kernels[e]) == TU_CHILD_SKIP) {
             fprintf(stderr, "-- skipped: this CPU or build cannot run the %s kernel\n",
                     kernels[e]);
             continue;
         }
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         ran[e] = 1;
     }
     TEST("the native and the emulated kernel give the same bits on every problem");
@@ -394,6 +380,6 @@ int main(void)
     } else {
         fprintf(stderr, "-- skipped: needs both kernels\n");
     }
-    munmap(shared, bytes);
+    tu_shared_free(shared, bytes);
     return check_summary("test_bf16_lazy");
 }
