@@ -25,7 +25,7 @@
 #define FB_KQ 4
 /* Measured on Zen 4 only (docs/performance.md, "A ninth look"): what an item first
  * touches asked for ahead, dQ rows written as they become final, and dK, dV without
- * the diagonal's leading sub-blocks. Neither changes a bit. */
+ * the sub-blocks a key group's keys lie outside. Neither changes a bit. */
 #define FB_AHEAD 1
 #define FB_KV_TRIM 1
 #include "fused_backward.h"
