@@ -159,14 +159,9 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #ifndef FB_SLICE
 #define FB_SLICE 32
 #endif
-/* 1: the one-pass form asks for what an item will first touch ahead of it (see
- * fb_prime) and writes each dQ row out as soon as it is final (fb_head_item);
- * 1 in the 4 x 4 body only, where it was measured (Zen 4). */
-#ifndef FB_AHEAD
-#define FB_AHEAD 0
-#endif
 /* 1: dK and dV leave out a block's leading and trailing sub-blocks that reach none
- * of a key group's keys (fb_outer_acc); 1 in the 4 x 4 body only, as FB_AHEAD. */
+ * of a key group's keys (fb_outer_acc); 1 in the 4 x 4 body only, where it was
+ * measured (Zen 4). */
 #ifndef FB_KV_TRIM
 #define FB_KV_TRIM 0
 #endif
@@ -435,53 +430,6 @@ static int fb_pack_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int
         }
     return finite;
 }
-
-#if FB_AHEAD
-/* A cache line asked for, to be read or to be written (into L2). Without the
- * GCC/Clang builtin, nothing. */
-#if defined(__GNUC__) || defined(__clang__)
-#define FB_PREFETCH_R(p) __builtin_prefetch((p), 0, 2)
-#define FB_PREFETCH_W(p) __builtin_prefetch((p), 1, 2)
-#else
-#define FB_PREFETCH_R(p) ((void)(p))
-#define FB_PREFETCH_W(p) ((void)(p))
-#endif
-
-/* Lines asked for at the start of each 4 KiB page by fb_prime_w. */
-#define FB_PRIME_LINES 2
-
-/* Asks for the first FB_PRIME_LINES lines of every 4 KiB page of [p, p + bytes),
- * to be written: enough to start the L2's streaming prefetcher, which works page
- * by page, on the rest (the forward's fk_prime, fused_tile.h, found every line
- * slower; 8 lines a page measured no better here). The write-out's stores then
- * find their lines on the way instead of each waiting for its own: on S2 the
- * write-out's copy took about half the samples it took (docs/performance.md, "A
- * ninth look"). Nothing is read, so no bit of a result depends on it. */
-static void fb_prime_w(const void *p, int64_t bytes)
-{
-    const uintptr_t end = (uintptr_t)p + (uintptr_t)bytes;
-    for (uintptr_t page = (uintptr_t)p; page < end; page = (page | 4095) + 1)
-        for (uintptr_t a = page; a < end && a < page + 64 * FB_PRIME_LINES; a += 64)
-            FB_PREFETCH_W((const void *)a);
-}
-
-/* Asks for every line of keys j0 .. j0+n-1 of (b, hk)'s K and V (when their rows
- * are contiguous), which the next packing reads first: called as a tile is packed,
- * for the tile after it. */
-static void fb_prime_kv(const attn__fused_bwd_job *job, int64_t b, int64_t hk, int64_t j0,
-                        int64_t n)
-{
-    const attn__sdpa_shapes *s = &job->bs->s;
-    if (n <= 0 || s->k_s[3] != 1 || s->k_s[2] != s->D || s->v_s[3] != 1 || s->v_s[2] != s->Dv)
-        return;
-    const char *pk = (const char *)(job->k + attn__off4(s->k_s, b, hk, j0, 0));
-    const char *pv = (const char *)(job->v + attn__off4(s->v_s, b, hk, j0, 0));
-    for (int64_t x = 0; x < n * s->D * (int64_t)sizeof(float); x += 64)
-        FB_PREFETCH_R(pk + x);
-    for (int64_t x = 0; x < n * s->Dv * (int64_t)sizeof(float); x += 64)
-        FB_PREFETCH_R(pv + x);
-}
-#endif
 
 /* Points slot r of w->qrow and w->drow at row i of (b, h)'s q and dO: in place
  * when the row is contiguous and D (Dv) is a whole number of vectors, else
@@ -1063,7 +1011,7 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
      * start at +0 (and so are never -0) changes no bit. Both ends of the rows'
      * ranges grow with the row, so both ends of the sub-blocks kept only grow
      * with j (an unused slot's sub-block, sjlo = sjhi = 0, is last and all zeros).
-     * With a causal window of 128 keys the backward took 5% less time; on S2 the
+     * With a causal window of 128 keys the backward took 4% less time; on S2 the
      * change is within the noise (docs/performance.md, "A ninth look"). */
     const int nsb = nr / FB_R;
     int s0 = 0, e = 0;
@@ -1452,27 +1400,6 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     dqrow[u] = w.dqpad; /* an unused slot adds its zeros here */
                     fb_load_row(job, b, h, -1, u, &w);
                 }
-#if FB_AHEAD
-                /* The block's leading rows whose keys all lie before J1 get no
-                 * terms from later groups: their dQ is written out right after
-                 * this group's tiles (below), not at the item's end, to lines
-                 * asked for now. The group's last block asks for the lines of
-                 * the group's dK and dV, which are written out after it. */
-                int nfin = 0;
-                while (nfin < r && rs.hi[nfin] <= J1)
-                    nfin++;
-                if (nfin > 0 && bs->dq_s[3] == 1 && bs->dq_s[2] == s->D)
-                    fb_prime_w(job->dq + attn__off4(bs->dq_s, b, h, rs.i[0], 0),
-                               (rs.i[nfin - 1] - rs.i[0] + 1) * s->D * (int64_t)sizeof(float));
-                if (i >= s->Tq && g == s->group - 1) {
-                    if (bs->dk_s[3] == 1 && bs->dk_s[2] == s->D)
-                        fb_prime_w(job->dk + attn__off4(bs->dk_s, b, hk, J0, 0),
-                                   (J1 - J0) * s->D * (int64_t)sizeof(float));
-                    if (bs->dv_s[3] == 1 && bs->dv_s[2] == s->Dv)
-                        fb_prime_w(job->dv + attn__off4(bs->dv_s, b, hk, J0, 0),
-                                   (J1 - J0) * s->Dv * (int64_t)sizeof(float));
-                }
-#endif
                 for (int c = 0; c < nt; c++) {
                     /* Only the tiles some row of the block reaches. */
                     int reach = 0;
@@ -1483,10 +1410,6 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     if (!packed[c]) {
                         kfinite[c] = fb_pack_kv(job, b, hk, j0[c], n[c], &wt[c], 1);
                         packed[c] = 1;
-#if FB_AHEAD
-                        fb_prime_kv(job, b, hk, j0[c] + job->bc,
-                                    fb_min(job->bc, s->Tk - (j0[c] + job->bc)));
-#endif
                     }
                     fb_ws *v = &wt[c];
                     memcpy(v->qrow, w.qrow, sizeof w.qrow);
@@ -1511,11 +1434,6 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                                     fb_axpy(dq[u], dsx[u * bcp + j], v->krow + j * dp, dp);
                     }
                 }
-#if FB_AHEAD
-                for (int u = 0; u < nfin; u++)
-                    fb_put_rows(job->dq + attn__off4(bs->dq_s, b, h, rs.i[u], 0), bs->dq_s[2],
-                                bs->dq_s[3], dqrow[u], dp, 1, s->D, s->scale);
-#endif
             }
         }
         for (int c = 0; c < nt; c++) {
@@ -1525,21 +1443,9 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                          bs->dv_s[3], wt[c].acc2, dvp, n[c], s->Dv, 1.0f);
         }
     }
-#if FB_AHEAD
-    /* Every row that sees a key was written after the group that holds its last
-     * key (the same products, so the same bits); the rest get their zeros here. */
-    for (int64_t g = 0; g < s->group; g++) {
-        const int64_t h = hk * s->group + g;
-        for (int64_t i = 0; i < s->Tq; i++)
-            if (!(job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES))
-                fb_put_rows(job->dq + attn__off4(bs->dq_s, b, h, i, 0), bs->dq_s[2], bs->dq_s[3],
-                            dqacc + (g * s->Tq + i) * dp, dp, 1, s->D, s->scale);
-    }
-#else
     for (int64_t g = 0; g < s->group; g++)
         fb_put_block(job->dq + attn__off4(bs->dq_s, b, hk * s->group + g, 0, 0), bs->dq_s[2],
                      bs->dq_s[3], dqacc + g * s->Tq * dp, dp, s->Tq, s->D, s->scale);
-#endif
 }
 
 /* Pass 2, item (b, h, query tile): rows i0 .. i1-1 of dQ of (b, h), and their

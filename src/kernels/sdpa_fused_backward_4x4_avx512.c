@@ -23,10 +23,8 @@
 #define FB_NV 4
 #define FB_SLICE 64
 #define FB_KQ 4
-/* Measured on Zen 4 only (docs/performance.md, "A ninth look"): what an item first
- * touches asked for ahead, dQ rows written as they become final, and dK, dV without
- * the sub-blocks a key group's keys lie outside. Neither changes a bit. */
-#define FB_AHEAD 1
+/* dK and dV without the sub-blocks a key group's keys lie outside (the same bits;
+ * measured on Zen 4 only: docs/performance.md, "A ninth look"). */
 #define FB_KV_TRIM 1
 #include "fused_backward.h"
 
