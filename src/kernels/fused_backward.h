@@ -165,6 +165,15 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #ifndef FB_KV_TRIM
 #define FB_KV_TRIM 0
 #endif
+/* The sub-blocks' key ranges fb_outer_acc takes with FB_KV_TRIM: without it they
+ * are not passed at all, so that the other bodies compile to what they did. */
+#if FB_KV_TRIM
+#define FB_TRIM_PARAMS , const int64_t *sjlo, const int64_t *sjhi
+#define FB_TRIM_ARGS(lo, hi) , (lo), (hi)
+#else
+#define FB_TRIM_PARAMS
+#define FB_TRIM_ARGS(lo, hi)
+#endif
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
 #ifndef FB_NV
@@ -997,8 +1006,8 @@ FB_INLINE void fb_outer_keys(float *acc, int64_t ld, const float *a, int64_t bcp
  * nr even): dV += P^T dO and dK += dS^T Q on one tile, FB_KQ keys at a time, then
  * four, then one. Each accumulator is loaded and stored once per nr rows. */
 static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
-                         const float *const *x, int nr, int64_t len, int64_t j0, int64_t j1,
-                         const int64_t *sjlo, const int64_t *sjhi)
+                         const float *const *x, int nr, int64_t len, int64_t j0,
+                         int64_t j1 FB_TRIM_PARAMS)
 {
     int64_t j = j0;
 #if FB_KV_TRIM
@@ -1025,8 +1034,6 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
         fb_outer_keys(acc, ld, a + sh * bcp, bcp, x + sh, (e - s0) * FB_R, len, j, FB_KQ);
     }
 #else
-    (void)sjlo;
-    (void)sjhi;
     for (; j + FB_KQ <= j1; j += FB_KQ)
         fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, FB_KQ);
 #endif
@@ -1041,14 +1048,13 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
  * (outside that range every row's P and dS are 0). finite says every row's q and
  * dO is finite. */
 static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int nr,
-                             int64_t jlo, int64_t jhi, const int64_t *sjlo, const int64_t *sjhi,
-                             int finite)
+                             int64_t jlo, int64_t jhi FB_TRIM_PARAMS, int finite)
 {
     const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
     if (finite) {
         /* A hidden (i, j) adds 0 * a finite number: nothing. */
-        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, nr, dvp, jlo, jhi, sjlo, sjhi);
-        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, nr, dp, jlo, jhi, sjlo, sjhi);
+        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, nr, dvp, jlo, jhi FB_TRIM_ARGS(sjlo, sjhi));
+        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, nr, dp, jlo, jhi FB_TRIM_ARGS(sjlo, sjhi));
         return;
     }
     /* A NaN or inf in a row's q or dO must not reach the keys that row cannot
@@ -1247,7 +1253,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
             fb_block_tile(job, b, h, &rs, nsb, j0, n, slope, &w, fb_simple(s) && finite, jlo,
                           jhi, &ulo, &uhi);
-            fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, jlo, jhi, finite);
+            fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi FB_TRIM_ARGS(jlo, jhi), finite);
         }
     }
     fb_put_block(job->dk + attn__off4(bs->dk_s, b, hk, j0, 0), bs->dk_s[2], bs->dk_s[3], w.acc1,
@@ -1417,7 +1423,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
                     fb_block_tile(job, b, h, &rs, nsb, j0[c], n[c], slope, v,
                                   fb_simple(s) && finite && kfinite[c], jlo, jhi, &ulo, &uhi);
-                    fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi, jlo, jhi, finite);
+                    fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi FB_TRIM_ARGS(jlo, jhi), finite);
                     for (int sb = 0; sb < nsb; sb++) {
                         const float *dsx = v->dsx + (int64_t)sb * FB_R * bcp;
                         const float *vis = v->vis + (int64_t)sb * FB_R * bcp;
