@@ -1024,6 +1024,11 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
      * change is within the noise (docs/performance.md, "A ninth look"). */
     const int nsb = nr / FB_R;
     int s0 = 0, e = 0;
+    /* A tile every sub-block reaches from end to end (the first one's keys run to
+     * j1, the last one's start by j0) takes the whole block, without the search. */
+    if (sjhi[0] >= j1 && sjlo[nsb - 1] <= j0)
+        for (; j + FB_KQ <= j1; j += FB_KQ)
+            fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, FB_KQ);
     for (; j + FB_KQ <= j1; j += FB_KQ) {
         while (s0 < nsb - 1 && sjhi[s0] <= j)
             s0++;
