@@ -159,6 +159,21 @@ static void fb_row_range(const attn__sdpa_shapes *s, int64_t i, int64_t *lo, int
 #ifndef FB_SLICE
 #define FB_SLICE 32
 #endif
+/* 1: dK and dV leave out a block's leading and trailing sub-blocks that reach none
+ * of a key group's keys (fb_outer_acc); 1 in the 4 x 4 body only, where it was
+ * measured (Zen 4). */
+#ifndef FB_KV_TRIM
+#define FB_KV_TRIM 0
+#endif
+/* The sub-blocks' key ranges fb_outer_acc takes with FB_KV_TRIM: without it they
+ * are not passed at all, so that the other bodies compile to what they did. */
+#if FB_KV_TRIM
+#define FB_TRIM_PARAMS , const int64_t *sjlo, const int64_t *sjhi
+#define FB_TRIM_ARGS(lo, hi) , (lo), (hi)
+#else
+#define FB_TRIM_PARAMS
+#define FB_TRIM_ARGS(lo, hi)
+#endif
 /* Key tiles the one-pass form holds at once (see fb_head_item). */
 #define FB_KC 4
 #ifndef FB_NV
@@ -991,11 +1006,42 @@ FB_INLINE void fb_outer_keys(float *acc, int64_t ld, const float *a, int64_t bcp
  * nr even): dV += P^T dO and dK += dS^T Q on one tile, FB_KQ keys at a time, then
  * four, then one. Each accumulator is loaded and stored once per nr rows. */
 static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
-                         const float *const *x, int nr, int64_t len, int64_t j0, int64_t j1)
+                         const float *const *x, int nr, int64_t len, int64_t j0,
+                         int64_t j1 FB_TRIM_PARAMS)
 {
     int64_t j = j0;
+#if FB_KV_TRIM
+    /* A sub-block whose rows' ranges all end at or before key j (sjhi, from
+     * fb_block_tile), or all start at or after key j + FB_KQ (sjlo), has P and dS
+     * 0 at the group's keys: on a causal diagonal tile the leading sub-blocks of a
+     * block, a third of the tile's dK and dV terms when a block of 32 rows meets
+     * 64 keys (2.7% of them on S2), and with a window also the trailing ones at
+     * the tile where the rows' ranges start. Leaving those terms out of sums that
+     * start at +0 (and so are never -0) changes no bit. Both ends of the rows'
+     * ranges grow with the row, so both ends of the sub-blocks kept only grow
+     * with j (an unused slot's sub-block, sjlo = sjhi = 0, is last and all zeros).
+     * With a causal window of 128 keys the backward took 4% less time; on S2 the
+     * change is within the noise (docs/performance.md, "A ninth look"). */
+    const int nsb = nr / FB_R;
+    int s0 = 0, e = 0;
+    /* A tile every sub-block reaches from end to end (the first one's keys run to
+     * j1, the last one's start by j0) takes the whole block, without the search. */
+    if (sjhi[0] >= j1 && sjlo[nsb - 1] <= j0)
+        for (; j + FB_KQ <= j1; j += FB_KQ)
+            fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, FB_KQ);
+    for (; j + FB_KQ <= j1; j += FB_KQ) {
+        while (s0 < nsb - 1 && sjhi[s0] <= j)
+            s0++;
+        while (e < nsb && sjlo[e] < j + FB_KQ)
+            e++;
+        e = e > s0 ? e : s0 + 1;
+        const int64_t sh = (int64_t)s0 * FB_R;
+        fb_outer_keys(acc, ld, a + sh * bcp, bcp, x + sh, (e - s0) * FB_R, len, j, FB_KQ);
+    }
+#else
     for (; j + FB_KQ <= j1; j += FB_KQ)
         fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, FB_KQ);
+#endif
     for (; j + 4 <= j1; j += 4)
         fb_outer_keys(acc, ld, a, bcp, x, nr, len, j, 4);
     for (; j < j1; j++)
@@ -1007,13 +1053,13 @@ static void fb_outer_acc(float *acc, int64_t ld, const float *a, int64_t bcp,
  * (outside that range every row's P and dS are 0). finite says every row's q and
  * dO is finite. */
 static void fb_kv_accumulate(const attn__fused_bwd_job *job, const fb_ws *w, int nr,
-                             int64_t jlo, int64_t jhi, int finite)
+                             int64_t jlo, int64_t jhi FB_TRIM_PARAMS, int finite)
 {
     const int64_t bcp = job->bcp, dp = job->dp, dvp = job->dvp;
     if (finite) {
         /* A hidden (i, j) adds 0 * a finite number: nothing. */
-        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, nr, dvp, jlo, jhi);
-        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, nr, dp, jlo, jhi);
+        fb_outer_acc(w->acc2, dvp, w->p, bcp, w->drow, nr, dvp, jlo, jhi FB_TRIM_ARGS(sjlo, sjhi));
+        fb_outer_acc(w->acc1, dp, w->dsx, bcp, w->qrow, nr, dp, jlo, jhi FB_TRIM_ARGS(sjlo, sjhi));
         return;
     }
     /* A NaN or inf in a row's q or dO must not reach the keys that row cannot
@@ -1212,7 +1258,7 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
             int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
             fb_block_tile(job, b, h, &rs, nsb, j0, n, slope, &w, fb_simple(s) && finite, jlo,
                           jhi, &ulo, &uhi);
-            fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi, finite);
+            fb_kv_accumulate(job, &w, nsb * FB_R, ulo, uhi FB_TRIM_ARGS(jlo, jhi), finite);
         }
     }
     fb_put_block(job->dk + attn__off4(bs->dk_s, b, hk, j0, 0), bs->dk_s[2], bs->dk_s[3], w.acc1,
@@ -1382,7 +1428,7 @@ static void fb_head_item(void *arg, int64_t item, int worker)
                     int64_t jlo[FB_SB], jhi[FB_SB], ulo, uhi;
                     fb_block_tile(job, b, h, &rs, nsb, j0[c], n[c], slope, v,
                                   fb_simple(s) && finite && kfinite[c], jlo, jhi, &ulo, &uhi);
-                    fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi, finite);
+                    fb_kv_accumulate(job, v, nsb * FB_R, ulo, uhi FB_TRIM_ARGS(jlo, jhi), finite);
                     for (int sb = 0; sb < nsb; sb++) {
                         const float *dsx = v->dsx + (int64_t)sb * FB_R * bcp;
                         const float *vis = v->vis + (int64_t)sb * FB_R * bcp;

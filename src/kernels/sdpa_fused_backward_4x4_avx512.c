@@ -23,6 +23,9 @@
 #define FB_NV 4
 #define FB_SLICE 64
 #define FB_KQ 4
+/* dK and dV without the sub-blocks a key group's keys lie outside (the same bits;
+ * measured on Zen 4 only: docs/performance.md, "A ninth look"). */
+#define FB_KV_TRIM 1
 #include "fused_backward.h"
 
 const attn__fused_bwd_kernel attn__fused_bwd_kernel_avx512_4x4 = {
