@@ -37,8 +37,11 @@
  * Each kernel runs in a child process, since the choice is made once per process: the
  * native one (vdpbf16ps) where the CPU has AVX512-BF16, and the emulated one
  * (ATTN_BF16_EMULATE=always: the same arithmetic by AVX-512F FMAs) on any AVX-512 CPU;
- * where both run, they must give the same bits. A kernel this machine cannot run is
- * announced as skipped.
+ * where both run, they must give the same bits. The AMX kernel, where the CPU has
+ * AMX-BF16, is held to the same bounds and thread counts (not to the same bits: its
+ * products sum in another order); its plain steps keep the stale max too
+ * (B16_STALE_MAX), so the fills reach that rule's branches there: within 2^8, beyond
+ * it, and a first tile. A kernel this machine cannot run is announced as skipped.
  */
 #define _DEFAULT_SOURCE
 #include "attn.h"
@@ -209,13 +212,16 @@ static void describe(const problem *p)
             p->with_lse ? "with lse" : "no lse");
 }
 
-/* Runs p on the avx512bf16 path with `threads` threads into out16 and lse. */
+/* The path the child runs: avx512bf16 (native or emulated) or amx. */
+static attn_arch run_arch = ATTN_ARCH_AVX512_BF16;
+
+/* Runs p on run_arch with `threads` threads into out16 and lse. */
 static int run(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v, int threads,
                uint16_t *out16, float *lse)
 {
     attn_ctx ctx;
     attn_ctx_init(&ctx);
-    ctx.arch = ATTN_ARCH_AVX512_BF16;
+    ctx.arch = run_arch;
     ctx.threads = threads;
     attn_tensor tq, tk, tv, to, tl;
     const int64_t qs[4] = {1, p->H, p->Tq, p->D}, ks[4] = {1, p->Hkv, p->Tk, p->D};
@@ -308,18 +314,22 @@ static int check_problem(const problem *p, unsigned char *res)
     return broken;
 }
 
-/* The child for one kernel: every problem, its results into res. Exits 0 when all
- * hold, TU_CHILD_SKIPPED when this CPU cannot run the kernel. */
-static void child(int emulated, void *out)
+/* The child for one kernel (0 native, 1 emulated, 2 AMX): every problem, its results
+ * into res. Exits 0 when all hold, TU_CHILD_SKIPPED when this CPU cannot run the
+ * kernel. */
+static void child(int kernel, void *out)
 {
     unsigned char *res = out;
+    const int emulated = kernel == 1;
     if (emulated)
         setenv("ATTN_BF16_EMULATE", "always", 1);
     else
         unsetenv("ATTN_BF16_EMULATE");
-    setenv("ATTN_ARCH", "avx512bf16", 1); /* so that the reason says which kernel runs */
-    if (!attn_arch_supported(ATTN_ARCH_AVX512_BF16) ||
-        (!emulated && !(attn_cpu_features() & ATTN_CPU_AVX512_BF16)))
+    run_arch = kernel == 2 ? ATTN_ARCH_AMX : ATTN_ARCH_AVX512_BF16;
+    /* so that the reason says which kernel runs */
+    setenv("ATTN_ARCH", kernel == 2 ? "amx" : "avx512bf16", 1);
+    if (!attn_arch_supported(run_arch) ||
+        (kernel == 0 && !(attn_cpu_features() & ATTN_CPU_AVX512_BF16)))
         _exit(TU_CHILD_SKIPPED);
     /* The comparison of the two kernels means something only if each child runs the
      * kernel it names. */
@@ -343,13 +353,14 @@ int main(void)
         const problem p = problem_of(n);
         total += result_bytes(&p);
     }
-    const size_t bytes = 2 * (size_t)total;
+    const size_t bytes = 3 * (size_t)total;
     unsigned char *shared = tu_shared_alloc(bytes);
     if (!shared)
         return check_summary("test_bf16_lazy");
-    static const char *const kernels[2] = {"native (vdpbf16ps)", "emulated (AVX-512F)"};
-    int ran[2] = {0, 0};
-    for (int e = 0; e < 2; e++) {
+    static const char *const kernels[3] = {"native (vdpbf16ps)", "emulated (AVX-512F)",
+                                           "AMX-BF16"};
+    int ran[3] = {0, 0, 0};
+    for (int e = 0; e < 3; e++) {
         char what[256];
         snprintf(what, sizeof what,
                  "the %s kernel: %d problems (every fill, causal top-left, bottom-right or "

@@ -184,6 +184,20 @@ FK_INLINE __m512 b16_exp2(__m512 x)
     return _mm512_scalef_ps(p, x);
 }
 
+/* 2^x as b16_exp2 with a degree-3 polynomial, one FMA fewer: 7.5e-5 relative at
+ * most (fitted on [0, 1]), against bfloat16's 2^-9 on the rounded weights. Enough
+ * for the outputs, which are divided by the sum of the weights as rounded (l2), not
+ * for the log-sum-exp (l: tests/test_bf16_paths.c holds it to 1e-4, and this polynomial
+ * would move it by up to 7e-5), so calls that ask for that keep b16_exp2. */
+FK_INLINE __m512 b16_exp2_3(__m512 x)
+{
+    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(7.802367210e-2f), r, _mm512_set1_ps(2.260686308e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.958328485e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.999253154e-1f));
+    return _mm512_scalef_ps(p, x);
+}
+
 /* acc plus the two weights of a row of Pp's pairs (b16_pairs' words), as rounded:
  * the high one, then the low one, as vdpbf16ps adds a pair's products; by that
  * instruction (times a pair of ones) where the kernel has it, which takes one FMA
@@ -200,13 +214,14 @@ FK_INLINE __m512 b16_pair_sum(__m512 acc, __m512i w)
 }
 
 /* The weights of 16 rows of a key tile (b16_softmax): p = e^(sc * vmul - vsub)
- * (base2: 2^(sc * vmul - vsub)) for the nkp keys from sc (br floats apart), rounded
+ * (base2: 2^(sc * vmul - vsub), by b16_exp2_3 with coarse) for the nkp keys from sc
+ * (br floats apart), rounded
  * to bfloat16 pairs into dst's blocks (groups KiB apart), kept in sc too with
  * keep_p; returns their sum, in key order, and *rsum the sum of the rounded ones. By
  * blocks of 32 keys, pointers stepped. */
 FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp, int64_t groups,
                              __m512 vmul, __m512 vsub, int keep_p, __m512i vidx, const int base2,
-                             __m512 *rsum)
+                             const int coarse, __m512 *rsum)
 {
     simd_f32 vsum = simd_zero(), vrsum = simd_zero();
     for (int64_t kc = 0; kc < nkp / 32; kc++) {
@@ -215,8 +230,8 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
         for (int p = 0; p < 16; p++, sc += 2 * br, dst += 32) {
             const __m512 x0 = _mm512_fmsub_ps(simd_load(sc), vmul, vsub);
             const __m512 x1 = _mm512_fmsub_ps(simd_load(sc + br), vmul, vsub);
-            const simd_f32 p0 = base2 ? b16_exp2(x0) : b16_exp(x0);
-            const simd_f32 p1 = base2 ? b16_exp2(x1) : b16_exp(x1);
+            const simd_f32 p0 = base2 ? (coarse ? b16_exp2_3(x0) : b16_exp2(x0)) : b16_exp(x0);
+            const simd_f32 p1 = base2 ? (coarse ? b16_exp2_3(x1) : b16_exp2(x1)) : b16_exp(x1);
             vsum = simd_add(simd_add(vsum, p0), p1);
             if (keep_p) {
                 simd_store(sc, p0);
@@ -229,20 +244,6 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
     }
     *rsum = vrsum;
     return vsum;
-}
-
-/* 2^x as b16_exp2 with a degree-3 polynomial, one FMA fewer: 7.5e-5 relative at
- * most (fitted on [0, 1]), against bfloat16's 2^-9 on the rounded weights. Enough
- * for the outputs, which are divided by the sum of the weights as rounded (l2), not
- * for the log-sum-exp (l: tests/test_bf16_paths.c holds it to 1e-4, and this polynomial
- * would move it by up to 7e-5), so calls that ask for that keep b16_exp2. */
-FK_INLINE __m512 b16_exp2_3(__m512 x)
-{
-    const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(7.802367210e-2f), r, _mm512_set1_ps(2.260686308e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.958328485e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.999253154e-1f));
-    return _mm512_scalef_ps(p, x);
 }
 
 #ifndef B16_FUSED_WEIGHTS
@@ -424,6 +425,13 @@ static int b16_diag_lazy(const fk_tile *t, int64_t j0, int64_t nkp)
 }
 #endif
 
+#ifndef B16_STALE_MAX
+#define B16_STALE_MAX 0
+#endif
+#ifndef B16_PLAIN_COARSE
+#define B16_PLAIN_COARSE 0
+#endif
+
 /* Steps 2-3 of a key tile, fused for the bfloat16 products: with the raw products
  * in ST ([nkp][br], key-major; hidden ones -inf; `scaled` when they are already
  * scaled and modified), m_new = max(m, max_j S_ij), alpha = exp(m - m_new), P = exp(S - m_new),
@@ -432,7 +440,14 @@ static int b16_diag_lazy(const fk_tile *t, int64_t j0, int64_t nkp)
  * pp[((kc * (nr/16) + g) * 16 + p) * 32 + 2 q + u] = P[16 g + q][32 kc + 2 p + u].
  * With keep_p, P is also left in ST in float32 (for b16_accumulate_visible). cmax,
  * where the product gathered it, is the max of the products per row (else NULL:
- * the max is read from ST). */
+ * the max is read from ST).
+ *
+ * A kernel that defines B16_STALE_MAX 1 (AMX, whose products leave the weights to
+ * this pass) keeps a row's running max as it stands when the tile's raw scores stay
+ * within B16_LAZY_MAX (base 2) of it, as b16_scores_weights does on the vdpbf16ps
+ * kernels: weights up to 2^8, alpha exactly 1, and b16_rescale's pass over O^T
+ * skipped for those rows. With B16_PLAIN_COARSE 1, calls without the log-sum-exp
+ * take 2^x by b16_exp2_3, as that path does. */
 static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
                         const float *cmax, uint16_t *pp, float *l2)
 {
@@ -451,7 +466,15 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
         const simd_f32 vmax = cmax ? simd_load(cmax + r0) : fk_col_max(ST + r0, br, nkp);
         const simd_f32 mold = simd_load(m + r0);
-        const simd_f32 mnew = simd_max(mold, _mm512_mul_ps(vmax, vscale));
+        const __m512 tmax = _mm512_mul_ps(vmax, vscale);
+        simd_f32 mnew = simd_max(mold, tmax);
+        if (B16_STALE_MAX && !scaled)
+            /* (tmax - mold) log2 e <= 2^3: false for a NaN, and for -inf - -inf */
+            mnew = _mm512_mask_mov_ps(
+                mnew,
+                _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_sub_ps(tmax, mold), _mm512_set1_ps(SIMD_LOG2E)),
+                                   _mm512_set1_ps(B16_LAZY_MAX), _CMP_LE_OQ),
+                mold);
         const simd_f32 msafe = fk_max_for_exp(mnew);
         simd_store(alpha + r0, b16_exp(simd_sub(mold, msafe)));
         simd_store(m + r0, mnew);
@@ -470,9 +493,9 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         const simd_f32 vsum =
             base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
                                 _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1,
-                                &rsum)
+                                B16_PLAIN_COARSE && !t->s->lse, &rsum)
                   : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
-                                keep_p, vidx, 0, &rsum);
+                                keep_p, vidx, 0, 0, &rsum);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
         simd_store(l2 + r0, simd_fma(simd_load(l2 + r0), simd_load(alpha + r0), rsum));
     }

@@ -23,6 +23,18 @@
 #include <string.h>
 
 #define B16_NATIVE_CVT 1
+/* The sum of the weights as rounded by vdpbf16ps (AVX512-BF16 comes with AMX-BF16
+ * on every such CPU; the same bits as the integer steps, fewer instructions). */
+#define B16_DP(acc, a, b) _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
+/* The products leave the softmax to the vector units, which bound this path: the
+ * stale max and the degree-3 2^x (bf16_tile.h, b16_softmax). Overridable with -D
+ * for timing one against the other. */
+#ifndef B16_STALE_MAX
+#define B16_STALE_MAX 1
+#endif
+#ifndef B16_PLAIN_COARSE
+#define B16_PLAIN_COARSE 1
+#endif
 /* The score product of the next key tile is issued before this tile's softmax
  * (bf16_tile.h), so that the tiles work while the vector units compute weights. */
 #define B16_OVERLAP 1

@@ -274,8 +274,11 @@ int attn__sdpa_fused_plan(attn_ctx *ctx, attn__sdpa_plan *plan)
     }
     double flops = 4.0 * (double)s->B * (double)s->H * pairs * (double)(s->D + s->Dv) / 2.0;
     /* bfloat16 on an arch with a bfloat16 kernel: its own tile path (sdpa_bf16.h). */
-    if (attn__bf16_eligible(&plan->s, plan->arch))
+    if (attn__bf16_eligible(&plan->s, plan->arch)) {
+        if (plan->arch == ATTN_ARCH_AMX)
+            attn__amx_tiles(&tile_br, &tile_bc);
         return attn__bf16_plan(ctx, plan, flops, tile_br, tile_bc);
+    }
     plan->threads = attn__threads_for(ctx, flops, n_items);
     plan->br = job.br;
     plan->bc = job.bc;

@@ -53,6 +53,8 @@ typedef struct cpu_tiles {
     const char *uarch;
     int64_t br, bc;
     char source[64]; /* "chosen for it", or what ATTN_TILE did */
+    int forced;      /* 1: ATTN_TILE set br and bc */
+    int64_t amx_br, amx_bc; /* the bfloat16 path's on AMX (attn__amx_tiles) */
     attn__microtile microtile;  /* the AVX-512 body (attn__fused_microtile) */
     char mt_source[64];         /* "chosen for it", or what ATTN_MICROTILE did */
 } cpu_tiles;
@@ -345,17 +347,29 @@ static int parse_tiles(const char *s, int64_t *br, int64_t *bc)
     return 1;
 }
 
+/* The bfloat16 path on AMX: its products take a few cycles a tile, so the softmax
+ * between them and O^T's trips through the tile registers (loaded and stored once a
+ * key tile per 32 x 32 block) bound it, and larger tiles spread those over more keys
+ * and rows. On family 6 model 207 (2 threads, docs/half-precision.md) 128 x 128 ran
+ * S8 (D 128) 1.1-1.6x faster than 64 x 64 and S2-S4 (D 64) within the noise of it. */
+#define AMX_TILE_BR 128
+#define AMX_TILE_BC 128
+
 static void decide_tiles(const cpu_features *f, cpu_tiles *t)
 {
     t->uarch = classify_uarch(f);
     default_tiles(t->uarch, &t->br, &t->bc);
+    t->amx_br = AMX_TILE_BR;
+    t->amx_bc = AMX_TILE_BC;
+    t->forced = 0;
     snprintf(t->source, sizeof t->source, "chosen for it");
     const char *env = getenv("ATTN_TILE");
     if (env && *env) {
         int64_t br, bc;
         if (parse_tiles(env, &br, &bc)) {
-            t->br = br;
-            t->bc = bc;
+            t->br = t->amx_br = br;
+            t->bc = t->amx_bc = bc;
+            t->forced = 1;
             snprintf(t->source, sizeof t->source, "forced by ATTN_TILE=%.16s", env);
         } else {
             snprintf(t->source, sizeof t->source, "ATTN_TILE=%.16s ignored (not BRxBC)", env);
@@ -417,6 +431,13 @@ void attn__fused_tiles(int64_t *br, int64_t *bc)
     pthread_once(&dispatch_once, dispatch_decide);
     *br = dispatch_tiles.br;
     *bc = dispatch_tiles.bc;
+}
+
+void attn__amx_tiles(int64_t *br, int64_t *bc)
+{
+    pthread_once(&dispatch_once, dispatch_decide);
+    *br = dispatch_tiles.amx_br;
+    *bc = dispatch_tiles.amx_bc;
 }
 
 void attn__cpu_caches(const char **uarch, int64_t *l1d_kib, int64_t *l2_kib)
@@ -512,6 +533,13 @@ static void dispatch_decide(void)
              f->model, (long long)f->l1d_kib, (long long)f->l2_kib,
              (long long)dispatch_tiles.br, (long long)dispatch_tiles.bc, dispatch_tiles.source,
              microtile_name(dispatch_tiles.microtile), dispatch_tiles.mt_source);
+    /* Where the amx path can run, its tiles too (unless ATTN_TILE set both). */
+    if (has_amx(f) && !dispatch_tiles.forced) {
+        const size_t at = strlen(dispatch_reason);
+        snprintf(dispatch_reason + at, sizeof dispatch_reason - at,
+                 "; bfloat16 on AMX: tiles %lldx%lld", (long long)dispatch_tiles.amx_br,
+                 (long long)dispatch_tiles.amx_bc);
+    }
 }
 
 const char *attn_arch_name(attn_arch arch)

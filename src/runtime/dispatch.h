@@ -19,6 +19,10 @@ int attn__arch_resolve(attn_ctx *ctx, attn_arch *arch);
  * count. */
 void attn__fused_tiles(int64_t *br, int64_t *bc);
 
+/* The bfloat16 path's tile sizes on the amx arch (sdpa_bf16.h): 128 x 128, or what
+ * ATTN_TILE forced for both paths. */
+void attn__amx_tiles(int64_t *br, int64_t *bc);
+
 /* The AVX-512 build's micro-tile shapes (keys x vectors of query rows for the
  * scores, rows x vectors of value columns for the weighted sum): two bodies of
  * src/kernels/fused_kernel.h, chosen once per process for the microarchitecture or
