@@ -85,7 +85,8 @@
     "        emulated; for testing); always: emulate it even where the CPU has it.\n"    \
     "    ATTN_TILE=BRxBC\n"                                                               \
     "        Force the fused kernel's tile sizes (BR a multiple of 32 in 32..512, BC\n"   \
-    "        a multiple of 8 in 8..1024); another value is ignored.\n"                    \
+    "        a multiple of 8 in 8..1024), bfloat16 on AMX's too (128x128 by\n"           \
+    "        default); another value is ignored.\n"                                       \
     "    ATTN_MICROTILE=8x2|4x4\n"                                                        \
     "        Force the avx512 build's micro-tile shapes (the same bits either way).\n"    \
     "    ATTN_FAIL_ALLOC_AT=N\n"                                                          \
