@@ -15,6 +15,12 @@
  *
  * against a float64 oracle; the 2-thread output must equal the 1-thread one bit for
  * bit.
+ *
+ * The bfloat16 path on AMX plans tiles of its own (128 x 128, attn__amx_tiles) unless
+ * ATTN_TILE forces both: where the CPU has AMX, a bfloat16 call's workspace size with
+ * the default tiles must equal ATTN_TILE=128x128's and differ from 64x64's (the
+ * scratch per worker grows with br x bc), and the reason must name them; elsewhere
+ * that check is announced as skipped.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
@@ -194,6 +200,62 @@ static int child_check(const char *value, const char *reason_part, int run)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+/* In a child with ATTN_TILE=value (unset when empty): the workspace bytes of a bfloat16
+ * attn_sdpa on the amx path (1 x 2 x 1024 x 1024, D 64, causal, 1 thread), sent back
+ * through a pipe; 0 when this CPU, OS or build has no amx path, SIZE_MAX on an error
+ * or a reason that does not say what the tiles are. */
+static size_t amx_workspace(const char *value)
+{
+    int fd[2];
+    if (pipe(fd) != 0)
+        return SIZE_MAX;
+    const pid_t pid = fork();
+    if (pid < 0)
+        return SIZE_MAX;
+    if (pid == 0) {
+        close(fd[0]);
+        if (*value)
+            setenv("ATTN_TILE", value, 1);
+        else
+            unsetenv("ATTN_TILE");
+        size_t bytes = 0;
+        if (attn_arch_supported(ATTN_ARCH_AMX)) {
+            const char *reason = attn_arch_reason(NULL);
+            const int names = strstr(reason, "bfloat16 on AMX: tiles 128x128") != NULL;
+            attn_ctx ctx;
+            attn_ctx_init(&ctx);
+            ctx.arch = ATTN_ARCH_AMX;
+            ctx.threads = 1;
+            attn_tensor tq, tk, tv, to;
+            const int64_t shape[4] = {1, 2, 1024, 64};
+            uint16_t *buf = calloc(4 * 2 * 1024 * 64, sizeof *buf);
+            attn_tensor_init(&ctx, &tq, ATTN_DTYPE_BF16, buf, 4, shape);
+            attn_tensor_init(&ctx, &tk, ATTN_DTYPE_BF16, buf + 2 * 1024 * 64, 4, shape);
+            attn_tensor_init(&ctx, &tv, ATTN_DTYPE_BF16, buf + 4 * 1024 * 64, 4, shape);
+            attn_tensor_init(&ctx, &to, ATTN_DTYPE_BF16, buf + 6 * 1024 * 64, 4, shape);
+            attn_sdpa_params prm;
+            attn_sdpa_params_init(&prm);
+            prm.causal = ATTN_CAUSAL_TOP_LEFT;
+            if (attn_sdpa_workspace_size(&ctx, &tq, &tk, &tv, &prm, &to, NULL, &bytes) != ATTN_OK ||
+                bytes == 0 || names != (*value == '\0')) {
+                fprintf(stderr, "  ATTN_TILE=%s: %s; reason: %s\n", value, ctx.message, reason);
+                bytes = SIZE_MAX;
+            }
+            attn_ctx_release(&ctx);
+            free(buf);
+        }
+        _exit(write(fd[1], &bytes, sizeof bytes) == (ssize_t)sizeof bytes ? 0 : 1);
+    }
+    close(fd[1]);
+    size_t bytes = SIZE_MAX;
+    if (read(fd[0], &bytes, sizeof bytes) != (ssize_t)sizeof bytes)
+        bytes = SIZE_MAX;
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? bytes : SIZE_MAX;
+}
+
 int main(void)
 {
     TEST("the tiles chosen for this machine, and every ATTN_TILE override, keep the fused "
@@ -209,5 +271,16 @@ int main(void)
     CHECK(child_check("48x64", "ignored", 0));
     CHECK(child_check("64x", "ignored", 0));
     CHECK(child_check("64x12", "ignored", 0));
+    TEST("bfloat16 on AMX plans 128x128 tiles of its own, which ATTN_TILE overrides, and the "
+         "reason names them");
+    const size_t ws_default = amx_workspace(""), ws_128 = amx_workspace("128x128"),
+                 ws_64 = amx_workspace("64x64");
+    if (ws_default == 0 && ws_128 == 0 && ws_64 == 0) {
+        fprintf(stderr, "-- skipped: this CPU, OS or build has no amx path\n");
+    } else {
+        CHECK(ws_default != SIZE_MAX && ws_128 != SIZE_MAX && ws_64 != SIZE_MAX);
+        CHECK(ws_default == ws_128);
+        CHECK(ws_default != ws_64);
+    }
     return check_summary("test_fused_tiles");
 }
