@@ -393,6 +393,31 @@ FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const 
         }
 }
 
+/* fk_ukr_qk for the last nq vectors of rows of a micro-panel (0 < nq < FK_NQV)
+ * whose first ones see none of the keys (the causal diagonal, fk_scores), with nq
+ * a constant at each call of the micro-kernel; qt and ST point at the panel's
+ * first row, as for the whole panel. */
+static void fk_ukr_qk_last(int64_t D, const float *const *krow, int64_t ks, const float *qt,
+                           float *ST, int64_t ldst, simd_f32 vscale, int nq)
+{
+    const int64_t c0 = (FK_NQV - nq) * SIMD_W;
+    switch (nq) {
+#if FK_NQV > 3
+    case 3:
+        fk_ukr_qk(D, krow, ks, qt + c0, ST + c0, ldst, vscale, NULL, 3);
+        break;
+#endif
+#if FK_NQV > 2
+    case 2:
+        fk_ukr_qk(D, krow, ks, qt + c0, ST + c0, ldst, vscale, NULL, 2);
+        break;
+#endif
+    default:
+        fk_ukr_qk(D, krow, ks, qt + c0, ST + c0, ldst, vscale, NULL, 1);
+        break;
+    }
+}
+
 /* The factor by which fk_score_mod multiplies what it adds: log2(e) where ST
  * already holds the scores in base-2 units (the float32 path without a softcap,
  * fk_scores), else 1 (exact, so the bfloat16 path's bits are the plain sums). An
@@ -584,26 +609,24 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
             krow[kk] = t->kb + j * s->k_s[2];
         }
         for (int64_t rb = 0; rb < nr; rb += FK_QW) {
-            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW - SIMD_W)) {
+            /* On the causal diagonal, the micro-panel's first c0 vectors of rows
+             * see none of these keys (fk_keys_seen grows with the rows): their
+             * scores are hidden, never computed (the softmax and the weighted sum
+             * read no further than their rows see), and only the last
+             * FK_NQV - c0 vectors, if any, go through the product. */
+            int c0 = 0;
+            while (c0 < FK_NQV && kg >= fk_keys_seen(t, j0, nkp, kind, rb + (c0 + 1) * SIMD_W))
+                c0++;
+            if (c0 == 0) {
                 fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale,
                           cmax ? cmax + rb : NULL, FK_NQV);
                 continue;
             }
-            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW)) {
-                /* On the causal diagonal, only the micro-panel's last vector of
-                 * rows may see these keys: the others are hidden, never computed
-                 * (the softmax and the weighted sum read no further than their
-                 * rows see, fk_keys_seen). */
-                for (int kk = 0; kk < FK_MK; kk++)
-                    fk_fill_neginf(ST + (kg + kk) * ldst + rb, FK_QW - SIMD_W);
-                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D + FK_QW - SIMD_W,
-                          ST + kg * ldst + rb + FK_QW - SIMD_W, ldst, vscale, NULL, 1);
-                continue;
-            }
-            /* Keys past what these rows may see: hidden, never computed. */
             for (int kk = 0; kk < FK_MK; kk++)
-                for (int c = 0; c < FK_NQV; c++)
-                    simd_store(ST + (kg + kk) * ldst + rb + c * SIMD_W, simd_set1(-INFINITY));
+                fk_fill_neginf(ST + (kg + kk) * ldst + rb, c0 * SIMD_W);
+            if (c0 < FK_NQV)
+                fk_ukr_qk_last(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst,
+                               vscale, FK_NQV - c0);
         }
     }
     if (fk_has_score_mod(s))
