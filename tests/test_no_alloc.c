@@ -118,6 +118,9 @@ static void test_sdpa(attn_arch arch, int threads)
     CHECK_INT(attn_sdpa_workspace_size(&ctx, &c.q, &c.k, &c.v, &c.p, &c.out, &c.w, &bytes),
               ATTN_OK);
     void *ws = workspace_alloc(bytes);
+    /* Zeros first: nothing a workspace holds may pass for a past call's scratch (the
+     * tile path's query tile packed ahead by item 0's predecessor, fused_tile.h). */
+    memset(ws, 0, bytes);
     ctx.workspace = ws;
     ctx.workspace_size = bytes;
     for (int i = 0; i < 3; i++) {

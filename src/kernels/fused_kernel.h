@@ -65,9 +65,10 @@
  * in the plan; the planner in sdpa_fused.c shrinks them to the problem when it is
  * smaller, rounded up to FK_QW and FK_MK. They never depend on the thread count.
  * Scratch per worker, caller-allocated, never allocated here (fk_tile_ws_floats):
- * Q^T [br][D], the value tile [bc][dvp], the scores/weights [bc][br], the output
+ * Q^T [br][D] twice (this item's, and the next one's, packed during this item's
+ * last key tile), the value tile [bc][dvp], the scores/weights [bc][br], the output
  * accumulator [br][dvp] and m, l, the correction factor and 1/l, [br] each. With
- * D = Dv = 64 that is about 65 KiB, which stays in L2 while the key tiles stream.
+ * D = Dv = 64 that is about 81 KiB, which stays in L2 while the key tiles stream.
  *
  * Tails: micro-kernels only ever see whole micro-tiles. Query rows past Tq are
  * packed as zeros (computed, never written); keys past Tk re-read the last key

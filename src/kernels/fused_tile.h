@@ -7,7 +7,8 @@
  *
  * The item, fk_tile_item at the end, reads as its named steps:
  *
- *   fk_tile_begin       pack the query tile as Q^T micro-panels; m = -inf, l = 0, O = 0
+ *   fk_tile_begin       pack the query tile as Q^T micro-panels (unless the last item
+ *                       packed it ahead); m = -inf, l = 0, O = 0
  *   for each key tile that is not hidden entirely (fk_tile_kind):
  *     fk_value_tile     pack the value tile (or read it in place)
  *     fk_scores         S = (Q K^T) * scale * log2(e), masked entries -inf
@@ -128,22 +129,29 @@ typedef struct fk_tile {
     float *inv;                /* [br] 1 / l, 0 for an empty row, NaN for a NaN row */
     float *cmax;               /* [br] a FULL key tile's max of S per row, gathered by
                                   the score product (fk_max_in_scores) */
+    int64_t *ahead;            /* the worker's [2]: the item whose query tile is packed
+                                  ahead (-1: none), and which of the two buffers */
+    float *qt_next;            /* the other buffer, for the next item's query tile */
+    int qt_next_index;         /* 0 or 1: which one qt_next is */
+    const float *next_qb;      /* with next_nr > 0: the next item's q, packed into */
+    int64_t next_i0, next_nr;  /* qt_next during the last key tile's weighted sum */
 } fk_tile;
 
 /* Scratch floats one worker needs on the tile path: the buffers of fk_tile. */
 static int64_t fk_tile_ws_floats(const attn__fused_job *job)
 {
     const int64_t br = job->br, bc = job->bc, dvp = job->dvp;
-    return fk_align(br * job->s->D) + fk_align(bc * dvp) + fk_align(bc * br) +
+    return 16 + 2 * fk_align(br * job->s->D) + fk_align(bc * dvp) + fk_align(bc * br) +
            fk_align(br * dvp) + 5 * fk_align(br);
 }
 
 /* ---- Pack ----------------------------------------------------------------------- */
 
 /* Query rows i0 .. i0+nr-1, transposed into micro-panels [nr/FK_QW][D][FK_QW], so
- * that query rows lie along the vector lanes; rows past Tq are zeros. */
+ * that query rows lie along the vector lanes; rows past Tq are zeros. Only the
+ * elements d0 <= d < d1 of each row (the whole tile in slices, fk_pack_ahead). */
 static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
-                       int64_t nr, float *qt)
+                       int64_t nr, float *qt, int64_t d0, int64_t d1)
 {
     const int64_t D = s->D, rows = fk_min(nr, s->Tq - i0), qs2 = s->q_s[2];
     /* A whole panel is read a vector of rows at a time (a gather of rows qs2
@@ -155,7 +163,7 @@ static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
     for (int64_t p0 = 0; p0 < nr; p0 += FK_QW) {
         float *panel = qt + p0 * D;
         const int64_t live = fk_min(FK_QW, rows - p0); /* may be <= 0 */
-        int64_t d = 0;
+        int64_t d = d0;
 #if SIMD_HAS_TRANSPOSE
         /* Whole panels of unit-stride rows go SIMD_W x SIMD_W blocks at a time,
          * transposed in registers: a row's SIMD_W values of d are one load, where
@@ -163,12 +171,12 @@ static void fk_pack_qt(const attn__sdpa_shapes *s, const float *qb, int64_t i0,
          * fk_finish_rows no longer calls unasked, this took an item's fixed cost
          * from about 2.2 to 1.5 us (docs/performance.md). */
         if (live == FK_QW && s->q_s[3] == 1)
-            for (; d + SIMD_W <= D; d += SIMD_W)
+            for (; d + SIMD_W <= d1; d += SIMD_W)
                 for (int64_t r0 = 0; r0 < FK_QW; r0 += SIMD_W)
                     simd_transpose_block(panel + d * FK_QW + r0, FK_QW,
                                          qb + (i0 + p0 + r0) * qs2 + d, qs2);
 #endif
-        for (; d < D; d++) {
+        for (; d < d1; d++) {
             float *dst = panel + d * FK_QW;
             const float *src = qb + (i0 + p0) * qs2 + d * s->q_s[3];
             int64_t r = 0;
@@ -251,7 +259,8 @@ static int fk_check_v(const attn__sdpa_shapes *s, const float *vb, int64_t j0, i
  * starts the online-softmax state: m = -inf, l = 0, O = 0, or with a sink
  * m = sink (times log2(e), as S holds every score: fk_scores), l = 2^(m - m) = 1
  * (the sink's term of the denominator, with no value, so O = 0 still). */
-static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, fk_tile *t)
+static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, int ahead,
+                          fk_tile *t)
 {
     const attn__sdpa_shapes *s = job->s;
     /* Items go head by head, so that consecutive items reuse the head's K and V
@@ -270,8 +279,19 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->nr = fk_round_up(t->i1 - t->i0, FK_QW);
 
     float *ws = job->ws + (int64_t)worker * job->ws_floats;
-    t->qt = ws;
-    t->vp = t->qt + fk_align(t->br * s->D);
+    /* Two buffers for query tiles: this item's, and the next one's, packed ahead
+     * (fk_pack_ahead) when the worker runs its items itself (`ahead`). */
+    t->ahead = (int64_t *)(void *)ws;
+    float *qbuf[2] = {ws + 16, ws + 16 + fk_align(t->br * s->D)};
+    const int packed = ahead && t->ahead[0] == item;
+    const int cur = packed ? (int)t->ahead[1] : 0;
+    t->ahead[0] = -1;
+    t->qt = qbuf[cur];
+    t->qt_next = qbuf[1 - cur];
+    t->qt_next_index = 1 - cur;
+    t->next_qb = NULL;
+    t->next_i0 = t->next_nr = 0;
+    t->vp = qbuf[1] + fk_align(t->br * s->D);
     t->ST = t->vp + fk_align(t->bc * t->dvp);
     t->O = t->ST + fk_align(t->bc * t->br);
     t->m = t->O + fk_align(t->br * t->dvp);
@@ -291,7 +311,8 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->sink = attn__sink(s, t->h);
     t->log2_units = 1;
     t->sink_m = t->sink * SIMD_LOG2E;
-    fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt);
+    if (!packed)
+        fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt, 0, s->D);
     for (int64_t r = 0; r < t->nr; r++) {
         t->m[r] = t->sink_m;
         t->l[r] = t->sink > -INFINITY ? 1.0f : 0.0f;
@@ -357,6 +378,25 @@ static int64_t fk_keys_seen(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
 
 /* ---- Score ---------------------------------------------------------------------- */
 
+/* Part g of G of the next item's query rows (t->next_qb, fk_ahead_item) asked of
+ * the L2, every line of them: one part per key group of the last key tile's score
+ * product, so that they arrive before that tile's weighted sum packs them
+ * (fk_pack_ahead) and the requests never queue up as a block of them did
+ * (fk_prime). Rows of unit stride only. */
+static void fk_ask_ahead(const fk_tile *t, int64_t g, int64_t G)
+{
+    const attn__sdpa_shapes *s = t->s;
+    if (s->q_s[3] != 1)
+        return;
+    const int64_t rows = fk_min(t->next_nr, s->Tq - t->next_i0);
+    const int64_t bytes = s->D * (int64_t)sizeof(float);
+    for (int64_t r = g * rows / G; r < (g + 1) * rows / G; r++) {
+        const uintptr_t row = (uintptr_t)(t->next_qb + (t->next_i0 + r) * s->q_s[2]);
+        for (uintptr_t line = row & ~(uintptr_t)63; line < row + (uintptr_t)bytes; line += 64)
+            FK_PREFETCH_L2((const void *)line);
+    }
+}
+
 /* Score micro-kernel, transposed: ST[kk][c] = (sum_d k_kk[d] * qt[d][c]) * scale for
  * FK_MK keys kk (key rows read in place at krow[kk], element stride ks, broadcast
  * one element at a time) and nq * SIMD_W query rows c (qt, within a packed
@@ -391,6 +431,31 @@ FK_INLINE void fk_ukr_qk(int64_t D, const float *const *krow, int64_t ks, const 
                 mx = simd_max(mx, acc[kk][c]);
             simd_store(cmax + c * SIMD_W, mx);
         }
+}
+
+/* fk_ukr_qk for the last nq vectors of rows of a micro-panel (0 < nq < FK_NQV)
+ * whose first ones see none of the keys (the causal diagonal, fk_scores), with nq
+ * a constant at each call of the micro-kernel; qt and ST point at the panel's
+ * first row, as for the whole panel. */
+static void fk_ukr_qk_last(int64_t D, const float *const *krow, int64_t ks, const float *qt,
+                           float *ST, int64_t ldst, simd_f32 vscale, int nq)
+{
+    const int64_t c0 = (FK_NQV - nq) * SIMD_W;
+    switch (nq) {
+#if FK_NQV > 3
+    case 3:
+        fk_ukr_qk(D, krow, ks, qt + c0, ST + c0, ldst, vscale, NULL, 3);
+        break;
+#endif
+#if FK_NQV > 2
+    case 2:
+        fk_ukr_qk(D, krow, ks, qt + c0, ST + c0, ldst, vscale, NULL, 2);
+        break;
+#endif
+    default:
+        fk_ukr_qk(D, krow, ks, qt + c0, ST + c0, ldst, vscale, NULL, 1);
+        break;
+    }
 }
 
 /* The factor by which fk_score_mod multiplies what it adds: log2(e) where ST
@@ -578,32 +643,32 @@ static void fk_scores(const fk_tile *t, int64_t j0, int64_t nkp, int kind)
             simd_store(cmax + r0, simd_set1(-INFINITY));
     for (int64_t kg = 0; kg < nkp; kg += FK_MK) {
         const float *krow[FK_MK];
+        if (t->next_nr)
+            fk_ask_ahead(t, kg / FK_MK, nkp / FK_MK);
         for (int kk = 0; kk < FK_MK; kk++) {
             /* Keys past Tk repeat the last key (valid memory); they are masked below. */
             const int64_t j = fk_min(j0 + kg + kk, s->Tk - 1);
             krow[kk] = t->kb + j * s->k_s[2];
         }
         for (int64_t rb = 0; rb < nr; rb += FK_QW) {
-            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW - SIMD_W)) {
+            /* On the causal diagonal, the micro-panel's first c0 vectors of rows
+             * see none of these keys (fk_keys_seen grows with the rows): their
+             * scores are hidden, never computed (the softmax and the weighted sum
+             * read no further than their rows see), and only the last
+             * FK_NQV - c0 vectors, if any, go through the product. */
+            int c0 = 0;
+            while (c0 < FK_NQV && kg >= fk_keys_seen(t, j0, nkp, kind, rb + (c0 + 1) * SIMD_W))
+                c0++;
+            if (c0 == 0) {
                 fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst, vscale,
                           cmax ? cmax + rb : NULL, FK_NQV);
                 continue;
             }
-            if (kg < fk_keys_seen(t, j0, nkp, kind, rb + FK_QW)) {
-                /* On the causal diagonal, only the micro-panel's last vector of
-                 * rows may see these keys: the others are hidden, never computed
-                 * (the softmax and the weighted sum read no further than their
-                 * rows see, fk_keys_seen). */
-                for (int kk = 0; kk < FK_MK; kk++)
-                    fk_fill_neginf(ST + (kg + kk) * ldst + rb, FK_QW - SIMD_W);
-                fk_ukr_qk(D, krow, s->k_s[3], t->qt + rb * D + FK_QW - SIMD_W,
-                          ST + kg * ldst + rb + FK_QW - SIMD_W, ldst, vscale, NULL, 1);
-                continue;
-            }
-            /* Keys past what these rows may see: hidden, never computed. */
             for (int kk = 0; kk < FK_MK; kk++)
-                for (int c = 0; c < FK_NQV; c++)
-                    simd_store(ST + (kg + kk) * ldst + rb + c * SIMD_W, simd_set1(-INFINITY));
+                fk_fill_neginf(ST + (kg + kk) * ldst + rb, c0 * SIMD_W);
+            if (c0 < FK_NQV)
+                fk_ukr_qk_last(D, krow, s->k_s[3], t->qt + rb * D, ST + kg * ldst + rb, ldst,
+                               vscale, FK_NQV - c0);
         }
     }
     if (fk_has_score_mod(s))
@@ -718,6 +783,19 @@ static void fk_rescale(const fk_tile *t)
 
 /* ---- Accumulate ------------------------------------------------------------------ */
 
+/* Part k of n of the next item's query tile, packed into t->qt_next (its elements
+ * d in whole vectors, the tile in n parts as even as they go): one part between
+ * each two micro-tiles of the last key tile's weighted sum, so that the loads of
+ * q, which wait on the L2 or memory, overlap the products instead of holding up
+ * the next item's start (fk_pack_qt there took about 2.3% of S2's time on Zen 4). */
+static void fk_pack_ahead(const fk_tile *t, int64_t k, int64_t n)
+{
+    const int64_t D = t->s->D, vecs = (D + SIMD_W - 1) / SIMD_W;
+    const int64_t d0 = k * vecs / n * SIMD_W, d1 = fk_min(D, (k + 1) * vecs / n * SIMD_W);
+    if (d1 > d0)
+        fk_pack_qt(t->s, t->next_qb, t->next_i0, t->next_nr, t->qt_next, d0, d1);
+}
+
 /* Weighted-sum micro-kernel: O[r][c] = O[r][c] * alpha[r] + sum_j PT[j][r] * V[j][c]
  * for r < FK_MR and nv vectors of columns (nv is a constant at each call site),
  * summed over j in increasing order (alpha NULL: every alpha[r] is 1, and O is not
@@ -797,6 +875,8 @@ static void fk_accumulate(const fk_tile *t, int64_t j0, int64_t nkp, int kind,
     }
     const int64_t br = t->br, dvp = t->dvp, ldout = t->s->o_s[2];
     for (int64_t rb = 0; rb < t->nr; rb += FK_MR) {
+        if (t->next_nr)
+            fk_pack_ahead(t, rb / FK_MR, t->nr / FK_MR);
         float *out = rb < rows_out ? t->ob + (t->i0 + rb) * ldout : NULL;
         /* The keys these rows may see (fk_keys_seen): past them every weight is 0. */
         const int64_t nk = fk_keys_seen(t, j0, nkp, kind, rb + FK_MR);
@@ -1003,7 +1083,9 @@ static void fk_prime_kv(const attn__sdpa_shapes *s, const float *kb, const float
  * more workers item + 1 may already run elsewhere). Items run head by head
  * (fk_tile_begin), so that first key tile is in memory only when `next` starts a
  * head. The figures are in docs/performance.md (the float32 forward's sixth and
- * seventh sessions). */
+ * seventh sessions). A worker that claims its items also asks for every line of
+ * `next`'s query rows during the last tile's score product and packs them during
+ * its weighted sum (fk_ask_ahead, fk_pack_ahead; the eighth session). */
 static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t next,
                           int64_t jn, int64_t j_end)
 {
@@ -1032,6 +1114,19 @@ static void fk_prime_next(const attn__fused_job *job, const fk_tile *t, int64_t 
 
 /* ---- The item ------------------------------------------------------------------------- */
 
+/* Sets t up to pack item `next`'s query tile during its last weighted sum
+ * (fk_pack_ahead); item numbering as in fk_tile_begin. */
+static void fk_ahead_item(const attn__fused_job *job, fk_tile *t, int64_t next)
+{
+    const attn__sdpa_shapes *s = t->s;
+    const int64_t bh = next / job->n_qt;
+    const int64_t i0 = (job->n_qt - 1 - next % job->n_qt) * job->br;
+    const int64_t b = bh / s->H, h = bh % s->H;
+    t->next_qb = job->q + b * s->q_s[0] + h * s->q_s[1];
+    t->next_i0 = i0;
+    t->next_nr = fk_round_up(fk_min(i0 + job->br, s->Tq) - i0, FK_QW);
+}
+
 /* From key tile *j0 on (multiples of bc), the first that is not SKIP: moves *j0 to
  * it (to j_end or past when none is left) and returns its kind. */
 static int fk_next_tile(const fk_tile *t, int64_t *j0, int64_t j_end)
@@ -1057,7 +1152,7 @@ static int64_t fk_tile_run(const attn__fused_job *job, int64_t item, int worker,
     const attn__sdpa_shapes *s = job->s;
     int64_t next = -1;
     fk_tile t;
-    fk_tile_begin(job, item, worker, &t);
+    fk_tile_begin(job, item, worker, claim != NULL, &t);
     /* Only the key tiles that meet [lo(i0), hi(i1 - 1)), the keys the causal
      * alignment and the window let these rows see; tiles start at multiples of bc
      * whatever that range, so the summation order depends on the shapes only. */
@@ -1078,6 +1173,8 @@ static int64_t fk_tile_run(const attn__fused_job *job, int64_t item, int worker,
             next = claim ? atomic_fetch_add_explicit(claim, 1, memory_order_relaxed)
                          : item + 1;
         fk_prime_next(job, &t, next, jn, j_end);
+        if (jn >= j_end && claim && next < job->n_items && !vt.nonfinite)
+            fk_ahead_item(job, &t, next);
         fk_scores(&t, j0, nkp, kind);
         fk_softmax_stats(&t, j0, nkp, kind);
         int64_t rows_out = 0;
@@ -1088,6 +1185,11 @@ static int64_t fk_tile_run(const attn__fused_job *job, int64_t item, int worker,
             done = rows_out;
         }
         fk_accumulate(&t, j0, nkp, kind, &vt, rows_out);
+        if (t.next_nr) { /* the next item's query tile is ready */
+            t.ahead[0] = next;
+            t.ahead[1] = t.qt_next_index;
+            t.next_nr = 0;
+        }
         j0 = jn;
         kind = kind_next;
     }
@@ -1116,6 +1218,8 @@ static void fk_tile_item(void *arg, int64_t item, int worker)
  * the counter empty; the last items of each head are its lightest (fk_tile_begin). */
 static void fk_tile_worker(const attn__fused_job *job, int worker)
 {
+    /* No query tile is packed ahead yet (the scratch may hold a past call's). */
+    ((int64_t *)(void *)(job->ws + (int64_t)worker * job->ws_floats))[0] = -1;
     int64_t item = atomic_fetch_add_explicit(job->claim, 1, memory_order_relaxed);
     while (item < job->n_items) {
         const int64_t next = fk_tile_run(job, item, worker, job->claim);
