@@ -528,9 +528,18 @@ def rope_ref(x, positions, pairing, base, dtype):
     return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
 
 
-def ml_dtypes_bf16():
-    import ml_dtypes
-    return ml_dtypes.bfloat16
+def q_in_cache_dtype(q, kv_dtype):
+    """q (float32 holding values of the cache's 16-bit dtype) in that dtype: float16,
+    or for bfloat16 an ml_dtypes.bfloat16 array where ml_dtypes is installed and the
+    uint16 bits otherwise (the same values: a "bf16" cache reads uint16 as bfloat16
+    bits, docs/python.md), so the check runs without the optional package."""
+    if kv_dtype != "bf16":
+        return q.astype(np.float16)
+    try:
+        import ml_dtypes
+    except ImportError:
+        return (np.ascontiguousarray(q, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return q.astype(ml_dtypes.bfloat16)
 
 
 def widen16(x, kv_dtype):
@@ -588,7 +597,7 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
         q16 = tdt is not None and rng.random() < 0.5
         if q16:
             qb = torch.from_numpy(qb).to(tdt).float().numpy()
-            qarg = qb.astype(ml_dtypes_bf16() if kv_dtype == "bf16" else np.float16)
+            qarg = q_in_cache_dtype(qb, kv_dtype)
         else:
             qarg = qb
         if batch:
@@ -662,7 +671,7 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
             want, want_lse, _ = oracle(op, q64, K, V, b64, sinks64)
             mine, mine_lse, _ = oracle(op, q32, K.to(torch.float32), V.to(torch.float32), b32,
                                        sinks32)
-            got = np.asarray(out).astype(np.float32)
+            got = widen16(out, kv_dtype).astype(np.float32)
             lab = "%s step %d seq %d%s (B=%d H=%d Hkv=%d D=%d %s base=%g len=%d new=%d %s)" % (
                 label, step, b, " batch" if batch else (" bias+mask" if extra else ""), B, H, Hkv, D, pairing, base, L, tnew,
                 json.dumps({k: (v if not isinstance(v, np.ndarray) else "array")
