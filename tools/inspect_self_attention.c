@@ -212,7 +212,12 @@ static const char HELP[] =
     "    inspect_self_attention --seq-len 8 --trace --heatmap weights.svg\n"
     "    inspect_self_attention --values --sample 1 --head 2\n"
     "    inspect_self_attention --mistake mask-zero --show\n"
-    "    inspect_self_attention --grad\n";
+    "    inspect_self_attention --grad\n"
+    "\n"
+    "SEE ALSO\n"
+    "    inspect_modern_attention --help (chapter 21's experiment),\n"
+    "    train_attention --help, attn forward --help; docs/walkthrough.md (this\n"
+    "    experiment, step by step), docs/debugging.md, docs/exercises.md.\n";
 
 /* Returns CLI_PARSED to run, CLI_EXIT_OK when --help was printed, or
  * CLI_EXIT_USAGE after one line on stderr. */
