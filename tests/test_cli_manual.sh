@@ -41,11 +41,11 @@ for cmd in sdpa forward decode bench; do
     fi
 done
 
-say "the other programs' --help (inspect_self_attention, inspect_modern_attention, train_attention) have NAME, SYNOPSIS, DESCRIPTION, OPTIONS, NUMBERS, EXIT STATUS, an example and SEE ALSO, and each of their options"
+say "the other programs' --help (inspect_self_attention, inspect_modern_attention, train_attention) have NAME, SYNOPSIS, DESCRIPTION, OPTIONS, NUMBERS, EXIT STATUS, ENVIRONMENT, an example and SEE ALSO, and each of their options"
 for prog in inspect_self_attention inspect_modern_attention train_attention; do
     run 0 "$ATTN_BUILD_DIR/$prog" --help
     cp "$OUT_FILE" "$WORK/$prog.help"
-    for s in NAME SYNOPSIS DESCRIPTION OPTIONS NUMBERS "EXIT STATUS" "SEE ALSO"; do
+    for s in NAME SYNOPSIS DESCRIPTION OPTIONS NUMBERS "EXIT STATUS" ENVIRONMENT "SEE ALSO"; do
         has_line "$WORK/$prog.help" "$s" && ok || bad "$prog --help has no section '$s'"
     done
     if has_line "$WORK/$prog.help" EXAMPLE || has_line "$WORK/$prog.help" EXAMPLES; then ok; else
