@@ -163,10 +163,11 @@ static const char HELP[] =
     "        Write x.npy, token_ids.npy, padding_mask.npy, causal_mask.npy,\n"
     "        combined_mask.npy, weights.safetensors (qkv.weight, qkv.bias,\n"
     "        output.weight, output.bias), output.npy and attention.npy into DIR\n"
-    "        (created if needed), and the steps between them: q.npy, k.npy, v.npy\n"
-    "        [B, H, T, D] (after the head split), scores.npy (q k^T), scaled_scores.npy\n"
-    "        (/ sqrt(D)), masked_scores.npy (-inf where hidden) [B, H, T, T] and\n"
-    "        context.npy [B, H, T, D] (weights v, before the merge).\n"
+    "        (created if needed, and removed again if the run fails), and the\n"
+    "        steps between them: q.npy, k.npy, v.npy [B, H, T, D] (after the\n"
+    "        head split), scores.npy (q k^T), scaled_scores.npy (/ sqrt(D)),\n"
+    "        masked_scores.npy (-inf where hidden) [B, H, T, T] and context.npy\n"
+    "        [B, H, T, D] (weights v, before the merge).\n"
     "    --heatmap FILE.svg\n"
     "        An SVG of the padding, causal and combined masks and each head's\n"
     "        scaled scores (before the softmax, -inf where masked) and attention\n"
@@ -634,11 +635,14 @@ typedef struct run_outputs {
     attn_tensor tensors[DUMP_ARRAYS + 4]; /* the arrays, then the four weights */
     char *svg;                            /* --heatmap's document (malloc'd) */
     size_t svg_len;
+    int made_dir;                         /* dump_all created --dump's directory */
 } run_outputs;
 
 static int dump_all(const char *dir, const experiment *e, run_outputs *r)
 {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0777) == 0) {
+        r->made_dir = 1;
+    } else if (errno != EEXIST) {
         fprintf(stderr, "%s: cannot create directory %s: %s\n", prog, dir, strerror(errno));
         return 1;
     }
@@ -910,6 +914,10 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && r->n > 0 && cli_save_outputs(prog, &ctx, r->n, r->outs))
         rc = 1;
+    /* A failed run leaves no trace, not even the --dump directory it made; rmdir
+     * removes only an empty one, so files a late failure left renamed in it stay. */
+    if (rc != 0 && r && r->made_dir)
+        (void)rmdir(o.dump);
     if (r)
         free(r->svg);
     free(r);
