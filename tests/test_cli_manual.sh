@@ -61,6 +61,12 @@ for prog in inspect_self_attention inspect_modern_attention train_attention; do
     [ -z "$unknown" ] && ok || bad "$prog --help documents options its parser does not know: $(echo $unknown)"
 done
 
+say "every manual fits a terminal of 80 columns"
+for h in "$WORK"/*.help; do
+    long=$(awk 'length > 80 { printf "%d: %s\n", NR, $0 }' "$h")
+    [ -z "$long" ] && ok || bad "$(basename "$h" .help) --help has lines over 80 columns: $long"
+done
+
 # parser_options CMD: the option names of the subcommand's cli_opt table, one a line:
 # the entries {"name", CLI_... of tools/cmd_CMD.c and of the option macros it uses.
 parser_options() {
