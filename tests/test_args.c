@@ -2593,5 +2593,7 @@ int main(void)
     test_rope_and_kv_cache();
     test_header_coverage();
     fprintf(stderr, "test_args: %ld bad inputs tried\n", bad_inputs);
+    /* The README: "tests/test_args.c tries more than 8000 of them". */
+    CHECK(bad_inputs > 8000);
     return check_summary("test_args");
 }

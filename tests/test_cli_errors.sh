@@ -198,6 +198,8 @@ while IFS=$'\t' read -r name phrase; do
     n=$((n + 1))
 done <"$F/MANIFEST"
 [ "$n" -ge 30 ] && ok || bad "only $n malformed files"
+said=$(grep -o 'lists the [0-9]* broken files' "$ATTN_SOURCE_DIR/README.md" | grep -o '[0-9]*')
+[ "$said" = "$n" ] && ok || bad "the README says MANIFEST lists '${said:-?}' broken files; it lists $n"
 [ -e "$WORK/bad.npy" ] && bad "a refused input produced an output" || ok
 run 1 "$ATTN" "${sdpa[@]/$K/$F/bad_dtype_complex.npy}" --output "$WORK/bad.npy"
 err_has "--key"

@@ -1,6 +1,7 @@
 #!/bin/bash
 # test_cli_help_examples.sh - every example that `attn --help`, `attn sdpa --help`,
-# `attn forward --help`, `attn decode --help` and `inspect_self_attention --help` print runs as
+# `attn forward --help`, `attn decode --help`, `inspect_self_attention --help`,
+# `inspect_modern_attention --help` and `train_attention --help` print runs as
 # printed: exit 0 and every file it names for output written. The commands are read
 # from the help text itself (its EXAMPLE section, continuation lines joined), so an
 # example that drifts from the program fails here. Each runs in a folder of its own
@@ -11,6 +12,8 @@
 set -u
 . "$(dirname "$0")/cli_lib.sh"
 : "${INSPECT:?INSPECT must name inspect_self_attention}"
+MODERN="${ATTN_BUILD_DIR:?}/inspect_modern_attention"
+TRAIN="$ATTN_BUILD_DIR/train_attention"
 
 WORK="$ATTN_TEST_TMP_DIR/cli_help_examples"
 rm -rf "$WORK"
@@ -49,6 +52,8 @@ run_examples() {
         case "${words[0]}" in
         attn) cmd=("$ATTN" "${words[@]:1}") ;;
         inspect_self_attention) cmd=("$INSPECT" "${words[@]:1}") ;;
+        inspect_modern_attention) cmd=("$MODERN" "${words[@]:1}") ;;
+        train_attention) cmd=("$TRAIN" "${words[@]:1}") ;;
         *) bad "$name example $n starts with an unknown program: $line"; continue ;;
         esac
         say "$name example $n runs as printed: $line"
@@ -82,5 +87,7 @@ run_examples sdpa sdpa 4 "$ATTN" sdpa
 run_examples forward forward 4 "$ATTN" forward
 run_examples decode decode 1 "$ATTN" decode
 run_examples inspect "" 4 "$INSPECT"
+run_examples modern "" 2 "$MODERN"
+run_examples train "" 2 "$TRAIN"
 
 cli_summary test_cli_help_examples

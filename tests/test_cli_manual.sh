@@ -41,6 +41,32 @@ for cmd in sdpa forward decode bench; do
     fi
 done
 
+say "the other programs' --help (inspect_self_attention, inspect_modern_attention, train_attention) have NAME, SYNOPSIS, DESCRIPTION, OPTIONS, NUMBERS, EXIT STATUS, ENVIRONMENT, an example and SEE ALSO, and each of their options"
+for prog in inspect_self_attention inspect_modern_attention train_attention; do
+    run 0 "$ATTN_BUILD_DIR/$prog" --help
+    cp "$OUT_FILE" "$WORK/$prog.help"
+    for s in NAME SYNOPSIS DESCRIPTION OPTIONS NUMBERS "EXIT STATUS" ENVIRONMENT "SEE ALSO"; do
+        has_line "$WORK/$prog.help" "$s" && ok || bad "$prog --help has no section '$s'"
+    done
+    if has_line "$WORK/$prog.help" EXAMPLE || has_line "$WORK/$prog.help" EXAMPLES; then ok; else
+        bad "$prog --help has no EXAMPLE section"
+    fi
+    # Its cli_opt table and its OPTIONS section name the same options.
+    known=$(grep -o '{"[a-z0-9-]*", CLI_' "$T/$prog.c" | sed 's/{"\(.*\)", CLI_/\1/' | sort -u)
+    documented=$(grep -oE '^    --[a-z0-9-]+' "$WORK/$prog.help" | sed 's/^ *--//' | grep -vx help | sort -u)
+    [ -n "$known" ] || bad "$prog: no cli_opt table found in tools/$prog.c"
+    undocumented=$(comm -23 <(echo "$known") <(echo "$documented"))
+    unknown=$(comm -13 <(echo "$known") <(echo "$documented"))
+    [ -z "$undocumented" ] && ok || bad "$prog --help does not document: $(echo $undocumented)"
+    [ -z "$unknown" ] && ok || bad "$prog --help documents options its parser does not know: $(echo $unknown)"
+done
+
+say "every manual fits a terminal of 80 columns"
+for h in "$WORK"/*.help; do
+    long=$(awk 'length > 80 { printf "%d: %s\n", NR, $0 }' "$h")
+    [ -z "$long" ] && ok || bad "$(basename "$h" .help) --help has lines over 80 columns: $long"
+done
+
 # parser_options CMD: the option names of the subcommand's cli_opt table, one a line:
 # the entries {"name", CLI_... of tools/cmd_CMD.c and of the option macros it uses.
 parser_options() {

@@ -54,4 +54,8 @@ sweep "attn decode (MQA, RoPE, padding, a prefill and steps, with --attention an
     --lse "$tmp/out/l.npy"
 sweep "inspect_self_attention --dump" "x.npy output.npy attention.npy weights.safetensors" \
     "$INSPECT" --dump "$tmp/out"
+# A --dump directory the run makes itself is gone again when the run fails.
+sweep "inspect_self_attention --dump into a new directory" \
+    "new/x.npy new/output.npy new/attention.npy new/weights.safetensors" \
+    "$INSPECT" --dump "$tmp/out/new"
 exit $fail

@@ -128,6 +128,14 @@ npy_close "$WORK/3d.out.npy" "$d3/out.npy" $ATOL $RTOL
 npy_close "$WORK/3d.attn.npy" "$d3/attn.npy" $ATOL $RTOL
 npy_close "$WORK/3d.lse.npy" "$d3/lse.npy" $ATOL $RTOL
 
+say "2-D inputs [T, D] give an output [Tq, Dv] and a log-sum-exp [Tq]"
+npy_f32_zeros "$WORK/2d.q.npy" 4 8
+npy_f32_zeros "$WORK/2d.kv.npy" 6 8
+run 0 "$ATTN" sdpa --query "$WORK/2d.q.npy" --key "$WORK/2d.kv.npy" --value "$WORK/2d.kv.npy" \
+    --output "$WORK/2d.out.npy" --lse "$WORK/2d.lse.npy"
+[ "$(npy_shape "$WORK/2d.lse.npy")" = "(4,)" ] && ok || bad "2-D lse shape is $(npy_shape "$WORK/2d.lse.npy"), expected (4,)"
+[ "$(npy_shape "$WORK/2d.out.npy")" = "(4, 8)" ] && ok || bad "2-D output shape is $(npy_shape "$WORK/2d.out.npy"), expected (4, 8)"
+
 say "--help describes every option of section 6, for sdpa and forward"
 for cmd in sdpa forward; do
     run 0 "$ATTN" "$cmd" --help

@@ -31,6 +31,28 @@ if [ -n "$missing" ]; then
 fi
 echo "-- libattn.so exports the $(echo "$want" | wc -l) functions attn.h marks ATTN_API, and nothing else" >&2
 
+# The README: "errors as values ... no exit or abort on bad input". The library calls
+# none of the C library's ways to end the process (an assert() left in a build
+# would import __assert_fail).
+enders=$(nm -D --undefined-only "$so" | awk '{print $NF}' | sed 's/@.*//' |
+         grep -xE 'exit|_exit|_Exit|quick_exit|abort|__assert_fail|__assert_perror_fail|err|errx|verr|verrx' | sort -u)
+if [ -n "$enders" ]; then
+    echo "FAIL: libattn.so calls functions that end the process: $(echo $enders)" >&2
+    fails=1
+else
+    echo "-- libattn.so imports no exit, _exit, abort or __assert_fail: it never ends the caller's process" >&2
+fi
+
+# The README's Robustness section counts the public functions; the count is this one.
+n=$(echo "$want" | wc -l)
+said=$(grep -o 'any of the [0-9]* public functions' "$ATTN_SOURCE_DIR/README.md" | grep -o '[0-9]*')
+if [ "$said" = "$n" ]; then
+    echo "-- the README's 'any of the $said public functions' is attn.h's count" >&2
+else
+    echo "FAIL: the README says 'any of the ${said:-?} public functions'; attn.h declares $n" >&2
+    fails=1
+fi
+
 a="$ATTN_BUILD_DIR/libattn.a"
 if [ -f "$a" ]; then
     # Names that begin with two underscores belong to the C implementation (a

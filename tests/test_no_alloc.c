@@ -304,6 +304,93 @@ static void test_mha(mha_sizes z, attn_arch arch, int threads)
     free(yw), free(want_lin), free(lin);
 }
 
+/* The README: the fused kernel "never allocates [Tq, Tk] unless the weights are asked
+ * for". On a problem whose [Tq, Tk] scores would take 16 MiB per head, the scratch a
+ * call asks for (attn_sdpa_workspace_size) and the largest single allocation it
+ * makes stay below one [Tq, Tk] float matrix, with a causal and with no mask, on every
+ * fused path with 1 and 2 threads; asking for the weights is what may need more. */
+typedef struct largest {
+    size_t max;
+    long live;
+} largest;
+
+static void *largest_alloc(void *user, size_t n)
+{
+    largest *l = user;
+    if (n > l->max)
+        l->max = n;
+    void *p = malloc(n);
+    if (p)
+        l->live++;
+    return p;
+}
+
+static void largest_free(void *user, void *p)
+{
+    largest *l = user;
+    l->live--;
+    free(p);
+}
+
+static void test_no_square(void)
+{
+    TEST("the fused kernel asks for less scratch than one [Tq, Tk] float matrix and "
+         "allocates none that large, at Tq = Tk = 2048, causal and unmasked, every fused "
+         "path, 1 and 2 threads");
+    enum { B = 1, H = 2, T = 2048, D = 64 };
+    const size_t square = (size_t)T * T * sizeof(float);
+    const size_t n = (size_t)B * H * T * D;
+    float *q = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)),
+          *v = malloc(n * sizeof(float)), *o = malloc(n * sizeof(float));
+    if (!q || !k || !v || !o) {
+        CHECK(!"out of memory");
+        free(q), free(k), free(v), free(o);
+        return;
+    }
+    tu_fill(q, (int64_t)n, 11);
+    tu_fill(k, (int64_t)n, 12);
+    tu_fill(v, (int64_t)n, 13);
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D),
+                tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(o, B, H, T, D);
+    int runs = 0;
+    for (int a = 1; a < 4; a++) { /* scalar, avx2, avx512: the fused builds */
+        if (!attn_arch_supported(archs[a]))
+            continue;
+        for (int threads = 1; threads <= 2; threads++)
+            for (int causal = 0; causal <= 1; causal++) {
+                largest l = {0, 0};
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.allocator.alloc = largest_alloc;
+                ctx.allocator.free = largest_free;
+                ctx.allocator.user = &l;
+                ctx.arch = archs[a];
+                ctx.threads = threads;
+                ctx.impl = ATTN_IMPL_FUSED;
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = causal;
+                size_t bytes = 0;
+                CHECK_INT(attn_sdpa_workspace_size(&ctx, &tq, &tk, &tv, &p, &to, NULL, &bytes),
+                          ATTN_OK);
+                CHECK_INT(attn_sdpa(&ctx, &tq, &tk, &tv, &p, &to, NULL), ATTN_OK);
+                if (!(bytes < square) || !(l.max < square))
+                    fprintf(stderr, "  %s, %d threads, %s: workspace %zu bytes, largest "
+                            "allocation %zu bytes; one [Tq, Tk] float matrix is %zu\n",
+                            attn_arch_name(archs[a]), threads, causal ? "causal" : "no mask",
+                            bytes, l.max, square);
+                CHECK(bytes < square);
+                CHECK(l.max < square);
+                attn_ctx_release(&ctx);
+                CHECK_INT(l.live, 0);
+                runs++;
+            }
+    }
+    fprintf(stderr, "  %d fused runs checked\n", runs);
+    CHECK(runs >= 4);
+    free(q), free(k), free(v), free(o);
+}
+
 static void test_arch_mismatch(void)
 {
     TEST("weights packed for one arch are refused, naming both arches, by a call that runs another");
@@ -349,6 +436,7 @@ int main(void)
     }
     fprintf(stderr, "  %d arch paths checked\n", paths);
     CHECK(paths >= 2);
+    test_no_square();
     test_arch_mismatch();
     return check_summary("test_no_alloc");
 }

@@ -77,7 +77,7 @@ static void bwd_report(const bench_shape *s, const bench_opts *o, bwd_arg *a, co
         bench_json_end();
     } else {
         /* The table's columns, then which of the two measurements this is. */
-        printf("%-6s %-14s %5lld %4lld %6lld %6lld %5lld %-8s %3d %10.4f %9.2f %5.1f%% %8.1f %s\n",
+        printf("%-6s %-18s %5lld %4lld %6lld %6lld %5lld %-8s %3d %10.4f %9.2f %5.1f%% %8.1f %s\n",
                s->name, impl, (long long)s->B, (long long)s->H, (long long)s->Tq,
                (long long)s->Tk, (long long)s->D, bench_mask_name(s), threads, t.median_s * 1e3,
                gf, 100 * frac, bench_peak_rss_mib(),

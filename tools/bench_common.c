@@ -164,7 +164,7 @@ void bench_print_header(const bench_opts *o)
            attn_threads_resolve(&ctx), o->peak1, o->peakn, attn_threads_resolve(&ctx));
     printf("# attention %%peak: of the peak of the ISA each line runs on (avx2: 256-bit FMA "
            "chains; scalar, ref: portable C chains)\n");
-    printf("%-6s %-14s %5s %4s %6s %6s %5s %-8s %3s %10s %9s %6s %8s\n", "shape", "impl", "B",
+    printf("%-6s %-18s %5s %4s %6s %6s %5s %-8s %3s %10s %9s %6s %8s\n", "shape", "impl", "B",
            "H", "Tq", "Tk", "D", "mask", "thr", "median_ms", "GFLOP/s", "%peak", "rss_MiB");
 }
 

@@ -232,7 +232,7 @@ int bench_kv_s9(const bench_opts *o)
                    bench_peak_rss_mib(), H, kv_gbs, attn_dtype_name(dt));
             bench_json_end();
         } else {
-            printf("%-6s %-14s %5d %4d %6d %6d %5d %-8s %3d %10.4f %9.2f %5.1f%% %8.1f "
+            printf("%-6s %-18s %5d %4d %6d %6d %5d %-8s %3d %10.4f %9.2f %5.1f%% %8.1f "
                    "lengths=1024,2048,3072,4096 kv_gbs=%.1f%s%s\n",
                    "S9", impl, B, H, 1, 4096, D, "causal_bottom_right", threads,
                    t.median_s * 1e3, gf, o->peakn > 0 ? 100 * gf / o->peakn : 0.0,

@@ -75,8 +75,8 @@ static const char HELP[] =
     "        first one too, is a decoding step of its own. N = T is one causal\n"
     "        block through the cache and no steps. N > T is an error (exit 1).\n"
     CLI_HELP_ROPE("        Here q and k are rotated after the projections, token t at position\n"
-                  "        N+t (N = --rope-offset); with offset 0 the cache rotates the keys\n"
-                  "        as it stores them and the queries as it attends.\n")
+                  "        O+t (O = --rope-offset, not the --prefill N); with O = 0 the cache\n"
+                  "        rotates the keys as it stores them and the queries as it attends.\n")
     "    --dtype f32|bf16|f16\n"
     "        How the KV cache stores K and V (default f32). bf16 and f16 round each\n"
     "        key and value once, to nearest even, as it is appended (after RoPE,\n"

@@ -71,7 +71,8 @@ static const char HELP[] =
     "                             [--num-heads H] [--num-kv-heads HKV] [--window W]\n"
     "                             [--rope interleaved|half] [--rope-base BASE]\n"
     "                             [--seed N] [--impl ref|fused] [--trace] [--values]\n"
-    "                             [--sample S] [--head N] [--heatmap FILE.svg] [--show]\n"
+    "                             [--sample S] [--head N] [--heatmap FILE.svg]\n"
+    "                             [--show]\n"
     "\n"
     "DESCRIPTION\n"
     "    Draws x ~ N(0, 1) [B, T, E] and then, as nn.Linear(..., bias=False) layers\n"
@@ -150,9 +151,24 @@ static const char HELP[] =
     "\n"
     CLI_HELP_EXIT
     "\n"
+    "ENVIRONMENT\n"
+    "    ATTN_ARCH\n"
+    "        With --impl fused, the instruction set the fast path runs on (see\n"
+    "        'attn --help'; default: the best this CPU has). --trace says which\n"
+    "        ran. The reference (--impl ref) is the same plain loops whatever it\n"
+    "        says.\n"
+    "    NO_COLOR\n"
+    "        When set, --show shades the cells with characters even on a\n"
+    "        terminal.\n"
+    "\n"
     "EXAMPLE\n"
     "    inspect_modern_attention --num-kv-heads 1 --window 2 --trace\n"
-    "    inspect_modern_attention --rope half --values --head 3 --show\n";
+    "    inspect_modern_attention --rope half --values --head 3 --show\n"
+    "\n"
+    "SEE ALSO\n"
+    "    inspect_self_attention --help (chapter 11's experiment),\n"
+    "    attn decode --help; docs/modern-attention.md (this experiment, step by\n"
+    "    step), docs/decoding.md (RoPE and the KV cache in the library).\n";
 
 static int parse_options(int argc, char **argv, options *o)
 {

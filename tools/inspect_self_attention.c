@@ -96,8 +96,9 @@ static const char HELP[] =
     "    AND [B, 1, T, T], runs multi-head self-attention asking for the weights\n"
     "    [B, H, T, T], and prints seven lines: x_shape, token_ids, output_shape,\n"
     "    attention_shape, combined_mask_shape, first_head_weights_row0\n"
-    "    (weights[0, 0, 0, :] rounded to 4 decimals) and last_real_query_can_attend_to\n"
-    "    (the combined mask's row for the last real token of sample 0, as 0/1).\n"
+    "    (weights[0, 0, 0, :] rounded to 4 decimals) and\n"
+    "    last_real_query_can_attend_to (the combined mask's row for the last real\n"
+    "    token of sample 0, as 0/1).\n"
     "    It runs the library's reference kernels unless --impl fused is given.\n"
     "\n"
     "OPTIONS\n"
@@ -163,10 +164,11 @@ static const char HELP[] =
     "        Write x.npy, token_ids.npy, padding_mask.npy, causal_mask.npy,\n"
     "        combined_mask.npy, weights.safetensors (qkv.weight, qkv.bias,\n"
     "        output.weight, output.bias), output.npy and attention.npy into DIR\n"
-    "        (created if needed), and the steps between them: q.npy, k.npy, v.npy\n"
-    "        [B, H, T, D] (after the head split), scores.npy (q k^T), scaled_scores.npy\n"
-    "        (/ sqrt(D)), masked_scores.npy (-inf where hidden) [B, H, T, T] and\n"
-    "        context.npy [B, H, T, D] (weights v, before the merge).\n"
+    "        (created if needed, and removed again if the run fails), and the\n"
+    "        steps between them: q.npy, k.npy, v.npy [B, H, T, D] (after the\n"
+    "        head split), scores.npy (q k^T), scaled_scores.npy (/ sqrt(D)),\n"
+    "        masked_scores.npy (-inf where hidden) [B, H, T, T] and context.npy\n"
+    "        [B, H, T, D] (weights v, before the merge).\n"
     "    --heatmap FILE.svg\n"
     "        An SVG of the padding, causal and combined masks and each head's\n"
     "        scaled scores (before the softmax, -inf where masked) and attention\n"
@@ -196,6 +198,13 @@ static const char HELP[] =
     "    NO_COLOR\n"
     "        When set, --show shades the cells with characters even on a\n"
     "        terminal.\n"
+    "    ATTN_FAIL_ALLOC_AT=N\n"
+    "        Make the Nth allocation fail (for testing the out-of-memory paths:\n"
+    "        exit 1, one line, no file written).\n"
+    "    ATTN_TEST_OUTPUT_PAUSE_MS=N\n"
+    "        Wait N ms (1..600000) after --dump's and --heatmap's files are\n"
+    "        written and before they are renamed into place (for testing Ctrl-C).\n"
+    "    The library's other variables (ATTN_TILE, ...) are in 'attn --help'.\n"
     "\n"
     "FILES\n"
     "    DIR/*.npy, DIR/weights.safetensors\n"
@@ -212,7 +221,12 @@ static const char HELP[] =
     "    inspect_self_attention --seq-len 8 --trace --heatmap weights.svg\n"
     "    inspect_self_attention --values --sample 1 --head 2\n"
     "    inspect_self_attention --mistake mask-zero --show\n"
-    "    inspect_self_attention --grad\n";
+    "    inspect_self_attention --grad\n"
+    "\n"
+    "SEE ALSO\n"
+    "    inspect_modern_attention --help (chapter 21's experiment),\n"
+    "    train_attention --help, attn forward --help; docs/walkthrough.md (this\n"
+    "    experiment, step by step), docs/debugging.md, docs/exercises.md.\n";
 
 /* Returns CLI_PARSED to run, CLI_EXIT_OK when --help was printed, or
  * CLI_EXIT_USAGE after one line on stderr. */
@@ -629,11 +643,14 @@ typedef struct run_outputs {
     attn_tensor tensors[DUMP_ARRAYS + 4]; /* the arrays, then the four weights */
     char *svg;                            /* --heatmap's document (malloc'd) */
     size_t svg_len;
+    int made_dir;                         /* dump_all created --dump's directory */
 } run_outputs;
 
 static int dump_all(const char *dir, const experiment *e, run_outputs *r)
 {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0777) == 0) {
+        r->made_dir = 1;
+    } else if (errno != EEXIST) {
         fprintf(stderr, "%s: cannot create directory %s: %s\n", prog, dir, strerror(errno));
         return 1;
     }
@@ -905,6 +922,10 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && r->n > 0 && cli_save_outputs(prog, &ctx, r->n, r->outs))
         rc = 1;
+    /* A failed run leaves no trace, not even the --dump directory it made; rmdir
+     * removes only an empty one, so files a late failure left renamed in it stay. */
+    if (rc != 0 && r && r->made_dir)
+        (void)rmdir(o.dump);
     if (r)
         free(r->svg);
     free(r);

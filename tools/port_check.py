@@ -467,9 +467,7 @@ def torch_sdpa_16(p, q, k, v, dtype):
 
 
 def check_half(attn, p, rep, label, dtype_name):
-    import ml_dtypes
     tdt = torch.bfloat16 if dtype_name == "bf16" else torch.float16
-    ndt = ml_dtypes.bfloat16 if dtype_name == "bf16" else np.float16
     q16, k16, v16 = (torch.from_numpy(p[n]).to(tdt) for n in ("q", "k", "v"))
     # The oracle on the 16-bit inputs' exact values.
     q64, k64, v64 = (x.to(torch.float64) for x in (q16, k16, v16))
@@ -487,18 +485,19 @@ def check_half(attn, p, rep, label, dtype_name):
                  sinks.float() if sinks is not None else None)
     lse32, w32 = o32[1].numpy(), oracle.last_weights.numpy()
     mine = torch_sdpa_16(p, q16, k16, v16, tdt).to(torch.float64).numpy()
-    qa, ka, va = (x.to(torch.float32).numpy().astype(ndt) for x in (q16, k16, v16))
+    qa, ka, va = (as_16bit(x.to(torch.float32).numpy(), dtype_name) for x in (q16, k16, v16))
+    bits = {"dtype": "bf16"} if qa.dtype == np.uint16 else {}  # bfloat16 without ml_dtypes
     try:
         out, wts, lse = attn.sdpa(qa, ka, va, return_weights=True, return_lse=True,
-                                  **opts_for_attn(p))
-        out_nw, lse_nw = attn.sdpa(qa, ka, va, return_lse=True, **opts_for_attn(p))
+                                  **opts_for_attn(p), **bits)
+        out_nw, lse_nw = attn.sdpa(qa, ka, va, return_lse=True, **opts_for_attn(p), **bits)
     except (ValueError, TypeError) as e:
         rep.failures.append("%s: %s sdpa raised %s" % (label, dtype_name, e))
         return
     rep.compare("lse_" + dtype_name, lse_nw, lse64, err_of(lse32, lse64), label)
     rep.compare("lse_w_" + dtype_name, lse, lse64, err_of(lse32, lse64), label)
     rep.compare("weights_" + dtype_name, wts, w64, err_of(w32, w64), label)
-    out = np.asarray(out).astype(np.float32).astype(np.float64)
+    out = widen16(out, dtype_name)
     floor_unit = 2.0 ** -8 if dtype_name == "bf16" else 2.0 ** -11
     rep.compare("out_" + dtype_name, out, out64, err_of(mine, out64), label,
                 floor_rel=floor_unit, factor=2.0)
@@ -528,9 +527,19 @@ def rope_ref(x, positions, pairing, base, dtype):
     return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
 
 
-def ml_dtypes_bf16():
-    import ml_dtypes
-    return ml_dtypes.bfloat16
+def as_16bit(q, kv_dtype):
+    """q (float32 holding values of a 16-bit dtype) in that dtype: float16, or for
+    bfloat16 an ml_dtypes.bfloat16 array where ml_dtypes is installed and the uint16
+    bits otherwise (the same values: attn.sdpa(..., dtype="bf16") and a "bf16" cache
+    read uint16 as bfloat16 bits, docs/python.md), so the checks run without the
+    optional package."""
+    if kv_dtype != "bf16":
+        return q.astype(np.float16)
+    try:
+        import ml_dtypes
+    except ImportError:
+        return (np.ascontiguousarray(q, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return q.astype(ml_dtypes.bfloat16)
 
 
 def widen16(x, kv_dtype):
@@ -588,7 +597,7 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
         q16 = tdt is not None and rng.random() < 0.5
         if q16:
             qb = torch.from_numpy(qb).to(tdt).float().numpy()
-            qarg = qb.astype(ml_dtypes_bf16() if kv_dtype == "bf16" else np.float16)
+            qarg = as_16bit(qb, kv_dtype)
         else:
             qarg = qb
         if batch:
@@ -662,7 +671,7 @@ def check_decode(attn, rng, rep, label, kv_dtype="f32"):
             want, want_lse, _ = oracle(op, q64, K, V, b64, sinks64)
             mine, mine_lse, _ = oracle(op, q32, K.to(torch.float32), V.to(torch.float32), b32,
                                        sinks32)
-            got = np.asarray(out).astype(np.float32)
+            got = widen16(out, kv_dtype).astype(np.float32)
             lab = "%s step %d seq %d%s (B=%d H=%d Hkv=%d D=%d %s base=%g len=%d new=%d %s)" % (
                 label, step, b, " batch" if batch else (" bias+mask" if extra else ""), B, H, Hkv, D, pairing, base, L, tnew,
                 json.dumps({k: (v if not isinstance(v, np.ndarray) else "array")

@@ -57,9 +57,31 @@ static const char HELP[] =
     "        Tokens per sequence, 2..16 (default 6).\n"
     "    -h, --help\n"
     "        Print this help and exit.\n"
-    "\n" CLI_HELP_EXIT
-    "    Training that diverges (a learning rate so large that the loss is no\n"
-    "    longer a finite number) is such an error: the step is named, exit 1.\n";
+    "\n"
+    "    Options take their value as the next argument or after '=' (--lr=0.05).\n"
+    "\n" CLI_HELP_NUMBERS
+    "\n"
+    "EXIT STATUS\n"
+    "    0   success (and --help).\n"
+    "    2   a usage error: an unknown, repeated or missing option, a missing value,\n"
+    "        a bad number; nothing is trained.\n"
+    "    1   training that diverges (a learning rate so large that the loss is no\n"
+    "        longer a finite number: the step is named), or out of memory.\n"
+    "    Every error prints exactly one line on stderr that names the problem.\n"
+    "\n"
+    "ENVIRONMENT\n"
+    "    ATTN_ARCH\n"
+    "        The instruction set the library's kernels run on (see 'attn --help');\n"
+    "        the sums come in another order on each, so the printed losses may\n"
+    "        differ in their last digits.\n"
+    "\n"
+    "EXAMPLES\n"
+    "    train_attention\n"
+    "    train_attention --steps 200 --seq-len 8 --lr 0.2\n"
+    "\n"
+    "SEE ALSO\n"
+    "    inspect_self_attention --help (the chapter's experiment and --grad);\n"
+    "    docs/gradients.md (the backward, and this program's run).\n";
 
 enum { V = 8, E = 32, H = 2, BATCH = 32 };
 
