@@ -348,10 +348,11 @@ static void test_golden(void)
 {
     TEST("every golden_half case, every path, 1 and 2 threads: within FlashAttention's rule");
     const int cases = for_each_case(ATTN_TEST_DATA_DIR "/golden_half", run_case);
-    if (cases < 20)
-        fprintf(stderr, "   golden_half/MANIFEST: %d cases (-1: unreadable), want at least 20\n",
+    /* The README and docs/half-precision.md speak of 30 cases. */
+    if (cases < 30)
+        fprintf(stderr, "   golden_half/MANIFEST: %d cases (-1: unreadable), want at least 30\n",
                 cases);
-    CHECK(cases >= 20);
+    CHECK(cases >= 30);
 }
 
 static void test_files(void)
