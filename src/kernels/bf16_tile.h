@@ -255,6 +255,15 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
  * 2^8, and O^T, l and l2 at most that much larger than against the max itself. */
 #define B16_LAZY_MAX 8.0f
 
+/* The largest |m log2 e| for which a weight's exponent may be taken by one FMA, S
+ * (scale log2 e) - m log2 e: both factors are rounded, so the exponent of a score
+ * equal to the max comes out off by units in the last place of m log2 e rather than
+ * 0, a factor common to the tile's weights (up to 2^(2^-6) here) but not to other
+ * tiles'; at 2^38 it is 2^13 and more, and the weights inf or 0. Beyond, the scores
+ * are scaled (rounded) first and the max subtracted from them, as the float32 path
+ * does, and full tiles take the plain steps. */
+#define B16_BASE2_MAX 65536.0f
+
 /* After this many tiles of an item whose scores went beyond (the row maxes still
  * climbing: wide, peaked scores), its other tiles take the plain steps at once. */
 #define B16_LAZY_MISSES 2
@@ -318,8 +327,8 @@ FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uin
     __m512 m2[B16_SEEN_MAX / 16];
     for (int64_t g = 0; g < groups; g++) {
         m2[g] = _mm512_mul_ps(_mm512_loadu_ps(m + 16 * g), _mm512_set1_ps(SIMD_LOG2E));
-        if (_mm512_cmp_ps_mask(_mm512_abs_ps(m2[g]), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) !=
-            0xffff)
+        if (_mm512_cmp_ps_mask(_mm512_abs_ps(m2[g]), _mm512_set1_ps(B16_BASE2_MAX),
+                               _CMP_LT_OQ) != 0xffff)
             return 0;
     }
     uint16_t idx[32];
@@ -364,14 +373,14 @@ FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uin
 }
 
 /* Steps 1-3 of a full key tile of raw products at once, where every row's running
- * max m is finite in base 2: each 4 x 4 block of scores (b16_block44) goes from the
+ * max m is below B16_BASE2_MAX in base 2: each 4 x 4 block of scores (b16_block44) goes from the
  * registers straight to its weights P = 2^(S scale log2 e - m log2 e) against the
  * max as it stands (no new max and no correction of O^T: alpha = 1), rounded to
  * bfloat16 pairs into Pp; tsum[r] = their sum and tsum[B16_SEEN_MAX + r] that of the
  * rounded ones, in key order. No ST is written nor read, and the weights' shuffles,
  * conversions and adds run beside the products' FMAs. Returns 1 when P and tsum are
  * the tile's; 0, with nothing to keep, when an exponent is above B16_LAZY_MAX (or
- * NaN) or a max is not finite in base 2: the item then takes the tile's plain
+ * NaN) or a max is not below B16_BASE2_MAX in base 2: the item then takes the tile's plain
  * steps, a new max and its correction. nr a multiple of 64, at most B16_SEEN_MAX.
  * Not inlined: in b16_item, the compiler's registers for the 4 x 4 block spill. */
 static __attribute__((noinline)) int b16_scores_weights(const uint16_t *kp, int64_t ldk,
@@ -483,19 +492,25 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
          * (b16_exp2; two FMAs fewer a score). Both factors are rounded, so x is
          * off by a few units in the last place of S scale log2 e, as on the
          * float32 path, whose scores are rounded in base-2 units: weights off by
-         * ~1e-7 times |S scale|, beside bfloat16's 2^-9. A max whose base-2 value
-         * is not finite (products near FLT_MAX) keeps the plain steps. */
+         * ~1e-7 times |S scale|, beside bfloat16's 2^-9. A max of B16_BASE2_MAX
+         * and more in base 2 (or not finite) would put units in the last place of
+         * m log2 e into every exponent: these rows' raw products are scaled (and
+         * rounded) in ST first, and the max subtracted from them, as the scores
+         * the max came from. */
         const __m512 m2 = _mm512_mul_ps(msafe, _mm512_set1_ps(SIMD_LOG2E));
-        const int base2 =
-            !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) ==
-                           0xffff;
+        const int base2 = !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2),
+                                                        _mm512_set1_ps(B16_BASE2_MAX),
+                                                        _CMP_LT_OQ) == 0xffff;
+        if (!scaled && !base2)
+            for (int64_t c = 0; c < nkp; c++)
+                simd_store(ST + c * br + r0, _mm512_mul_ps(simd_load(ST + c * br + r0), vscale));
         __m512 rsum;
         const simd_f32 vsum =
             base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
                                 _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1,
                                 B16_PLAIN_COARSE && !t->s->lse, &rsum)
-                  : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
-                                keep_p, vidx, 0, 0, &rsum);
+                  : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
+                                _mm512_set1_ps(1.0f), msafe, keep_p, vidx, 0, 0, &rsum);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
         simd_store(l2 + r0, simd_fma(simd_load(l2 + r0), simd_load(alpha + r0), rsum));
     }
