@@ -17,7 +17,11 @@
  * scale (a row that sees both gives each weight 1/2; the exponent S scale log2 e - m
  * log2 e taken by one FMA is off there by units in the last place of m log2 e, 2^11
  * to 2^15, so those weights must be taken from the scores rounded first, as the
- * float32 path does: else they are inf or 0, and the rows NaN). Each runs with and
+ * float32 path does: else they are inf or 0, and the rows NaN), and a jump of 7.9 at
+ * key 100, a later full tile for most rows, whose value row is bfloat16's largest
+ * finite number, 3.39e38 (against the stale max its weight is up to 2^8, and O^T
+ * would overflow where every weight against the true max is at most 1 and the
+ * output finite: such a tile must take the plain steps). Each runs with and
  * without the log-sum-exp, without a mask, causal top-left and bottom-right, with D
  * of 48, 64 and 128 and grouped-query heads. The shapes whose causal diagonal falls on
  * whole 64 x 64 tiles (Tq = Tk = 256 top-left, Tq 128 and Tk 320 either way) take
@@ -61,11 +65,12 @@
 #include <string.h>
 
 enum { FILL_SPREAD, FILL_RAMP, FILL_JUMPS, FILL_NEAR, FILL_FALL, FILL_LATE, FILL_HUGE,
-       FILL_COUNT };
+       FILL_VBIG, FILL_COUNT };
 static const char *const fill_names[] = {
     "one spread", "a ramp of 40 a tile", "jumps of 11.5 at keys 165 and 261",
     "a jump of 7.9 at key 37 of each tile", "a fall of 11.5 a tile",
-    "a jump of 200 at key Tk - 4", "scores of 1.1875 2^41 scale at keys 40 and 300"};
+    "a jump of 200 at key Tk - 4", "scores of 1.1875 2^41 scale at keys 40 and 300",
+    "a jump of 7.9 at key 100, its value bfloat16's largest"};
 
 typedef struct problem {
     int H, Hkv, Tq, Tk, D;
@@ -149,6 +154,13 @@ static void fill(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v)
         case FILL_LATE:
             if (j == p->Tk - 4)
                 k0 = 554.5f * unit;
+            break;
+        case FILL_VBIG:
+            if (j == 100) {
+                k0 = 22.0f * unit;
+                for (int64_t e = 0; e < p->D; e++)
+                    v[r * p->D + e] = 0x7f7f; /* 0x1.fep127 */
+            }
             break;
         case FILL_HUGE:
             if (j == 40 || j == 300) {
