@@ -455,9 +455,10 @@ static int b16_diag_lazy(const fk_tile *t, int64_t j0, int64_t nkp)
  * this pass) keeps a row's running max as it stands when the tile's raw scores stay
  * within B16_LAZY_MAX (base 2) of it, as b16_scores_weights does on the vdpbf16ps
  * kernels: weights up to 2^8, alpha exactly 1, and b16_rescale's pass over O^T
- * skipped for those rows. With B16_PLAIN_COARSE 1, calls without the log-sum-exp
+ * skipped for those rows; not with `stale` 0 (the tile's values hold big ones,
+ * ATTN__BF16_VBIG). With B16_PLAIN_COARSE 1, calls without the log-sum-exp
  * take 2^x by b16_exp2_3, as that path does. */
-static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
+static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, int stale,
                         const float *cmax, uint16_t *pp, float *l2)
 {
     const int64_t br = t->br, nr = t->nr, groups = nr / 16;
@@ -477,7 +478,7 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         const simd_f32 mold = simd_load(m + r0);
         const __m512 tmax = _mm512_mul_ps(vmax, vscale);
         simd_f32 mnew = simd_max(mold, tmax);
-        if (B16_STALE_MAX && !scaled)
+        if (B16_STALE_MAX && !scaled && stale)
             /* (tmax - mold) log2 e <= 2^3: false for a NaN, and for -inf - -inf */
             mnew = _mm512_mask_mov_ps(
                 mnew,
@@ -553,8 +554,9 @@ static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t
 /* V^T of one whole block of 32 keys x 32 columns (attn__bf16_kernel.vblock): each
  * pair of key rows interleaved into 32-bit words (vpermw: word e of both rows side
  * by side), then the 16 x 16 words transposed, so that row e of the result holds
- * keys 0..31 of column e in order. */
-static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
+ * keys 0..31 of column e in order. Returns the block's flags (ATTN__BF16_VBAD,
+ * ATTN__BF16_VBIG). */
+static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst, uint16_t vbig)
 {
     uint16_t il[32], ih[32];
     for (int e = 0; e < 16; e++) {
@@ -564,14 +566,15 @@ static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
         ih[2 * e + 1] = (uint16_t)(48 + e);
     }
     const __m512i vil = _mm512_loadu_si512(il), vih = _mm512_loadu_si512(ih);
-    const __m512i expo = _mm512_set1_epi16(0x7f80);
+    const __m512i expo = _mm512_set1_epi16(0x7f80), vb = _mm512_set1_epi16((short)vbig);
     uint32_t words[2][16][16]; /* [half][key pair a][column e within the half] */
-    __mmask32 bad = 0;
+    __mmask32 bad = 0, big = 0;
     for (int a = 0; a < 16; a++) {
         const __m512i r0 = _mm512_loadu_si512(src + 2 * a * ld);
         const __m512i r1 = _mm512_loadu_si512(src + (2 * a + 1) * ld);
-        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, expo), expo) |
-               _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, expo), expo);
+        const __m512i x0 = _mm512_and_si512(r0, expo), x1 = _mm512_and_si512(r1, expo);
+        bad |= _mm512_cmpeq_epi16_mask(x0, expo) | _mm512_cmpeq_epi16_mask(x1, expo);
+        big |= _mm512_cmpge_epu16_mask(x0, vb) | _mm512_cmpge_epu16_mask(x1, vb);
         _mm512_storeu_si512(words[0][a], _mm512_permutex2var_epi16(r0, vil, r1));
         _mm512_storeu_si512(words[1][a], _mm512_permutex2var_epi16(r0, vih, r1));
     }
@@ -580,7 +583,7 @@ static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
     for (int half = 0; half < 2; half++)
         simd_transpose_block((float *)(void *)(dst + 16 * half * 32), 16,
                              (const float *)(const void *)&words[half][0][0], 16);
-    return bad != 0;
+    return (bad ? ATTN__BF16_VBAD : 0u) | (big ? ATTN__BF16_VBIG : 0u);
 }
 
 /* A key tile the item visits: keys j0 .. j0 + nkp - 1 (nkp rounded up to 32), and
@@ -668,6 +671,16 @@ static const int64_t *b16_seen(const fk_tile *t, const b16_ktile *k, int64_t *se
     return seen;
 }
 
+/* The flags (ATTN__BF16_VBAD, ATTN__BF16_VBIG) of the blocks of values of keys j0 ..
+ * j0 + nkp - 1, ORed. */
+static unsigned b16_vflags(const uint8_t *vbad, int64_t j0, int64_t nkp)
+{
+    unsigned f = 0;
+    for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
+        f |= vbad[blk];
+    return f;
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -752,13 +765,17 @@ static void b16_item(void *arg, int64_t item, int worker)
         const int mod = b16_needs_mod(s, kind);
         const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
+        /* Values with an inf or a NaN, and big ones, whose products with weights of
+         * up to 2^8 against a stale max might overflow O^T (ATTN__BF16_VBIG). */
+        const unsigned vflags = b16_vflags(vbad, j0, nkp);
         next = b16_next_tile(&t, j0 + t.bc, j_end);
 #if B16_FUSED_WEIGHTS
         /* A full tile of raw products whose weights fit under the running max: its
          * weights straight from the product's registers and no correction of O^T
          * (b16_scores_weights); else its plain steps below. */
         if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
-            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES) {
+            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES &&
+            !(vflags & ATTN__BF16_VBIG)) {
             /* Right after pending tiles, the weights go to Pp's next blocks, so that
              * one pass of b16_pv over O^T sums them all (the same sums in the same
              * order as a pass a tile: alpha is 1 for each). */
@@ -788,13 +805,10 @@ static void b16_item(void *arg, int64_t item, int worker)
          * blocks no row sees left out (b16_diag_weights); right after pending tiles,
          * its weights go to Pp's next blocks and b16_pv_diag sums them all in one
          * pass. Values with an inf or a NaN keep the plain steps (0 times inf is
-         * NaN). */
+         * NaN), and so do big ones. */
         if (!B16_OVERLAP && kind == FK_PARTIAL && B16_MT44 && lazy_misses < B16_LAZY_MISSES &&
             b16_diag_lazy(&t, j0, nkp)) {
-            int vbad_any = 0;
-            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
-                vbad_any |= vbad[blk];
-            if (!vbad_any) {
+            if (!vflags) {
                 const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
                                            pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
                                        ? pend_nkp
@@ -842,11 +856,8 @@ static void b16_item(void *arg, int64_t item, int worker)
         }
         if (kind == FK_PARTIAL)
             fk_hide(&t, j0, nkp);
-        int bad = 0;
-        if (kind == FK_PARTIAL)
-            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
-                bad |= vbad[blk];
-        b16_softmax(&t, nkp, scaled, bad, cmax, pp, l2);
+        const int bad = kind == FK_PARTIAL && (vflags & ATTN__BF16_VBAD);
+        b16_softmax(&t, nkp, scaled, bad, !(vflags & ATTN__BF16_VBIG), cmax, pp, l2);
         if (bad || !B16_PV_SCALES)
             b16_rescale(&t, OT);
         if (bad)
