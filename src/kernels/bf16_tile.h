@@ -455,7 +455,7 @@ static int b16_diag_lazy(const fk_tile *t, int64_t j0, int64_t nkp)
  * this pass) keeps a row's running max as it stands when the tile's raw scores stay
  * within B16_LAZY_MAX (base 2) of it, as b16_scores_weights does on the vdpbf16ps
  * kernels: weights up to 2^8, alpha exactly 1, and b16_rescale's pass over O^T
- * skipped for those rows; not with `stale` 0 (the tile's values hold big ones,
+ * skipped for those rows; not with `stale` 0 (the head's values hold big ones,
  * ATTN__BF16_VBIG). With B16_PLAIN_COARSE 1, calls without the log-sum-exp
  * take 2^x by b16_exp2_3, as that path does. */
 static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, int stale,
@@ -728,6 +728,12 @@ static void b16_item(void *arg, int64_t item, int worker)
     const uint16_t *vt = job->vt + hk * dvp * tkp;
     const uint8_t *vbad = job->vbad + hk * (tkp / 32);
     const __m512 vscale = _mm512_set1_ps(s->scale);
+    /* A big value anywhere in the head's V (ATTN__BF16_VBIG): O^T, with weights of
+     * up to 2^8 against a stale max, might overflow where weights of at most 1 (the
+     * max kept current) leave it finite, even from tiles whose own values are not
+     * big, as it may hold a big value's product already; so no weight of the item
+     * is taken against a stale max. */
+    const int v_big = (b16_vflags(vbad, 0, tkp) & ATTN__BF16_VBIG) != 0;
 
     b16_begin(ws + w.cfg);
     int64_t j_begin, j_end, lo, hi;
@@ -765,8 +771,7 @@ static void b16_item(void *arg, int64_t item, int worker)
         const int mod = b16_needs_mod(s, kind);
         const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
-        /* Values with an inf or a NaN, and big ones, whose products with weights of
-         * up to 2^8 against a stale max might overflow O^T (ATTN__BF16_VBIG). */
+        /* This tile's values with an inf or a NaN, or big ones. */
         const unsigned vflags = b16_vflags(vbad, j0, nkp);
         next = b16_next_tile(&t, j0 + t.bc, j_end);
 #if B16_FUSED_WEIGHTS
@@ -774,8 +779,7 @@ static void b16_item(void *arg, int64_t item, int worker)
          * weights straight from the product's registers and no correction of O^T
          * (b16_scores_weights); else its plain steps below. */
         if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
-            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES &&
-            !(vflags & ATTN__BF16_VBIG)) {
+            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES && !v_big) {
             /* Right after pending tiles, the weights go to Pp's next blocks, so that
              * one pass of b16_pv over O^T sums them all (the same sums in the same
              * order as a pass a tile: alpha is 1 for each). */
@@ -805,9 +809,9 @@ static void b16_item(void *arg, int64_t item, int worker)
          * blocks no row sees left out (b16_diag_weights); right after pending tiles,
          * its weights go to Pp's next blocks and b16_pv_diag sums them all in one
          * pass. Values with an inf or a NaN keep the plain steps (0 times inf is
-         * NaN), and so do big ones. */
+         * NaN). */
         if (!B16_OVERLAP && kind == FK_PARTIAL && B16_MT44 && lazy_misses < B16_LAZY_MISSES &&
-            b16_diag_lazy(&t, j0, nkp)) {
+            !v_big && b16_diag_lazy(&t, j0, nkp)) {
             if (!vflags) {
                 const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
                                            pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
@@ -857,7 +861,7 @@ static void b16_item(void *arg, int64_t item, int worker)
         if (kind == FK_PARTIAL)
             fk_hide(&t, j0, nkp);
         const int bad = kind == FK_PARTIAL && (vflags & ATTN__BF16_VBAD);
-        b16_softmax(&t, nkp, scaled, bad, !(vflags & ATTN__BF16_VBIG), cmax, pp, l2);
+        b16_softmax(&t, nkp, scaled, bad, !v_big, cmax, pp, l2);
         if (bad || !B16_PV_SCALES)
             b16_rescale(&t, OT);
         if (bad)

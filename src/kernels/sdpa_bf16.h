@@ -69,9 +69,9 @@ typedef struct attn__bf16_job {
 
 /* A block's flags in vbad. The weights taken against a stale max (bf16_tile.h) are up
  * to 2^8 (2^(8 + 2^-6) with their exponent's rounding) rather than 1, so O^T may
- * reach 2^8 Tk max |v|: values of 2^(119 - ceil log2 Tk) and more (2^109 with 520
- * keys) would overflow it where weights of at most 1 would not, and their tiles take
- * the plain steps. */
+ * reach 2^8 Tk max |v|: below 2^(119 - ceil log2 Tk) (2^109 with 520 keys) that stays
+ * below 2^128; where a head's values hold one of that size or more, its items keep
+ * every weight at most 1 (their max current), as the float32 path does. */
 #define ATTN__BF16_VBAD 1u
 #define ATTN__BF16_VBIG 2u
 #define ATTN__BF16_VBIG_LOG2 119
