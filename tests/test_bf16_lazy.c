@@ -12,7 +12,20 @@
  * overflow float32 by the fourth tile), jumps of the same size at two keys in the middle
  * of a tile (one block goes beyond after others were taken; two such tiles end the
  * item's tries), a jump of 7.9 at one key a tile (weights near 2^8 kept against the
- * stale max), and a fall of 11.5 a tile (weights that underflow). Each runs with and
+ * stale max), a fall of 11.5 a tile (weights that underflow), and two keys, one in
+ * the first tile and one in a later full tile, whose scores are the same 1.1875 2^41
+ * scale (a row that sees both gives each weight 1/2; the exponent S scale log2 e - m
+ * log2 e taken by one FMA is off there by units in the last place of m log2 e, 2^11
+ * to 2^15, so those weights must be taken from the scores rounded first, as the
+ * float32 path does: else they are inf or 0, and the rows NaN), and a jump of 7.9 at
+ * key 100, a later full tile for most rows, whose value row is bfloat16's largest
+ * finite number, 3.39e38 (against the stale max its weight is up to 2^8, and O^T
+ * would overflow where every weight against the true max is at most 1 and the
+ * output finite: such a tile must take the plain steps), and the same value at key 70
+ * with 40 keys of tile 2 scored 7.4 (base 2) above it whose values are 2^108, below
+ * what alone would count as big (against key 70's max their weights are 2^7.4, and
+ * they add 2^120.7 to an O^T that holds 3.39e38 already: an item whose values hold a
+ * big one anywhere must keep its weights at most 1). Each runs with and
  * without the log-sum-exp, without a mask, causal top-left and bottom-right, with D
  * of 48, 64 and 128 and grouped-query heads. The shapes whose causal diagonal falls on
  * whole 64 x 64 tiles (Tq = Tk = 256 top-left, Tq 128 and Tk 320 either way) take
@@ -55,11 +68,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { FILL_SPREAD, FILL_RAMP, FILL_JUMPS, FILL_NEAR, FILL_FALL, FILL_LATE, FILL_COUNT };
+enum { FILL_SPREAD, FILL_RAMP, FILL_JUMPS, FILL_NEAR, FILL_FALL, FILL_LATE, FILL_HUGE,
+       FILL_VBIG, FILL_VBIG_LATER, FILL_COUNT };
 static const char *const fill_names[] = {
     "one spread", "a ramp of 40 a tile", "jumps of 11.5 at keys 165 and 261",
     "a jump of 7.9 at key 37 of each tile", "a fall of 11.5 a tile",
-    "a jump of 200 at key Tk - 4"};
+    "a jump of 200 at key Tk - 4", "scores of 1.1875 2^41 scale at keys 40 and 300",
+    "a jump of 7.9 at key 100, its value bfloat16's largest",
+    "bfloat16's largest value at key 70, values of 2^108 7.4 above it at keys 130-169"};
 
 typedef struct problem {
     int H, Hkv, Tq, Tk, D;
@@ -104,7 +120,9 @@ static float uniform(void)
  * column 0 to 2 and k's column 0 to a step over 2. A raw product of 64 sqrt(D / 64)
  * is 8 after the default scale 1 / sqrt(D): 8 log2(e) = 11.5 in base 2, beyond the
  * stale max's 8; FILL_NEAR's 44 sqrt(D / 64) is 7.9, within it, FILL_LATE's 1109
- * sqrt(D / 64) 200. */
+ * sqrt(D / 64) 200. FILL_HUGE's two keys are 1.1875 2^40 in column 0 and 0
+ * elsewhere, so that both scores are exactly 1.1875 2^41 scale in float32 and in the
+ * oracle (a power of two there would make the FMA's exponent exact). */
 static void fill(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v)
 {
     rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)(p->fill * 7919 + p->D * 31 + p->H);
@@ -141,6 +159,31 @@ static void fill(const problem *p, uint16_t *q, uint16_t *k, uint16_t *v)
         case FILL_LATE:
             if (j == p->Tk - 4)
                 k0 = 554.5f * unit;
+            break;
+        case FILL_VBIG:
+            if (j == 100) {
+                k0 = 22.0f * unit;
+                for (int64_t e = 0; e < p->D; e++)
+                    v[r * p->D + e] = 0x7f7f; /* 0x1.fep127 */
+            }
+            break;
+        case FILL_VBIG_LATER:
+            /* Column 0 alone makes the scores: 44 unit raw is 7.9 (base 2), 85 unit
+             * 7.4 more. */
+            if (j == 70 || (j >= 130 && j < 170)) {
+                k0 = j == 70 ? 22.0f * unit : 42.5f * unit;
+                for (int d = 1; d < p->D; d++)
+                    k[r * p->D + d] = 0;
+                for (int64_t e = 0; e < p->D; e++)
+                    v[r * p->D + e] = j == 70 ? 0x7f7f : 0x7580; /* 2^108 */
+            }
+            break;
+        case FILL_HUGE:
+            if (j == 40 || j == 300) {
+                k0 = 0x1.3p40f;
+                for (int d = 1; d < p->D; d++)
+                    k[r * p->D + d] = 0;
+            }
             break;
         }
         k[r * p->D] = attn__f32_to_bf16(k0);

@@ -255,6 +255,15 @@ FK_INLINE __m512 b16_weights(float *sc0, int64_t br, uint16_t *dst0, int64_t nkp
  * 2^8, and O^T, l and l2 at most that much larger than against the max itself. */
 #define B16_LAZY_MAX 8.0f
 
+/* The largest |m log2 e| for which a weight's exponent may be taken by one FMA, S
+ * (scale log2 e) - m log2 e: both factors are rounded, so the exponent of a score
+ * equal to the max comes out off by units in the last place of m log2 e rather than
+ * 0, a factor common to the tile's weights (up to 2^(2^-6) here) but not to other
+ * tiles'; at 2^38 it is 2^13 and more, and the weights inf or 0. Beyond, the scores
+ * are scaled (rounded) first and the max subtracted from them, as the float32 path
+ * does, and full tiles take the plain steps. */
+#define B16_BASE2_MAX 65536.0f
+
 /* After this many tiles of an item whose scores went beyond (the row maxes still
  * climbing: wide, peaked scores), its other tiles take the plain steps at once. */
 #define B16_LAZY_MISSES 2
@@ -318,8 +327,8 @@ FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uin
     __m512 m2[B16_SEEN_MAX / 16];
     for (int64_t g = 0; g < groups; g++) {
         m2[g] = _mm512_mul_ps(_mm512_loadu_ps(m + 16 * g), _mm512_set1_ps(SIMD_LOG2E));
-        if (_mm512_cmp_ps_mask(_mm512_abs_ps(m2[g]), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) !=
-            0xffff)
+        if (_mm512_cmp_ps_mask(_mm512_abs_ps(m2[g]), _mm512_set1_ps(B16_BASE2_MAX),
+                               _CMP_LT_OQ) != 0xffff)
             return 0;
     }
     uint16_t idx[32];
@@ -364,14 +373,14 @@ FK_INLINE int b16_scores_weights_body(const uint16_t *kp, int64_t ldk, const uin
 }
 
 /* Steps 1-3 of a full key tile of raw products at once, where every row's running
- * max m is finite in base 2: each 4 x 4 block of scores (b16_block44) goes from the
+ * max m is below B16_BASE2_MAX in base 2: each 4 x 4 block of scores (b16_block44) goes from the
  * registers straight to its weights P = 2^(S scale log2 e - m log2 e) against the
  * max as it stands (no new max and no correction of O^T: alpha = 1), rounded to
  * bfloat16 pairs into Pp; tsum[r] = their sum and tsum[B16_SEEN_MAX + r] that of the
  * rounded ones, in key order. No ST is written nor read, and the weights' shuffles,
  * conversions and adds run beside the products' FMAs. Returns 1 when P and tsum are
  * the tile's; 0, with nothing to keep, when an exponent is above B16_LAZY_MAX (or
- * NaN) or a max is not finite in base 2: the item then takes the tile's plain
+ * NaN) or a max is not below B16_BASE2_MAX in base 2: the item then takes the tile's plain
  * steps, a new max and its correction. nr a multiple of 64, at most B16_SEEN_MAX.
  * Not inlined: in b16_item, the compiler's registers for the 4 x 4 block spill. */
 static __attribute__((noinline)) int b16_scores_weights(const uint16_t *kp, int64_t ldk,
@@ -446,9 +455,10 @@ static int b16_diag_lazy(const fk_tile *t, int64_t j0, int64_t nkp)
  * this pass) keeps a row's running max as it stands when the tile's raw scores stay
  * within B16_LAZY_MAX (base 2) of it, as b16_scores_weights does on the vdpbf16ps
  * kernels: weights up to 2^8, alpha exactly 1, and b16_rescale's pass over O^T
- * skipped for those rows. With B16_PLAIN_COARSE 1, calls without the log-sum-exp
+ * skipped for those rows; not with `stale` 0 (the head's values hold big ones,
+ * ATTN__BF16_VBIG). With B16_PLAIN_COARSE 1, calls without the log-sum-exp
  * take 2^x by b16_exp2_3, as that path does. */
-static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
+static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p, int stale,
                         const float *cmax, uint16_t *pp, float *l2)
 {
     const int64_t br = t->br, nr = t->nr, groups = nr / 16;
@@ -468,7 +478,7 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
         const simd_f32 mold = simd_load(m + r0);
         const __m512 tmax = _mm512_mul_ps(vmax, vscale);
         simd_f32 mnew = simd_max(mold, tmax);
-        if (B16_STALE_MAX && !scaled)
+        if (B16_STALE_MAX && !scaled && stale)
             /* (tmax - mold) log2 e <= 2^3: false for a NaN, and for -inf - -inf */
             mnew = _mm512_mask_mov_ps(
                 mnew,
@@ -483,19 +493,25 @@ static void b16_softmax(const fk_tile *t, int64_t nkp, int scaled, int keep_p,
          * (b16_exp2; two FMAs fewer a score). Both factors are rounded, so x is
          * off by a few units in the last place of S scale log2 e, as on the
          * float32 path, whose scores are rounded in base-2 units: weights off by
-         * ~1e-7 times |S scale|, beside bfloat16's 2^-9. A max whose base-2 value
-         * is not finite (products near FLT_MAX) keeps the plain steps. */
+         * ~1e-7 times |S scale|, beside bfloat16's 2^-9. A max of B16_BASE2_MAX
+         * and more in base 2 (or not finite) would put units in the last place of
+         * m log2 e into every exponent: these rows' raw products are scaled (and
+         * rounded) in ST first, and the max subtracted from them, as the scores
+         * the max came from. */
         const __m512 m2 = _mm512_mul_ps(msafe, _mm512_set1_ps(SIMD_LOG2E));
-        const int base2 =
-            !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) ==
-                           0xffff;
+        const int base2 = !scaled && _mm512_cmp_ps_mask(_mm512_abs_ps(m2),
+                                                        _mm512_set1_ps(B16_BASE2_MAX),
+                                                        _CMP_LT_OQ) == 0xffff;
+        if (!scaled && !base2)
+            for (int64_t c = 0; c < nkp; c++)
+                simd_store(ST + c * br + r0, _mm512_mul_ps(simd_load(ST + c * br + r0), vscale));
         __m512 rsum;
         const simd_f32 vsum =
             base2 ? b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
                                 _mm512_set1_ps(t->s->scale * SIMD_LOG2E), m2, keep_p, vidx, 1,
                                 B16_PLAIN_COARSE && !t->s->lse, &rsum)
-                  : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups, vscale, msafe,
-                                keep_p, vidx, 0, 0, &rsum);
+                  : b16_weights(ST + r0, br, pp + (r0 / 16) * 512, nkp, groups,
+                                _mm512_set1_ps(1.0f), msafe, keep_p, vidx, 0, 0, &rsum);
         simd_store(l + r0, simd_fma(simd_load(l + r0), simd_load(alpha + r0), vsum));
         simd_store(l2 + r0, simd_fma(simd_load(l2 + r0), simd_load(alpha + r0), rsum));
     }
@@ -538,8 +554,9 @@ static void b16_accumulate_visible(const fk_tile *t, const uint16_t *vt, int64_t
 /* V^T of one whole block of 32 keys x 32 columns (attn__bf16_kernel.vblock): each
  * pair of key rows interleaved into 32-bit words (vpermw: word e of both rows side
  * by side), then the 16 x 16 words transposed, so that row e of the result holds
- * keys 0..31 of column e in order. */
-static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
+ * keys 0..31 of column e in order. Returns the block's flags (ATTN__BF16_VBAD,
+ * ATTN__BF16_VBIG). */
+static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst, uint16_t vbig)
 {
     uint16_t il[32], ih[32];
     for (int e = 0; e < 16; e++) {
@@ -549,14 +566,15 @@ static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
         ih[2 * e + 1] = (uint16_t)(48 + e);
     }
     const __m512i vil = _mm512_loadu_si512(il), vih = _mm512_loadu_si512(ih);
-    const __m512i expo = _mm512_set1_epi16(0x7f80);
+    const __m512i expo = _mm512_set1_epi16(0x7f80), vb = _mm512_set1_epi16((short)vbig);
     uint32_t words[2][16][16]; /* [half][key pair a][column e within the half] */
-    __mmask32 bad = 0;
+    __mmask32 bad = 0, big = 0;
     for (int a = 0; a < 16; a++) {
         const __m512i r0 = _mm512_loadu_si512(src + 2 * a * ld);
         const __m512i r1 = _mm512_loadu_si512(src + (2 * a + 1) * ld);
-        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, expo), expo) |
-               _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, expo), expo);
+        const __m512i x0 = _mm512_and_si512(r0, expo), x1 = _mm512_and_si512(r1, expo);
+        bad |= _mm512_cmpeq_epi16_mask(x0, expo) | _mm512_cmpeq_epi16_mask(x1, expo);
+        big |= _mm512_cmpge_epu16_mask(x0, vb) | _mm512_cmpge_epu16_mask(x1, vb);
         _mm512_storeu_si512(words[0][a], _mm512_permutex2var_epi16(r0, vil, r1));
         _mm512_storeu_si512(words[1][a], _mm512_permutex2var_epi16(r0, vih, r1));
     }
@@ -565,7 +583,7 @@ static unsigned b16_vblock(const uint16_t *src, int64_t ld, uint16_t *dst)
     for (int half = 0; half < 2; half++)
         simd_transpose_block((float *)(void *)(dst + 16 * half * 32), 16,
                              (const float *)(const void *)&words[half][0][0], 16);
-    return bad != 0;
+    return (bad ? ATTN__BF16_VBAD : 0u) | (big ? ATTN__BF16_VBIG : 0u);
 }
 
 /* A key tile the item visits: keys j0 .. j0 + nkp - 1 (nkp rounded up to 32), and
@@ -653,6 +671,16 @@ static const int64_t *b16_seen(const fk_tile *t, const b16_ktile *k, int64_t *se
     return seen;
 }
 
+/* The flags (ATTN__BF16_VBAD, ATTN__BF16_VBIG) of the blocks of values of keys j0 ..
+ * j0 + nkp - 1, ORed. */
+static unsigned b16_vflags(const uint8_t *vbad, int64_t j0, int64_t nkp)
+{
+    unsigned f = 0;
+    for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
+        f |= vbad[blk];
+    return f;
+}
+
 /* One (b, h, query tile) in the steps of sdpa_bf16.h. */
 static void b16_item(void *arg, int64_t item, int worker)
 {
@@ -700,6 +728,12 @@ static void b16_item(void *arg, int64_t item, int worker)
     const uint16_t *vt = job->vt + hk * dvp * tkp;
     const uint8_t *vbad = job->vbad + hk * (tkp / 32);
     const __m512 vscale = _mm512_set1_ps(s->scale);
+    /* A big value anywhere in the head's V (ATTN__BF16_VBIG): O^T, with weights of
+     * up to 2^8 against a stale max, might overflow where weights of at most 1 (the
+     * max kept current) leave it finite, even from tiles whose own values are not
+     * big, as it may hold a big value's product already; so no weight of the item
+     * is taken against a stale max. */
+    const int v_big = (b16_vflags(vbad, 0, tkp) & ATTN__BF16_VBIG) != 0;
 
     b16_begin(ws + w.cfg);
     int64_t j_begin, j_end, lo, hi;
@@ -737,13 +771,15 @@ static void b16_item(void *arg, int64_t item, int worker)
         const int mod = b16_needs_mod(s, kind);
         const int scaled = fk_has_score_mod(s) || !(s->scale > 0.0f);
         const int64_t *seen = b16_seen(&t, &this_tile, seen_buf[cur]);
+        /* This tile's values with an inf or a NaN, or big ones. */
+        const unsigned vflags = b16_vflags(vbad, j0, nkp);
         next = b16_next_tile(&t, j0 + t.bc, j_end);
 #if B16_FUSED_WEIGHTS
         /* A full tile of raw products whose weights fit under the running max: its
          * weights straight from the product's registers and no correction of O^T
          * (b16_scores_weights); else its plain steps below. */
         if (!B16_OVERLAP && kind == FK_FULL && !mod && B16_MT44 && nr % 64 == 0 &&
-            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES) {
+            nr <= B16_SEEN_MAX && lazy_misses < B16_LAZY_MISSES && !v_big) {
             /* Right after pending tiles, the weights go to Pp's next blocks, so that
              * one pass of b16_pv over O^T sums them all (the same sums in the same
              * order as a pass a tile: alpha is 1 for each). */
@@ -775,11 +811,8 @@ static void b16_item(void *arg, int64_t item, int worker)
          * pass. Values with an inf or a NaN keep the plain steps (0 times inf is
          * NaN). */
         if (!B16_OVERLAP && kind == FK_PARTIAL && B16_MT44 && lazy_misses < B16_LAZY_MISSES &&
-            b16_diag_lazy(&t, j0, nkp)) {
-            int vbad_any = 0;
-            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
-                vbad_any |= vbad[blk];
-            if (!vbad_any) {
+            !v_big && b16_diag_lazy(&t, j0, nkp)) {
+            if (!vflags) {
                 const int64_t at = pend_nkp && pend_j0 + pend_nkp == j0 &&
                                            pend_nkp + nkp <= ATTN__BF16_PP_TILES * t.bc
                                        ? pend_nkp
@@ -827,11 +860,8 @@ static void b16_item(void *arg, int64_t item, int worker)
         }
         if (kind == FK_PARTIAL)
             fk_hide(&t, j0, nkp);
-        int bad = 0;
-        if (kind == FK_PARTIAL)
-            for (int64_t blk = j0 / 32; blk < (j0 + nkp) / 32; blk++)
-                bad |= vbad[blk];
-        b16_softmax(&t, nkp, scaled, bad, cmax, pp, l2);
+        const int bad = kind == FK_PARTIAL && (vflags & ATTN__BF16_VBAD);
+        b16_softmax(&t, nkp, scaled, bad, !v_big, cmax, pp, l2);
         if (bad || !B16_PV_SCALES)
             b16_rescale(&t, OT);
         if (bad)

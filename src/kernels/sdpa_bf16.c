@@ -111,7 +111,8 @@ int attn__bf16_plan(attn_ctx *ctx, attn__sdpa_plan *plan, double flops, int64_t 
 }
 
 /* One block of 32 keys of one (batch, key/value head): its rows of Kp, its columns
- * of Vt, and whether its values hold an inf or a NaN (all exponent bits set). */
+ * of Vt, and its flags: whether its values hold an inf or a NaN (all exponent bits
+ * set), or a value of job->vbig and more. */
 static void bf16_pack_item(void *arg, int64_t item, int worker)
 {
     (void)worker;
@@ -148,7 +149,8 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
     for (int64_t e0 = 0; e0 < dvp; e0 += 32) {
         const int64_t ne = 32;
         if (job->kern->vblock && s0->v_s[3] == 1 && j0 + 32 <= s0->Tk && e0 + 32 <= Dv) {
-            bad |= job->kern->vblock(vb + j0 * s0->v_s[2] + e0, s0->v_s[2], vblk + e0 * 32);
+            bad |= job->kern->vblock(vb + j0 * s0->v_s[2] + e0, s0->v_s[2], vblk + e0 * 32,
+                                     job->vbig);
             continue;
         }
         for (int64_t c = 0; c < 32; c++) {
@@ -158,7 +160,8 @@ static void bf16_pack_item(void *arg, int64_t item, int worker)
                 const uint16_t *src = vb + j * s0->v_s[2] + e0 * s0->v_s[3];
                 for (; e < ne && e0 + e < Dv; e++) {
                     const uint16_t x = src[e * s0->v_s[3]];
-                    bad |= (x & 0x7f80u) == 0x7f80u;
+                    bad |= ((x & 0x7f80u) == 0x7f80u ? ATTN__BF16_VBAD : 0u) |
+                           ((x & 0x7f80u) >= job->vbig ? ATTN__BF16_VBIG : 0u);
                     blk[c][e] = x;
                 }
             }
@@ -204,6 +207,10 @@ void attn__bf16_run(const attn__sdpa_plan *plan, const void *q, const void *k, c
     /* K already in Kp's layout (a [B, H, T, D] array with D and Tk multiples of 32):
      * the items read the same elements in place, and the packing copies V only
      * (S2 and S3 on Zen 4: ~2% less time). */
+    int lg = 0;
+    while (((int64_t)1 << lg) < job.tkp)
+        lg++;
+    job.vbig = (uint16_t)((ATTN__BF16_VBIG_LOG2 - lg + 127) << 7);
     job.k_inplace = s0->k_s[3] == 1 && s0->k_s[2] == job.dp && s0->D == job.dp &&
                     s0->Tk == job.tkp;
 

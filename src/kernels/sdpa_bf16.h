@@ -19,7 +19,8 @@
  *        Vt [B*Hkv][Tkp/32][Dvp][32]  V transposed by blocks of 32 keys, so that
  *                              16 columns of a block are 1 KiB in a row; zeros
  *                              past Tk and Dv
- *        vbad [B*Hkv][Tkp/32]  1 where a block of values holds an inf or a NaN
+ *        vbad [B*Hkv][Tkp/32]  per block of values: bit 0 an inf or a NaN, bit 1
+ *                              a value of vbig and more (bf16_tile.h's stale max)
  *      with Tkp, Dp, Dvp = Tk, D, Dv rounded up to 32;
  *   2. the items (b, h, query tile), as on the float32 tile path (bf16_tile.h):
  *        the query tile packed as pairs along D:  Qp[D/32][nr/16][16][16][2]
@@ -61,8 +62,19 @@ typedef struct attn__bf16_job {
                                     elements apart, Tk = tkp): Kp is not packed and
                                     the items read k's rows in place */
     uint16_t *vt;                /* [B*Hkv][tkp/32][dvp][32] */
-    uint8_t *vbad;               /* [B*Hkv][tkp/32] */
+    uint8_t *vbad;               /* [B*Hkv][tkp/32]: ATTN__BF16_VBAD, ATTN__BF16_VBIG */
+    uint16_t vbig;               /* the exponent bits (x & 0x7f80) from which |x| counts
+                                    as big: 2^(ATTN__BF16_VBIG_LOG2 - ceil log2 tkp) */
 } attn__bf16_job;
+
+/* A block's flags in vbad. The weights taken against a stale max (bf16_tile.h) are up
+ * to 2^8 (2^(8 + 2^-6) with their exponent's rounding) rather than 1, so O^T may
+ * reach 2^8 Tk max |v|: below 2^(119 - ceil log2 Tk) (2^109 with 520 keys) that stays
+ * below 2^128; where a head's values hold one of that size or more, its items keep
+ * every weight at most 1 (their max current), as the float32 path does. */
+#define ATTN__BF16_VBAD 1u
+#define ATTN__BF16_VBIG 2u
+#define ATTN__BF16_VBIG_LOG2 119
 
 /* One worker's scratch, in floats from its start, each part 64-byte aligned:
  * ST and ST2 [bc][br] scores then weights, key-major (the float32 path's layout), two
@@ -109,9 +121,10 @@ typedef struct attn__bf16_kernel {
     /* Processes one work item (b, h, query tile). */
     void (*item)(void *job, int64_t item, int worker);
     /* V^T of one whole block: 32 value rows of 32 columns from src (rows ld apart,
-     * unit stride) into dst's 32 rows of 32 keys; nonzero when a value is an inf or
-     * a NaN. */
-    unsigned (*vblock)(const uint16_t *src, int64_t ld, uint16_t *dst);
+     * unit stride) into dst's 32 rows of 32 keys; returns ATTN__BF16_VBAD when a
+     * value is an inf or a NaN, ORed with ATTN__BF16_VBIG when one's exponent bits
+     * are vbig or more. */
+    unsigned (*vblock)(const uint16_t *src, int64_t ld, uint16_t *dst, uint16_t vbig);
 } attn__bf16_kernel;
 
 #ifdef ATTN_HAVE_X86
