@@ -284,7 +284,13 @@ static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb
     if (i < 0)
         return;
     fb_row_range(s, i, &rs->lo[r], &rs->hi[r]);
-    const float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    /* A row that sees a key never has L = -inf from the forward; given one, its
+     * weights exp(S - L) are +inf in the reference, but the base-2 exp is only
+     * defined for exponents <= 0 (portable C's clamps +inf to 0: weights of 1,
+     * finite gradients). NaN keeps the row's gradients non-finite on every path. */
+    if (L == -INFINITY)
+        L = NAN;
     rs->nl2[r] = (float)(-(double)L * FB_LOG2E);
     rs->L[r] = L;
     rs->delta[r] = job->delta[(b * s->H + h) * s->Tq + i];
