@@ -4,7 +4,8 @@
  * scales), a log-sum-exp given as -inf, +inf or NaN, sinks of +-inf, softcaps
  * and ALiBi slopes over huge scores, bias rows of -inf, and q, k, v, dO near
  * FLT_MAX; on the reference and every fused path this machine runs, 1 and 2
- * threads, grouped-query heads (H = 2, Hkv = 1) and key tiles past the first.
+ * threads, grouped-query heads (H = 4, Hkv = 2; the one-pass form, and the
+ * two-pass form with a bias) and key tiles past the first (80 keys).
  *
  * Each case checks, per gradient (dq, dk, dv, dbias, dsinks):
  *   - 1 and 2 threads give the same bits on every fused path;
@@ -32,7 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { B_ = 1, H_ = 2, HKV_ = 1, T_ = 80, D_ = 4 };
+/* Two key/value heads make two (b, key/value head) items: the one-pass form runs
+ * unless dbias is wanted (a bias), which takes the two-pass form. */
+enum { B_ = 1, H_ = 4, HKV_ = 2, G_ = H_ / HKV_, T_ = 80, D_ = 4 };
 enum { NQ = B_ * H_ * T_ * D_, NK = B_ * HKV_ * T_ * D_, NB = B_ * H_ * T_ * T_ };
 
 typedef struct xcase {
@@ -70,6 +73,8 @@ static int oracle(const xcase *c, double *dq, double *dk, double *dv, double *db
     for (int h = 0; h < H_; h++)
         for (int i = 0; i < T_; i++) {
             const float *q = c->q + (h * T_ + i) * D_, *dout = c->dout + (h * T_ + i) * D_;
+            const float *kh = c->k + h / G_ * T_ * D_, *vh = c->v + h / G_ * T_ * D_;
+            double *dkh = dk + h / G_ * T_ * D_, *dvh = dv + h / G_ * T_ * D_;
             double m = c->has_sinks ? c->sinks[h] : -INFINITY;
             int n = 0;
             for (int j = 0; j < T_; j++) {
@@ -77,7 +82,7 @@ static int oracle(const xcase *c, double *dq, double *dk, double *dv, double *db
                     continue;
                 double x = 0.0;
                 for (int d = 0; d < D_; d++)
-                    x += (double)q[d] * c->k[j * D_ + d];
+                    x += (double)q[d] * kh[j * D_ + d];
                 x *= c->scale;
                 if (c->softcap > 0.0f)
                     x = c->softcap * tanh(x / c->softcap);
@@ -101,7 +106,7 @@ static int oracle(const xcase *c, double *dq, double *dk, double *dv, double *db
             for (int j = 0; j < T_; j++) {
                 P[j] = visible(c, h, i, j) ? exp(s[j] - L) : 0.0;
                 for (int d = 0; d < D_; d++)
-                    O[d] += P[j] * c->v[j * D_ + d];
+                    O[d] += P[j] * vh[j * D_ + d];
             }
             double delta = 0.0;
             for (int d = 0; d < D_; d++)
@@ -113,21 +118,21 @@ static int oracle(const xcase *c, double *dq, double *dk, double *dv, double *db
                     continue;
                 dP[j] = 0.0;
                 for (int d = 0; d < D_; d++) {
-                    dP[j] += (double)dout[d] * c->v[j * D_ + d];
-                    dv[j * D_ + d] += P[j] * dout[d];
+                    dP[j] += (double)dout[d] * vh[j * D_ + d];
+                    dvh[j * D_ + d] += P[j] * dout[d];
                 }
                 double g = P[j] * (dP[j] - delta);
                 db[(h * T_ + i) * T_ + j] = g;
                 if (c->softcap > 0.0f) {
                     double x = 0.0;
                     for (int d = 0; d < D_; d++)
-                        x += (double)q[d] * c->k[j * D_ + d];
+                        x += (double)q[d] * kh[j * D_ + d];
                     const double t = tanh(x * c->scale / c->softcap);
                     g *= 1.0 - t * t;
                 }
                 for (int d = 0; d < D_; d++) {
-                    dq[(h * T_ + i) * D_ + d] += c->scale * g * c->k[j * D_ + d];
-                    dk[j * D_ + d] += c->scale * g * q[d];
+                    dq[(h * T_ + i) * D_ + d] += c->scale * g * kh[j * D_ + d];
+                    dkh[j * D_ + d] += c->scale * g * q[d];
                 }
             }
         }
@@ -328,6 +333,8 @@ static void huge_scores(void)
                 c.has_sinks = 1;
                 c.sinks[0] = 0.5f;
                 c.sinks[1] = -3.0f;
+                c.sinks[2] = 2.0f;
+                c.sinks[3] = -0.25f;
             }
             if (opt == 3) {
                 c.has_bias = 1;
@@ -340,6 +347,8 @@ static void huge_scores(void)
                 c.has_alibi = 1;
                 c.slopes[0] = 1e9f;
                 c.slopes[1] = 0.25f;
+                c.slopes[2] = 0.0f;
+                c.slopes[3] = 1e-9f;
             }
             check_case(&c);
         }
@@ -370,8 +379,7 @@ static void odd_inputs(void)
     for (int sgn = 0; sgn < 2; sgn++) {
         fill_exact(&c, 0, -1);
         c.has_sinks = 1;
-        c.sinks[0] = sgn ? INFINITY : -INFINITY;
-        c.sinks[1] = 0.0f;
+        c.sinks[0] = c.sinks[3] = sgn ? INFINITY : -INFINITY;
         c.name = sgn ? "sink +inf" : "sink -inf";
         check_case(&c);
     }
@@ -397,10 +405,51 @@ static void odd_inputs(void)
     check_case(&c);
 }
 
+/* One NaN, +inf or -inf in q or dO (a row of head 1) or k or v (a key of key/value
+ * head 0, read by heads 0 and 1) at a row or key of the first tile, of the second
+ * (later) tile, on the causal diagonal, in a key the causal mask hides from most
+ * rows, in a key a bias of -inf hides from every row and in a row whose bias is
+ * all -inf (two-pass form): the fused paths' non-finite gradients are exactly the
+ * reference's. */
+static void nonfinite_inputs(void)
+{
+    static xcase c;
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    const char *const what[4] = {"q", "k", "v", "dO"};
+    const int at[4] = {10, 70, 20, 75};
+    for (int x = 0; x < 3; x++)
+        for (int in = 0; in < 4; in++)
+            for (int a = 0; a < 4; a++)
+                for (int mode = 0; mode < 3; mode++) {
+                    fill_exact(&c, 0, -1);
+                    c.causal = mode == 1;
+                    if (mode == 2) {
+                        c.has_bias = 1;
+                        for (int e = 0; e < NB; e++)
+                            c.bias[e] = (float)small_int(-2, 2) / 4.0f;
+                        for (int h = 0; h < H_; h++)
+                            for (int i = 0; i < T_; i++)
+                                c.bias[(h * T_ + i) * T_ + 20] = -INFINITY;
+                        for (int j = 0; j < T_; j++)
+                            c.bias[(1 * T_ + 70) * T_ + j] = -INFINITY;
+                    }
+                    const int row = in == 0 || in == 3;
+                    float *t = in == 0 ? c.q + T_ * D_ : in == 1 ? c.k : in == 2 ? c.v : c.dout + T_ * D_;
+                    t[at[a] * D_ + 1] = bad[x];
+                    char name[128];
+                    snprintf(name, sizeof name, "%g in %s at %s %d%s", (double)bad[x], what[in],
+                             row ? "row" : "key", at[a],
+                             mode == 1 ? ", causal" : mode == 2 ? ", bias (key 20, row 70 hidden)" : "");
+                    c.name = name;
+                    check_case(&c);
+                }
+}
+
 int main(void)
 {
     huge_scores();
     odd_inputs();
+    nonfinite_inputs();
     printf("test_backward_extremes: %d cases\n", problems);
     return check_summary("test_backward_extremes");
 }
