@@ -445,8 +445,27 @@ static void nonfinite_inputs(void)
                 }
 }
 
+/* A scale of +-inf or NaN is refused (SPEC: the scale is a finite number) by the
+ * reference and the fused backward alike. */
+static void bad_scales(void)
+{
+    static xcase c;
+    static float out[NQ], lse[B_ * H_ * T_];
+    static grads g;
+    const float bad[3] = {INFINITY, -INFINITY, NAN};
+    fill_exact(&c, 0, -1);
+    c.name = "scale not finite";
+    for (int x = 0; x < 3; x++) {
+        c.scale = bad[x];
+        for (int a = 0; a < 2; a++)
+            CHECK_INT(run_backward(&c, out, lse, a ? ATTN_ARCH_SCALAR : ATTN_ARCH_REF, 1, &g),
+                      ATTN_STATUS_INVALID_ARGUMENT);
+    }
+}
+
 int main(void)
 {
+    bad_scales();
     huge_scores();
     odd_inputs();
     nonfinite_inputs();
