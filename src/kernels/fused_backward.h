@@ -253,9 +253,12 @@ typedef struct fb_rows {
  * the exponent of a score equal to L is off by units in the last place of L
  * log2(e), not 0; at 2^37 (scores of 1e11) that is 2^13 and more, and the
  * weights come out inf or 0 (rows of NaN). Beyond, the scores are scaled first
- * and P = 2^((S - L) log2(e)), the general path's form, as the forward's bf16
- * tile path does at the same bound (B16_BASE2_MAX). */
-#define FB_BASE2_MAX 65536.0
+ * and P = 2^((S - L) log2(e)), the general path's form, whose S - L is exact
+ * near L. 128 is where exp(L) leaves float32's range (|L| of 88.7): below it
+ * the one FMA's error (about |L| 2^-24 in each exponent) stays within twice the
+ * reference's; at 2^16 (the forward's bf16 B16_BASE2_MAX) it was three times at
+ * scores of 2^9 (tests/test_backward_extremes.c). Ordinary rows keep the FMA. */
+#define FB_BASE2_MAX 128.0
 
 /* 1 when some row of (b, h) that sees a key has |L log2(e)| >= FB_BASE2_MAX. Taken
  * per head, not per block, so that every form and block of rows makes the same
