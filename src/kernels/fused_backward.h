@@ -231,6 +231,10 @@ typedef struct fb_sub {
  * base-2 exponent. */
 static float fb_scale2(const attn__sdpa_shapes *s) { return (float)((double)s->scale * FB_LOG2E); }
 
+/* job->sees[row]'s bits: the row sees a key; its q and dO are all finite. */
+#define FB_ROW_SEES 1
+#define FB_ROW_FINITE 2
+
 /* A block's rows as its key tiles see them: each slot's row i of (b, h) (-1 for an
  * unused slot), the keys [lo, hi) the causal alignment and the window let it see,
  * and its L and Delta. Found once per block and read by every tile the block
@@ -241,7 +245,36 @@ typedef struct fb_rows {
     float delta[FB_RB];
     float nl2[FB_RB]; /* -L_i log2(e), the log-sum-exp in base 2 (see fb_rows_tile) */
     float L[FB_RB];   /* L_i itself, for the general path's (S - L) log2(e) */
+    int big;          /* the head's L is too large for the one-FMA exponent (fb_head_big) */
 } fb_rows;
+
+/* The largest |L log2(e)| of a head for which P may be taken by one FMA, x (scale
+ * log2(e)) - L log2(e), as fb_rows_tile_fast does: both factors are rounded, so
+ * the exponent of a score equal to L is off by units in the last place of L
+ * log2(e), not 0; at 2^37 (scores of 1e11) that is 2^13 and more, and the
+ * weights come out inf or 0 (rows of NaN). Beyond, the scores are scaled first
+ * and P = 2^((S - L) log2(e)), the general path's form, whose S - L is exact
+ * near L. 128 is where exp(L) leaves float32's range (|L| of 88.7): below it
+ * the one FMA's error (about |L| 2^-24 in each exponent) stays within twice the
+ * reference's; at 2^16 (the forward's bf16 B16_BASE2_MAX) it was three times at
+ * scores of 2^9 (tests/test_backward_extremes.c). Ordinary rows keep the FMA. */
+#define FB_BASE2_MAX 128.0
+
+/* 1 when some row of (b, h) that sees a key has |L log2(e)| >= FB_BASE2_MAX. Taken
+ * per head, not per block, so that every form and block of rows makes the same
+ * choice for a row (the same bits); a scan of Tq floats per item and head. */
+static int fb_head_big(const attn__fused_bwd_job *job, int64_t b, int64_t h)
+{
+    const attn__sdpa_bwd_shapes *bs = job->bs;
+    const attn__sdpa_shapes *s = &bs->s;
+    for (int64_t i = 0; i < s->Tq; i++) {
+        const float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+        if ((job->sees[(b * s->H + h) * s->Tq + i] & FB_ROW_SEES) &&
+            fabs((double)L * FB_LOG2E) >= FB_BASE2_MAX)
+            return 1;
+    }
+    return 0;
+}
 
 static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb_rows *rs,
                         int r, int64_t i)
@@ -254,7 +287,13 @@ static void fb_rows_set(const attn__fused_bwd_job *job, int64_t b, int64_t h, fb
     if (i < 0)
         return;
     fb_row_range(s, i, &rs->lo[r], &rs->hi[r]);
-    const float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    float L = job->lse[b * bs->lse_s[0] + h * bs->lse_s[1] + i * bs->lse_s[2]];
+    /* A row that sees a key never has L = -inf from the forward; given one, its
+     * weights exp(S - L) are +inf in the reference, but the base-2 exp is only
+     * defined for exponents <= 0 (portable C's clamps +inf to 0: weights of 1,
+     * finite gradients). NaN keeps the row's gradients non-finite on every path. */
+    if (L == -INFINITY)
+        L = NAN;
     rs->nl2[r] = (float)(-(double)L * FB_LOG2E);
     rs->L[r] = L;
     rs->delta[r] = job->delta[(b * s->H + h) * s->Tq + i];
@@ -280,10 +319,6 @@ static int64_t fb_first_row_past(const attn__sdpa_shapes *s, int64_t j)
 }
 
 static int64_t fb_a16(int64_t n) { return (n + 15) / 16 * 16; }
-
-/* job->sees[row]'s bits: the row sees a key; its q and dO are all finite. */
-#define FB_ROW_SEES 1
-#define FB_ROW_FINITE 2
 
 /* Floats of scratch one worker needs (the planner calls the portable build's). */
 static inline int64_t fb_tile_floats(int64_t D, int64_t Dv, int64_t br, int64_t bc,
@@ -753,8 +788,10 @@ static void fb_rows_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
      * rounded (or S times log2(e) rounded to float against L times log2(e) in
      * double), differ by about |L| 2^-24, which a bias makes large: a row whose
      * every key has a bias of -1e9 (an additive padding mask) would get weights
-     * of 2^18, and one of 1e37 weights of 0 (tests/test_review_today.c). */
-    const int raw = !cap && !s->bias && !s->alibi;
+     * of 2^18, and one of 1e37 weights of 0 (tests/test_review_today.c). The
+     * same holds for a head whose L itself is huge (rs->big: scores of 1e11, a
+     * scale of 1e30), which takes the second form too (test_backward_extremes). */
+    const int raw = !cap && !s->bias && !s->alibi && !rs->big;
     const simd_f32 vk2 = simd_set1(raw ? fb_scale2(s) : (float)FB_LOG2E);
 
     /* x = scale q_i.k_j and dP = dO_i.v_j along the tile's keys, FB_NV vectors of
@@ -855,6 +892,8 @@ static void fb_block_tile(const attn__fused_bwd_job *job, int64_t b, int64_t h,
 {
     int64_t vlo[FB_SB], vhi[FB_SB], ra[FB_SB][FB_R], re[FB_SB][FB_R], lo = n, hi = 0;
     int64_t vmin = job->bcp, vmax = 0;
+    /* The fast path's exponent is the one FMA, wrong for a huge L (fb_head_big). */
+    fast = fast && !rs->big;
     for (int sb = 0; sb < nsb; sb++) {
         int reach = 0;
         for (int u = sb * FB_R; u < (sb + 1) * FB_R; u++)
@@ -1230,10 +1269,12 @@ static void fb_kv_item(void *arg, int64_t item, int worker)
     fb_pack_kv(job, b, hk, j0, n, &w, 0);
     for (int64_t h = hk * s->group; h < (hk + 1) * s->group; h++) {
         const float slope = attn__alibi_slope(s, h);
+        const int big = fb_head_big(job, b, h);
         int64_t i = fb_first_row_past(s, j0);
         while (i < s->Tq) {
             /* The next FB_RB rows, in order, that see a key of this tile. */
             fb_rows rs;
+            rs.big = big;
             int r = 0, finite = 1;
             for (; i < s->Tq && r < FB_RB; i++) {
                 int64_t lo, hi;
@@ -1383,10 +1424,12 @@ static void fb_head_item(void *arg, int64_t item, int worker)
         for (int64_t g = 0; g < s->group; g++) {
             const int64_t h = hk * s->group + g;
             const float slope = attn__alibi_slope(s, h);
+            const int big = fb_head_big(job, b, h);
             int64_t i = first;
             while (i < s->Tq) {
                 /* The next FB_RB rows, in order, that see a key of these tiles. */
                 fb_rows rs;
+                rs.big = big;
                 float *dqrow[FB_RB];
                 int r = 0, finite = 1;
                 for (; i < s->Tq && r < FB_RB; i++) {
@@ -1471,6 +1514,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
     const int64_t i0 = qt * job->br, m = fb_min(job->br, s->Tq - i0);
     const int64_t bcp = job->bcp, dp = job->dp;
     const float slope = attn__alibi_slope(s, h);
+    const int big = fb_head_big(job, b, h);
     fb_ws w = fb_ws_of(job, worker);
 
     memset(w.acc1, 0, (size_t)(m * dp) * sizeof(float));
@@ -1484,6 +1528,7 @@ static void fb_q_item(void *arg, int64_t item, int worker)
         int64_t r0 = 0;
         while (r0 < m) {
             fb_rows rs;
+            rs.big = big;
             int64_t slot[FB_R];
             int r = 0;
             for (; r0 < m && r < FB_R; r0++) {
