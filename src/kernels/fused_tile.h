@@ -311,6 +311,11 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->sink = attn__sink(s, t->h);
     t->log2_units = 1;
     t->sink_m = t->sink * SIMD_LOG2E;
+    /* A finite sink beyond FLT_MAX / log2(e) in size stays finite, as a bias that
+     * large does (fk_score_mod): as +inf it made every exp 2^(inf - inf) = NaN where
+     * the reference gives zero weights and the sink as the lse. */
+    if (isinf(t->sink_m) && !isinf(t->sink))
+        t->sink_m = t->sink_m < 0.0f ? -FLT_MAX : FLT_MAX;
     if (!packed)
         fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt, 0, s->D);
     for (int64_t r = 0; r < t->nr; r++) {
