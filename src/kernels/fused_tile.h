@@ -471,7 +471,12 @@ static void fk_ukr_qk_last(int64_t D, const float *const *krow, int64_t ks, cons
  * (or of a mask) as in the reference. */
 static float fk_mod_unit(const fk_tile *t)
 {
-    return t->log2_units && !(t->s->softcap > 0.0f) ? SIMD_LOG2E : 1.0f;
+    /* A scale beyond FLT_MAX / log2(e) (2.36e38) in size takes the softcap's way
+     * too: its factor scale * log2(e) is inf, which made every score +-inf or NaN
+     * (0 * inf where q.k = 0), where the reference's scores stay finite. */
+    return t->log2_units && !(t->s->softcap > 0.0f) && fabsf(t->s->scale) * SIMD_LOG2E <= FLT_MAX
+               ? SIMD_LOG2E
+               : 1.0f;
 }
 
 /* Step 2b, when a softcap, a bias or ALiBi is on: each score of ST in the
@@ -630,8 +635,9 @@ static int fk_max_in_scores(const fk_tile *t, int kind)
  * a score where that takes 14, on the ports the products need). It rides on the
  * product's own multiply by the scale (one rounded factor scale * log2(e)), and a
  * bias or ALiBi's term is multiplied by log2(e) before it is added (fk_mod_unit);
- * only the softcap, whose tanh needs the scores as they are, gets the plain scale
- * and one multiply more per score after the modifications. A product q.k times
+ * only the softcap, whose tanh needs the scores as they are, and a scale whose
+ * factor would overflow (fk_mod_unit) get the plain scale and one multiply more per
+ * score after the modifications. A product q.k times
  * the scale beyond FLT_MAX / log2(e) (2.4e38) in size overflows to inf here, where
  * it would stay finite in the reference; a bias that large (torch.finfo's min, an
  * additive mask) is kept finite at +-FLT_MAX instead (fk_score_mod). */
