@@ -12,6 +12,14 @@
  * same class and within 1e-3 relative; the status the reference's; 1 and 2 threads
  * the same bits. Where the reference is finite everywhere, it is also held to a
  * float64 oracle by the same rule, so that two wrong answers cannot agree.
+ *
+ * What it found (the tile path, fixed in fused_tile.h): a sink of FLT_MAX became
+ * +inf in base-2 units and every row of its head NaN; a scale beyond FLT_MAX /
+ * log2(e) made the factor scale * log2(e) inf and every score +-inf or NaN. Known
+ * edges it leaves out: q.k times the scale beyond 2.36e38 (the tile path's base-2
+ * scores overflow, docs/performance.md), a bias between -2.4e38 and -FLT_MAX (its
+ * lse), an ALiBi slope of -FLT_MAX (its base-2 term overflows to +inf), and values
+ * near FLT_MAX at several keys of a row (the online softmax sums before dividing).
  */
 #define _POSIX_C_SOURCE 200112L
 #include "attn.h"
