@@ -159,7 +159,8 @@
  *                and key indices (exact in float32 below 2^24), never stored as a
  *                [Tq, Tk] array; the slope is taken once per item.
  *   sinks        fk_tile_begin: the sink is the online softmax's first term, m =
- *                sink (times log2(e) on the tile path), l = exp(sink - sink) = 1,
+ *                sink (times log2(e) on the tile path, kept within
+ *                +-FLT_MAX there), l = exp(sink - sink) = 1,
  *                with no value (O = 0); the usual
  *                rescaling carries it. A row whose keys are all hidden keeps l = 1
  *                and O = 0: zero output, and no empty-row error.

@@ -311,6 +311,11 @@ static void fk_tile_begin(const attn__fused_job *job, int64_t item, int worker, 
     t->sink = attn__sink(s, t->h);
     t->log2_units = 1;
     t->sink_m = t->sink * SIMD_LOG2E;
+    /* A finite sink beyond FLT_MAX / log2(e) in size stays finite, as a bias that
+     * large does (fk_score_mod): as +inf it made every exp 2^(inf - inf) = NaN where
+     * the reference gives zero weights and the sink as the lse. */
+    if (isinf(t->sink_m) && !isinf(t->sink))
+        t->sink_m = t->sink_m < 0.0f ? -FLT_MAX : FLT_MAX;
     if (!packed)
         fk_pack_qt(s, t->qb, t->i0, t->nr, t->qt, 0, s->D);
     for (int64_t r = 0; r < t->nr; r++) {
@@ -466,7 +471,12 @@ static void fk_ukr_qk_last(int64_t D, const float *const *krow, int64_t ks, cons
  * (or of a mask) as in the reference. */
 static float fk_mod_unit(const fk_tile *t)
 {
-    return t->log2_units && !(t->s->softcap > 0.0f) ? SIMD_LOG2E : 1.0f;
+    /* A scale beyond FLT_MAX / log2(e) (2.36e38) in size takes the softcap's way
+     * too: its factor scale * log2(e) is inf, which made every score +-inf or NaN
+     * (0 * inf where q.k = 0), where the reference's scores stay finite. */
+    return t->log2_units && !(t->s->softcap > 0.0f) && fabsf(t->s->scale) * SIMD_LOG2E <= FLT_MAX
+               ? SIMD_LOG2E
+               : 1.0f;
 }
 
 /* Step 2b, when a softcap, a bias or ALiBi is on: each score of ST in the
@@ -625,8 +635,9 @@ static int fk_max_in_scores(const fk_tile *t, int kind)
  * a score where that takes 14, on the ports the products need). It rides on the
  * product's own multiply by the scale (one rounded factor scale * log2(e)), and a
  * bias or ALiBi's term is multiplied by log2(e) before it is added (fk_mod_unit);
- * only the softcap, whose tanh needs the scores as they are, gets the plain scale
- * and one multiply more per score after the modifications. A product q.k times
+ * only the softcap, whose tanh needs the scores as they are, and a scale whose
+ * factor would overflow (fk_mod_unit) get the plain scale and one multiply more per
+ * score after the modifications. A product q.k times
  * the scale beyond FLT_MAX / log2(e) (2.4e38) in size overflows to inf here, where
  * it would stay finite in the reference; a bias that large (torch.finfo's min, an
  * additive mask) is kept finite at +-FLT_MAX instead (fk_score_mod). */
