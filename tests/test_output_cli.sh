@@ -145,6 +145,13 @@ for sig in INT TERM; do
     [ $rc -eq $want ] && no_temps "$s" && [ ! -e "$s/h.svg" ] && [ -z "$(ls -A "$s/dump")" ] \
         && ok "SIG$sig during inspect_self_attention --dump --heatmap leaves no file" \
         || bad "SIG$sig inspect: exit $rc, left: $(find "$s" -type f)"
+    # --dump into a directory the run makes: the signal removes it too (empty).
+    ATTN_TEST_OUTPUT_PAUSE_MS=20000 "$INSPECT" --dump "$s/newdump" >/dev/null 2>&1 & pid=$!
+    for _ in $(seq 200); do [ "$(find "$s" -name '*.tmp.*' | wc -l)" -ge 9 ] && break; sleep 0.05; done
+    kill -s $sig $pid; wait $pid; rc=$?
+    [ $rc -eq $want ] && no_temps "$s" && [ ! -e "$s/newdump" ] \
+        && ok "SIG$sig during inspect_self_attention --dump NEWDIR removes NEWDIR it made" \
+        || bad "SIG$sig inspect --dump NEWDIR: exit $rc, left: $(ls -A "$s")"
 done
 
 # A real write, not the hook: a large --attention ([1, 8, 1024, 1024], 32 MiB) with

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Prints "PROG: " + the message on one line: a newline inside the message (a file
  * name with a newline, say) is shown as a space so the error stays one line. */
@@ -330,12 +331,22 @@ int cli_load_mask(const char *prog, attn_ctx *ctx, const char *path, attn_array 
     return 0;
 }
 
+/* A directory the program made for this run's outputs (cli_rmdir_on_signal), or
+ * NULL. */
+static const char *volatile cli_made_dir;
+
+void cli_rmdir_on_signal(const char *dir) { cli_made_dir = dir; }
+
 /* SIGINT and SIGTERM while outputs are being written: the library's temporary files
- * are removed, then the signal does what it would have done (the process ends with
- * it, so the shell sees 130 or 143). Only async-signal-safe calls here. */
+ * are removed, and the directory the program made for them if it is now empty
+ * (rmdir removes no other), then the signal does what it would have done (the
+ * process ends with it, so the shell sees 130 or 143). Only async-signal-safe calls
+ * here (POSIX.1-2008, 2.4.3: unlink, rmdir, signal, raise). */
 static void cli_on_signal(int sig)
 {
     attn_output_remove_temporaries();
+    if (cli_made_dir)
+        (void)rmdir(cli_made_dir);
     signal(sig, SIG_DFL);
     raise(sig);
 }

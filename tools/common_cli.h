@@ -326,6 +326,11 @@ typedef struct cli_output {
  * returns CLI_EXIT_ERROR; 0 on success. */
 int cli_save_outputs(const char *prog, attn_ctx *ctx, int n, const cli_output *outs);
 
+/* dir (kept as given: it must outlive the run, e.g. a string of argv) is a directory
+ * the program made for its outputs: SIGINT and SIGTERM during cli_save_outputs
+ * remove it too, when nothing else is in it. NULL forgets it. */
+void cli_rmdir_on_signal(const char *dir);
+
 /* cli_save_outputs for n tensors as .npy files. */
 int cli_save_npys(const char *prog, attn_ctx *ctx, int n, const char *const *paths,
                   const attn_tensor *tensors);

@@ -920,8 +920,12 @@ int main(int argc, char **argv)
         }
         picture_free(&pic);
     }
+    /* An interrupted run (SIGINT, SIGTERM) leaves no trace either. */
+    if (rc == 0 && r->made_dir)
+        cli_rmdir_on_signal(o.dump);
     if (rc == 0 && r->n > 0 && cli_save_outputs(prog, &ctx, r->n, r->outs))
         rc = 1;
+    cli_rmdir_on_signal(NULL);
     /* A failed run leaves no trace, not even the --dump directory it made; rmdir
      * removes only an empty one, so files a late failure left renamed in it stay. */
     if (rc != 0 && r && r->made_dir)
