@@ -278,6 +278,20 @@ def test_sdpa_refuses_what_it_cannot_do_naming_it():
     assert not out.any()
 
 
+@pytest.mark.parametrize("window", [2, (1, 2, 3), (1.7, 0), (0, float("nan")), "ab"])
+def test_a_window_that_is_not_a_pair_of_ints_is_a_type_error_naming_it(window):
+    """Before: window=(1, 2, 3) ran with (1, 2), (1.7, 0) with (1, 0) (int()
+    truncates), and window=2 raised "'int' object is not subscriptable"; the same
+    in GroupedQueryAttention. numpy's attn.sdpa refuses all of them."""
+    q = rand(1, 4, 3, 8)
+    with pytest.raises(TypeError, match="window must be a pair"):
+        at.sdpa(q, q, q, window=window)
+    gqa = at.GroupedQueryAttention(16, 4, 2)
+    with pytest.raises(TypeError, match="window must be a pair"):
+        gqa(rand(1, 3, 16), window=window)
+    assert torch.equal(at.sdpa(q, q, q, window=(1, None)), at.sdpa(q, q, q, window=(1, -1)))
+
+
 def test_a_second_derivative_through_sdpa_with_options_equals_the_references():
     """A gradient penalty (create_graph=True) through sdpa with a bias, sinks, softcap
     and bottom-right causal gives the float64 reference's second derivatives."""
