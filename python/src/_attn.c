@@ -424,15 +424,27 @@ static int parse_opt_float(PyObject *obj, const char *name, float *out, int *has
     return 0;
 }
 
-static int parse_window_side(PyObject *obj, int64_t *out)
+/* One side of a window: an int (or anything with __index__), or None. Errors
+ * name the window, which Python's own int conversion would not. */
+static int parse_window_side(PyObject *window, PyObject *obj, int64_t *out)
 {
     if (obj == Py_None) {
         *out = -1;
         return 0;
     }
     const long long n = PyLong_AsLongLong(obj);
-    if (n == -1 && PyErr_Occurred())
+    if (n == -1 && PyErr_Occurred()) {
+        const int overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
+        PyErr_Clear();
+        if (overflow)
+            PyErr_Format(PyExc_ValueError, "window %R: a side is beyond int64's range", window);
+        else
+            PyErr_Format(PyExc_TypeError,
+                         "window must be a pair (left, right) of ints (-1 or None: unbounded), "
+                         "not %R",
+                         window);
         return -1;
+    }
     *out = n;
     return 0;
 }
@@ -454,7 +466,7 @@ static int parse_window(PyObject *obj, attn_sdpa_params *p)
     int64_t side[2];
     for (Py_ssize_t i = 0; i < 2; i++) {
         PyObject *item = PySequence_GetItem(obj, i);
-        const int rc = item ? parse_window_side(item, &side[i]) : -1;
+        const int rc = item ? parse_window_side(obj, item, &side[i]) : -1;
         Py_XDECREF(item);
         if (rc < 0)
             return -1;
