@@ -24,6 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -417,6 +418,13 @@ static int parse_opt_float(PyObject *obj, const char *name, float *out, int *has
     if (d == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s must be a number or None, not %R", name, obj);
+        return -1;
+    }
+    /* A finite number past float32's range would reach the library as inf and be
+     * reported as "inf"; say what was given instead. */
+    if (isfinite(d) && !isfinite((float)d)) {
+        PyErr_Format(PyExc_ValueError, "%s %R is beyond float32's range (magnitudes up to "
+                     "3.4e38)", name, obj);
         return -1;
     }
     *out = (float)d;
