@@ -40,6 +40,10 @@ static PyObject *np_dtype[6];
 /* numpy.dtype(ml_dtypes.bfloat16), found the first time a call meets an array
  * that numpy cannot export (NULL until then, or while ml_dtypes is not imported). */
 static PyObject *ml_bf16_dtype;
+/* numpy.ma.MaskedArray, found the first time numpy.ma is in sys.modules (a
+ * masked array cannot exist before): attn reads an array's memory, and would
+ * read a masked array's hidden entries as numbers, so it refuses one. */
+static PyObject *ma_type;
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -142,6 +146,22 @@ static int is_ml_bfloat16(PyObject *obj)
     return eq == 1;
 }
 
+/* Whether obj is a numpy.ma.MaskedArray (see ma_type). Never leaves an
+ * exception set. */
+static int is_masked_array(PyObject *obj)
+{
+    if (!ma_type) {
+        PyObject *ma = PyDict_GetItemString(PyImport_GetModuleDict(), "numpy.ma"); /* borrowed */
+        ma_type = ma ? PyObject_GetAttrString(ma, "MaskedArray") : NULL;
+        PyErr_Clear();
+        if (ma_type && !PyType_Check(ma_type))
+            Py_CLEAR(ma_type);
+        if (!ma_type)
+            return 0;
+    }
+    return PyType_IsSubtype(Py_TYPE(obj), (PyTypeObject *)ma_type);
+}
+
 /* numpy's name of obj's dtype ("float64"), for messages; the buffer's format
  * when obj has no dtype. */
 static void dtype_name_of(PyObject *obj, const char *format, char *buf, size_t size)
@@ -223,6 +243,14 @@ static int get_tensor_ex(bufset *bs, PyObject *obj, const char *name, unsigned w
     if (obj == Py_None || !PyObject_CheckBuffer(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy array, not %s", name,
                      obj == Py_None ? "None" : "an object without the buffer protocol");
+        return -1;
+    }
+    if (is_masked_array(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s is a numpy.ma.MaskedArray: attn would read its masked entries as "
+                     "numbers and ignore its mask; pass %s.filled(value) or np.asarray(%s) "
+                     "(to hide keys, pass a bool mask= instead)",
+                     name, name, name);
         return -1;
     }
     Py_buffer *v = &bs->view[bs->n];
