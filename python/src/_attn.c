@@ -40,6 +40,9 @@ static PyObject *np_dtype[6];
 /* numpy.dtype(ml_dtypes.bfloat16), found the first time a call meets an array
  * that numpy cannot export (NULL until then, or while ml_dtypes is not imported). */
 static PyObject *ml_bf16_dtype;
+/* numpy.bool_, the type of a comparison of numpy values, taken as a bool where
+ * an option is one. */
+static PyObject *np_bool_type;
 /* numpy.ma.MaskedArray, found the first time numpy.ma is in sys.modules (a
  * masked array cannot exist before): attn reads an array's memory, and would
  * read a masked array's hidden entries as numbers, so it refuses one. */
@@ -160,6 +163,12 @@ static int is_masked_array(PyObject *obj)
             return 0;
     }
     return PyType_IsSubtype(Py_TYPE(obj), (PyTypeObject *)ma_type);
+}
+
+/* Whether obj is numpy's bool scalar (numpy.bool_). */
+static int is_np_bool(PyObject *obj)
+{
+    return np_bool_type && (PyObject *)Py_TYPE(obj) == np_bool_type;
 }
 
 /* numpy's name of obj's dtype ("float64"), for messages; the buffer's format
@@ -427,9 +436,20 @@ static int parse_causal(PyObject *obj, int *causal)
                      "causal must be False, True, \"top_left\" or \"bottom_right\", not %R", obj);
         return -1;
     }
+    if (is_np_bool(obj)) {
+        const int t = PyObject_IsTrue(obj);
+        if (t < 0)
+            return -1;
+        *causal = t ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+        return 0;
+    }
     if (!PyBool_Check(obj)) {
+        /* The type too: numpy's True and an int 1 print as Python's would. */
+        PyObject *tn = PyType_GetName(Py_TYPE(obj));
         PyErr_Format(PyExc_TypeError,
-                     "causal must be False, True, \"top_left\" or \"bottom_right\", not %R", obj);
+                     "causal must be False, True, \"top_left\" or \"bottom_right\", not %R (%S)",
+                     obj, tn ? tn : Py_None);
+        Py_XDECREF(tn);
         return -1;
     }
     *causal = obj == Py_True ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
@@ -557,8 +577,17 @@ static int parse_opts(bufset *bs, sdpa_opts *o, PyObject *mask, PyObject *causal
         return -1;
     }
     if (alibi && alibi != Py_None && alibi != Py_False) {
-        if (alibi == Py_True) {
+        const int np_flag = is_np_bool(alibi) ? PyObject_IsTrue(alibi) : -1;
+        if (alibi == Py_True || np_flag == 1) {
             o->p.alibi = 1;
+        } else if (np_flag == 0) {
+            /* numpy's False: no ALiBi. */
+        } else if (!PyObject_CheckBuffer(alibi)) {
+            PyErr_Format(PyExc_TypeError,
+                         "alibi must be None, False, True or float32 slopes [H] (a numpy "
+                         "array), not %R",
+                         alibi);
+            return -1;
         } else {
             if (get_tensor(bs, alibi, "alibi", WANT_F32, 0, &o->slopes) < 0)
                 return -1;
@@ -2006,8 +2035,9 @@ PyMODINIT_FUNC PyInit__attn(void)
         return NULL;
     np_empty = PyObject_GetAttrString(np, "empty");
     PyObject *dtype = PyObject_GetAttrString(np, "dtype");
+    np_bool_type = PyObject_GetAttrString(np, "bool_");
     Py_DECREF(np);
-    if (!np_empty || !dtype)
+    if (!np_empty || !dtype || !np_bool_type)
         return NULL;
     np_dtype_type = dtype;
     static const char *names[6] = {"float32", "bool", "int64", "int32", "uint16", "float16"};
