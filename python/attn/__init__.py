@@ -32,6 +32,7 @@ Functions:
     Generator(seed)                                      PyTorch's CPU random numbers
 """
 
+import operator as _operator
 import os as _os
 import threading as _threading
 
@@ -112,12 +113,32 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
     opts = dict(mask=mask, causal=causal, scale=scale, window=window, softcap=softcap,
                 alibi=alibi, bias=bias, sinks=sinks, empty_rows=empty_rows,
                 return_weights=return_weights, threads=threads)
+    num_kv_heads = _kv_heads(w, num_heads, num_kv_heads)
     if (_CHAPTER[0] in w or _TORCH[0] in w) and rope is None:
         _, fused = _fused_weights(w)
         return _attn._mha_forward(x, *fused, num_heads, **opts)
     _, sep, heads = _separate_weights(w, prefix, num_heads, num_kv_heads)
     return _attn._gqa_forward(x, *sep, *heads, rope=rope, rope_base=rope_base,
                               rope_offset=rope_offset, **opts)
+
+
+def _kv_heads(w, num_heads, num_kv_heads):
+    """num_kv_heads as an int (None stays None). The chapter's and
+    nn.MultiheadAttention's fused W_qkv have as many key/value heads as query
+    heads, so another count is an error rather than ignored."""
+    if num_kv_heads is None:
+        return None
+    try:
+        num_kv_heads = _operator.index(num_kv_heads)
+    except TypeError:
+        raise TypeError("num_kv_heads must be an int or None, not %r" % (num_kv_heads,)) from None
+    if (_CHAPTER[0] in w or _TORCH[0] in w) and num_kv_heads != num_heads:
+        raise ValueError("num_kv_heads is %d, but the weights' fused %s has as many key/value "
+                         "heads as query heads (%r): leave num_kv_heads out, or give separate "
+                         "q_proj/k_proj/v_proj weights for grouped-query attention"
+                         % (num_kv_heads, _CHAPTER[0] if _CHAPTER[0] in w else _TORCH[0],
+                            num_heads))
+    return num_kv_heads
 
 
 def _separate_weights(w, prefix, num_heads, num_kv_heads):
@@ -142,9 +163,11 @@ def _separate_weights(w, prefix, num_heads, num_kv_heads):
     bias_names = tuple(n[:-len("weight")] + "bias" for n in _SEPARATE)
     bq, bk, bv, bo = (_f32(w.get(n), n) for n in bias_names)
     if num_kv_heads is None:
-        num_kv_heads = num_heads * wk.shape[0] // max(wq.shape[0], 1)
+        # Inferred from the rows; at least 1, so that a k_proj too small for one
+        # head is reported by the shape check, with both shapes.
+        num_kv_heads = max(num_heads * wk.shape[0] // max(wq.shape[0], 1), 1)
     names = _SEPARATE + tuple(n if n in w else None for n in bias_names)
-    return names, (wq, wk, wv, wo, bq, bk, bv, bo), (num_heads, max(int(num_kv_heads), 1))
+    return names, (wq, wk, wv, wo, bq, bk, bv, bo), (num_heads, num_kv_heads)
 
 
 def _fused_weights(w):
@@ -189,6 +212,7 @@ def mha_backward(x, weights, num_heads, dout, *, num_kv_heads=None, prefix="", m
     prefix = prefix or ""
     opts = dict(mask=mask, causal=causal, scale=scale, window=window, softcap=softcap,
                 alibi=alibi, bias=bias, sinks=sinks, empty_rows=empty_rows, threads=threads)
+    num_kv_heads = _kv_heads(w, num_heads, num_kv_heads)
     if (_CHAPTER[0] in w or _TORCH[0] in w) and rope is None:
         names, fused = _fused_weights(w)
         dx, *grads = _attn._mha_backward(x, *fused, num_heads, dout, **opts)
