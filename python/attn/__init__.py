@@ -316,6 +316,10 @@ def _kv_dtype(dtype):
     does (bfloat16 given as a string means uint16 bits, as there); a numpy dtype or
     scalar type names its own. Never imports ml_dtypes: an ml_dtypes.bfloat16
     given here is already imported."""
+    if dtype is None:
+        # np.dtype(None) is float64, which would name the wrong thing below.
+        raise TypeError('KVCache dtype must be "f32", "bf16" or "f16" (or numpy.float32, '
+                        'numpy.float16, ml_dtypes.bfloat16), not None')
     if isinstance(dtype, str):
         if dtype in _KV_DTYPES:
             return _KV_DTYPES[dtype], None
