@@ -98,6 +98,7 @@ except ImportError as _error:  # pragma: no cover - exercised where torch is abs
         "or use the numpy API (import attn), which does not need it" % _error) from _error
 
 import math
+import operator
 
 import numpy as _numpy
 from torch import nn
@@ -1004,8 +1005,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     elif alibi not in (None, False):
         raise TypeError("alibi must be None, True or a tensor of slopes [H], not %s"
                         % type(alibi).__name__)
-    wl, wr = (-1, -1) if window is None else (
-        -1 if window[0] is None else int(window[0]), -1 if window[1] is None else int(window[1]))
+    wl, wr = _window_pair(window)
     scale = None if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
     if 0 in q.shape or 0 in k.shape or 0 in v.shape or _pytorch_only():
@@ -1019,6 +1019,28 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     while out.dim() > lead:
         out = out.squeeze(0)
     return out if out.dtype == query.dtype else out.to(query.dtype)
+
+
+def _window_pair(window):
+    """window as (left, right) ints, -1 for None (unbounded); (-1, -1) for None.
+    Exactly two sides, each an int (or None): int() would truncate 1.7 to 1, and a
+    third item was ignored, as attn.sdpa's numpy API never does."""
+    if window is None:
+        return -1, -1
+    bad = TypeError("window must be a pair (left, right) of ints (-1 or None: unbounded), "
+                    "not %r" % (window,))
+    if isinstance(window, (str, bytes)):
+        raise bad
+    try:
+        sides = tuple(window)
+    except TypeError:
+        raise bad from None
+    if len(sides) != 2:
+        raise bad
+    try:
+        return tuple(-1 if w is None else operator.index(w) for w in sides)
+    except TypeError:
+        raise bad from None
 
 
 def _half_call_any(query, key, value):
@@ -1151,7 +1173,7 @@ class GroupedQueryAttention(nn.Module):
         mask = None if attention_mask is None else _check_tensor_device(attention_mask,
                                                                          "attention_mask")
         if window is not None:
-            window = tuple(-1 if w is None else int(w) for w in window)
+            window = _window_pair(window)
         spec = (self.num_heads, self.num_kv_heads, mask, bool(is_causal), window, self.rope,
                 self.rope_base, int(rope_offset))
         if 0 in xf.shape or _pytorch_only() or _in_graph_capture():
