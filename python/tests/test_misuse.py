@@ -101,3 +101,19 @@ def test_kv_cache_dtype_none_is_named_as_none():
     """np.dtype(None) is float64, so dtype=None was refused as 'not float64'."""
     with pytest.raises(TypeError, match="not None"):
         attn.KVCache(1, 1, 4, 4, dtype=None)
+
+
+@pytest.mark.parametrize("seed", [2 ** 64, 2 ** 64 + 5, -2 ** 63 - 1])
+def test_a_seed_outside_torchs_range_is_refused_not_wrapped(seed):
+    """torch.manual_seed takes -2**63 .. 2**64 - 1 (a negative seed as its
+    64-bit two's complement) and raises past it; Generator(2**64) gave the
+    draws of Generator(0), silently."""
+    with pytest.raises(ValueError, match="seed"):
+        attn.Generator(seed)
+    assert np.array_equal(attn.Generator(-1).randn(3), attn.Generator(2 ** 64 - 1).randn(3))
+
+
+def test_save_npy_of_an_unsupported_dtype_names_the_ones_it_takes(tmp_path):
+    """The message was 'array must be of a supported dtype, not float64'."""
+    with pytest.raises(TypeError, match="float32, int64, int32 or bool, not float64"):
+        attn.save_npy(tmp_path / "a.npy", np.zeros((2, 2)))
