@@ -349,6 +349,13 @@ class Generator:
     """
 
     def __init__(self, seed):
+        # torch.manual_seed's range, a negative seed as its 64-bit two's
+        # complement (what the C call's unsigned conversion does); past it torch
+        # raises, where the conversion would wrap silently to another seed.
+        seed = _operator.index(seed)
+        if not -2 ** 63 <= seed < 2 ** 64:
+            raise ValueError("seed must be in -2**63 .. 2**64 - 1, as torch.manual_seed's, "
+                             "not %d" % seed)
         self._g = _attn._rng_new(seed)
 
     def randn(self, *shape):
