@@ -193,6 +193,7 @@ static const char *want_words(unsigned want)
     case WANT_F32: return "float32";
     case WANT_BOOL: return "bool";
     case WANT_INT: return "int64 or int32";
+    case WANT_F32 | WANT_BOOL | WANT_INT: return "float32, int64, int32 or bool";
     case WANT_F32 | (1u << ATTN_DTYPE_BF16):
         return "float32 or bfloat16 (the KV cache's dtype: ml_dtypes.bfloat16, or uint16 "
                "bits)";
