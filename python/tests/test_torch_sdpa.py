@@ -292,6 +292,15 @@ def test_a_window_that_is_not_a_pair_of_ints_is_a_type_error_naming_it(window):
     assert torch.equal(at.sdpa(q, q, q, window=(1, None)), at.sdpa(q, q, q, window=(1, -1)))
 
 
+def test_alibi_slopes_as_a_numpy_array_are_a_type_error_naming_alibi():
+    """A numpy array of slopes raised numpy's 'The truth value of an array with
+    more than one element is ambiguous' (from the test for None and False)."""
+    import numpy as np
+    q = rand(1, 2, 3, 8)
+    with pytest.raises(TypeError, match="alibi must be None, True or a tensor"):
+        at.sdpa(q, q, q, alibi=np.ones(2, np.float32))
+
+
 def test_a_second_derivative_through_sdpa_with_options_equals_the_references():
     """A gradient penalty (create_graph=True) through sdpa with a bias, sinks, softcap
     and bottom-right causal gives the float64 reference's second derivatives."""
