@@ -998,11 +998,12 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if sinks is not None:
         sinks = _check_tensor(sinks, "sinks")
     slopes = None
-    if alibi is True:
-        slopes = _alibi_slopes(H)
-    elif isinstance(alibi, torch.Tensor):
+    if isinstance(alibi, torch.Tensor):
+        # Tested first: `in` and == compare an array element by element.
         slopes = _check_tensor(alibi, "alibi").detach()
-    elif alibi not in (None, False):
+    elif alibi is True:
+        slopes = _alibi_slopes(H)
+    elif not (alibi is None or alibi is False):
         raise TypeError("alibi must be None, True or a tensor of slopes [H], not %s"
                         % type(alibi).__name__)
     wl, wr = _window_pair(window)
