@@ -98,7 +98,8 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
       separate        q_proj.weight [H*D, E], k_proj.weight and v_proj.weight
                       [Hkv*D, E], o_proj.weight [E, H*D], each .bias optional;
                       Hkv < H (grouped-query attention) when num_kv_heads is given
-                      or k_proj has fewer rows than q_proj.
+                      or k_proj has fewer rows than q_proj. With the first two
+                      (a fused W_qkv) num_kv_heads may only be num_heads.
     mask: bool, broadcasts to [B, H, T, T] (e.g. padding_mask(ids, pad) & causal);
     causal, scale, window, softcap, alibi, bias, sinks, empty_rows: attn.sdpa's
     options, applied to every head's attention.
