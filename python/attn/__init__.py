@@ -106,7 +106,7 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
     rope: None, "interleaved" (chapter 21, GPT-J) or "half" (Llama, NeoX): q and k
     rotated at positions rope_offset + t after the projections, with base
     rope_base (attn.rope's rotation). threads: the library's worker threads for
-    this call (0: one per online core; the result has the same bits for any).
+    this call (0 or below: one per online core; the result has the same bits for any).
     Returns out [B, T, E], or (out, weights [B, H, T, T]) with return_weights.
     Raises ValueError for shapes, names and masks.
     """
@@ -287,6 +287,13 @@ class KVCache:
             _attn._kv_append(self._c, first, k, v, rope, self.rope_base)
 
     def attend(self, q, first=0, rope=None, **options):
+        # The C call's own arguments, which attend fills from the cache: given as
+        # options they reached it twice and Python's message named _kv_attend.
+        own = sorted(set(options) & {"pairing", "base", "capacity"})
+        if own:
+            raise TypeError("KVCache.attend() got an unexpected keyword argument %r: rope= "
+                            "picks the pairing, and the base (rope_base) and capacity are "
+                            "the cache's own, set when it is made" % own[0])
         if options.get("causal") is True:
             options["causal"] = "bottom_right"
         with self._lock:

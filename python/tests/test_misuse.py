@@ -103,6 +103,21 @@ def test_kv_cache_dtype_none_is_named_as_none():
         attn.KVCache(1, 1, 4, 4, dtype=None)
 
 
+@pytest.mark.parametrize("name", ["pairing", "base", "capacity"])
+def test_kv_attend_refuses_the_c_calls_own_arguments_naming_them(name):
+    """attend fills pairing, base and capacity from rope= and the cache; given as
+    options they were 'multiple values for keyword argument' of _kv_attend. The
+    cache stays usable after the error."""
+    c = attn.KVCache(1, 2, 8, 4)
+    k = np.ones((1, 2, 3, 4), np.float32)
+    c.append(k, k)
+    q = np.ones((1, 2, 1, 4), np.float32)
+    with pytest.raises(TypeError, match="KVCache.attend.*'%s'" % name):
+        c.attend(q, **{name: 1})
+    out = c.attend(q)
+    assert out.shape == (1, 2, 1, 4) and np.allclose(out, 1.0)
+
+
 @pytest.mark.parametrize("seed", [2 ** 64, 2 ** 64 + 5, -2 ** 63 - 1])
 def test_a_seed_outside_torchs_range_is_refused_not_wrapped(seed):
     """torch.manual_seed takes -2**63 .. 2**64 - 1 (a negative seed as its
