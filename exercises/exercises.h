@@ -1,5 +1,5 @@
 /*
- * exercises.h - the signatures of the six exercises, in the chapter's order.
+ * exercises.h - the signatures of the seven exercises, in the chapter's order.
  *
  * Every exercise is a function on plain float or byte arrays, row-major, with its
  * shape written next to each pointer, so that it reads beside the chapter's PyTorch
@@ -76,5 +76,20 @@ typedef struct online_softmax {
 void online_softmax_init(online_softmax *st, int Dv);
 void online_softmax_add(online_softmax *st, float score, const float *v /* [Dv] */);
 void online_softmax_result(const online_softmax *st, float *out /* [Dv] */);
+
+/* 7. Stretch: the backward of one head (exercises/07_sdpa_backward.c), the
+ * walkthrough's section 10. With P the forward's weights and dO = dL/dout:
+ * 7a. dscores = dS = P o (dP - rowsum(P o dP)), the softmax's backward alone
+ *     (o: entrywise; rowsum: over the keys, one number per query row).
+ * 7b. dv = P^T dO; dS as in 7a with dP = dO v^T; dq = dS k / sqrt(D);
+ *     dk = dS^T q / sqrt(D). weights is the forward's P (0 at a masked key). */
+void softmax_backward(int Tq, int Tk, const float *weights /* P [Tq, Tk] */,
+                      const float *dweights /* dP [Tq, Tk] */,
+                      float *dscores /* dS [Tq, Tk] */);
+void sdpa_backward(int Tq, int Tk, int D, int Dv, const float *q /* [Tq, D] */,
+                   const float *k /* [Tk, D] */, const float *v /* [Tk, Dv] */,
+                   const uint8_t *mask /* [Tq, Tk] or NULL */,
+                   const float *weights /* P [Tq, Tk] */, const float *dout /* dO [Tq, Dv] */,
+                   float *dq /* [Tq, D] */, float *dk /* [Tk, D] */, float *dv /* [Tk, Dv] */);
 
 #endif /* ATTN_EXERCISES_H */

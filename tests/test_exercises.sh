@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The exercise grader is itself graded: the model solutions (exercises/solutions/)
-# pass every exercise; each deliberately broken file in exercises/tests/ is named by
+# and the right answers written another way (exercises/tests/correct/) pass every
+# exercise; each deliberately broken file in exercises/tests/ is named by
 # the diagnosis its file name promises, on the right exercise, while every other
 # exercise still passes; the untouched stubs (exercises/0N_*.c) are all "not
 # implemented yet"; the classic mistakes of docs/exercises.md each have a broken
@@ -18,22 +19,39 @@ verdicts() { grep -E '^(PASS|TODO|WRONG) ' "$1"; }
 # this many seconds; right answers take milliseconds, even under a sanitizer.
 export GRADE_TIME_LIMIT=2
 
-# 1. The solutions pass all seven exercises (1, 2, 3, 4, 5a, 5b, 6).
-"$bin/grade_solutions" >"$tmp/out" 2>&1; rc=$?
-n_pass=$(grep -c '^PASS ' "$tmp/out")
-if [ "$rc" -eq 0 ] && [ "$n_pass" -eq 7 ] && [ "$(verdicts "$tmp/out" | wc -l)" -eq 7 ]; then
-    ok "the model solutions pass all 7 exercises"
-else
-    bad "the model solutions: exit $rc, $n_pass of 7 PASS lines, expected exit 0 and 7"
-    sed 's/^/    /' "$tmp/out"
-fi
+# 1. The solutions pass all nine exercises (1, 2, 3, 4, 5a, 5b, 6, 7a, 7b), and so do
+# the right answers written another way (exercises/tests/correct/: 7b with Delta =
+# rowsum(P o dP), equal to rowsum(dO o O)).
+NEX=9
+all_pass() { # program, what
+    "$1" >"$tmp/out" 2>&1; rc=$?
+    n_pass=$(grep -c '^PASS ' "$tmp/out")
+    if [ "$rc" -eq 0 ] && [ "$n_pass" -eq $NEX ] && [ "$(verdicts "$tmp/out" | wc -l)" -eq $NEX ]; then
+        ok "$2 pass all $NEX exercises"
+    else
+        bad "$2: exit $rc, $n_pass of $NEX PASS lines, expected exit 0 and $NEX"
+        sed 's/^/    /' "$tmp/out"
+    fi
+}
+all_pass "$bin/grade_solutions" "the model solutions"
+n_correct=0
+for f in "$src"/tests/correct/*__*.c; do
+    [ -e "$f" ] || continue
+    name=$(basename "$f" .c)
+    n_correct=$((n_correct + 1))
+    if [ -x "$bin/grade_correct_$name" ]; then all_pass "$bin/grade_correct_$name" "$name"
+    else bad "$name: $bin/grade_correct_$name was not built (re-run cmake?)"; fi
+done
+[ "$n_correct" -gt 0 ] && ok "$n_correct right answers written another way graded" \
+    || bad "no files in $src/tests/correct"
 
-# 2. Each broken file gets the diagnosis its name promises, and only that one.
+# 2. Each broken file gets the diagnosis its name promises, and only that one (a
+# second file for the same mistake, written another way, is <stem>__<mistake>__<how>.c).
 n_broken=0
 for f in "$src"/tests/*__*.c; do
     name=$(basename "$f" .c)
     stem=${name%%__*}
-    id=${name#*__}; id=${id//_/-}
+    id=${name#*__}; id=${id%%__*}; id=${id//_/-} # <stem>__<mistake>[__<how>]
     number=$((10#${stem%%_*}))
     n_broken=$((n_broken + 1))
     if [ ! -x "$bin/grade_broken_$name" ]; then
@@ -43,8 +61,8 @@ for f in "$src"/tests/*__*.c; do
     others=$(verdicts "$tmp/out" | grep -v '^PASS ' | wc -l)
     line=$(grep -E "^WRONG ${number}[a-z]? " "$tmp/out" | head -1)
     if [ "$rc" -eq 1 ] && [ "$others" -eq 1 ] && [[ "$line" == *"[$id]"* ]] \
-        && [ "$(verdicts "$tmp/out" | wc -l)" -eq 7 ]; then
-        ok "$name: exercise $number is diagnosed [$id], the other six pass"
+        && [ "$(verdicts "$tmp/out" | wc -l)" -eq $NEX ]; then
+        ok "$name: exercise $number is diagnosed [$id], the others pass"
     else
         bad "$name: expected exit 1 and one WRONG line for exercise $number naming [$id]; got exit $rc, $others verdicts other than PASS, line: '${line:-none}'"
         sed 's/^/    /' "$tmp/out"
@@ -78,7 +96,9 @@ n_ids=$(echo "$doc_ids" | grep -c .)
     || bad "docs/exercises.md's table of mistakes gave $n_ids ids, expected at least 30 (has its heading moved?)"
 for id in mask-inverted mask-queries causal-transposed causal-off-by-one out-of-bounds masked-zero \
           softmax-axis no-max-subtraction mask-transposed scale-missing scale-1-over-d k-layout \
-          heads-mixed merge-mixed no-rescale masked-first-nan empty-row-nan crashed too-slow; do
+          heads-mixed merge-mixed no-rescale masked-first-nan empty-row-nan crashed too-slow \
+          no-rowsum rowsum-axis rowsum-unweighted delta-outside-p masked-gradient scale-twice \
+          dk-not-transposed dv-not-transposed not-zeroed not-accumulated dq-dk-swapped; do
     echo "$doc_ids" | grep -qx -- "$id" || bad "mistake [$id] is not in docs/exercises.md's table"
 done
 for id in $doc_ids; do
@@ -91,13 +111,13 @@ done
 # 4. The stubs: untouched, every exercise is "not implemented yet". A learner who
 # has started an exercise has edited its file (the TODO line is gone), and then
 # this check is left to CI, which runs on a fresh clone.
-stubs=("$src"/0[1-6]_*.c)
+stubs=("$src"/0[1-7]_*.c)
 edited=""
 for f in "${stubs[@]}"; do
     grep -q 'TODO: write this function' "$f" || edited="$edited $(basename "$f")"
 done
-if [ "${#stubs[@]}" -ne 6 ]; then
-    bad "expected 6 exercise files exercises/0N_*.c, found ${#stubs[@]}"
+if [ "${#stubs[@]}" -ne 7 ]; then
+    bad "expected 7 exercise files exercises/0N_*.c, found ${#stubs[@]}"
 elif [ -n "$edited" ]; then
     echo "skip the stubs' check: these exercises have been started:$edited (CI checks the stubs on a fresh clone)"
 elif ! cmake --build "$ATTN_BUILD_DIR" --target grade_exercises >"$tmp/build" 2>&1; then
@@ -105,10 +125,10 @@ elif ! cmake --build "$ATTN_BUILD_DIR" --target grade_exercises >"$tmp/build" 2>
 else
     "$bin/grade_exercises" >"$tmp/out" 2>&1; rc=$?
     n_todo=$(grep -c '^TODO .*not implemented yet' "$tmp/out")
-    if [ "$rc" -eq 1 ] && [ "$n_todo" -eq 7 ] && [ "$(verdicts "$tmp/out" | wc -l)" -eq 7 ]; then
-        ok "the untouched stubs: all 7 exercises are 'not implemented yet'"
+    if [ "$rc" -eq 1 ] && [ "$n_todo" -eq $NEX ] && [ "$(verdicts "$tmp/out" | wc -l)" -eq $NEX ]; then
+        ok "the untouched stubs: all $NEX exercises are 'not implemented yet'"
     else
-        bad "the stubs: exit $rc, $n_todo of 7 TODO lines, expected exit 1 and 7"
+        bad "the stubs: exit $rc, $n_todo of $NEX TODO lines, expected exit 1 and $NEX"
         sed 's/^/    /' "$tmp/out"
     fi
 fi
@@ -130,10 +150,14 @@ else
     bad "exercise_max_weight failed: $(cat "$tmp/mw")"
 fi
 
-# 6. The command line: "5" grades 5a and 5b only; an unknown exercise is a usage error.
-"$bin/grade_solutions" 5 >"$tmp/out" 2>&1
-got=$(verdicts "$tmp/out" | awk '{print $2}' | tr '\n' ' ')
-[ "$got" = "5a 5b " ] && ok "'grade 5' grades 5a and 5b" || bad "'grade 5' graded '$got', expected '5a 5b '"
+# 6. The command line: "5" grades 5a and 5b only, "7" 7a and 7b; an unknown exercise
+# is a usage error.
+for n in 5 7; do
+    "$bin/grade_solutions" $n >"$tmp/out" 2>&1
+    got=$(verdicts "$tmp/out" | awk '{print $2}' | tr '\n' ' ')
+    [ "$got" = "${n}a ${n}b " ] && ok "'grade $n' grades ${n}a and ${n}b" \
+        || bad "'grade $n' graded '$got', expected '${n}a ${n}b '"
+done
 "$bin/grade_solutions" 9 >"$tmp/out" 2>&1; rc=$?
 [ "$rc" -eq 2 ] && grep -q "unknown exercise '9'" "$tmp/out" && ok "'grade 9' is a usage error (exit 2)" \
     || bad "'grade 9': exit $rc, expected 2 with a message: $(cat "$tmp/out")"

@@ -48,7 +48,7 @@ typedef struct grade_output {
     const float *want;
 } grade_output;
 
-#define GRADE_MAX_OUTPUTS 2
+#define GRADE_MAX_OUTPUTS 3
 
 /* A mistake's answer for this case, one array per output; a NULL array means the
  * mistake cannot be told apart on this case (the grader skips it). */
@@ -109,5 +109,7 @@ void grade_sdpa(grade_result *r);
 void grade_split_heads(grade_result *r);
 void grade_merge_heads(grade_result *r);
 void grade_online_softmax(grade_result *r);
+void grade_softmax_backward(grade_result *r);
+void grade_sdpa_backward(grade_result *r);
 
 #endif /* ATTN_EXERCISE_GRADER_H */

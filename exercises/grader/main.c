@@ -2,7 +2,8 @@
  * main.c - the exercise grader: grades each exercise and prints one verdict line
  * per exercise, with the case, the diagnosis and a hint under a wrong one.
  *
- *   grade [EXERCISE...]     EXERCISE: 1, 2, 3, 4, 5 (= 5a and 5b), 5a, 5b, 6
+ *   grade [EXERCISE...]     EXERCISE: 1, 2, 3, 4, 5 (= 5a and 5b), 5a, 5b, 6, 7 (= 7a
+ *                           and 7b), 7a, 7b
  *
  * A verdict line starts with PASS, TODO or WRONG, then the exercise's number; a
  * WRONG line names the mistake in brackets, e.g. "[masked-zero]" (the ids are
@@ -58,6 +59,8 @@ static const exercise EXERCISES[] = {
     {"5a", "split heads", "05_heads", grade_split_heads},
     {"5b", "merge heads", "05_heads", grade_merge_heads},
     {"6", "online softmax", "06_online_softmax", grade_online_softmax},
+    {"7a", "softmax bwd", "07_sdpa_backward", grade_softmax_backward},
+    {"7b", "head backward", "07_sdpa_backward", grade_sdpa_backward},
 };
 enum { NEXERCISES = sizeof EXERCISES / sizeof EXERCISES[0] };
 
@@ -225,7 +228,7 @@ int main(int argc, char **argv)
             known |= selected(&EXERCISES[e], 2, one);
         }
         if (!known) {
-            fprintf(stderr, "grade: unknown exercise '%s' (use 1, 2, 3, 4, 5, 5a, 5b or 6)\n",
+            fprintf(stderr, "grade: unknown exercise '%s' (use 1, 2, 3, 4, 5, 5a, 5b, 6, 7, 7a or 7b)\n",
                     argv[i]);
             return 2;
         }
@@ -235,7 +238,8 @@ int main(int argc, char **argv)
                       -1, 0);
     running_case = page == MAP_FAILED ? NULL : page;
     printf("Grading %s/*.c against libattn's reference (attn_mask_padding, "
-           "attn_mask_causal, attn_sdpa_ref, attn_tensor_transpose)%s%s\n\n",
+           "attn_mask_causal, attn_sdpa_ref, attn_sdpa_backward_ref, "
+           "attn_tensor_transpose)%s%s\n\n",
            GRADE_SET, GRADE_SWAP_FILE[0] ? ", with " : "", GRADE_SWAP_FILE);
     int graded = 0, passed = 0, todo = 0;
     for (int e = 0; e < NEXERCISES; e++) {
