@@ -419,6 +419,9 @@ again:
                                   "not following it",
                                   path, (long)lst.st_uid);
             char *real = realpath(path, NULL);
+            if (!real && errno == ENOMEM)
+                return attn__fail(ctx, ATTN_STATUS_NO_MEMORY,
+                                  "%s: out of memory resolving the link", path);
             if (!real)
                 return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot resolve the link: %s",
                                   path, strerror(errno));
@@ -543,6 +546,10 @@ static int entry_open_temporary(attn_ctx *ctx, attn_output_set *s, out_entry *e)
     if (!e->wf.f) {
         err = errno;
         close(fd);
+        /* The C library could not allocate the stream: out of memory, not a bad file. */
+        if (err == ENOMEM)
+            return attn__fail(ctx, ATTN_STATUS_NO_MEMORY,
+                              "%s: out of memory opening a stream on it", e->path);
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open a stream: %s", e->path,
                           strerror(err));
     }
