@@ -1245,8 +1245,10 @@ ATTN_API void attn_output_remove_temporaries(void);
  * float16 calls run the avx512 build on them unchanged. Which one runs is decided
  * once per process from cpuid and xgetbv (the CPU has the instructions and the OS
  * saves their registers; AMX also needs Linux's permission for the tile data):
- * amx where the CPU has it, else avx512, avx2 or scalar; avx512bf16 only when asked
- * for (it measured slower than avx512 on the one AVX512-BF16 CPU it ran on); the
+ * amx where the CPU has it, else avx512bf16 on AMD cores with AVX512-BF16 (Zen 4,
+ * Zen 5: vdpbf16ps issues there as often as a 512-bit FMA), else avx512, avx2 or
+ * scalar; on Intel avx512bf16 runs only when asked for (it measured slower than
+ * avx512 there); the
  * environment variable ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx|auto forces
  * a path for the whole process, and ctx->arch (when not AUTO) for calls made with
  * that context. "ref" makes attn_sdpa run the reference.
