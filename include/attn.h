@@ -1229,10 +1229,11 @@ ATTN_API int attn_output_set_commit(attn_ctx *ctx, attn_output_set *set);
  * NULL-safe. */
 ATTN_API void attn_output_set_free(attn_ctx *ctx, attn_output_set *set);
 
-/* Unlinks every temporary file that an output set of this process has open now.
- * Async-signal-safe (only atomics and unlink): call it from a SIGINT/SIGTERM
- * handler, then end the process (for instance restore the default action and
- * raise the signal again). */
+/* Unlinks every temporary file that an output set of this process has open now
+ * (in a child of fork(), not those of the parent's sets, whose table the child
+ * inherits). Async-signal-safe (only atomics, getpid and unlink): call it from a
+ * SIGINT/SIGTERM handler, then end the process (for instance restore the default
+ * action and raise the signal again). */
 ATTN_API void attn_output_remove_temporaries(void);
 
 /* ------------------------------------------------------------------------------

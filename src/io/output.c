@@ -72,6 +72,9 @@ enum { SLOT_FREE, SLOT_CLAIMED, SLOT_LIVE, SLOT_UNLINKING };
  * a handler that moved the slot from LIVE to UNLINKING, so the two never overlap. */
 static atomic_int live_state[LIVE_SLOTS];
 static const char *live_path[LIVE_SLOTS];
+/* The process that listed the slot: a child of fork() inherits the table, but the
+ * temporaries in it are its parent's, which a handler in the child must not unlink. */
+static pid_t live_pid[LIVE_SLOTS];
 
 /* Lists path (which must stay valid until live_remove) and returns its slot, or -1
  * when every slot is taken: that temporary file is then not removed on a signal,
@@ -82,6 +85,7 @@ static int live_add(const char *path)
         int expect = SLOT_FREE;
         if (atomic_compare_exchange_strong(&live_state[i], &expect, SLOT_CLAIMED)) {
             live_path[i] = path;
+            live_pid[i] = getpid();
             atomic_store(&live_state[i], SLOT_LIVE);
             return i;
         }
@@ -107,10 +111,12 @@ static void live_remove(int slot)
 
 void attn_output_remove_temporaries(void)
 {
+    const pid_t self = getpid(); /* async-signal-safe */
     for (int i = 0; i < LIVE_SLOTS; i++) {
         int expect = SLOT_LIVE;
         if (atomic_compare_exchange_strong(&live_state[i], &expect, SLOT_UNLINKING)) {
-            unlink(live_path[i]); /* async-signal-safe (POSIX.1-2008, 2.4.3) */
+            if (live_pid[i] == self)
+                unlink(live_path[i]); /* async-signal-safe (POSIX.1-2008, 2.4.3) */
             atomic_store(&live_state[i], SLOT_LIVE);
         }
     }
