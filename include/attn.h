@@ -110,7 +110,9 @@ ATTN_API const char *attn_strerror(int status);
  * being attended; an append or truncate must not overlap any other use of that
  * cache. Concurrent calls share the library's worker pool: a call that finds it
  * busy runs its work on its own thread, with the same bits (results never depend
- * on the thread count; tests/test_embed_threads.c).
+ * on the thread count; tests/test_embed_threads.c). A call's frames take a few KiB
+ * of the caller's stack (large scratch comes from the heap or ctx->workspace), so a
+ * thread with a 64 KiB stack may call any function (tests/test_embed_stack.c).
  * ---------------------------------------------------------------------------- */
 
 #define ATTN_MESSAGE_SIZE 512

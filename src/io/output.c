@@ -220,7 +220,9 @@ int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *
         int64_t n = attn_tensor_numel(t);
         return attn__wfile_write(ctx, wf, base, (size_t)n * es);
     }
-    enum { STAGE = 1 << 16 };
+    /* 4 KiB on the stack, as the kernels' frames take: a program's thread may have a
+     * 64 KiB stack (tests/test_embed_stack.c), which a 64 KiB stage overflowed. */
+    enum { STAGE = 1 << 12 };
     unsigned char stage[STAGE];
     size_t used = 0;
     for (int64_t i0 = 0; i0 < shape[0]; i0++)
