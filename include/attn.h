@@ -113,6 +113,10 @@ ATTN_API const char *attn_strerror(int status);
  * on the thread count; tests/test_embed_threads.c). A call's frames take a few KiB
  * of the caller's stack (large scratch comes from the heap or ctx->workspace), so a
  * thread with a 64 KiB stack may call any function (tests/test_embed_stack.c).
+ * pthread_cancel: the computing calls hold off a cancel until they return (it then
+ * acts at the thread's next cancellation point; tests/test_embed_cancel.c); the
+ * file functions do not, and a thread cancelled inside one (in open, read, write
+ * or fsync) leaves that call's memory, descriptor and temporary file behind.
  * ---------------------------------------------------------------------------- */
 
 #define ATTN_MESSAGE_SIZE 512

@@ -144,6 +144,12 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
         run_items(&job, 0);
         return;
     }
+    /* No cancellation inside: pthread_cond_wait below is a cancellation point, and a
+     * caller cancelled there would leave the lock held, the pool busy and its job
+     * (on this stack) with the workers, hanging every later call of the process. A
+     * pending cancel acts at the caller's next cancellation point after the call. */
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     /* The child handler is registered before the lock is first taken: a fork
      * while this thread holds the lock must find the handler there to give the
      * child fresh locks, or the child's next call would wait on a lock no thread
@@ -153,6 +159,7 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
     if (pool.busy) {
         pthread_mutex_unlock(&pool.lock);
         run_items(&job, 0);
+        pthread_setcancelstate(cancel_state, NULL);
         return;
     }
     pool.busy = 1;
@@ -172,6 +179,7 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
     pool.job = NULL;
     pool.busy = 0;
     pthread_mutex_unlock(&pool.lock);
+    pthread_setcancelstate(cancel_state, NULL);
 }
 
 /* At dlclose or exit: stops the workers and waits until they have returned, so no
