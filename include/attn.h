@@ -169,7 +169,8 @@ typedef struct attn_ctx {
      *      by attn_ctx_release();
      *   3. otherwise a fresh allocation, freed before the call returns.
      * So a loop that hands in a large enough workspace, or sets keep_workspace,
-     * allocates nothing after its first call. */
+     * allocates nothing after its first call. A workspace is one call's scratch
+     * while that call runs: contexts used by threads at once need one each. */
     void *workspace;
     size_t workspace_size;
     int keep_workspace;
