@@ -184,14 +184,16 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
 
 /* At dlclose or exit: stops the workers and waits until they have returned, so no
  * thread runs the library's code once it is unmapped. A caller still inside a call
- * on another thread at exit keeps the pool (its workers end with the process);
- * every later call runs on its caller's thread. */
+ * at exit keeps the pool (its workers end with the process); every later call runs
+ * on its caller's thread. trylock, not lock: exit() from a signal handler that
+ * interrupted this very thread while it held the lock must not wait for itself. */
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((destructor))
 #endif
 static void pool_shutdown(void)
 {
-    pthread_mutex_lock(&pool.lock);
+    if (pthread_mutex_trylock(&pool.lock) != 0)
+        return;
     if (pool.busy) {
         pthread_mutex_unlock(&pool.lock);
         return;
