@@ -110,7 +110,13 @@ ATTN_API const char *attn_strerror(int status);
  * being attended; an append or truncate must not overlap any other use of that
  * cache. Concurrent calls share the library's worker pool: a call that finds it
  * busy runs its work on its own thread, with the same bits (results never depend
- * on the thread count; tests/test_embed_threads.c).
+ * on the thread count; tests/test_embed_threads.c). A call's frames take a few KiB
+ * of the caller's stack (large scratch comes from the heap or ctx->workspace), so a
+ * thread with a 64 KiB stack may call any function (tests/test_embed_stack.c).
+ * pthread_cancel: the computing calls hold off a cancel until they return (it then
+ * acts at the thread's next cancellation point; tests/test_embed_cancel.c); the
+ * file functions do not, and a thread cancelled inside one (in open, read, write
+ * or fsync) leaves that call's memory, descriptor and temporary file behind.
  * ---------------------------------------------------------------------------- */
 
 #define ATTN_MESSAGE_SIZE 512
@@ -163,7 +169,8 @@ typedef struct attn_ctx {
      *      by attn_ctx_release();
      *   3. otherwise a fresh allocation, freed before the call returns.
      * So a loop that hands in a large enough workspace, or sets keep_workspace,
-     * allocates nothing after its first call. */
+     * allocates nothing after its first call. A workspace is one call's scratch
+     * while that call runs: contexts used by threads at once need one each. */
     void *workspace;
     size_t workspace_size;
     int keep_workspace;
@@ -1229,10 +1236,11 @@ ATTN_API int attn_output_set_commit(attn_ctx *ctx, attn_output_set *set);
  * NULL-safe. */
 ATTN_API void attn_output_set_free(attn_ctx *ctx, attn_output_set *set);
 
-/* Unlinks every temporary file that an output set of this process has open now.
- * Async-signal-safe (only atomics and unlink): call it from a SIGINT/SIGTERM
- * handler, then end the process (for instance restore the default action and
- * raise the signal again). */
+/* Unlinks every temporary file that an output set of this process has open now
+ * (in a child of fork(), not those of the parent's sets, whose table the child
+ * inherits). Async-signal-safe (only atomics, getpid and unlink): call it from a
+ * SIGINT/SIGTERM handler, then end the process (for instance restore the default
+ * action and raise the signal again). */
 ATTN_API void attn_output_remove_temporaries(void);
 
 /* ------------------------------------------------------------------------------
@@ -1245,8 +1253,10 @@ ATTN_API void attn_output_remove_temporaries(void);
  * float16 calls run the avx512 build on them unchanged. Which one runs is decided
  * once per process from cpuid and xgetbv (the CPU has the instructions and the OS
  * saves their registers; AMX also needs Linux's permission for the tile data):
- * amx where the CPU has it, else avx512, avx2 or scalar; avx512bf16 only when asked
- * for (it measured slower than avx512 on the one AVX512-BF16 CPU it ran on); the
+ * amx where the CPU has it, else avx512bf16 on AMD cores with AVX512-BF16 (Zen 4,
+ * Zen 5: vdpbf16ps issues there as often as a 512-bit FMA), else avx512, avx2 or
+ * scalar; on Intel avx512bf16 runs only when asked for (it measured slower than
+ * avx512 there); the
  * environment variable ATTN_ARCH=ref|scalar|avx2|avx512|avx512bf16|amx|auto forces
  * a path for the whole process, and ctx->arch (when not AUTO) for calls made with
  * that context. "ref" makes attn_sdpa run the reference.

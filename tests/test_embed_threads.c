@@ -2,7 +2,8 @@
  * test_embed_threads.c - a program that embeds attn calls it from several threads of
  * its own at once, as attn.h allows: one context per thread, inputs, packed weights
  * and a KV cache being attended shared between threads, each thread's errors in its
- * own context.
+ * own context; and the calls that share nothing (the backward passes, the unpacked
+ * multi-head forward, a KV cache of each thread's own) at the same time.
  *
  * Every thread computes what the main thread computed alone first, with one worker,
  * and must get the same bits (attn.h: results never depend on the thread count).
@@ -37,6 +38,15 @@ static attn_kv_cache *cache;      /* shared by every thread, attended only */
 /* What the main thread computed alone, with one worker. */
 static float want_sdpa[B * H * T * D], want_weights[B * H * T * T];
 static float want_mha[2 * TX * E], want_dec[SEQS * H * 1 * D], want_lin[2 * TX * E];
+
+/* The gradients and the calls that take no packed or shared state: the backward of
+ * attn_sdpa (from the forward's lse), attn_mha_forward and attn_mha_backward on the
+ * unpacked weights, and a KV cache of each thread's own (create, append with RoPE,
+ * attend, free). */
+static float lse[B * H * T], dout[B * H * T * D];
+static float want_dq[B * H * T * D], want_dk[B * HKV * T * D], want_dv[B * HKV * T * D];
+static float want_mhau[2 * TX * E], want_dx[2 * TX * E], want_dwqkv[3 * E * E];
+static float want_own[B * H * T * D];
 
 typedef struct worker {
     int id;
@@ -99,6 +109,74 @@ static int decode_call(attn_ctx *ctx, float *out)
     return attn_kv_cache_attend(ctx, cache, 0, &tq, NULL, NULL, &to, NULL);
 }
 
+static attn_tensor tn(float *data, int ndim, int64_t a, int64_t b, int64_t c)
+{
+    attn_tensor t;
+    const int64_t shape[3] = {a, b, c};
+    attn_tensor_init(NULL, &t, ATTN_DTYPE_F32, data, ndim, shape);
+    return t;
+}
+
+static int backward_call(attn_ctx *ctx, float *dq, float *dk, float *dv)
+{
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, HKV, T, D),
+                tv = tu_tensor4(v, B, HKV, T, D), to = tu_tensor4(want_sdpa, B, H, T, D),
+                tl = tn(lse, 3, B, H, T), tdo = tu_tensor4(dout, B, H, T, D),
+                tdq = tu_tensor4(dq, B, H, T, D), tdk = tu_tensor4(dk, B, HKV, T, D),
+                tdv = tu_tensor4(dv, B, HKV, T, D);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_TOP_LEFT;
+    attn_sdpa_grads g = {&tdq, &tdk, &tdv, NULL, NULL};
+    return attn_sdpa_backward(ctx, &tq, &tk, &tv, &p, &to, &tl, &tdo, &g);
+}
+
+static int mha_unpacked_call(attn_ctx *ctx, float *out)
+{
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, 2, TX, E), to = tu_tensor3(out, 2, TX, E);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_TOP_LEFT;
+    return attn_mha_forward(ctx, &mw, NH, &tx, &p, &to, NULL);
+}
+
+/* The gradients of attn_mha_forward with dout = x; dx and dW_qkv are compared. */
+static int mha_backward_call(attn_ctx *ctx, float *dx, float *dwqkv, float *rest)
+{
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, 2, TX, E), tdx = tu_tensor3(dx, 2, TX, E),
+                tdw = tn(dwqkv, 2, 3 * E, E, 1), tdb = tn(rest, 1, 3 * E, 1, 1),
+                tdwo = tn(rest + 3 * E, 2, E, E, 1), tdbo = tn(rest + 3 * E + E * E, 1, E, 1, 1);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_TOP_LEFT;
+    attn_mha_grads g = {&tdx, &tdw, &tdb, &tdwo, &tdbo};
+    return attn_mha_backward(ctx, &mw, NH, &tx, &p, &tx, &g);
+}
+
+/* A cache of the caller's own: k and v appended with RoPE, q attended, freed. */
+static int own_cache_call(attn_ctx *ctx, float *out)
+{
+    attn_kv_cache_config cfg = {B, HKV, CAP, D, 0, ATTN_DTYPE_F32};
+    attn_kv_cache *own = NULL;
+    int rc = attn_kv_cache_create(ctx, &cfg, NULL, 0, &own);
+    if (rc)
+        return rc;
+    attn_rope_params rope;
+    attn_rope_params_init(&rope);
+    attn_tensor tk = tu_tensor4(k, B, HKV, T, D), tv = tu_tensor4(v, B, HKV, T, D),
+                tq = tu_tensor4(q, B, H, T, D), to = tu_tensor4(out, B, H, T, D);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    rc = attn_kv_cache_append(ctx, own, 0, &tk, &tv, &rope);
+    if (!rc)
+        rc = attn_kv_cache_attend(ctx, own, 0, &tq, &p, &rope, out ? &to : NULL, NULL);
+    attn_kv_cache_free(ctx, own);
+    return rc;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -106,7 +184,10 @@ static void *worker_main(void *arg)
     float *out = malloc(sizeof want_sdpa), *weights = malloc(sizeof want_weights);
     float *mha = malloc(sizeof want_mha), *dec = malloc(sizeof want_dec);
     float *y = malloc(sizeof want_lin);
-    if (!out || !weights || !mha || !dec || !y) {
+    float *dq = malloc(sizeof want_dq), *dk = malloc(sizeof want_dk), *dv = malloc(sizeof want_dv);
+    float *dx = malloc(sizeof want_dx), *dw = malloc(sizeof want_dwqkv);
+    float *rest = malloc((3 * E + E * E + E) * sizeof(float));
+    if (!out || !weights || !mha || !dec || !y || !dq || !dk || !dv || !dx || !dw || !rest) {
         w->calls_failed++;
         snprintf(w->first_error, sizeof w->first_error, "malloc failed");
         goto done;
@@ -139,6 +220,28 @@ static void *worker_main(void *arg)
         if (decode_call(&ctx, dec) != ATTN_OK)
             failed(w, &ctx, "attn_kv_cache_attend");
         compare(w, "decode out", dec, want_dec, SEQS * H * 1 * D);
+        memset(dq, 0xff, sizeof want_dq);
+        memset(dk, 0xff, sizeof want_dk);
+        memset(dv, 0xff, sizeof want_dv);
+        if (backward_call(&ctx, dq, dk, dv) != ATTN_OK)
+            failed(w, &ctx, "attn_sdpa_backward");
+        compare(w, "sdpa dq", dq, want_dq, B * H * T * D);
+        compare(w, "sdpa dk", dk, want_dk, B * HKV * T * D);
+        compare(w, "sdpa dv", dv, want_dv, B * HKV * T * D);
+        memset(mha, 0xff, sizeof want_mha);
+        if (mha_unpacked_call(&ctx, mha) != ATTN_OK)
+            failed(w, &ctx, "attn_mha_forward");
+        compare(w, "mha (unpacked) out", mha, want_mhau, 2 * TX * E);
+        memset(dx, 0xff, sizeof want_dx);
+        memset(dw, 0xff, sizeof want_dwqkv);
+        if (mha_backward_call(&ctx, dx, dw, rest) != ATTN_OK)
+            failed(w, &ctx, "attn_mha_backward");
+        compare(w, "mha dx", dx, want_dx, 2 * TX * E);
+        compare(w, "mha dW_qkv", dw, want_dwqkv, 3 * E * E);
+        memset(out, 0xff, sizeof want_own);
+        if (own_cache_call(&ctx, out) != ATTN_OK)
+            failed(w, &ctx, "a KV cache of the thread's own");
+        compare(w, "own cache out", out, want_own, B * H * T * D);
 
         /* A bad call of this thread's own: out with 5 + id query rows. Its message,
          * in this thread's context, names that shape and no other thread's. */
@@ -160,6 +263,12 @@ done:
     free(mha);
     free(dec);
     free(y);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(dx);
+    free(dw);
+    free(rest);
     return NULL;
 }
 
@@ -195,6 +304,29 @@ static int setup(void)
         rc = attn_tensor_narrow(&ctx, &tv, 2, 0, LEN1, &v1);
     if (!rc)
         rc = attn_kv_cache_append(&ctx, cache, 1, &k1, &v1, NULL);
+    tu_fill(dout, B * H * T * D, 10);
+    if (!rc) {
+        attn_tensor tq = tu_tensor4(q, B, H, T, D), tk2 = tu_tensor4(k, B, HKV, T, D),
+                    tv2 = tu_tensor4(v, B, HKV, T, D), to = tu_tensor4(want_sdpa, B, H, T, D),
+                    tl = tn(lse, 3, B, H, T);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = ATTN_CAUSAL_TOP_LEFT;
+        p.lse = &tl;
+        rc = attn_sdpa(&ctx, &tq, &tk2, &tv2, &p, &to, NULL);
+    }
+    float *rest = malloc((3 * E + E * E + E) * sizeof(float));
+    if (!rc && !rest)
+        rc = ATTN_STATUS_NO_MEMORY;
+    if (!rc)
+        rc = backward_call(&ctx, want_dq, want_dk, want_dv);
+    if (!rc)
+        rc = mha_unpacked_call(&ctx, want_mhau);
+    if (!rc)
+        rc = mha_backward_call(&ctx, want_dx, want_dwqkv, rest);
+    if (!rc)
+        rc = own_cache_call(&ctx, want_own);
+    free(rest);
     if (!rc)
         rc = sdpa_call(&ctx, want_sdpa, want_weights);
     if (!rc)
@@ -212,8 +344,9 @@ static int setup(void)
 int main(void)
 {
     TEST("four threads of a program calling attn_sdpa, attn_mha_forward_packed and "
-         "attn_linear_forward_packed (weights packed once, shared) and attn_kv_cache_attend "
-         "(one cache, shared) at once, each "
+         "attn_linear_forward_packed (weights packed once, shared), attn_kv_cache_attend "
+         "(one cache, shared), attn_sdpa_backward, attn_mha_forward, attn_mha_backward and "
+         "a KV cache of their own (append with RoPE, attend) at once, each "
          "with its own context asking for two workers, get the bits one thread gets alone");
     CHECK_INT(setup(), ATTN_OK);
     CHECK_INT(attn_kv_cache_length(cache, 0), LEN0);

@@ -271,6 +271,13 @@ int main(void)
     CHECK(child_check("48x64", "ignored", 0));
     CHECK(child_check("64x", "ignored", 0));
     CHECK(child_check("64x12", "ignored", 0));
+    /* strtol would take these (a leading blank, a sign); "BRxBC" has neither, and a
+     * trailing blank was already refused. */
+    CHECK(child_check(" 64x32", "ignored", 0));
+    CHECK(child_check("+64x32", "ignored", 0));
+    CHECK(child_check("64x 32", "ignored", 0));
+    CHECK(child_check("64x+32", "ignored", 0));
+    CHECK(child_check("64x32 ", "ignored", 0));
     TEST("bfloat16 on AMX plans 128x128 tiles of its own, which ATTN_TILE overrides, and the "
          "reason names them");
     const size_t ws_default = amx_workspace(""), ws_128 = amx_workspace("128x128"),

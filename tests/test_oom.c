@@ -185,6 +185,101 @@ static int run_workspace_queries(attn_ctx *ctx, void *arg)
     return rc;
 }
 
+/* The gradients, grouped-query attention, the KV cache, 16-bit attention and RoPE,
+ * with two threads (per-thread scratch slices) where the call takes them. */
+static float lse[B * H * T], dout[B * H * T * D], dq[B * H * T * D], dk[B * H * T * D],
+    dv[B * H * T * D];
+static float dx[B * T * E], dwqkv[3 * E * E], dbqkv[3 * E], dwo[E * E], dbo[E];
+static uint16_t hq[B * H * T * D], hk[B * H * T * D], hv[B * H * T * D], ho[B * H * T * D];
+
+/* A contiguous float32 tensor of ndim dims over caller memory. */
+static attn_tensor tn(void *data, int ndim, int64_t a, int64_t b, int64_t c)
+{
+    attn_tensor t;
+    const int64_t shape[3] = {a, b, c};
+    attn_tensor_init(NULL, &t, ATTN_DTYPE_F32, data, ndim, shape);
+    return t;
+}
+
+static int run_sdpa_backward(attn_ctx *ctx, void *arg)
+{
+    ctx->impl = *(attn_impl *)arg;
+    ctx->threads = 2;
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D),
+                tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(o, B, H, T, D),
+                tl = tn(lse, 3, B, H, T), tdo = tu_tensor4(dout, B, H, T, D),
+                tdq = tu_tensor4(dq, B, H, T, D), tdk = tu_tensor4(dk, B, H, T, D),
+                tdv = tu_tensor4(dv, B, H, T, D);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    attn_sdpa_grads g = {&tdq, &tdk, &tdv, NULL, NULL};
+    return attn_sdpa_backward(ctx, &tq, &tk, &tv, &p, &to, &tl, &tdo, &g);
+}
+
+static int run_mha_backward(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    ctx->threads = 2;
+    attn_mha_weights mw = tu_mha_weights(wqkv, bqkv, wo, bo, E);
+    attn_tensor tx = tu_tensor3(x, B, T, E), tdy = tu_tensor3(y, B, T, E),
+                tdx = tu_tensor3(dx, B, T, E), tdw = tn(dwqkv, 2, 3 * E, E, 1),
+                tdb = tn(dbqkv, 1, 3 * E, 1, 1), tdwo = tn(dwo, 2, E, E, 1),
+                tdbo = tn(dbo, 1, E, 1, 1);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    attn_mha_grads g = {&tdx, &tdw, &tdb, &tdwo, &tdbo};
+    return attn_mha_backward(ctx, &mw, H, &tx, &p, &tdy, &g);
+}
+
+static int run_half_sdpa(attn_ctx *ctx, void *arg)
+{
+    ctx->impl = *(attn_impl *)arg;
+    ctx->threads = 2;
+    attn_tensor tq = tu_tensor4(NULL, B, H, T, D), tk = tq, tv = tq, to = tq;
+    tq.data = hq, tk.data = hk, tv.data = hv, to.data = ho;
+    tq.dtype = tk.dtype = tv.dtype = to.dtype = ATTN_DTYPE_BF16;
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    return attn_sdpa(ctx, &tq, &tk, &tv, &p, &to, NULL);
+}
+
+/* Creates a cache, appends q's keys and values (rotated), attends to them, frees it. */
+static int run_kv_cache(attn_ctx *ctx, void *arg)
+{
+    ctx->threads = 2;
+    attn_kv_cache_config cfg = {B, H, 16, D, 0, *(attn_dtype *)arg};
+    attn_kv_cache *cache = NULL;
+    int rc = attn_kv_cache_create(ctx, &cfg, NULL, 0, &cache);
+    if (rc != ATTN_OK) {
+        CHECK(cache == NULL);
+        return rc;
+    }
+    attn_rope_params rope;
+    attn_rope_params_init(&rope);
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D),
+                tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(o, B, H, T, D);
+    rc = attn_kv_cache_append(ctx, cache, 0, &tk, &tv, &rope);
+    if (rc == ATTN_OK)
+        rc = attn_kv_cache_attend(ctx, cache, 0, &tq, NULL, &rope, &to, NULL);
+    attn_kv_cache_free(ctx, cache);
+    return rc;
+}
+
+static int run_rope(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_rope_params rope;
+    attn_rope_params_init(&rope);
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), to = tu_tensor4(o, B, H, T, D);
+    int rc = attn_rope_apply(ctx, &rope, &tq, &to);
+    if (rc == ATTN_OK)
+        rc = attn_rope_backward(ctx, &rope, &tq, &to);
+    return rc;
+}
+
 static char npy_path[512], st_path[512], out_path[512], out_stem[128];
 
 /* Files in the test folder whose name starts with the output's name: the output
@@ -317,6 +412,63 @@ int main(void)
     CHECK_INT(sweep("the workspace queries", run_workspace_queries, pw), 0);
     attn_mha_packed_free(NULL, pw);
     attn_linear_packed_free(NULL, pl);
+
+    TEST("the backward passes, 16-bit attention, the KV cache and RoPE fail cleanly at "
+         "every allocation (two threads), and then give the unconstrained result");
+    for (int i = 0; i < B * H * T * D; i++)
+        hq[i] = (uint16_t)(0x3c00 + i % 61), hk[i] = (uint16_t)(0x3c00 + i % 47),
+        hv[i] = (uint16_t)(0xbc00 + i % 53);
+    tu_fill(dout, B * H * T * D, 7);
+    {
+        attn_ctx plain;
+        attn_ctx_init(&plain);
+        attn_tensor fq = tu_tensor4(q, B, H, T, D), fk = tu_tensor4(k, B, H, T, D),
+                    fv = tu_tensor4(v, B, H, T, D), fo = tu_tensor4(o, B, H, T, D);
+        attn_tensor tl = tn(lse, 3, B, H, T);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        p.causal = 1;
+        p.lse = &tl;
+        CHECK_INT(attn_sdpa(&plain, &fq, &fk, &fv, &p, &fo, NULL), ATTN_OK);
+    }
+    for (int i = 0; i < 2; i++) {
+        float want[B * H * T * D];
+        attn_ctx plain;
+        attn_ctx_init(&plain);
+        CHECK_INT(run_sdpa_backward(&plain, &impls[i]), ATTN_OK);
+        memcpy(want, dq, sizeof dq);
+        /* The reference's scratch for this size fits on the stack: no allocation. */
+        sweep(i ? "attn_sdpa_backward (default)" : "attn_sdpa_backward (ref)",
+              run_sdpa_backward, &impls[i]);
+        CHECK(memcmp(want, dq, sizeof dq) == 0);
+        uint16_t hwant[B * H * T * D];
+        CHECK_INT(run_half_sdpa(&plain, &impls[i]), ATTN_OK);
+        memcpy(hwant, ho, sizeof ho);
+        sweep(i ? "attn_sdpa bfloat16 (default)" : "attn_sdpa bfloat16 (ref)", run_half_sdpa,
+              &impls[i]);
+        CHECK(memcmp(hwant, ho, sizeof ho) == 0);
+    }
+    {
+        float want[B * T * E];
+        attn_ctx plain;
+        attn_ctx_init(&plain);
+        CHECK_INT(run_mha_backward(&plain, NULL), ATTN_OK);
+        memcpy(want, dx, sizeof dx);
+        CHECK(sweep("attn_mha_backward", run_mha_backward, NULL) >= 1);
+        CHECK(memcmp(want, dx, sizeof dx) == 0);
+    }
+    attn_dtype cache_types[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    for (int i = 0; i < 3; i++) {
+        float want[B * H * T * D];
+        attn_ctx plain;
+        attn_ctx_init(&plain);
+        CHECK_INT(run_kv_cache(&plain, &cache_types[i]), ATTN_OK);
+        memcpy(want, o, sizeof o);
+        CHECK(sweep(i == 0 ? "KV cache float32" : i == 1 ? "KV cache bfloat16" : "KV cache float16",
+                    run_kv_cache, &cache_types[i]) >= 1);
+        CHECK(memcmp(want, o, sizeof o) == 0);
+    }
+    sweep("attn_rope_apply + attn_rope_backward", run_rope, NULL);
 
     TEST("the file readers and the weight loader fail cleanly at every allocation");
     CHECK(sweep("attn_npy_load", run_npy_load, NULL) >= 1);

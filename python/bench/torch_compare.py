@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--no-mha", action="store_true")
     ap.add_argument("--torch-threads", type=int, default=2,
-                    help="PyTorch's threads (attn's: ATTN_THREADS or the online cores)")
+                    help="PyTorch's threads (attn's: the online cores; attn reads no ATTN_THREADS)")
     a = ap.parse_args()
     torch.set_num_threads(a.torch_threads)
     info = attn.arch()

@@ -85,6 +85,10 @@ int attn__rfile_open(attn_ctx *ctx, attn__rfile *rf, const char *path)
     if (!f) {
         int e = errno;
         close(fd);
+        /* The C library could not allocate the stream: out of memory, not a bad file. */
+        if (e == ENOMEM)
+            return attn__fail(ctx, ATTN_STATUS_NO_MEMORY,
+                              "%s: out of memory opening a stream on it", path);
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open: %s", path, strerror(e));
     }
     rf->f = f;

@@ -72,6 +72,9 @@ enum { SLOT_FREE, SLOT_CLAIMED, SLOT_LIVE, SLOT_UNLINKING };
  * a handler that moved the slot from LIVE to UNLINKING, so the two never overlap. */
 static atomic_int live_state[LIVE_SLOTS];
 static const char *live_path[LIVE_SLOTS];
+/* The process that listed the slot: a child of fork() inherits the table, but the
+ * temporaries in it are its parent's, which a handler in the child must not unlink. */
+static pid_t live_pid[LIVE_SLOTS];
 
 /* Lists path (which must stay valid until live_remove) and returns its slot, or -1
  * when every slot is taken: that temporary file is then not removed on a signal,
@@ -82,6 +85,7 @@ static int live_add(const char *path)
         int expect = SLOT_FREE;
         if (atomic_compare_exchange_strong(&live_state[i], &expect, SLOT_CLAIMED)) {
             live_path[i] = path;
+            live_pid[i] = getpid();
             atomic_store(&live_state[i], SLOT_LIVE);
             return i;
         }
@@ -107,10 +111,12 @@ static void live_remove(int slot)
 
 void attn_output_remove_temporaries(void)
 {
+    const pid_t self = getpid(); /* async-signal-safe */
     for (int i = 0; i < LIVE_SLOTS; i++) {
         int expect = SLOT_LIVE;
         if (atomic_compare_exchange_strong(&live_state[i], &expect, SLOT_UNLINKING)) {
-            unlink(live_path[i]); /* async-signal-safe (POSIX.1-2008, 2.4.3) */
+            if (live_pid[i] == self)
+                unlink(live_path[i]); /* async-signal-safe (POSIX.1-2008, 2.4.3) */
             atomic_store(&live_state[i], SLOT_LIVE);
         }
     }
@@ -214,7 +220,9 @@ int attn__wfile_write_tensor(attn_ctx *ctx, attn__wfile *wf, const attn_tensor *
         int64_t n = attn_tensor_numel(t);
         return attn__wfile_write(ctx, wf, base, (size_t)n * es);
     }
-    enum { STAGE = 1 << 16 };
+    /* 4 KiB on the stack, as the kernels' frames take: a program's thread may have a
+     * 64 KiB stack (tests/test_embed_stack.c), which a 64 KiB stage overflowed. */
+    enum { STAGE = 1 << 12 };
     unsigned char stage[STAGE];
     size_t used = 0;
     for (int64_t i0 = 0; i0 < shape[0]; i0++)
@@ -419,6 +427,9 @@ again:
                                   "not following it",
                                   path, (long)lst.st_uid);
             char *real = realpath(path, NULL);
+            if (!real && errno == ENOMEM)
+                return attn__fail(ctx, ATTN_STATUS_NO_MEMORY,
+                                  "%s: out of memory resolving the link", path);
             if (!real)
                 return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot resolve the link: %s",
                                   path, strerror(errno));
@@ -543,6 +554,10 @@ static int entry_open_temporary(attn_ctx *ctx, attn_output_set *s, out_entry *e)
     if (!e->wf.f) {
         err = errno;
         close(fd);
+        /* The C library could not allocate the stream: out of memory, not a bad file. */
+        if (err == ENOMEM)
+            return attn__fail(ctx, ATTN_STATUS_NO_MEMORY,
+                              "%s: out of memory opening a stream on it", e->path);
         return attn__fail(ctx, ATTN_STATUS_IO, "%s: cannot open a stream: %s", e->path,
                           strerror(err));
     }

@@ -332,11 +332,16 @@ static void default_tiles(const char *uarch, int64_t *br, int64_t *bc)
 /* "BRxBC" with br a multiple of 32 in [32, 512] and bc a multiple of 8 in [8, 1024]. */
 static int parse_tiles(const char *s, int64_t *br, int64_t *bc)
 {
+    /* Digits only: strtol alone would also take a leading blank or sign. */
+    if (*s < '0' || *s > '9')
+        return 0;
     char *end;
     const long r = strtol(s, &end, 10);
     if (end == s || (*end != 'x' && *end != 'X'))
         return 0;
     const char *s2 = end + 1;
+    if (*s2 < '0' || *s2 > '9')
+        return 0;
     const long c = strtol(s2, &end, 10);
     if (end == s2 || *end != '\0')
         return 0;

@@ -12,6 +12,10 @@
  * it busy, runs its items on its own thread. A child of fork() starts with an
  * empty pool (its workers did not survive the fork). Nothing here allocates; the kernel's
  * scratch is allocated by the caller, one slice per worker.
+ *
+ * When the library is unloaded (dlclose of libattn.so) or the process exits, a
+ * destructor stops the workers and joins them: a worker left asleep in code that
+ * dlclose unmaps would crash when woken, and each load would leave more of them.
  */
 #include "threads.h"
 
@@ -44,8 +48,10 @@ static struct {
     int participants;         /* workers 1 .. participants run the current job */
     int active;               /* of those, how many have not finished */
     int busy;                 /* a caller owns the pool */
+    int stopping;             /* the destructor asks the workers to return */
+    pthread_t thread[ATTN_POOL_MAX + 1]; /* worker id's thread, to join */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          0, 0, {0}, NULL, 0, 0, 0};
+          0, 0, {0}, NULL, 0, 0, 0, 0, {0}};
 
 static void run_items(pool_job *job, int worker)
 {
@@ -63,8 +69,10 @@ static void *worker_main(void *arg)
     pthread_mutex_lock(&pool.lock);
     uint64_t seen = pool.start_gen[id];
     for (;;) {
-        while (pool.generation == seen)
+        while (pool.generation == seen && !pool.stopping)
             pthread_cond_wait(&pool.wake, &pool.lock);
+        if (pool.stopping)
+            break;
         seen = pool.generation;
         if (id > pool.participants)
             continue;
@@ -75,6 +83,7 @@ static void *worker_main(void *arg)
         if (--pool.active == 0)
             pthread_cond_signal(&pool.done);
     }
+    pthread_mutex_unlock(&pool.lock);
     return NULL;
 }
 
@@ -89,7 +98,7 @@ static void pool_after_fork_child(void)
     pool.job = NULL;
     pool.participants = 0;
     pool.active = 0;
-    pool.busy = 0;
+    pool.busy = pool.stopping; /* after the destructor, calls stay on their callers */
 }
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -109,11 +118,12 @@ static int pool_grow(int want)
         pool.start_gen[id] = pool.generation;
         if (pthread_attr_init(&attr) != 0)
             break;
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* Joinable: the destructor joins the workers. */
         int rc = pthread_create(&thread, &attr, worker_main, (void *)(intptr_t)id);
         pthread_attr_destroy(&attr);
         if (rc != 0)
             break;
+        pool.thread[id] = thread;
         pool.started = id;
     }
     return pool.started < want ? pool.started : want;
@@ -134,6 +144,12 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
         run_items(&job, 0);
         return;
     }
+    /* No cancellation inside: pthread_cond_wait below is a cancellation point, and a
+     * caller cancelled there would leave the lock held, the pool busy and its job
+     * (on this stack) with the workers, hanging every later call of the process. A
+     * pending cancel acts at the caller's next cancellation point after the call. */
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     /* The child handler is registered before the lock is first taken: a fork
      * while this thread holds the lock must find the handler there to give the
      * child fresh locks, or the child's next call would wait on a lock no thread
@@ -143,6 +159,7 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
     if (pool.busy) {
         pthread_mutex_unlock(&pool.lock);
         run_items(&job, 0);
+        pthread_setcancelstate(cancel_state, NULL);
         return;
     }
     pool.busy = 1;
@@ -162,6 +179,33 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
     pool.job = NULL;
     pool.busy = 0;
     pthread_mutex_unlock(&pool.lock);
+    pthread_setcancelstate(cancel_state, NULL);
+}
+
+/* At dlclose or exit: stops the workers and waits until they have returned, so no
+ * thread runs the library's code once it is unmapped. A caller still inside a call
+ * at exit keeps the pool (its workers end with the process); every later call runs
+ * on its caller's thread. trylock, not lock: exit() from a signal handler that
+ * interrupted this very thread while it held the lock must not wait for itself. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((destructor))
+#endif
+static void pool_shutdown(void)
+{
+    if (pthread_mutex_trylock(&pool.lock) != 0)
+        return;
+    if (pool.busy) {
+        pthread_mutex_unlock(&pool.lock);
+        return;
+    }
+    pool.busy = 1; /* never cleared: no later call wakes or starts a worker */
+    pool.stopping = 1;
+    const int started = pool.started;
+    pool.started = 0;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    for (int id = 1; id <= started; id++)
+        pthread_join(pool.thread[id], NULL);
 }
 
 /* sysconf(_SC_NPROCESSORS_ONLN) reads /sys on Linux (a microsecond, more than the
