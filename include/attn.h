@@ -152,8 +152,8 @@ typedef enum attn_arch {
 
 typedef struct attn_ctx {
     attn_allocator allocator; /* malloc/free by default */
-    int threads;              /* worker threads; 0 (or below) = one per online core
-                                 (default) */
+    int threads;              /* worker threads; 0 (or below) = one per core the
+                                 process may run on (default; attn_threads_online) */
     attn_impl impl;           /* ATTN_IMPL_AUTO by default */
     attn_arch arch;           /* ATTN_ARCH_AUTO by default */
     int status;               /* the last failing call's status, or ATTN_OK */
@@ -1295,10 +1295,12 @@ ATTN_API unsigned attn_cpu_features(void);
  * (static; do not free). */
 ATTN_API const char *attn_cpu_features_string(void);
 
-/* Online CPU cores (at least 1). */
+/* The cores this process may run on (at least 1): the online cores, or fewer
+ * under a CPU affinity (taskset, a container's cpuset), as OpenMP counts them.
+ * Counted once per process, at the first call that asks. */
 ATTN_API int attn_threads_online(void);
-/* The most threads a large call with ctx uses: ctx->threads, or the online cores
- * when that is 0 (or ctx is NULL). Small problems use fewer (one for the
+/* The most threads a large call with ctx uses: ctx->threads, or
+ * attn_threads_online() when that is 0 (or ctx is NULL). Small problems use fewer (one for the
  * chapter's sizes), and results never depend on the count. */
 ATTN_API int attn_threads_resolve(const attn_ctx *ctx);
 

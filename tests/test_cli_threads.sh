@@ -2,7 +2,7 @@
 # test_cli_threads.sh - `--threads N` of attn sdpa, forward and decode (SPEC's "threads
 # do not change answers", from the command line): every output file of a run, the
 # gradients included, has the same bytes with --threads 1, --threads 2 and the default
-# (one thread per online core); and the option follows the number rule (1..1024).
+# (one thread per usable core); and the option follows the number rule (1..1024).
 # The library's own tests prove the kernels' determinism on many shapes; this one
 # proves that the programs pass the count on and that what a user gets does not
 # depend on it. Small inputs: a few hundred milliseconds in all.

@@ -192,7 +192,7 @@ static void test_fork(void)
 static void test_small_problems(void)
 {
     TEST("the chapter's size (2x4x5x5, D=4) runs on one thread; large problems use "
-         "ctx->threads; 0 threads means the online cores");
+         "ctx->threads; 0 threads means the cores the process may run on");
     attn_ctx ctx;
     attn_ctx_init(&ctx);
     ctx.threads = 8;

@@ -31,7 +31,7 @@
 
 /* What every benchmark needs to know about the run. */
 typedef struct bench_opts {
-    int threads;         /* --threads, or 0: one per online core */
+    int threads;         /* --threads, or 0: one per usable core (attn_threads_online) */
     int runs;            /* timed samples per measurement */
     int json;            /* one JSON object per line instead of the table */
     const char *impl;    /* --impl: default, ref, fused, scalar, avx2, avx512, all */

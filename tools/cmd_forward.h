@@ -16,7 +16,7 @@
 typedef struct fwd_args {
     const char *weights, *prefix, *input, *ids_path, *mask_path, *output, *attention;
     int64_t num_heads, num_kv_heads, pad_id;
-    int64_t threads; /* --threads; 0: one per online core */
+    int64_t threads; /* --threads; 0: one per usable core (attn_threads_online) */
     int empty_rows;
     cli_sdpa_options so;
     cli_rope_options ro;

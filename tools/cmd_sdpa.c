@@ -253,7 +253,7 @@ int cmd_sdpa(int argc, char **argv)
     static const char *const dtype_choices[] = {"f32", "bf16", "f16", NULL};
     static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     int dtype_ix = 0;
-    int64_t threads = 0; /* 0: one per online core */
+    int64_t threads = 0; /* 0: one per usable core (attn_threads_online) */
     cli_opt opts[] = {
         {"query", CLI_STRING, &qp, NULL, 0, 0, 0},
         {"key", CLI_STRING, &kp, NULL, 0, 0, 0},

@@ -105,8 +105,9 @@
 /* The --threads option of attn sdpa, forward and decode. */
 #define CLI_HELP_THREADS                                                                 \
     "    --threads N\n"                                                                   \
-    "        Worker threads, a whole number in 1..1024 (default: one per online\n"        \
-    "        core). Every output has the same bits for any N.\n"
+    "        Worker threads, a whole number in 1..1024 (default: one per core the\n"      \
+    "        process may run on, fewer under taskset or a cpuset). Every output has\n"    \
+    "        the same bits for any N.\n"
 #define CLI_MAX_THREADS 1024
 
 typedef enum cli_kind {

@@ -106,7 +106,7 @@ def mha_forward(x, weights, num_heads, *, num_kv_heads=None, prefix="", mask=Non
     rope: None, "interleaved" (chapter 21, GPT-J) or "half" (Llama, NeoX): q and k
     rotated at positions rope_offset + t after the projections, with base
     rope_base (attn.rope's rotation). threads: the library's worker threads for
-    this call (0 or below: one per online core; the result has the same bits for any).
+    this call (0 or below: one per core the process may run on; the result has the same bits for any).
     Returns out [B, T, E], or (out, weights [B, H, T, T]) with return_weights.
     Raises ValueError for shapes, names and masks.
     """

@@ -22,7 +22,7 @@ in the machine's load touches all of them alike); a round times a batch of calls
 long enough to be measured (at least ~20 ms); the figure is the median of the
 rounds. Ratios are against torch.sdpa (attention) or the plain module (MHA).
 Both libraries use 2 threads (torch.set_num_threads(2); attn's default is the
-online cores, printed). Prints the CPU model and the load average.
+cores the process may run on, printed). Prints the CPU model and the load average.
 """
 import argparse
 import os
@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--no-mha", action="store_true")
     ap.add_argument("--torch-threads", type=int, default=2,
-                    help="PyTorch's threads (attn's: the online cores; attn reads no ATTN_THREADS)")
+                    help="PyTorch's threads (attn's: the cores the process may run on; attn reads no ATTN_THREADS)")
     a = ap.parse_args()
     torch.set_num_threads(a.torch_threads)
     info = attn.arch()

@@ -7,7 +7,7 @@ printed, in ms, with its ratio to PyTorch's.
 
     python python/bench/torch_sdpa_train.py [--shapes S2,S8] [--rounds 3] [--threads 2]
 
-attn uses one worker thread per online core; --threads sets PyTorch's.
+attn uses one worker thread per core the process may run on; --threads sets PyTorch's.
 """
 import argparse
 import os

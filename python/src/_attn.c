@@ -1205,7 +1205,7 @@ PyDoc_STRVAR(gqa_forward_doc,
 "sdpa's; rope \"interleaved\" or \"half\" rotates q and k at positions\n"
 "rope_offset + t between the projections and the attention (the weights are then\n"
 "packed for the call: attn_gqa_pack, attn_mha_forward_packed_rope). threads: the\n"
-"library's worker threads (0 or below: one per online core). Returns out [B, T, E] or\n"
+"library's worker threads (0 or below: one per usable core). Returns out [B, T, E] or\n"
 "(out, weights [B, H, T, T]). Use attn.mha_forward.");
 
 /* The weights, head counts and options of a grouped-query call, as both
@@ -1977,7 +1977,7 @@ PyDoc_STRVAR(arch_doc,
 "The instruction set the fast kernels use, as a dict: 'selected' (ref, scalar,\n"
 "avx2, avx512, avx512bf16 or amx), 'reason' (why: the CPU, or the ATTN_ARCH\n"
 "variable), 'best'\n"
-"(what the CPU supports) and 'threads' (online cores, the default thread count).");
+"(what the CPU supports) and 'threads' (the cores the process may run on, the default thread count).");
 
 static PyObject *py_arch(PyObject *self, PyObject *noargs)
 {

@@ -17,12 +17,18 @@
  * destructor stops the workers and joins them: a worker left asleep in code that
  * dlclose unmaps would crash when woken, and each load would leave more of them.
  */
+#if defined(__linux__)
+#define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT: the cores this process may use */
+#endif
 #include "threads.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #define ATTN_POOL_MAX 64
 
@@ -208,14 +214,26 @@ static void pool_shutdown(void)
         pthread_join(pool.thread[id], NULL);
 }
 
-/* sysconf(_SC_NPROCESSORS_ONLN) reads /sys on Linux (a microsecond, more than the
- * chapter's whole problem), so it is asked once per process. */
+/* The cores this process may run on: the online ones, or fewer where its CPU
+ * affinity says so (taskset, a container's cpuset, numactl), as OpenMP's runtimes
+ * count them; a worker per online core there would share cores and wait on each
+ * other at every call's end. Counted once per process (sysconf reads /sys on
+ * Linux: a microsecond, more than the chapter's whole problem), at the first call
+ * that asks, so an affinity set before that call is the one that counts. */
 static pthread_once_t online_once = PTHREAD_ONCE_INIT;
 static int online_cores = 1;
 
 static void online_count(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        const long allowed = CPU_COUNT(&set);
+        if (allowed >= 1 && (n < 1 || allowed < n))
+            n = allowed;
+    }
+#endif
     online_cores = n < 1 ? 1 : n > ATTN_POOL_MAX + 1 ? ATTN_POOL_MAX + 1 : (int)n;
 }
 

@@ -19,7 +19,7 @@ typedef void (*attn__task_fn)(void *arg, int64_t item, int worker);
 void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *arg);
 
 /* How many threads a problem of `flops` floating-point operations split into
- * `n_items` pieces should use under ctx: ctx->threads (0 = online cores), no more
+ * `n_items` pieces should use under ctx: ctx->threads (0 = attn_threads_online(): the cores it may run on), no more
  * than the items, and 1 below about 1 MFLOP per thread, where waking a thread
  * costs more than it saves. */
 int attn__threads_for(const attn_ctx *ctx, double flops, int64_t n_items);
