@@ -19,10 +19,13 @@
  */
 #if defined(__linux__)
 #define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT: the cores this process may use */
+#else
+#define _POSIX_C_SOURCE 200809L /* pthread_sigmask */
 #endif
 #include "threads.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -117,6 +120,13 @@ static void pool_register_atfork(void)
 /* With pool.lock held: makes sure workers 1 .. want exist; returns how many do. */
 static int pool_grow(int want)
 {
+    /* Workers start with every signal blocked (a thread inherits its creator's
+     * mask): a signal sent to the process then runs the program's handler on one of
+     * the program's own threads, never inside the library's, where a handler that
+     * calls exit() or longjmp()s would stop a worker holding the pool's lock. */
+    sigset_t all, before;
+    sigfillset(&all);
+    const int masked = pool.started < want && pthread_sigmask(SIG_BLOCK, &all, &before) == 0;
     while (pool.started < want) {
         pthread_attr_t attr;
         pthread_t thread;
@@ -132,6 +142,8 @@ static int pool_grow(int want)
         pool.thread[id] = thread;
         pool.started = id;
     }
+    if (masked)
+        pthread_sigmask(SIG_SETMASK, &before, NULL);
     return pool.started < want ? pool.started : want;
 }
 
