@@ -117,6 +117,8 @@ ATTN_API const char *attn_strerror(int status);
  * acts at the thread's next cancellation point; tests/test_embed_cancel.c); the
  * file functions do not, and a thread cancelled inside one (in open, read, write
  * or fsync) leaves that call's memory, descriptor and temporary file behind.
+ * Signals: the pool's workers block every signal, so a signal sent to the process
+ * is handled on one of the program's own threads (tests/test_threads_signals.c).
  * ---------------------------------------------------------------------------- */
 
 #define ATTN_MESSAGE_SIZE 512
