@@ -1,0 +1,387 @@
+/*
+ * test_kv_adversarial.c - the KV cache and RoPE probed as a server would probe them:
+ * the cache's bookkeeping at its edges, values that must stay in their own
+ * sequence, chunked prefill against attn_sdpa on the cache's view, RoPE applied
+ * once at append, and aliasing that the contract refuses.
+ */
+#include "attn.h"
+#include "check.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const attn_arch archs[5] = {ATTN_ARCH_REF, ATTN_ARCH_SCALAR, ATTN_ARCH_AVX2,
+                                   ATTN_ARCH_AVX512, ATTN_ARCH_AVX512_BF16};
+
+static int arch_runs(attn_arch a)
+{
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    ctx.arch = a;
+    float x[4] = {1, 2, 3, 4}, o[4];
+    attn_tensor t = tu_tensor4(x, 1, 1, 1, 4), ot = tu_tensor4(o, 1, 1, 1, 4);
+    return attn_sdpa(&ctx, &t, &t, &t, NULL, &ot, NULL) == ATTN_OK;
+}
+
+static attn_kv_cache *make(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t cap, int64_t D,
+                           attn_dtype dt)
+{
+    attn_kv_cache_config cfg = {B, Hkv, cap, D, 0, dt};
+    attn_kv_cache *c = NULL;
+    CHECK_INT(attn_kv_cache_create(ctx, &cfg, NULL, 0, &c), ATTN_OK);
+    return c;
+}
+
+static void test_bookkeeping(void)
+{
+    TEST("bookkeeping: exactly to capacity, one past it, Tnew = 0, ranges that overflow");
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    enum { B = 3, HKV = 2, CAP = 5, D = 4 };
+    attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, ATTN_DTYPE_F32);
+    static float k[B * HKV * CAP * D], v[B * HKV * CAP * D];
+    tu_fill(k, B * HKV * CAP * D, 1);
+    tu_fill(v, B * HKV * CAP * D, 2);
+    attn_tensor k5 = tu_tensor4(k, 1, HKV, CAP, D), v5 = tu_tensor4(v, 1, HKV, CAP, D);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k5, &v5, NULL), ATTN_OK);
+    CHECK_INT(attn_kv_cache_length(c, 0), CAP);
+    attn_tensor k1 = tu_tensor4(k, 1, HKV, 1, D), v1 = tu_tensor4(v, 1, HKV, 1, D);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k1, &v1, NULL), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_length(c, 0), CAP);
+    /* Tnew = 0: a size-0 axis is refused as every attn tensor's is, and nothing
+     * changes. */
+    attn_tensor k0 = k1, v0 = v1;
+    k0.shape[2] = v0.shape[2] = 0;
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 1, &k0, &v0, NULL), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(ctx.message, "sizes must be at least 1");
+    CHECK_INT(attn_kv_cache_length(c, 1), 0);
+    /* first near INT64_MAX: refused, and the message names no wrapped number. */
+    attn_tensor k2 = tu_tensor4(k, 2, HKV, 1, D), v2 = tu_tensor4(v, 2, HKV, 1, D);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, INT64_MAX, &k2, &v2, NULL),
+              ATTN_STATUS_INVALID_ARGUMENT);
+    /* The message's last sequence was first + n - 1 in int64: a signed overflow
+     * (undefined behaviour) that printed -9223372036854775808 here. */
+    CHECK(strstr(ctx.message, "-9223372036854775808") == NULL);
+    CHECK_STR_CONTAINS(ctx.message, "9223372036854775807");
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 2, &k2, &v2, NULL), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, -1, &k1, &v1, NULL), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_length(c, 2), 0);
+    /* truncate beyond the length, to 0, and append again */
+    CHECK_INT(attn_kv_cache_truncate(&ctx, c, 0, CAP + 1), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_truncate(&ctx, c, 3, 0), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_truncate(&ctx, c, -2, 0), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_truncate(&ctx, c, INT64_MAX, 0), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_INT(attn_kv_cache_truncate(&ctx, c, -1, INT64_MAX), ATTN_OK);
+    CHECK_INT(attn_kv_cache_length(c, 0), CAP);
+    CHECK_INT(attn_kv_cache_truncate(&ctx, c, 0, 0), ATTN_OK);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &k5, &v5, NULL), ATTN_OK);
+    CHECK_INT(attn_kv_cache_length(c, 0), CAP);
+    /* attend on an empty sequence: refused (Tq above its length of 0) */
+    float q[4 * D], o[4 * D];
+    tu_fill(q, 4 * D, 3);
+    attn_tensor q1 = tu_tensor4(q, 1, HKV, 1, D), o1 = tu_tensor4(o, 1, HKV, 1, D);
+    CHECK_INT(attn_kv_cache_attend(&ctx, c, 1, &q1, NULL, NULL, &o1, NULL),
+              ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(ctx.message, "holds only 0 positions");
+    /* Tq > length */
+    attn_tensor q6 = tu_tensor4(q, 1, HKV, 2, D), o6 = tu_tensor4(o, 1, HKV, 2, D);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 1, &k1, &v1, NULL), ATTN_OK);
+    CHECK_INT(attn_kv_cache_attend(&ctx, c, 1, &q6, NULL, NULL, &o6, NULL),
+              ATTN_STATUS_INVALID_ARGUMENT);
+    attn_kv_cache_free(&ctx, c);
+}
+
+/* S9-like: 3 sequences of lengths 700, 2100, 40 (split-key for the long ones at
+ * Tq = 1), GQA 4/2, D = 64; a NaN in one key of sequence 1, an inf in one value
+ * of sequence 1, and NaN in sequence 0's slots past its length. Sequences 0 and 2
+ * must equal themselves attended alone on a clean cache, bit for bit, on every
+ * arch and with 1 and 2 threads. */
+static void test_poison_stays_home(void)
+{
+    TEST("NaN and inf in one sequence (and stale NaN past a sequence's length) reach no "
+         "other sequence, on every arch, 1 and 2 threads, batched and alone");
+    enum { B = 3, H = 4, HKV = 2, CAP = 2200, D = 64 };
+    const int64_t lens[B] = {700, 2100, 40};
+    float *k = malloc(sizeof(float) * HKV * CAP * D), *v = malloc(sizeof(float) * HKV * CAP * D);
+    float *q = malloc(sizeof(float) * B * H * D), *o = malloc(sizeof(float) * B * H * D),
+          *ref = malloc(sizeof(float) * B * H * D);
+    tu_fill(q, B * H * D, 9);
+    for (int ai = 0; ai < 5; ai++) {
+        if (!arch_runs(archs[ai]))
+            continue;
+        for (int th = 1; th <= 2; th++)
+            for (int win = 0; win < 3; win++) {
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.arch = archs[ai];
+                ctx.threads = th;
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                float sinks[H] = {0.5f, -1.0f, 2.0f, 0.0f};
+                attn_tensor st = tu_tensor4(sinks, 1, 1, 1, H);
+                st.ndim = 1;
+                st.shape[0] = H;
+                st.stride[0] = 1;
+                if (win == 1) { /* only the last key visible */
+                    p.has_window = 1;
+                    p.window_left = 0;
+                    p.window_right = 0;
+                } else if (win == 2) {
+                    p.sinks = &st;
+                }
+                /* clean caches: each sequence alone */
+                attn_kv_cache *clean = make(&ctx, 1, HKV, CAP, D, ATTN_DTYPE_F32);
+                for (int b = 0; b < B; b++) {
+                    if (b == 1)
+                        continue;
+                    attn_kv_cache_truncate(&ctx, clean, 0, 0);
+                    tu_fill(k, HKV * CAP * D, 100 + b);
+                    tu_fill(v, HKV * CAP * D, 200 + b);
+                    attn_tensor kt = tu_tensor4(k, 1, HKV, lens[b], D),
+                                vt = tu_tensor4(v, 1, HKV, lens[b], D);
+                    kt.stride[1] = vt.stride[1] = CAP * D;
+                    CHECK_INT(attn_kv_cache_append(&ctx, clean, 0, &kt, &vt, NULL), ATTN_OK);
+                    attn_tensor qt = tu_tensor4(q + b * H * D, 1, H, 1, D),
+                                ot = tu_tensor4(ref + b * H * D, 1, H, 1, D);
+                    CHECK_INT(attn_kv_cache_attend(&ctx, clean, 0, &qt, &p, NULL, &ot, NULL),
+                              ATTN_OK);
+                }
+                attn_kv_cache_free(&ctx, clean);
+                attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, ATTN_DTYPE_F32);
+                for (int b = 0; b < B; b++) {
+                    tu_fill(k, HKV * CAP * D, 100 + b);
+                    tu_fill(v, HKV * CAP * D, 200 + b);
+                    int64_t n = b == 0 ? lens[b] + 50 : lens[b];
+                    if (b == 0)
+                        for (int64_t t = lens[b]; t < n; t++)
+                            for (int64_t d = 0; d < D; d++)
+                                k[t * D + d] = v[(CAP + t) * D + d] = NAN;
+                    if (b == 1) {
+                        k[(CAP + 1000) * D + 3] = NAN;
+                        v[17 * D + 5] = INFINITY;
+                    }
+                    attn_tensor kt = tu_tensor4(k, 1, HKV, n, D), vt = tu_tensor4(v, 1, HKV, n, D);
+                    kt.stride[1] = vt.stride[1] = CAP * D;
+                    CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kt, &vt, NULL), ATTN_OK);
+                    if (b == 0)
+                        CHECK_INT(attn_kv_cache_truncate(&ctx, c, 0, lens[0]), ATTN_OK);
+                }
+                attn_tensor qt = tu_tensor4(q, B, H, 1, D), ot = tu_tensor4(o, B, H, 1, D);
+                for (int64_t i = 0; i < B * H * D; i++)
+                    o[i] = 12345.0f;
+                CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, NULL), ATTN_OK);
+                int ok0 = memcmp(o, ref, sizeof(float) * H * D) == 0;
+                int ok2 = memcmp(o + 2 * H * D, ref + 2 * H * D, sizeof(float) * H * D) == 0;
+                if (!ok0 || !ok2)
+                    fprintf(stderr, "  arch %d threads %d option %d: seq0 %s seq2 %s (o0 %g ref %g)\n",
+                            (int)archs[ai], th, win, ok0 ? "ok" : "DIFFERS",
+                            ok2 ? "ok" : "DIFFERS", o[0], ref[0]);
+                CHECK(ok0 && ok2);
+                attn_kv_cache_free(&ctx, c);
+            }
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(o);
+    free(ref);
+}
+
+/* Chunked prefill: Tq = 7 new rows at the end of a sequence of 12, bottom-right
+ * causal, against attn_sdpa on the cache's own view: the same bits. */
+static void test_chunked_prefill_bits(void)
+{
+    TEST("attend with Tq > 1 (chunked prefill) equals attn_sdpa bottom-right on the cache's "
+         "view, bit for bit, every arch");
+    enum { HKV = 2, H = 4, CAP = 40, D = 16, T0 = 5, TN = 7 };
+    static float k[HKV * (T0 + TN) * D], v[HKV * (T0 + TN) * D], q[H * TN * D], o1[H * TN * D],
+        o2[H * TN * D];
+    tu_fill(k, HKV * (T0 + TN) * D, 11);
+    tu_fill(v, HKV * (T0 + TN) * D, 12);
+    tu_fill(q, H * TN * D, 13);
+    for (int ai = 0; ai < 5; ai++) {
+        if (!arch_runs(archs[ai]))
+            continue;
+        for (int rope = 0; rope < 2; rope++) {
+            attn_ctx ctx;
+            attn_ctx_init(&ctx);
+            ctx.arch = archs[ai];
+            attn_kv_cache *c = make(&ctx, 1, HKV, CAP, D, ATTN_DTYPE_F32);
+            attn_rope_params rp;
+            attn_rope_params_init(&rp);
+            rp.pairing = ATTN_ROPE_HALF;
+            attn_tensor ka = tu_tensor4(k, 1, HKV, T0, D), va = tu_tensor4(v, 1, HKV, T0, D);
+            ka.stride[1] = va.stride[1] = (T0 + TN) * D;
+            attn_tensor kb = ka, vb = va;
+            kb.data = k + T0 * D;
+            vb.data = v + T0 * D;
+            kb.shape[2] = vb.shape[2] = TN;
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &ka, &va, rope ? &rp : NULL), ATTN_OK);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kb, &vb, rope ? &rp : NULL), ATTN_OK);
+            attn_sdpa_params p;
+            attn_sdpa_params_init(&p);
+            p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            attn_tensor qt = tu_tensor4(q, 1, H, TN, D), ot1 = tu_tensor4(o1, 1, H, TN, D),
+                        ot2 = tu_tensor4(o2, 1, H, TN, D);
+            CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, rope ? &rp : NULL, &ot1, NULL),
+                      ATTN_OK);
+            attn_tensor kv, vv;
+            CHECK_INT(attn_kv_cache_view(&ctx, c, 0, &kv, &vv), ATTN_OK);
+            /* RoPE once at append: the view holds k rotated at positions 0 .. 11 */
+            static float kr[HKV * (T0 + TN) * D], qr[H * TN * D];
+            attn_tensor kall = tu_tensor4(k, 1, HKV, T0 + TN, D),
+                        krt = tu_tensor4(kr, 1, HKV, T0 + TN, D);
+            attn_tensor qrt = tu_tensor4(qr, 1, H, TN, D);
+            if (rope) {
+                CHECK_INT(attn_rope_apply(&ctx, &rp, &kall, &krt), ATTN_OK);
+                int same = 1;
+                for (int64_t h = 0; h < HKV; h++)
+                    same &= memcmp((float *)kv.data + h * kv.stride[1], kr + h * (T0 + TN) * D,
+                                   sizeof(float) * (T0 + TN) * D) == 0;
+                CHECK(same);
+                attn_rope_params rq = rp;
+                rq.offset = T0;
+                CHECK_INT(attn_rope_apply(&ctx, &rq, &qt, &qrt), ATTN_OK);
+            }
+            CHECK_INT(attn_sdpa(&ctx, rope ? &qrt : &qt, &kv, &vv, &p, &ot2, NULL), ATTN_OK);
+            int same = memcmp(o1, o2, sizeof o1) == 0;
+            if (!same)
+                fprintf(stderr, "  arch %d rope %d: attend != sdpa on the view\n",
+                        (int)archs[ai], rope);
+            CHECK(same);
+            attn_kv_cache_free(&ctx, c);
+        }
+    }
+}
+
+/* RoPE in place on a strided view: out aliasing x with other strides is refused or
+ * right; base extremes. */
+static void test_rope_edges(void)
+{
+    TEST("RoPE: base extremes, in place on a strided view, offsets near INT64_MAX");
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    enum { T = 3, D = 8 };
+    float x[T * D], y[T * D], z[T * D];
+    tu_fill(x, T * D, 4);
+    attn_tensor xt = tu_tensor4(x, 1, 1, T, D), yt = tu_tensor4(y, 1, 1, T, D);
+    attn_rope_params rp;
+    attn_rope_params_init(&rp);
+    const float bases[] = {1.0f, 1e30f, 3.4e38f, 1e-30f, 1e-45f, 0.5f};
+    for (unsigned i = 0; i < sizeof bases / sizeof *bases; i++) {
+        rp.base = bases[i];
+        int rc = attn_rope_apply(&ctx, &rp, &xt, &yt);
+        int finite = 1;
+        for (int j = 0; j < T * D; j++)
+            finite &= isfinite(y[j]);
+        CHECK_INT(rc, ATTN_OK);
+        CHECK(finite);
+    }
+    rp.base = NAN;
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_STATUS_INVALID_ARGUMENT);
+    rp.base = 0.0f;
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_STATUS_INVALID_ARGUMENT);
+    rp.base = -2.0f;
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_STATUS_INVALID_ARGUMENT);
+    attn_rope_params_init(&rp);
+    rp.offset = INT64_MAX - T;
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_OK);
+    rp.offset = INT64_MAX - T + 2;
+    CHECK(attn_rope_apply(&ctx, &rp, &xt, &yt) != ATTN_OK);
+    /* positions past 2^24: float32 of the position as PyTorch's float arange */
+    rp.offset = (1 << 24) - 1;
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_OK);
+    /* in place: out = x (the same view) equals out of place */
+    attn_rope_params_init(&rp);
+    rp.offset = 2;
+    memcpy(z, x, sizeof x);
+    attn_tensor zt = tu_tensor4(z, 1, 1, T, D);
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_OK);
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &zt, &zt), ATTN_OK);
+    CHECK(memcmp(y, z, sizeof y) == 0);
+    /* the same memory with other strides (rows read in another order): refused, not
+     * rotated with a pair's members read after the other was written */
+    memcpy(z, x, sizeof x);
+    attn_tensor zr = zt;
+    zr.shape[2] = T - 1;
+    zt.shape[2] = T - 1;
+    zr.data = z + D; /* rows 1.. over rows 0.. */
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &zt, &zr), ATTN_STATUS_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(ctx.message, "share memory");
+}
+
+/* out pointing into another sequence's stored keys: refused before anything runs
+ * (the cache must be unchanged). */
+static void test_out_into_cache(void)
+{
+    TEST("attend: out overlapping the cache is refused before any sequence is written");
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    enum { B = 2, HKV = 1, CAP = 8, D = 4 };
+    attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, ATTN_DTYPE_F32);
+    float k[B * HKV * 4 * D], v[B * HKV * 4 * D], q[B * D], w[B * CAP];
+    tu_fill(k, B * HKV * 4 * D, 1);
+    tu_fill(v, B * HKV * 4 * D, 2);
+    tu_fill(q, B * D, 3);
+    attn_tensor kt = tu_tensor4(k, B, HKV, 4, D), vt = tu_tensor4(v, B, HKV, 4, D);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kt, &vt, NULL), ATTN_OK);
+    attn_tensor k1, v1;
+    CHECK_INT(attn_kv_cache_view(&ctx, c, 1, &k1, &v1), ATTN_OK);
+    float before[4 * D];
+    memcpy(before, k1.data, sizeof before);
+    /* out [2,1,1,4]: row 0 on sequence 1's first key, row 1 on its second; with
+     * weights the sequences run one by one, and sequence 0's output was written
+     * into sequence 1's keys before sequence 1's own call found the overlap. */
+    attn_tensor qt = tu_tensor4(q, B, HKV, 1, D), ot = tu_tensor4(k1.data, B, HKV, 1, D);
+    attn_tensor wt = tu_tensor4(w, B, HKV, 1, CAP);
+    for (int weights = 0; weights < 2; weights++) {
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, NULL, NULL, &ot, weights ? &wt : NULL),
+                  ATTN_STATUS_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(ctx.message, "share memory");
+        CHECK(memcmp(before, k1.data, sizeof before) == 0);
+        memcpy(k1.data, before, sizeof before);
+    }
+    /* out into the cache's room past sequence 1's length (position 5 of 8): the
+     * cache's memory too, refused. */
+    attn_tensor ot2 = tu_tensor4((float *)k1.data + 5 * D, B, HKV, 1, D);
+    ot2.stride[0] = D;
+    CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, NULL, NULL, &ot2, NULL),
+              ATTN_STATUS_INVALID_ARGUMENT);
+    /* the lse into sequence 1's values */
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    static float o[B * D];
+    attn_tensor olt = tu_tensor4(o, B, HKV, 1, D);
+    attn_tensor lt = tu_tensor3(v1.data, B, HKV, 1);
+    float vbefore[4 * D];
+    memcpy(vbefore, v1.data, sizeof vbefore);
+    p.lse = &lt;
+    for (int weights = 0; weights < 2; weights++) {
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &olt, weights ? &wt : NULL),
+                  ATTN_STATUS_INVALID_ARGUMENT);
+        CHECK(memcmp(vbefore, v1.data, sizeof vbefore) == 0);
+        memcpy(v1.data, vbefore, sizeof vbefore);
+    }
+    /* weights of sequence 1 over out of sequence 0: outputs overlapping each other */
+    static float wo[B * CAP + D];
+    attn_tensor wot = tu_tensor4(wo, B, HKV, 1, CAP), oot = tu_tensor4(wo + CAP, B, HKV, 1, D);
+    oot.stride[0] = CAP + D;
+    CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, NULL, NULL, &oot, &wot),
+              ATTN_STATUS_INVALID_ARGUMENT);
+    attn_kv_cache_free(&ctx, c);
+}
+
+int main(void)
+{
+    test_bookkeeping();
+    test_chunked_prefill_bits();
+    test_rope_edges();
+    test_out_into_cache();
+    test_poison_stays_home();
+    return check_summary("test_kv_adversarial");
+}
