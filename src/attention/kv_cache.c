@@ -225,10 +225,18 @@ static int check_cache(attn_ctx *ctx, const attn_kv_cache *cache, const char *fn
 static int check_range(attn_ctx *ctx, const attn_kv_cache *c, const char *fn, int64_t first,
                        int64_t n)
 {
-    if (first < 0 || first >= c->B || n > c->B - first)
+    if (first < 0 || first >= c->B || n > c->B - first) {
+        /* The last sequence named, first + n - 1, may not fit in int64 (first comes
+         * from the caller): it is printed only when it does. */
+        if (n >= 1 && first <= INT64_MAX - (n - 1))
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "%s: sequences %lld .. %lld are not all in the cache's batch of "
+                              "%lld",
+                              fn, (long long)first, (long long)(first + n - 1), (long long)c->B);
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                          "%s: sequences %lld .. %lld are not all in the cache's batch of %lld",
-                          fn, (long long)first, (long long)(first + n - 1), (long long)c->B);
+                          "%s: %lld sequences from %lld are not all in the cache's batch of %lld",
+                          fn, (long long)n, (long long)first, (long long)c->B);
+    }
     return ATTN_OK;
 }
 
