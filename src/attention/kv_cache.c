@@ -578,6 +578,42 @@ typedef struct kv_attend {
                          batched: head + Bn * q_bytes + the batch's scratch */
 } kv_attend;
 
+/* No output may share memory with an input, the cache or another output; out may
+ * be q itself. Checked on the whole tensors and the cache's whole K and V blocks
+ * before anything runs: each sequence's own call checks only its rows against
+ * its stored keys, so one sequence's output could land in a later sequence's
+ * keys (or its room, or its weights) before that sequence's call refused it. */
+static int attend_aliasing(attn_ctx *ctx, const attn_kv_cache *c, const attn_tensor *q,
+                           const attn_sdpa_params *p, const attn_tensor *out,
+                           const attn_tensor *weights)
+{
+    static const char fn[] = "attn_kv_cache_attend";
+    const attn_tensor kb = block_tensor(c, 0), vb = block_tensor(c, 1);
+    const attn_tensor *ins[7] = {q, &kb, &vb, p->mask, p->bias, p->sinks, p->alibi_slopes};
+    const char *in_names[7] = {"q",    "the cache's keys", "the cache's values", "mask",
+                               "bias", "sinks",            "alibi_slopes"};
+    const attn_tensor *outs[3] = {out, weights, p->lse};
+    const char *out_names[3] = {"out", "weights", "lse"};
+    int rc;
+    /* The tensors the checks before this have not looked at as a whole. */
+    for (int i = 5; i < 7; i++)
+        if (ins[i] && (rc = attn_tensor_check(ctx, ins[i], in_names[i])))
+            return rc;
+    if (p->lse && (rc = attn_tensor_check(ctx, p->lse, "lse")))
+        return rc;
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < 7 && outs[o]; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
+                                                 in_names[i], o == 0 && i == 0)))
+                return rc;
+    for (int o = 0; o < 3; o++)
+        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, fn, outs[o2], out_names[o2], outs[o],
+                                                   out_names[o], 0)))
+                return rc;
+    return ATTN_OK;
+}
+
 /* Checks what the attention contract cannot see (the range, the cache's shapes,
  * mask and bias against the capacity, the causal value), then plans: each
  * sequence's attention with its own Tk, and a full cache, taking the largest
@@ -655,7 +691,7 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     }
     if (rope && (rc = attn__rope_check(ctx, rope, c->D, 0)))
         return rc;
-    if ((rc = attn__no_overlap(ctx, fn, out, "out", q, "q", 1)))
+    if ((rc = attend_aliasing(ctx, c, q, p, out, weights)))
         return rc;
 
     /* The first sequence's call through the contract checks q, out and every option
