@@ -103,16 +103,22 @@ static void test_bookkeeping(void)
 static void test_poison_stays_home(void)
 {
     TEST("NaN and inf in one sequence (and stale NaN past a sequence's length) reach no "
-         "other sequence, on every arch, 1 and 2 threads, batched and alone");
+         "other sequence, float32 and 16-bit caches, on every arch, 1 and 2 threads, with "
+         "a window that hides all but the last key and with sinks");
     enum { B = 3, H = 4, HKV = 2, CAP = 2200, D = 64 };
     const int64_t lens[B] = {700, 2100, 40};
     float *k = malloc(sizeof(float) * HKV * CAP * D), *v = malloc(sizeof(float) * HKV * CAP * D);
-    float *q = malloc(sizeof(float) * B * H * D), *o = malloc(sizeof(float) * B * H * D),
-          *ref = malloc(sizeof(float) * B * H * D);
-    tu_fill(q, B * H * D, 9);
+    enum { TQMAX = 9 }; /* Tq = 1 (row and split-key paths) and 9 (the tile path) */
+    float *q = malloc(sizeof(float) * B * H * TQMAX * D),
+          *o = malloc(sizeof(float) * B * H * TQMAX * D),
+          *ref = malloc(sizeof(float) * B * H * TQMAX * D);
+    tu_fill(q, B * H * TQMAX * D, 9);
+    static const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     for (int ai = 0; ai < 5; ai++) {
         if (!arch_runs(archs[ai]))
             continue;
+        for (int di = 0; di < 3; di++)
+        for (int64_t Tq = 1; Tq <= TQMAX; Tq += TQMAX - 1)
         for (int th = 1; th <= 2; th++)
             for (int win = 0; win < 3; win++) {
                 attn_ctx ctx;
@@ -135,7 +141,7 @@ static void test_poison_stays_home(void)
                     p.sinks = &st;
                 }
                 /* clean caches: each sequence alone */
-                attn_kv_cache *clean = make(&ctx, 1, HKV, CAP, D, ATTN_DTYPE_F32);
+                attn_kv_cache *clean = make(&ctx, 1, HKV, CAP, D, dts[di]);
                 for (int b = 0; b < B; b++) {
                     if (b == 1)
                         continue;
@@ -146,13 +152,13 @@ static void test_poison_stays_home(void)
                                 vt = tu_tensor4(v, 1, HKV, lens[b], D);
                     kt.stride[1] = vt.stride[1] = CAP * D;
                     CHECK_INT(attn_kv_cache_append(&ctx, clean, 0, &kt, &vt, NULL), ATTN_OK);
-                    attn_tensor qt = tu_tensor4(q + b * H * D, 1, H, 1, D),
-                                ot = tu_tensor4(ref + b * H * D, 1, H, 1, D);
+                    attn_tensor qt = tu_tensor4(q + b * H * Tq * D, 1, H, Tq, D),
+                                ot = tu_tensor4(ref + b * H * Tq * D, 1, H, Tq, D);
                     CHECK_INT(attn_kv_cache_attend(&ctx, clean, 0, &qt, &p, NULL, &ot, NULL),
                               ATTN_OK);
                 }
                 attn_kv_cache_free(&ctx, clean);
-                attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, ATTN_DTYPE_F32);
+                attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, dts[di]);
                 for (int b = 0; b < B; b++) {
                     tu_fill(k, HKV * CAP * D, 100 + b);
                     tu_fill(v, HKV * CAP * D, 200 + b);
@@ -164,6 +170,7 @@ static void test_poison_stays_home(void)
                     if (b == 1) {
                         k[(CAP + 1000) * D + 3] = NAN;
                         v[17 * D + 5] = INFINITY;
+                        v[18 * D + 6] = 1e6f; /* inf in float16 */
                     }
                     attn_tensor kt = tu_tensor4(k, 1, HKV, n, D), vt = tu_tensor4(v, 1, HKV, n, D);
                     kt.stride[1] = vt.stride[1] = CAP * D;
@@ -171,15 +178,16 @@ static void test_poison_stays_home(void)
                     if (b == 0)
                         CHECK_INT(attn_kv_cache_truncate(&ctx, c, 0, lens[0]), ATTN_OK);
                 }
-                attn_tensor qt = tu_tensor4(q, B, H, 1, D), ot = tu_tensor4(o, B, H, 1, D);
-                for (int64_t i = 0; i < B * H * D; i++)
+                attn_tensor qt = tu_tensor4(q, B, H, Tq, D), ot = tu_tensor4(o, B, H, Tq, D);
+                for (int64_t i = 0; i < B * H * Tq * D; i++)
                     o[i] = 12345.0f;
                 CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, NULL), ATTN_OK);
-                int ok0 = memcmp(o, ref, sizeof(float) * H * D) == 0;
-                int ok2 = memcmp(o + 2 * H * D, ref + 2 * H * D, sizeof(float) * H * D) == 0;
+                const size_t n = (size_t)(H * Tq * D);
+                int ok0 = memcmp(o, ref, sizeof(float) * n) == 0;
+                int ok2 = memcmp(o + 2 * n, ref + 2 * n, sizeof(float) * n) == 0;
                 if (!ok0 || !ok2)
-                    fprintf(stderr, "  arch %d threads %d option %d: seq0 %s seq2 %s (o0 %g ref %g)\n",
-                            (int)archs[ai], th, win, ok0 ? "ok" : "DIFFERS",
+                    fprintf(stderr, "  dtype %d Tq %d arch %d threads %d option %d: seq0 %s seq2 %s (o0 %g ref %g)\n",
+                            (int)dts[di], (int)Tq, (int)archs[ai], th, win, ok0 ? "ok" : "DIFFERS",
                             ok2 ? "ok" : "DIFFERS", o[0], ref[0]);
                 CHECK(ok0 && ok2);
                 attn_kv_cache_free(&ctx, c);
@@ -256,6 +264,88 @@ static void test_chunked_prefill_bits(void)
             CHECK(same);
             attn_kv_cache_free(&ctx, c);
         }
+    }
+}
+
+/* A 16-bit cache with RoPE: the stored keys are the float32 rotation rounded once
+ * (from float32 k, or from 16-bit k widened), in a chunked prefill too; attend
+ * with a 16-bit q and out equals attn_sdpa on the cache's views bit for bit. */
+static void test_half_rope_once(void)
+{
+    TEST("16-bit caches: RoPE'd keys are rounded once (float32 or 16-bit k), and attend "
+         "equals attn_sdpa on the views bit for bit, every arch");
+    enum { HKV = 2, H = 4, CAP = 40, D = 16, T0 = 5, TN = 7, T = T0 + TN };
+    static float k[HKV * T * D], v[HKV * T * D], q[H * TN * D], kr[HKV * T * D];
+    static uint16_t kh[HKV * T * D], vh[HKV * T * D], krh[HKV * T * D], qh[H * TN * D],
+        o1[H * TN * D], o2[H * TN * D];
+    tu_fill(k, HKV * T * D, 21);
+    tu_fill(v, HKV * T * D, 22);
+    tu_fill(q, H * TN * D, 23);
+    for (int i = 0; i < HKV * T * D; i++)
+        k[i] *= 300.0f; /* large keys: the rotation's rounding shows */
+    static const attn_dtype dts[2] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    for (int ai = 0; ai < 5; ai++) {
+        if (!arch_runs(archs[ai]))
+            continue;
+        for (int di = 0; di < 2; di++)
+            for (int kin16 = 0; kin16 < 2; kin16++) {
+                const attn_dtype dt = dts[di];
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.arch = archs[ai];
+                attn_rope_params rp;
+                attn_rope_params_init(&rp);
+                rp.pairing = kin16 ? ATTN_ROPE_INTERLEAVED : ATTN_ROPE_HALF;
+                const int64_t sh[4] = {1, HKV, T, D}, sq[4] = {1, H, TN, D};
+                attn_tensor kf = tu_tensor4(k, 1, HKV, T, D), vf = tu_tensor4(v, 1, HKV, T, D),
+                            krf = tu_tensor4(kr, 1, HKV, T, D), k16, v16, kr16, q16, ot1, ot2;
+                attn_tensor_init(NULL, &k16, dt, kh, 4, sh);
+                attn_tensor_init(NULL, &v16, dt, vh, 4, sh);
+                attn_tensor_init(NULL, &kr16, dt, krh, 4, sh);
+                attn_tensor_init(NULL, &q16, dt, qh, 4, sq);
+                attn_tensor_init(NULL, &ot1, dt, o1, 4, sq);
+                attn_tensor_init(NULL, &ot2, dt, o2, 4, sq);
+                CHECK_INT(attn_tensor_convert(&ctx, &kf, &k16), ATTN_OK);
+                CHECK_INT(attn_tensor_convert(&ctx, &vf, &v16), ATTN_OK);
+                attn_tensor qf = tu_tensor4(q, 1, H, TN, D);
+                CHECK_INT(attn_tensor_convert(&ctx, &qf, &q16), ATTN_OK);
+                /* expected: rotate (k, or k16 widened) in float32, round once */
+                if (kin16)
+                    CHECK_INT(attn_tensor_convert(&ctx, &k16, &krf), ATTN_OK);
+                CHECK_INT(attn_rope_apply(&ctx, &rp, kin16 ? &krf : &kf, &krf), ATTN_OK);
+                CHECK_INT(attn_tensor_convert(&ctx, &krf, &kr16), ATTN_OK);
+                attn_kv_cache *c = make(&ctx, 1, HKV, CAP, D, dt);
+                attn_tensor ka = kin16 ? k16 : kf, va = kin16 ? v16 : vf;
+                ka.shape[2] = va.shape[2] = T0;
+                attn_tensor kb = ka, vb = va;
+                const size_t es = kin16 ? 2 : 4;
+                kb.data = (char *)ka.data + T0 * D * es;
+                vb.data = (char *)va.data + T0 * D * es;
+                kb.shape[2] = vb.shape[2] = TN;
+                CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &ka, &va, &rp), ATTN_OK);
+                CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kb, &vb, &rp), ATTN_OK);
+                attn_tensor kv, vv;
+                CHECK_INT(attn_kv_cache_view(&ctx, c, 0, &kv, &vv), ATTN_OK);
+                int same = 1;
+                for (int64_t h = 0; h < HKV; h++)
+                    same &= memcmp((uint16_t *)kv.data + h * kv.stride[1], krh + h * T * D,
+                                   sizeof(uint16_t) * T * D) == 0;
+                if (!same)
+                    fprintf(stderr, "  dtype %d arch %d k16 %d: stored keys are not one rounding\n",
+                            (int)dt, (int)archs[ai], kin16);
+                CHECK(same);
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &q16, &p, NULL, &ot1, NULL), ATTN_OK);
+                CHECK_INT(attn_sdpa(&ctx, &q16, &kv, &vv, &p, &ot2, NULL), ATTN_OK);
+                same = memcmp(o1, o2, sizeof o1) == 0;
+                if (!same)
+                    fprintf(stderr, "  dtype %d arch %d: attend != sdpa on the 16-bit view\n",
+                            (int)dt, (int)archs[ai]);
+                CHECK(same);
+                attn_kv_cache_free(&ctx, c);
+            }
     }
 }
 
@@ -380,6 +470,7 @@ int main(void)
 {
     test_bookkeeping();
     test_chunked_prefill_bits();
+    test_half_rope_once();
     test_rope_edges();
     test_out_into_cache();
     test_poison_stays_home();
