@@ -349,6 +349,50 @@ static void test_half_rope_once(void)
     }
 }
 
+/* out and lse must have q's batch of sequences: an out or lse of batch 1 (or with
+ * fewer dims) would take every sequence's rows in the same place. */
+static void test_output_batch(void)
+{
+    TEST("attend: out and lse with a batch axis other than q's are refused, not written "
+         "by every sequence in turn");
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    enum { B = 2, HKV = 1, CAP = 8, D = 4 };
+    attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, ATTN_DTYPE_F32);
+    float k[B * 3 * D], v[B * 3 * D], q[B * D], o[B * D], l[B];
+    tu_fill(k, B * 3 * D, 1);
+    tu_fill(v, B * 3 * D, 2);
+    tu_fill(q, B * D, 3);
+    attn_tensor kt = tu_tensor4(k, B, HKV, 3, D), vt = tu_tensor4(v, B, HKV, 3, D);
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kt, &vt, NULL), ATTN_OK);
+    attn_tensor qt = tu_tensor4(q, B, HKV, 1, D);
+    attn_tensor o1 = tu_tensor4(o, 1, HKV, 1, D), o3 = tu_tensor3(o, HKV, 1, D);
+    for (int w = 0; w < 2; w++) {
+        float wt_[B * CAP];
+        attn_tensor wt = tu_tensor4(wt_, B, HKV, 1, CAP);
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, NULL, NULL, &o1, w ? &wt : NULL),
+                  ATTN_STATUS_SHAPE_MISMATCH);
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, NULL, NULL, &o3, w ? &wt : NULL),
+                  ATTN_STATUS_SHAPE_MISMATCH);
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        attn_tensor ot = tu_tensor4(o, B, HKV, 1, D), lt = tu_tensor3(l, 1, HKV, 1);
+        p.lse = &lt;
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, w ? &wt : NULL),
+                  ATTN_STATUS_SHAPE_MISMATCH);
+        attn_tensor l2 = tu_tensor3(l, HKV, 1, 1); /* 2-D-like [H, Tq] as 3 dims */
+        l2.ndim = 2;
+        l2.shape[0] = HKV;
+        l2.shape[1] = 1;
+        l2.stride[0] = 1;
+        l2.stride[1] = 1;
+        p.lse = &l2;
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, w ? &wt : NULL),
+                  ATTN_STATUS_SHAPE_MISMATCH);
+    }
+    attn_kv_cache_free(&ctx, c);
+}
+
 /* RoPE in place on a strided view: out aliasing x with other strides is refused or
  * right; base extremes. */
 static void test_rope_edges(void)
@@ -471,6 +515,7 @@ int main(void)
     test_bookkeeping();
     test_chunked_prefill_bits();
     test_half_rope_once();
+    test_output_batch();
     test_rope_edges();
     test_out_into_cache();
     test_poison_stays_home();
