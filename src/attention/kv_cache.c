@@ -639,6 +639,23 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     a->Tq = qs[2];
     if ((rc = check_range(ctx, c, fn, first, a->Bn)))
         return rc;
+    /* With several sequences, out and lse need q's batch axis: each sequence's call
+     * takes its row of them (batch_row), and one of batch 1, or with fewer dims,
+     * would have every sequence write the same rows (from several threads at once
+     * when the calls run as one job). */
+    if (a->Bn > 1 && (out->ndim != 4 || out->shape[0] != a->Bn ||
+                      (p->lse && (p->lse->ndim != 3 || p->lse->shape[0] != a->Bn)))) {
+        const int bad_out = out->ndim != 4 || out->shape[0] != a->Bn;
+        const attn_tensor *t = bad_out ? out : p->lse;
+        char s1[128], s2[128];
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "%s: %s has shape %s; q %s has a batch of %lld sequences, so %s "
+                          "must be [%lld, %s] with one row per sequence",
+                          fn, bad_out ? "out" : "lse", attn__shape_str(t, s1, sizeof s1),
+                          attn__shape_str(q, s2, sizeof s2), (long long)a->Bn,
+                          bad_out ? "out" : "lse", (long long)a->Bn,
+                          bad_out ? "H, Tq, Dv" : "H, Tq");
+    }
     if (qs[3] != c->D || a->H % c->Hkv != 0) {
         char s1[128];
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
