@@ -111,7 +111,8 @@ static void test_poison_stays_home(void)
     enum { TQMAX = 9 }; /* Tq = 1 (row and split-key paths) and 9 (the tile path) */
     float *q = malloc(sizeof(float) * B * H * TQMAX * D),
           *o = malloc(sizeof(float) * B * H * TQMAX * D),
-          *ref = malloc(sizeof(float) * B * H * TQMAX * D);
+          *ref = malloc(sizeof(float) * B * H * TQMAX * D),
+          *one = malloc(sizeof(float) * 3 * B * H * TQMAX * D); /* 1 thread's, per option */
     tu_fill(q, B * H * TQMAX * D, 9);
     static const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     for (int ai = 0; ai < 5; ai++) {
@@ -190,6 +191,12 @@ static void test_poison_stays_home(void)
                             (int)dts[di], (int)Tq, (int)archs[ai], th, win, ok0 ? "ok" : "DIFFERS",
                             ok2 ? "ok" : "DIFFERS", o[0], ref[0]);
                 CHECK(ok0 && ok2);
+                /* 1 and 2 threads: the same bits (sequence 1's NaN rows included) */
+                float *mine = one + (size_t)win * B * H * TQMAX * D;
+                if (th == 1)
+                    memcpy(mine, o, sizeof(float) * B * n);
+                else
+                    CHECK(memcmp(mine, o, sizeof(float) * B * n) == 0);
                 attn_kv_cache_free(&ctx, c);
             }
     }
@@ -198,6 +205,7 @@ static void test_poison_stays_home(void)
     free(q);
     free(o);
     free(ref);
+    free(one);
 }
 
 /* Chunked prefill: Tq = 7 new rows at the end of a sequence of 12, bottom-right
