@@ -213,7 +213,7 @@ static void test_poison_stays_home(void)
 static void test_chunked_prefill_bits(void)
 {
     TEST("attend with Tq > 1 (chunked prefill) equals attn_sdpa bottom-right on the cache's "
-         "view, bit for bit, every arch");
+         "view, bit for bit, every arch, with RoPE, ALiBi and softcap, a window and sinks");
     enum { HKV = 2, H = 4, CAP = 40, D = 16, T0 = 5, TN = 7 };
     static float k[HKV * (T0 + TN) * D], v[HKV * (T0 + TN) * D], q[H * TN * D], o1[H * TN * D],
         o2[H * TN * D];
@@ -223,7 +223,8 @@ static void test_chunked_prefill_bits(void)
     for (int ai = 0; ai < 5; ai++) {
         if (!arch_runs(archs[ai]))
             continue;
-        for (int rope = 0; rope < 2; rope++) {
+        for (int rope = 0; rope < 2; rope++)
+          for (int opt = 0; opt < 3; opt++) {
             attn_ctx ctx;
             attn_ctx_init(&ctx);
             ctx.arch = archs[ai];
@@ -242,6 +243,20 @@ static void test_chunked_prefill_bits(void)
             attn_sdpa_params p;
             attn_sdpa_params_init(&p);
             p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            if (opt == 1) { /* ALiBi and a softcap: positions from the sequence's start */
+                p.alibi = 1;
+                p.softcap = 2.0f;
+            } else if (opt == 2) { /* a window of 3 keys and a sink per head */
+                static float sk[H] = {0.25f, -3.0f, 1.0f, 4.0f};
+                static attn_tensor skt;
+                skt = tu_tensor4(sk, 1, 1, 1, H);
+                skt.ndim = 1;
+                skt.shape[0] = H;
+                p.sinks = &skt;
+                p.has_window = 1;
+                p.window_left = 2;
+                p.window_right = 0;
+            }
             attn_tensor qt = tu_tensor4(q, 1, H, TN, D), ot1 = tu_tensor4(o1, 1, H, TN, D),
                         ot2 = tu_tensor4(o2, 1, H, TN, D);
             CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, rope ? &rp : NULL, &ot1, NULL),
@@ -267,8 +282,8 @@ static void test_chunked_prefill_bits(void)
             CHECK_INT(attn_sdpa(&ctx, rope ? &qrt : &qt, &kv, &vv, &p, &ot2, NULL), ATTN_OK);
             int same = memcmp(o1, o2, sizeof o1) == 0;
             if (!same)
-                fprintf(stderr, "  arch %d rope %d: attend != sdpa on the view\n",
-                        (int)archs[ai], rope);
+                fprintf(stderr, "  arch %d rope %d option %d: attend != sdpa on the view\n",
+                        (int)archs[ai], rope, opt);
             CHECK(same);
             attn_kv_cache_free(&ctx, c);
         }
