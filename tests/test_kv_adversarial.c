@@ -182,6 +182,21 @@ static void test_poison_stays_home(void)
                 attn_tensor qt = tu_tensor4(q, B, H, Tq, D), ot = tu_tensor4(o, B, H, Tq, D);
                 for (int64_t i = 0; i < B * H * Tq * D; i++)
                     o[i] = 12345.0f;
+                /* with weights (the sequences one by one; the keys not split) */
+                float *w = malloc(sizeof(float) * B * H * Tq * CAP);
+                attn_tensor wt = tu_tensor4(w, B, H, Tq, CAP);
+                for (int64_t i = 0; i < B * H * Tq * CAP; i++)
+                    w[i] = NAN;
+                CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, &wt), ATTN_OK);
+                int wok = 1;
+                for (int b = 0; b < B; b += 2)
+                    for (int64_t r = 0; r < H * Tq; r++)
+                        for (int64_t j = 0; j < CAP; j++) {
+                            const float x = w[(b * H * Tq + r) * CAP + j];
+                            wok &= j < lens[b] ? isfinite(x) && x >= 0.0f : x == 0.0f;
+                        }
+                free(w);
+                CHECK(wok);
                 CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, NULL), ATTN_OK);
                 const size_t n = (size_t)(H * Tq * D);
                 int ok0 = memcmp(o, ref, sizeof(float) * n) == 0;
