@@ -431,6 +431,68 @@ static void test_output_batch(void)
     attn_kv_cache_free(&ctx, c);
 }
 
+/* One append to sequences of different lengths with RoPE: each sequence's rows are
+ * turned at its own positions, and attend turns each sequence's query at its own
+ * last position, on float32 and 16-bit caches. */
+static void test_rope_per_sequence(void)
+{
+    TEST("RoPE through one append and one attend over sequences of lengths 0, 3 and 9: "
+         "each at its own positions");
+    enum { B = 3, HKV = 2, H = 4, CAP = 16, D = 8 };
+    const int64_t lens[B] = {0, 3, 9};
+    static float k[B * HKV * CAP * D], v[B * HKV * CAP * D], kr[HKV * D], q[B * H * D],
+        qr[H * D], o[B * H * D], o2[H * D];
+    tu_fill(k, B * HKV * CAP * D, 31);
+    tu_fill(v, B * HKV * CAP * D, 32);
+    tu_fill(q, B * H * D, 33);
+    attn_ctx ctx;
+    attn_ctx_init(&ctx);
+    attn_rope_params rp;
+    attn_rope_params_init(&rp);
+    rp.pairing = ATTN_ROPE_HALF;
+    rp.base = 500000.0f;
+    rp.offset = 1000; /* not used by the cache */
+    attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, ATTN_DTYPE_F32);
+    for (int b = 1; b < B; b++) {
+        attn_tensor kt = tu_tensor4(k + b * HKV * CAP * D, 1, HKV, lens[b], D),
+                    vt = tu_tensor4(v + b * HKV * CAP * D, 1, HKV, lens[b], D);
+        kt.stride[1] = vt.stride[1] = CAP * D;
+        CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kt, &vt, &rp), ATTN_OK);
+    }
+    /* one more key for all three at once, at positions 0, 3 and 9 */
+    attn_tensor kn = tu_tensor4(k + 12 * D, B, HKV, 1, D), vn = tu_tensor4(v + 12 * D, B, HKV, 1, D);
+    kn.stride[0] = vn.stride[0] = HKV * CAP * D;
+    kn.stride[1] = vn.stride[1] = CAP * D;
+    CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kn, &vn, &rp), ATTN_OK);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    attn_tensor qt = tu_tensor4(q, B, H, 1, D), ot = tu_tensor4(o, B, H, 1, D);
+    CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, &rp, &ot, NULL), ATTN_OK);
+    for (int b = 0; b < B; b++) {
+        attn_tensor kv, vv;
+        CHECK_INT(attn_kv_cache_view(&ctx, c, b, &kv, &vv), ATTN_OK);
+        CHECK_INT(kv.shape[2], lens[b] + 1);
+        attn_rope_params r1 = rp;
+        r1.offset = lens[b];
+        attn_tensor kin = tu_tensor4(k + b * HKV * CAP * D + 12 * D, 1, HKV, 1, D),
+                    kout = tu_tensor4(kr, 1, HKV, 1, D);
+        kin.stride[1] = CAP * D;
+        CHECK_INT(attn_rope_apply(&ctx, &r1, &kin, &kout), ATTN_OK);
+        int same = 1;
+        for (int64_t h = 0; h < HKV; h++)
+            same &= memcmp((float *)kv.data + h * kv.stride[1] + lens[b] * D, kr + h * D,
+                           sizeof(float) * D) == 0;
+        CHECK(same);
+        attn_tensor qin = tu_tensor4(q + b * H * D, 1, H, 1, D), qo = tu_tensor4(qr, 1, H, 1, D),
+                    oo = tu_tensor4(o2, 1, H, 1, D);
+        CHECK_INT(attn_rope_apply(&ctx, &r1, &qin, &qo), ATTN_OK);
+        p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        CHECK_INT(attn_sdpa(&ctx, &qo, &kv, &vv, &p, &oo, NULL), ATTN_OK);
+        CHECK(memcmp(o2, o + b * H * D, sizeof o2) == 0);
+    }
+    attn_kv_cache_free(&ctx, c);
+}
+
 /* RoPE in place on a strided view: out aliasing x with other strides is refused or
  * right; base extremes. */
 static void test_rope_edges(void)
@@ -554,6 +616,7 @@ int main(void)
     test_chunked_prefill_bits();
     test_half_rope_once();
     test_output_batch();
+    test_rope_per_sequence();
     test_rope_edges();
     test_out_into_cache();
     test_poison_stays_home();
