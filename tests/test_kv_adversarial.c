@@ -493,6 +493,66 @@ static void test_rope_per_sequence(void)
     attn_kv_cache_free(&ctx, c);
 }
 
+/* A cache in caller memory: its block starts with the cache's own bookkeeping
+ * (the struct, the lengths) and, in 16 bits, ends with the RoPE stage rows. An
+ * output there, or a k turned through the stage while it is read, is refused
+ * like one over the stored keys. */
+static void test_caller_memory_bookkeeping(void)
+{
+    TEST("attend and append: tensors over the cache's bookkeeping or stage rows (caller "
+         "memory) are refused, and the cache stays intact");
+    enum { B = 2, HKV = 1, CAP = 4, D = 4 };
+    for (int half = 0; half < 2; half++) {
+        attn_ctx ctx;
+        attn_ctx_init(&ctx);
+        attn_kv_cache_config cfg = {B, HKV, CAP, D, 0, half ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32};
+        size_t bytes = 0;
+        CHECK_INT(attn_kv_cache_bytes(&ctx, &cfg, &bytes), ATTN_OK);
+        float *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        attn_kv_cache *c = NULL;
+        CHECK_INT(attn_kv_cache_create(&ctx, &cfg, mem, bytes, &c), ATTN_OK);
+        float k[B * 2 * D], v[B * 2 * D], q[B * D];
+        tu_fill(k, B * 2 * D, 1);
+        tu_fill(v, B * 2 * D, 2);
+        tu_fill(q, B * D, 3);
+        attn_tensor kt = tu_tensor4(k, B, HKV, 2, D), vt = tu_tensor4(v, B, HKV, 2, D);
+        CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &kt, &vt, NULL), ATTN_OK);
+        unsigned char before[256];
+        memcpy(before, mem, sizeof before);
+        /* out over the block's first bytes: the struct (B, Hkv, capacity, ...) */
+        attn_tensor qt = tu_tensor4(q, B, HKV, 1, D), ot = tu_tensor4(mem, B, HKV, 1, D);
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, NULL, NULL, &ot, NULL),
+                  ATTN_STATUS_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(ctx.message, "share memory");
+        CHECK(memcmp(before, mem, sizeof before) == 0);
+        memcpy(mem, before, sizeof before);
+        CHECK_INT(attn_kv_cache_length(c, 1), 2);
+        if (half) {
+            /* k read from the stage rows (the block's last Hkv * D floats) while
+             * RoPE turns each position's keys there */
+            attn_tensor ks = tu_tensor4((float *)((char *)mem + bytes) - HKV * D, 1, HKV, 1, D),
+                        vs = tu_tensor4(v, 1, HKV, 1, D);
+            attn_rope_params rp;
+            attn_rope_params_init(&rp);
+            CHECK_INT(attn_kv_cache_append(&ctx, c, 0, &ks, &vs, &rp),
+                      ATTN_STATUS_INVALID_ARGUMENT);
+            CHECK_INT(attn_kv_cache_length(c, 0), 2);
+        }
+        /* an lse over the lengths (64 bytes into the block) */
+        attn_sdpa_params p;
+        attn_sdpa_params_init(&p);
+        float o[B * D];
+        attn_tensor olt = tu_tensor4(o, B, HKV, 1, D), lt = tu_tensor3(mem + 16, B, HKV, 1);
+        p.lse = &lt;
+        CHECK_INT(attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &olt, NULL),
+                  ATTN_STATUS_INVALID_ARGUMENT);
+        CHECK_INT(attn_kv_cache_length(c, 0), 2);
+        CHECK_INT(attn_kv_cache_length(c, 1), 2);
+        attn_kv_cache_free(&ctx, c);
+        free(mem);
+    }
+}
+
 /* RoPE in place on a strided view: out aliasing x with other strides is refused or
  * right; base extremes. */
 static void test_rope_edges(void)
@@ -617,6 +677,7 @@ int main(void)
     test_half_rope_once();
     test_output_batch();
     test_rope_per_sequence();
+    test_caller_memory_bookkeeping();
     test_rope_edges();
     test_out_into_cache();
     test_poison_stays_home();
