@@ -280,6 +280,27 @@ static attn_tensor block_tensor(const attn_kv_cache *c, int values)
     return t;
 }
 
+/* The cache's whole block, from its struct to the end of its stage rows (or of V),
+ * as a 1-D float32 tensor (every part's size is a multiple of 4 bytes), for
+ * overlap checks: the bookkeeping and the stage are the cache's memory too. */
+static attn_tensor whole_tensor(const attn_kv_cache *c)
+{
+    const unsigned char *end =
+        c->stage ? (const unsigned char *)(c->stage + c->Hkv * c->D)
+                 : c->v + (size_t)(c->B * c->Hkv * c->cap * c->Dv) * c->esize;
+    attn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = (void *)c;
+    t.dtype = ATTN_DTYPE_F32;
+    t.ndim = 1;
+    t.shape[0] = (int64_t)((size_t)(end - (const unsigned char *)c) / sizeof(float));
+    for (int i = 0; i < ATTN_MAX_DIMS; i++)
+        t.stride[i] = 1;
+    for (int i = 1; i < ATTN_MAX_DIMS; i++)
+        t.shape[i] = 1;
+    return t;
+}
+
 /* A [1, Hkv, n, Dx] view of sequence seq's K (or V) from position `start`. */
 static attn_tensor seq_tensor(const attn_kv_cache *c, int values, int64_t seq, int64_t start,
                               int64_t n)
@@ -424,6 +445,12 @@ int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
         (rc = attn__no_overlap(ctx, fn, &kb, "the cache's keys", v, "v", 0)) ||
         (rc = attn__no_overlap(ctx, fn, &vb, "the cache's values", k, "k", 0)) ||
         (rc = attn__no_overlap(ctx, fn, &vb, "the cache's values", v, "v", 0)))
+        return rc;
+    /* The rest of the cache's memory: a k in the stage rows would be read while
+     * RoPE writes them. */
+    const attn_tensor wb = whole_tensor(c);
+    if ((rc = attn__no_overlap(ctx, fn, &wb, "the cache's memory", k, "k", 0)) ||
+        (rc = attn__no_overlap(ctx, fn, &wb, "the cache's memory", v, "v", 0)))
         return rc;
     /* A 16-bit cache rounds with the converters of the call's instruction set
      * (every set gives the same bits); a context that forces a set this CPU
@@ -588,21 +615,22 @@ static int attend_aliasing(attn_ctx *ctx, const attn_kv_cache *c, const attn_ten
                            const attn_tensor *weights)
 {
     static const char fn[] = "attn_kv_cache_attend";
-    const attn_tensor kb = block_tensor(c, 0), vb = block_tensor(c, 1);
-    const attn_tensor *ins[7] = {q, &kb, &vb, p->mask, p->bias, p->sinks, p->alibi_slopes};
-    const char *in_names[7] = {"q",    "the cache's keys", "the cache's values", "mask",
-                               "bias", "sinks",            "alibi_slopes"};
+    const attn_tensor kb = block_tensor(c, 0), vb = block_tensor(c, 1), wb = whole_tensor(c);
+    const attn_tensor *ins[8] = {q,       &kb,     &vb,    &wb,
+                                 p->mask, p->bias, p->sinks, p->alibi_slopes};
+    const char *in_names[8] = {"q",    "the cache's keys", "the cache's values",
+                               "the cache's memory", "mask", "bias", "sinks", "alibi_slopes"};
     const attn_tensor *outs[3] = {out, weights, p->lse};
     const char *out_names[3] = {"out", "weights", "lse"};
     int rc;
     /* The tensors the checks before this have not looked at as a whole. */
-    for (int i = 5; i < 7; i++)
+    for (int i = 6; i < 8; i++)
         if (ins[i] && (rc = attn_tensor_check(ctx, ins[i], in_names[i])))
             return rc;
     if (p->lse && (rc = attn_tensor_check(ctx, p->lse, "lse")))
         return rc;
     for (int o = 0; o < 3; o++)
-        for (int i = 0; i < 7 && outs[o]; i++)
+        for (int i = 0; i < 8 && outs[o]; i++)
             if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
                                                  in_names[i], o == 0 && i == 0)))
                 return rc;
