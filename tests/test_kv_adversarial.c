@@ -553,6 +553,89 @@ static void test_caller_memory_bookkeeping(void)
     }
 }
 
+/* attn_kv_cache_workspace_size asked once, on short sequences, serves every later
+ * step as the sequences grow at different rates to a full cache (through the
+ * lengths where the keys come to be split): no step allocates. */
+static long ws_allocs;
+static void *ws_alloc(void *user, size_t n)
+{
+    (void)user;
+    ws_allocs++;
+    return malloc(n);
+}
+static void ws_free(void *user, void *p)
+{
+    (void)user;
+    free(p);
+}
+
+static void test_workspace_grows(void)
+{
+    TEST("one workspace of attn_kv_cache_workspace_size bytes, asked on short sequences, "
+         "serves every step to a full cache (f32 and bf16, Tq 1 and 9, 1 and 2 threads)");
+    enum { B = 3, HKV = 2, H = 8, CAP = 2600, D = 64, TQ = 9 };
+    static const attn_dtype dts[2] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16};
+    float *k = malloc(sizeof(float) * HKV * 256 * D), *v = malloc(sizeof(float) * HKV * 256 * D);
+    float *q = malloc(sizeof(float) * B * H * TQ * D), *o = malloc(sizeof(float) * B * H * TQ * D);
+    tu_fill(k, HKV * 256 * D, 41);
+    tu_fill(v, HKV * 256 * D, 42);
+    tu_fill(q, B * H * TQ * D, 43);
+    for (int di = 0; di < 2; di++)
+        for (int64_t tq = 1; tq <= TQ; tq += TQ - 1)
+            for (int th = 1; th <= 2; th++) {
+                attn_ctx ctx;
+                attn_ctx_init(&ctx);
+                ctx.threads = th;
+                attn_kv_cache *c = make(&ctx, B, HKV, CAP, D, dts[di]);
+                const int64_t grow[B] = {37, 211, 101}; /* positions per step */
+                for (int b = 0; b < B; b++) {
+                    attn_tensor kt = tu_tensor4(k, 1, HKV, tq, D), vt = tu_tensor4(v, 1, HKV, tq, D);
+                    CHECK_INT(attn_kv_cache_append(&ctx, c, b, &kt, &vt, NULL), ATTN_OK);
+                }
+                attn_sdpa_params p;
+                attn_sdpa_params_init(&p);
+                p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                attn_tensor qt = tu_tensor4(q, B, H, tq, D), ot = tu_tensor4(o, B, H, tq, D);
+                size_t bytes = 0;
+                CHECK_INT(attn_kv_cache_workspace_size(&ctx, c, 0, &qt, &p, NULL, &ot, NULL, &bytes),
+                          ATTN_OK);
+                void *ws = aligned_alloc(64, (bytes + 64) / 64 * 64);
+                ctx.workspace = ws;
+                ctx.workspace_size = bytes;
+                ctx.allocator.alloc = ws_alloc;
+                ctx.allocator.free = ws_free;
+                ws_allocs = 0;
+                int steps = 0, ok = 1;
+                for (int more = 1; more && ok; steps++) {
+                    more = 0;
+                    for (int b = 0; b < B; b++) {
+                        int64_t n = grow[b];
+                        if (n > CAP - attn_kv_cache_length(c, b))
+                            n = CAP - attn_kv_cache_length(c, b);
+                        if (n < 1)
+                            continue;
+                        more = 1;
+                        attn_tensor kt = tu_tensor4(k, 1, HKV, n, D), vt = tu_tensor4(v, 1, HKV, n, D);
+                        ok &= attn_kv_cache_append(&ctx, c, b, &kt, &vt, NULL) == ATTN_OK;
+                    }
+                    ok &= attn_kv_cache_attend(&ctx, c, 0, &qt, &p, NULL, &ot, NULL) == ATTN_OK;
+                }
+                CHECK(ok);
+                if (ws_allocs)
+                    fprintf(stderr, "  dtype %d Tq %d threads %d: %ld allocations in %d steps "
+                            "(workspace %zu bytes)\n", (int)dts[di], (int)tq, th, ws_allocs,
+                            steps, bytes);
+                CHECK(ws_allocs == 0);
+                attn_kv_cache_free(&ctx, c);
+                attn_ctx_release(&ctx);
+                free(ws);
+            }
+    free(k);
+    free(v);
+    free(q);
+    free(o);
+}
+
 /* RoPE in place on a strided view: out aliasing x with other strides is refused or
  * right; base extremes. */
 static void test_rope_edges(void)
@@ -678,6 +761,7 @@ int main(void)
     test_output_batch();
     test_rope_per_sequence();
     test_caller_memory_bookkeeping();
+    test_workspace_grows();
     test_rope_edges();
     test_out_into_cache();
     test_poison_stays_home();
