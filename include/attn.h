@@ -956,7 +956,8 @@ ATTN_API int attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64
  * first length entries), p->lse is [Bn, H, Tq]. With rope (not NULL) the queries
  * are rotated at their positions first (into float32 scratch; q is not changed).
  *   out [Bn, H, Tq, Dv]; weights [Bn, H, Tq, capacity] or NULL (positions past a
- *   sequence's length get weight 0).
+ *   sequence's length get weight 0). With Bn > 1, out and lse have exactly these
+ *   dims (a batch axis of Bn, not 1 or absent: SHAPE_MISMATCH).
  * Dtypes: weights, bias and lse are float32. q and out are float32, or, with a
  * 16-bit cache, each may also be the cache's dtype: out's dtype decides what is
  * written (rounded once to nearest even when 16-bit); a float32 q is used as it

@@ -225,10 +225,18 @@ static int check_cache(attn_ctx *ctx, const attn_kv_cache *cache, const char *fn
 static int check_range(attn_ctx *ctx, const attn_kv_cache *c, const char *fn, int64_t first,
                        int64_t n)
 {
-    if (first < 0 || first >= c->B || n > c->B - first)
+    if (first < 0 || first >= c->B || n > c->B - first) {
+        /* The last sequence named, first + n - 1, may not fit in int64 (first comes
+         * from the caller): it is printed only when it does. */
+        if (n >= 1 && first <= INT64_MAX - (n - 1))
+            return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                              "%s: sequences %lld .. %lld are not all in the cache's batch of "
+                              "%lld",
+                              fn, (long long)first, (long long)(first + n - 1), (long long)c->B);
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                          "%s: sequences %lld .. %lld are not all in the cache's batch of %lld",
-                          fn, (long long)first, (long long)(first + n - 1), (long long)c->B);
+                          "%s: %lld sequences from %lld are not all in the cache's batch of %lld",
+                          fn, (long long)n, (long long)first, (long long)c->B);
+    }
     return ATTN_OK;
 }
 
@@ -265,6 +273,27 @@ static attn_tensor block_tensor(const attn_kv_cache *c, int values)
     t.dtype = c->dtype;
     t.ndim = 1;
     t.shape[0] = c->B * c->Hkv * c->cap * (values ? c->Dv : c->D);
+    for (int i = 0; i < ATTN_MAX_DIMS; i++)
+        t.stride[i] = 1;
+    for (int i = 1; i < ATTN_MAX_DIMS; i++)
+        t.shape[i] = 1;
+    return t;
+}
+
+/* The cache's whole block, from its struct to the end of its stage rows (or of V),
+ * as a 1-D float32 tensor (every part's size is a multiple of 4 bytes), for
+ * overlap checks: the bookkeeping and the stage are the cache's memory too. */
+static attn_tensor whole_tensor(const attn_kv_cache *c)
+{
+    const unsigned char *end =
+        c->stage ? (const unsigned char *)(c->stage + c->Hkv * c->D)
+                 : c->v + (size_t)(c->B * c->Hkv * c->cap * c->Dv) * c->esize;
+    attn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = (void *)c;
+    t.dtype = ATTN_DTYPE_F32;
+    t.ndim = 1;
+    t.shape[0] = (int64_t)((size_t)(end - (const unsigned char *)c) / sizeof(float));
     for (int i = 0; i < ATTN_MAX_DIMS; i++)
         t.stride[i] = 1;
     for (int i = 1; i < ATTN_MAX_DIMS; i++)
@@ -416,6 +445,12 @@ int attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t first,
         (rc = attn__no_overlap(ctx, fn, &kb, "the cache's keys", v, "v", 0)) ||
         (rc = attn__no_overlap(ctx, fn, &vb, "the cache's values", k, "k", 0)) ||
         (rc = attn__no_overlap(ctx, fn, &vb, "the cache's values", v, "v", 0)))
+        return rc;
+    /* The rest of the cache's memory: a k in the stage rows would be read while
+     * RoPE writes them. */
+    const attn_tensor wb = whole_tensor(c);
+    if ((rc = attn__no_overlap(ctx, fn, &wb, "the cache's memory", k, "k", 0)) ||
+        (rc = attn__no_overlap(ctx, fn, &wb, "the cache's memory", v, "v", 0)))
         return rc;
     /* A 16-bit cache rounds with the converters of the call's instruction set
      * (every set gives the same bits); a context that forces a set this CPU
@@ -570,6 +605,43 @@ typedef struct kv_attend {
                          batched: head + Bn * q_bytes + the batch's scratch */
 } kv_attend;
 
+/* No output may share memory with an input, the cache or another output; out may
+ * be q itself. Checked on the whole tensors and the cache's whole K and V blocks
+ * before anything runs: each sequence's own call checks only its rows against
+ * its stored keys, so one sequence's output could land in a later sequence's
+ * keys (or its room, or its weights) before that sequence's call refused it. */
+static int attend_aliasing(attn_ctx *ctx, const attn_kv_cache *c, const attn_tensor *q,
+                           const attn_sdpa_params *p, const attn_tensor *out,
+                           const attn_tensor *weights)
+{
+    static const char fn[] = "attn_kv_cache_attend";
+    const attn_tensor kb = block_tensor(c, 0), vb = block_tensor(c, 1), wb = whole_tensor(c);
+    const attn_tensor *ins[8] = {q,       &kb,     &vb,    &wb,
+                                 p->mask, p->bias, p->sinks, p->alibi_slopes};
+    const char *in_names[8] = {"q",    "the cache's keys", "the cache's values",
+                               "the cache's memory", "mask", "bias", "sinks", "alibi_slopes"};
+    const attn_tensor *outs[3] = {out, weights, p->lse};
+    const char *out_names[3] = {"out", "weights", "lse"};
+    int rc;
+    /* The tensors the checks before this have not looked at as a whole. */
+    for (int i = 6; i < 8; i++)
+        if (ins[i] && (rc = attn_tensor_check(ctx, ins[i], in_names[i])))
+            return rc;
+    if (p->lse && (rc = attn_tensor_check(ctx, p->lse, "lse")))
+        return rc;
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < 8 && outs[o]; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
+                                                 in_names[i], o == 0 && i == 0)))
+                return rc;
+    for (int o = 0; o < 3; o++)
+        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, fn, outs[o2], out_names[o2], outs[o],
+                                                   out_names[o], 0)))
+                return rc;
+    return ATTN_OK;
+}
+
 /* Checks what the attention contract cannot see (the range, the cache's shapes,
  * mask and bias against the capacity, the causal value), then plans: each
  * sequence's attention with its own Tk, and a full cache, taking the largest
@@ -595,6 +667,23 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     a->Tq = qs[2];
     if ((rc = check_range(ctx, c, fn, first, a->Bn)))
         return rc;
+    /* With several sequences, out and lse need q's batch axis: each sequence's call
+     * takes its row of them (batch_row), and one of batch 1, or with fewer dims,
+     * would have every sequence write the same rows (from several threads at once
+     * when the calls run as one job). */
+    if (a->Bn > 1 && (out->ndim != 4 || out->shape[0] != a->Bn ||
+                      (p->lse && (p->lse->ndim != 3 || p->lse->shape[0] != a->Bn)))) {
+        const int bad_out = out->ndim != 4 || out->shape[0] != a->Bn;
+        const attn_tensor *t = bad_out ? out : p->lse;
+        char s1[128], s2[128];
+        return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
+                          "%s: %s has shape %s; q %s has a batch of %lld sequences, so %s "
+                          "must be [%lld, %s] with one row per sequence",
+                          fn, bad_out ? "out" : "lse", attn__shape_str(t, s1, sizeof s1),
+                          attn__shape_str(q, s2, sizeof s2), (long long)a->Bn,
+                          bad_out ? "out" : "lse", (long long)a->Bn,
+                          bad_out ? "H, Tq, Dv" : "H, Tq");
+    }
     if (qs[3] != c->D || a->H % c->Hkv != 0) {
         char s1[128];
         return attn__fail(ctx, ATTN_STATUS_SHAPE_MISMATCH,
@@ -647,7 +736,7 @@ static int attend_prepare(attn_ctx *ctx, const attn_kv_cache *c, int64_t first,
     }
     if (rope && (rc = attn__rope_check(ctx, rope, c->D, 0)))
         return rc;
-    if ((rc = attn__no_overlap(ctx, fn, out, "out", q, "q", 1)))
+    if ((rc = attend_aliasing(ctx, c, q, p, out, weights)))
         return rc;
 
     /* The first sequence's call through the contract checks q, out and every option
