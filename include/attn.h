@@ -613,7 +613,7 @@ struct attn_rope_params; /* defined in the RoPE section below */
  *   at the same positions: Tq == Tk); v is not rotated.
  * rope NULL is attn_mha_forward_packed itself (the same bits). rope is checked as
  * attn_rope_apply checks it (pairing, base > 0 and finite, offset >= 0 and
- * offset + T without overflow, D even: an odd D is SHAPE_MISMATCH naming it).
+ * offset + T - 1 within int64, D even: an odd D is SHAPE_MISMATCH naming it).
  * Everything else (arguments, checks, aliasing, results) is as for
  * attn_mha_forward_packed, and so is the scratch: the rotation needs none of its
  * own, so attn_mha_packed_workspace_size gives the bytes. */

@@ -227,6 +227,16 @@ err_has "--rope-offset needs --rope"
 say "bad combinations are errors (exit 1) naming the shapes"
 run 1 "$ATTN" "${base[@]}" --prefill 4
 err_has "--prefill 4 is more than the input's 3 tokens"
+# The last of the 3 tokens would sit past int64: named by the offset as given, once,
+# not by the offset of the step that reached it.
+for prefill in 0 2; do
+    run 1 "$ATTN" "${base[@]}" --prefill $prefill --rope half --rope-offset 9223372036854775806
+    err_has "--rope-offset 9223372036854775806: the input's 3 tokens would sit at positions beyond"
+    [ -e "$WORK/bad.npy" ] && bad "decode wrote an output after the offset error" || ok
+done
+# The last token at int64's largest position itself: taken.
+run 0 "$ATTN" decode "${wargs[@]}" --input "$IN/x_t3.npy" --output "$WORK/offset_max.npy" \
+    --prefill 1 --rope half --rope-offset 9223372036854775805
 O="$ATTN_TEST_DATA_DIR/golden_gqa/gqa_h4_kv2_d3_qkvbias_pad"
 for cmd in forward decode; do
     run 1 "$ATTN" "$cmd" --weights "$O/weights.safetensors" --prefix model.layers.0.self_attn. \

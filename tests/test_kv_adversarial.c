@@ -668,6 +668,9 @@ static void test_rope_edges(void)
     attn_rope_params_init(&rp);
     rp.offset = INT64_MAX - T;
     CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_OK);
+    /* the last row at INT64_MAX itself: representable, so taken */
+    rp.offset = INT64_MAX - T + 1;
+    CHECK_INT(attn_rope_apply(&ctx, &rp, &xt, &yt), ATTN_OK);
     rp.offset = INT64_MAX - T + 2;
     CHECK(attn_rope_apply(&ctx, &rp, &xt, &yt) != ATTN_OK);
     /* positions past 2^24: float32 of the position as PyTorch's float arange */

@@ -238,6 +238,14 @@ int cmd_decode(int argc, char **argv)
                   cli_shape(&d.x.tensor, s, sizeof s));
         goto done;
     }
+    /* Each step rotates at --rope-offset + t: the last position must fit in int64
+     * (checked once here, so the message names the offset as given, not a step's). */
+    if (use_rope && rope.offset > INT64_MAX - (T - 1)) {
+        cli_error(PROG, "--rope-offset %lld: the input's %lld tokens would sit at positions "
+                  "beyond %lld (int64's largest)", (long long)rope.offset, (long long)T,
+                  (long long)INT64_MAX);
+        goto done;
+    }
     /* The queries of a block are the last ones in their sequences' cache. */
     d.p.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
 

@@ -132,7 +132,8 @@ static int rope_call(attn_ctx *ctx, const char *fn, int inverse, const attn_rope
     }
     if ((rc = attn__rope_check(ctx, p, xsh[3], 1)))
         return rc;
-    if (p->offset > INT64_MAX - xsh[2])
+    /* Rows sit at offset .. offset + T - 1: the last must fit (T >= 1 here). */
+    if (p->offset > INT64_MAX - (xsh[2] - 1))
         return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                           "RoPE offset %lld plus %lld rows overflows", (long long)p->offset,
                           (long long)xsh[2]);
