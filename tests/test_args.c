@@ -1473,6 +1473,8 @@ static void test_mha_packed(void)
     bad_r.offset = INT64_MAX - 1; /* + T = 3 positions overflows */
     EXPECT_FAIL(ATTN_STATUS_OVERFLOW,
                 attn_mha_forward_packed_rope(C, pw, H, &x, NULL, &bad_r, &out, &att));
+    bad_r.offset = INT64_MAX - 2; /* the last of T = 3 rows at INT64_MAX itself: taken */
+    CHECK_INT(attn_mha_forward_packed_rope(NULL, pw, H, &x, NULL, &bad_r, &out, &att), ATTN_OK);
     attn_mha_packed_free(NULL, pw);
     {
         /* E = 3, one head: D = 3 is odd, which RoPE cannot pair. */
@@ -1866,6 +1868,9 @@ static void gqa_backward_contract(const char *name, gqa_bwd_fn f)
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, &pair, &dy, &g));
     EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, f(C, &w, H, HKV, &x, NULL, &base0, &dy, &g));
     EXPECT_FAIL(ATTN_STATUS_OVERFLOW, f(C, &w, H, HKV, &x, NULL, &huge, &dy, &g));
+    attn_rope_params edge = rp; /* the last of T rows at INT64_MAX itself: taken */
+    edge.offset = INT64_MAX - (T - 1);
+    EXPECT_OK(f(C, &w, H, HKV, &x, NULL, &edge, &dy, &g));
 
     /* The forward's lse output is refused; gradients may not overlap inputs or each
      * other. */

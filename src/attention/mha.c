@@ -743,7 +743,7 @@ int attn_mha_forward_packed_rope(attn_ctx *ctx, const attn_mha_packed *pw, int64
         /* The check is the one attn_rope_apply makes, so the messages agree. */
         if ((rc = attn__rope_check(ctx, rope, mp.D, 1)))
             return rc;
-        if (rope->offset > INT64_MAX - mp.T)
+        if (rope->offset > INT64_MAX - (mp.T - 1)) /* the last row at offset + T - 1 */
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                               "RoPE offset %lld plus %lld positions overflows",
                               (long long)rope->offset, (long long)mp.T);

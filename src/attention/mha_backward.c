@@ -219,7 +219,7 @@ static int plan_make(attn_ctx *ctx, const char *fn, int64_t E, int64_t H, int64_
         /* The checks attn_mha_forward_packed_rope makes, with its messages. */
         if ((rc = attn__rope_check(ctx, rope, D, 1)))
             return rc;
-        if (rope->offset > INT64_MAX - T)
+        if (rope->offset > INT64_MAX - (T - 1)) /* the last row at offset + T - 1 */
             return attn__fail(ctx, ATTN_STATUS_OVERFLOW,
                               "RoPE offset %lld plus %lld positions overflows",
                               (long long)rope->offset, (long long)T);
