@@ -267,6 +267,7 @@ static void test_chunked_prefill_bits(void)
                 skt = tu_tensor4(sk, 1, 1, 1, H);
                 skt.ndim = 1;
                 skt.shape[0] = H;
+                skt.stride[0] = 1; /* tu_tensor4's axis 0 stride was H */
                 p.sinks = &skt;
                 p.has_window = 1;
                 p.window_left = 2;

@@ -232,7 +232,7 @@ static int check_range(attn_ctx *ctx, const attn_kv_cache *c, const char *fn, in
             return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                               "%s: sequences %lld .. %lld are not all in the cache's batch of "
                               "%lld",
-                              fn, (long long)first, (long long)(first + n - 1), (long long)c->B);
+                              fn, (long long)first, (long long)(first + (n - 1)), (long long)c->B);
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                           "%s: %lld sequences from %lld are not all in the cache's batch of %lld",
                           fn, (long long)n, (long long)first, (long long)c->B);
