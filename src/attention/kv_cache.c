@@ -620,8 +620,8 @@ static int attend_aliasing(attn_ctx *ctx, const attn_kv_cache *c, const attn_ten
                                  p->mask, p->bias, p->sinks, p->alibi_slopes};
     const char *in_names[8] = {"q",    "the cache's keys", "the cache's values",
                                "the cache's memory", "mask", "bias", "sinks", "alibi_slopes"};
-    const attn_tensor *outs[3] = {out, weights, p->lse};
-    const char *out_names[3] = {"out", "weights", "lse"};
+    const attn_tensor *const outs[3] = {out, weights, p->lse};
+    static const char *const out_names[3] = {"out", "weights", "lse"};
     int rc;
     /* The tensors the checks before this have not looked at as a whole. */
     for (int i = 6; i < 8; i++)
@@ -629,17 +629,7 @@ static int attend_aliasing(attn_ctx *ctx, const attn_kv_cache *c, const attn_ten
             return rc;
     if (p->lse && (rc = attn_tensor_check(ctx, p->lse, "lse")))
         return rc;
-    for (int o = 0; o < 3; o++)
-        for (int i = 0; i < 8 && outs[o]; i++)
-            if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
-                                                 in_names[i], o == 0 && i == 0)))
-                return rc;
-    for (int o = 0; o < 3; o++)
-        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
-            if (outs[o2] && (rc = attn__no_overlap(ctx, fn, outs[o2], out_names[o2], outs[o],
-                                                   out_names[o], 0)))
-                return rc;
-    return ATTN_OK;
+    return attn__outputs_apart(ctx, fn, outs, out_names, ins, in_names, 8);
 }
 
 /* Checks what the attention contract cannot see (the range, the cache's shapes,

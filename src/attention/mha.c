@@ -183,22 +183,9 @@ static int mha_aliasing(attn_ctx *ctx, const char *fn, const attn_tensor *x,
             ins[n_in] = wt[i];
             in_names[n_in++] = wn[i];
         }
-    const attn_tensor *outs[3] = {out, weights, p ? p->lse : NULL};
+    const attn_tensor *const outs[3] = {out, weights, p ? p->lse : NULL};
     static const char *const out_names[3] = {"out", "weights", "lse"};
-    int rc;
-    /* Each output against the inputs first, then the outputs against each other,
-     * so that the message names an input whenever one is involved. */
-    for (int o = 0; o < 3; o++)
-        for (int i = 0; i < n_in && outs[o]; i++)
-            if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
-                                                 in_names[i], o == 0 && i == 0)))
-                return rc;
-    for (int o = 0; o < 3; o++)
-        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
-            if (outs[o2] && (rc = attn__no_overlap(ctx, fn, outs[o2], out_names[o2], outs[o],
-                                                   out_names[o], 0)))
-                return rc;
-    return ATTN_OK;
+    return attn__outputs_apart(ctx, fn, outs, out_names, ins, in_names, n_in);
 }
 
 /* The chapter's weights for mha_aliasing (NULL for packed weights). */

@@ -213,22 +213,9 @@ static int check_aliasing(attn_ctx *ctx, const attn_tensor *q, const attn_tensor
 {
     const attn_tensor *ins[7] = {q, k, v, p->mask, p->bias, p->sinks, p->alibi_slopes};
     const char *in_names[7] = {"q", "k", "v", "mask", "bias", "sinks", "alibi_slopes"};
-    const attn_tensor *outs[3] = {out, weights, p->lse};
-    const char *out_names[3] = {"out", "weights", "lse"};
-    int rc;
-    /* Each output against the inputs first, then the outputs against each other,
-     * so that the message names an input whenever one is involved. */
-    for (int o = 0; o < 3; o++)
-        for (int i = 0; i < 7 && outs[o]; i++)
-            if (ins[i] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o], out_names[o], ins[i],
-                                                 in_names[i], o == 0 && i == 0)))
-                return rc;
-    for (int o = 0; o < 3; o++)
-        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
-            if (outs[o2] && (rc = attn__no_overlap(ctx, "attn_sdpa", outs[o2], out_names[o2], outs[o],
-                                                   out_names[o], 0)))
-                return rc;
-    return ATTN_OK;
+    const attn_tensor *const outs[3] = {out, weights, p->lse};
+    static const char *const out_names[3] = {"out", "weights", "lse"};
+    return attn__outputs_apart(ctx, "attn_sdpa", outs, out_names, ins, in_names, 7);
 }
 
 int attn__sdpa_prepare(attn_ctx *ctx, const attn_tensor *q, const attn_tensor *k,

@@ -54,6 +54,13 @@ int attn__same_view(const attn_tensor *a, const attn_tensor *b);
 int attn__no_overlap(attn_ctx *ctx, const char *fn, const attn_tensor *out,
                      const char *out_name, const attn_tensor *in, const char *in_name,
                      int same_view_ok);
+/* The three outputs of an attention call (out, weights, lse; NULL entries skipped)
+ * against n_in inputs (NULL entries skipped), then against each other, so that a
+ * message names an input whenever one is involved; out may be ins[0] itself (the
+ * in-place call). OK, or the first overlap's attn__no_overlap failure. */
+int attn__outputs_apart(attn_ctx *ctx, const char *fn, const attn_tensor *const outs[3],
+                        const char *const out_names[3], const attn_tensor *const *ins,
+                        const char *const *in_names, int n_in);
 
 /* a * b into *out, or 0 if it overflows int64 (a, b >= 0). Returns 1 on success. */
 int attn__mul_i64(int64_t a, int64_t b, int64_t *out);

@@ -179,3 +179,21 @@ int attn__no_overlap(attn_ctx *ctx, const char *fn, const attn_tensor *out,
                           : "%s: %s and %s share memory (%s must not overlap %s)",
                       fn, out_name, in_name, out_name, in_name);
 }
+
+int attn__outputs_apart(attn_ctx *ctx, const char *fn, const attn_tensor *const outs[3],
+                        const char *const out_names[3], const attn_tensor *const *ins,
+                        const char *const *in_names, int n_in)
+{
+    int rc;
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < n_in && outs[o]; i++)
+            if (ins[i] && (rc = attn__no_overlap(ctx, fn, outs[o], out_names[o], ins[i],
+                                                 in_names[i], o == 0 && i == 0)))
+                return rc;
+    for (int o = 0; o < 3; o++)
+        for (int o2 = o + 1; o2 < 3 && outs[o]; o2++)
+            if (outs[o2] && (rc = attn__no_overlap(ctx, fn, outs[o2], out_names[o2], outs[o],
+                                                   out_names[o], 0)))
+                return rc;
+    return ATTN_OK;
+}
