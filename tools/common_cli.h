@@ -89,6 +89,11 @@
     "        default); another value is ignored.\n"                                       \
     "    ATTN_MICROTILE=8x2|4x4\n"                                                        \
     "        Force the avx512 build's micro-tile shapes (the same bits either way).\n"    \
+    "    ATTN_SPIN_US=N\n"                                                                \
+    "        How long, in microseconds (0..1000000, default 100), the worker\n"          \
+    "        threads spin waiting for the next call, and a call for its workers,\n"     \
+    "        before they sleep; 0 sleeps at once (for a machine whose cores are\n"      \
+    "        shared with other busy threads). Another value is ignored.\n"              \
     "    ATTN_FAIL_ALLOC_AT=N\n"                                                          \
     "        Make the Nth allocation of attn forward, decode or sdpa fail (for\n"        \
     "        testing the out-of-memory paths).\n"                                                                   \

@@ -2,8 +2,14 @@
  * threads.c - a small pthread pool of our own for the fast kernels.
  *
  * Workers are created on first use (as many as the largest call has asked for,
- * at most ATTN_POOL_MAX) and then sleep on a condition variable between calls, so
- * a call pays a wake-up, not a thread creation. The calling thread works too (as
+ * at most ATTN_POOL_MAX) and then wait between calls, so a call pays a wake-up,
+ * not a thread creation. A worker that finishes a job first spins for the next
+ * one for a while (ATTN_SPIN_US, 100 microseconds by default), and the caller
+ * spins for its workers' last items, before either sleeps on a condition
+ * variable: waking a sleeping thread takes some tens of microseconds (more on a
+ * virtual machine, where the sleeping core has halted), which is as long as a
+ * whole small call, a decoding step's included. OpenMP's runtimes do the same
+ * (OMP_WAIT_POLICY, GOMP_SPINCOUNT). The calling thread works too (as
  * worker 0). Items are handed out from one atomic counter; each item must write
  * results that depend on the item alone, so the answer never depends on the
  * thread count or the schedule (tests/test_threads.c checks that bit for bit).
@@ -28,12 +34,20 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <sched.h>
 #endif
 
 #define ATTN_POOL_MAX 64
+
+/* How long a worker waits for the next job, and the caller for its workers, by
+ * spinning before sleeping: ATTN_SPIN_US microseconds, 0 to sleep at once (where
+ * the process shares its cores with other busy threads), at most one second. */
+#define ATTN_SPIN_US_DEFAULT 100
+#define ATTN_SPIN_US_MAX 1000000
 
 /* Below this many floating-point operations per thread, a thread is not worth
  * waking (a wake-up and a join cost some tens of microseconds on a busy machine). */
@@ -51,13 +65,13 @@ static struct {
     pthread_cond_t wake;
     pthread_cond_t done;
     int started;              /* workers created: ids 1 .. started */
-    uint64_t generation;      /* bumped for every job */
+    _Atomic uint64_t generation; /* bumped for every job (read unlocked by spinners) */
     uint64_t start_gen[ATTN_POOL_MAX + 1];
     pool_job *job;
     int participants;         /* workers 1 .. participants run the current job */
-    int active;               /* of those, how many have not finished */
+    _Atomic int active;       /* of those, how many have not finished (also unlocked) */
     int busy;                 /* a caller owns the pool */
-    int stopping;             /* the destructor asks the workers to return */
+    _Atomic int stopping;     /* the destructor asks the workers to return */
     pthread_t thread[ATTN_POOL_MAX + 1]; /* worker id's thread, to join */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
           0, 0, {0}, NULL, 0, 0, 0, 0, {0}};
@@ -72,12 +86,102 @@ static void run_items(pool_job *job, int worker)
     }
 }
 
+/* ---- Spinning before sleeping ---------------------------------------------------- */
+
+static int64_t spin_ns = (int64_t)ATTN_SPIN_US_DEFAULT * 1000;
+static pthread_once_t spin_once = PTHREAD_ONCE_INIT;
+
+/* ATTN_SPIN_US, read once per process: decimal digits only, at most
+ * ATTN_SPIN_US_MAX; anything else leaves the default. */
+static void spin_read_env(void)
+{
+    const char *e = getenv("ATTN_SPIN_US");
+    if (!e || !*e)
+        return;
+    int64_t us = 0;
+    for (const char *c = e; *c; c++) {
+        if (*c < '0' || *c > '9' || us > ATTN_SPIN_US_MAX)
+            return;
+        us = us * 10 + (*c - '0');
+    }
+    if (us <= ATTN_SPIN_US_MAX)
+        spin_ns = us * 1000;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* What a spinner waits for, read without the lock; the sleeper's loop that
+ * follows checks it again under the lock, so a spin that gives up early only
+ * costs the sleep it tried to avoid. */
+static int new_job_or_stop(uint64_t seen)
+{
+    return atomic_load_explicit(&pool.generation, memory_order_acquire) != seen ||
+           atomic_load_explicit(&pool.stopping, memory_order_acquire);
+}
+
+static int workers_done(uint64_t unused)
+{
+    (void)unused;
+    return atomic_load_explicit(&pool.active, memory_order_acquire) == 0;
+}
+
+static void spin_until(int (*ready)(uint64_t), uint64_t arg)
+{
+    if (spin_ns <= 0 || ready(arg))
+        return;
+    const int64_t t0 = now_ns();
+    for (unsigned i = 1;; i++) {
+        cpu_relax();
+        if (ready(arg))
+            return;
+        if ((i & 63) == 0 && now_ns() - t0 > spin_ns)
+            return;
+    }
+}
+
+/* Whether this thread is taking or holds pool.lock as a caller (set before it
+ * asks for the lock, cleared after it lets go): exit() from a signal handler
+ * that interrupted this thread there must not wait for the lock (pool_shutdown).
+ * Workers block every signal and never need it. */
+static _Thread_local int caller_in_lock;
+
+static void caller_lock(void)
+{
+    caller_in_lock = 1;
+    pthread_mutex_lock(&pool.lock);
+}
+
+static void caller_unlock(void)
+{
+    pthread_mutex_unlock(&pool.lock);
+    caller_in_lock = 0;
+}
+
 static void *worker_main(void *arg)
 {
     const int id = (int)(intptr_t)arg;
     pthread_mutex_lock(&pool.lock);
     uint64_t seen = pool.start_gen[id];
     for (;;) {
+        if (pool.generation == seen && !pool.stopping) {
+            pthread_mutex_unlock(&pool.lock);
+            spin_until(new_job_or_stop, seen);
+            pthread_mutex_lock(&pool.lock);
+        }
         while (pool.generation == seen && !pool.stopping)
             pthread_cond_wait(&pool.wake, &pool.lock);
         if (pool.stopping)
@@ -173,9 +277,10 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
      * child fresh locks, or the child's next call would wait on a lock no thread
      * of the child will ever release. */
     pthread_once(&atfork_once, pool_register_atfork);
-    pthread_mutex_lock(&pool.lock);
+    pthread_once(&spin_once, spin_read_env);
+    caller_lock();
     if (pool.busy) {
-        pthread_mutex_unlock(&pool.lock);
+        caller_unlock();
         run_items(&job, 0);
         pthread_setcancelstate(cancel_state, NULL);
         return;
@@ -187,30 +292,40 @@ void attn__parallel_for(int threads, int64_t n_items, attn__task_fn fn, void *ar
     pool.active = helpers;
     pool.generation++;
     pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
+    caller_unlock();
 
     run_items(&job, 0);
 
-    pthread_mutex_lock(&pool.lock);
+    spin_until(workers_done, 0);
+    caller_lock();
     while (pool.active > 0)
         pthread_cond_wait(&pool.done, &pool.lock);
     pool.job = NULL;
     pool.busy = 0;
-    pthread_mutex_unlock(&pool.lock);
+    caller_unlock();
     pthread_setcancelstate(cancel_state, NULL);
 }
 
 /* At dlclose or exit: stops the workers and waits until they have returned, so no
  * thread runs the library's code once it is unmapped. A caller still inside a call
  * at exit keeps the pool (its workers end with the process); every later call runs
- * on its caller's thread. trylock, not lock: exit() from a signal handler that
- * interrupted this very thread while it held the lock must not wait for itself. */
+ * on its caller's thread. exit() from a signal handler that interrupted this very
+ * thread while it held the lock (or was taking it) must not wait for itself, so
+ * that case returns at once. Anyone else holds the lock for a moment only (a
+ * worker between its spin and its sleep, right after a call, often does), so the
+ * lock is waited for, but for at most a second, in case a program's thread sits
+ * in a signal handler of its own with the lock held. */
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((destructor))
 #endif
 static void pool_shutdown(void)
 {
-    if (pthread_mutex_trylock(&pool.lock) != 0)
+    if (caller_in_lock)
+        return;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 1;
+    if (pthread_mutex_timedlock(&pool.lock, &deadline) != 0)
         return;
     if (pool.busy) {
         pthread_mutex_unlock(&pool.lock);
