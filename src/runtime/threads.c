@@ -212,6 +212,8 @@ static void pool_after_fork_child(void)
     pool.participants = 0;
     pool.active = 0;
     pool.busy = pool.stopping; /* after the destructor, calls stay on their callers */
+    caller_in_lock = 0; /* the forking thread's flag: a fork from a signal handler
+                           that interrupted its caller_lock() copied it set */
 }
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
