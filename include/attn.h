@@ -123,6 +123,10 @@ ATTN_API const char *attn_strerror(int status);
 
 #define ATTN_MESSAGE_SIZE 512
 
+/* Both functions, or neither (both NULL: malloc and free). A call that would
+ * allocate through a context whose allocator has one and not the other refuses
+ * it (ATTN_STATUS_INVALID_ARGUMENT, "ctx->allocator has alloc but no free ..."),
+ * before asking for any memory. */
 typedef struct attn_allocator {
     /* Returns NULL on failure, else memory aligned for any type, as malloc's is
      * (attn_tensor_alloc's tensors and the loaders' arrays start where it points,

@@ -4,6 +4,11 @@
  * fail until the call succeeds. Each failing run must return ATTN_STATUS_NO_MEMORY
  * with a message, leave no allocation behind, and leave files untouched; the run
  * that finally succeeds must give the same result as an unconstrained run.
+ *
+ * Each entry point that allocates is also called with an allocator of which only
+ * one function is set (alloc without free, free without alloc): memory of one heap
+ * would be handed to the other's free. Each must refuse it, INVALID_ARGUMENT with
+ * a message naming ctx->allocator, before it asks either function for anything.
  */
 #include "attn.h"
 #include "check.h"
@@ -71,6 +76,24 @@ static long sweep(const char *name, entry_fn fn, void *arg)
         CHECK_STR_CONTAINS(ctx.message, "out of memory");
     }
     fprintf(stderr, "  %s: %ld allocations made to fail, each cleanly\n", name, fails);
+    if (fails > 0)
+        for (int half = 0; half < 2; half++) {
+            counting c = {0, 0, 0};
+            attn_ctx ctx;
+            attn_ctx_init(&ctx);
+            ctx.threads = 1;
+            ctx.allocator.alloc = half == 0 ? count_alloc : NULL;
+            ctx.allocator.free = half == 1 ? count_free : NULL;
+            ctx.allocator.user = &c;
+            int rc = fn(&ctx, arg);
+            if (rc != ATTN_STATUS_INVALID_ARGUMENT || c.calls != 0)
+                fprintf(stderr, "  %s: an allocator with only %s set gives %s after %ld allocations: %s\n",
+                        name, half == 0 ? "alloc" : "free", attn_status_name(rc), c.calls, ctx.message);
+            CHECK_INT(rc, ATTN_STATUS_INVALID_ARGUMENT);
+            CHECK_INT(c.calls, 0);
+            CHECK_INT(c.live, 0);
+            CHECK_STR_CONTAINS(ctx.message, "ctx->allocator has");
+        }
     return fails;
 }
 

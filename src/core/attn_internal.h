@@ -22,11 +22,20 @@
  * status, so a failing check reads `return attn__fail(ctx, ATTN_STATUS_..., "...")`. */
 int attn__fail(attn_ctx *ctx, int status, const char *fmt, ...) ATTN__PRINTF(3, 4);
 
-/* Allocation through ctx's allocator (malloc/free when ctx is NULL). attn__alloc
- * records ATTN_STATUS_NO_MEMORY with `what` in the message when it fails.
- * attn__alloc never returns memory for size 0: it asks for 1 byte instead. */
+/* Allocation through ctx's allocator (malloc/free when ctx is NULL, or when both
+ * of its functions are NULL). attn__alloc records ATTN_STATUS_NO_MEMORY with
+ * `what` in the message when it fails, and refuses an allocator with one of its
+ * two functions set and not the other (INVALID_ARGUMENT, attn__allocator_check)
+ * before it asks anyone for memory. attn__alloc never returns memory for size 0:
+ * it asks for 1 byte instead. After a failed attn__alloc or attn__scratch_get,
+ * return attn__alloc_status(ctx): the status it recorded. */
 void *attn__alloc(attn_ctx *ctx, size_t size, const char *what);
 void attn__free(attn_ctx *ctx, void *ptr);
+int attn__allocator_check(attn_ctx *ctx, const attn_allocator *a);
+static inline int attn__alloc_status(const attn_ctx *ctx)
+{
+    return ctx ? ctx->status : ATTN_STATUS_NO_MEMORY;
+}
 
 /* Scratch for one call, `bytes` long and 64-byte aligned, taken as attn_ctx
  * describes: the caller's workspace, the context's kept buffer, or a fresh

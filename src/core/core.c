@@ -80,8 +80,23 @@ int attn__fail(attn_ctx *ctx, int status, const char *fmt, ...)
     return status;
 }
 
+/* An allocator is both functions or neither (malloc and free): memory from the
+ * program's alloc given to libc's free, or malloc's to the program's free, would
+ * corrupt either heap, so a half-set one is refused before anything is allocated. */
+int attn__allocator_check(attn_ctx *ctx, const attn_allocator *a)
+{
+    if (!a || (a->alloc == NULL) == (a->free == NULL))
+        return ATTN_OK;
+    return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                      "ctx->allocator has %s but no %s: set both, or neither for malloc and "
+                      "free",
+                      a->alloc ? "alloc" : "free", a->alloc ? "free" : "alloc");
+}
+
 void *attn__alloc(attn_ctx *ctx, size_t size, const char *what)
 {
+    if (ctx && attn__allocator_check(ctx, &ctx->allocator) != ATTN_OK)
+        return NULL;
     if (size == 0)
         size = 1;
     void *p;

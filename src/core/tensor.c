@@ -145,7 +145,7 @@ int attn_tensor_alloc(attn_ctx *ctx, attn_tensor *t, attn_dtype dtype, int ndim,
     attn__bytes(attn_tensor_numel(t), attn_dtype_size(dtype), &bytes); /* checked above */
     void *p = attn__alloc(ctx, bytes, "a tensor");
     if (!p)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     memset(p, 0, bytes);
     t->data = p;
     return ATTN_OK;

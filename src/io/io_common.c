@@ -44,7 +44,7 @@ int attn__array_alloc(attn_ctx *ctx, attn_array *a, attn_dtype dtype, int ndim,
                           (long long)n, attn_dtype_name(dtype));
     void *buf = attn__alloc(ctx, bytes, path);
     if (!buf)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     int st = attn_tensor_init(ctx, &a->tensor, dtype, buf, ndim, shape);
     if (st != ATTN_OK) {
         attn__free(ctx, buf);
@@ -156,7 +156,7 @@ int attn__rfile_read_elems(attn_ctx *ctx, attn__rfile *rf, uint64_t offset, attn
         chunk = n;
     unsigned char *stage = attn__alloc(ctx, (size_t)chunk * es, "staging buffer");
     if (!stage)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     int st = ATTN_OK;
     for (int64_t done = 0; done < n && st == ATTN_OK; done += chunk) {
         int64_t m = n - done < chunk ? n - done : chunk;

@@ -246,7 +246,7 @@ int attn_npy_load_flags(attn_ctx *ctx, const char *path, unsigned flags, attn_ar
     }
     htext = attn__alloc(ctx, (size_t)hlen + 1, "npy header");
     if (!htext) {
-        st = ATTN_STATUS_NO_MEMORY;
+        st = attn__alloc_status(ctx);
         goto done;
     }
     if ((st = attn__rfile_read(ctx, &rf, prefix, htext, hlen, "header")))

@@ -285,6 +285,10 @@ int attn_output_set_create(attn_ctx *ctx, attn_output_set **out)
     attn_allocator a = {NULL, NULL, NULL};
     if (ctx)
         a = ctx->allocator;
+    /* The set keeps this allocator for all its memory: both functions or neither. */
+    int rc = attn__allocator_check(ctx, &a);
+    if (rc != ATTN_OK)
+        return rc;
     attn_output_set *s = a_alloc(&a, ctx, sizeof *s, "an output set");
     if (!s)
         return ATTN_STATUS_NO_MEMORY;

@@ -152,7 +152,7 @@ static int st_index_names(attn_ctx *ctx, attn_safetensors *st)
     size_t n = st->count > 0 ? (size_t)st->count : 1;
     st_named *tmp = attn__alloc(ctx, n * sizeof(*tmp), "safetensors name index");
     if (!tmp)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     for (int64_t i = 0; i < st->count; i++) {
         tmp[i].name = st->entries[i].name;
         tmp[i].idx = i;
@@ -174,7 +174,7 @@ static int st_index_names(attn_ctx *ctx, attn_safetensors *st)
         for (int64_t i = 0; i < st->count; i++)
             st->by_name[i] = tmp[i].idx;
     attn__free(ctx, tmp);
-    return st->by_name ? ATTN_OK : ATTN_STATUS_NO_MEMORY;
+    return st->by_name ? ATTN_OK : attn__alloc_status(ctx);
 }
 
 /* ---- the header ------------------------------------------------------------------ */
@@ -394,7 +394,7 @@ static int st_parse_header(attn_ctx *ctx, attn_safetensors *st, const unsigned c
             st_entry *e = st_push(ctx, st);
             if (!e) {
                 attn__free(ctx, name);
-                return ATTN_STATUS_NO_MEMORY;
+                return attn__alloc_status(ctx);
             }
             e->name = name;
             if ((rc = st_parse_entry(&c, e)) || (rc = st_check_entry(&c, st, e)))
@@ -452,13 +452,13 @@ int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **ou
         return attn__fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "no file name given");
     attn_safetensors *st = attn__alloc(ctx, sizeof(*st), "safetensors handle");
     if (!st)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     memset(st, 0, sizeof(*st));
     size_t plen = strlen(path);
     st->path = attn__alloc(ctx, plen + 1, "file name");
     if (!st->path) {
         st_free(ctx, st);
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     }
     memcpy(st->path, path, plen + 1);
 
@@ -495,7 +495,7 @@ int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **ou
     st->data_size = st->rf.size - st->data_start;
     header = attn__alloc(ctx, (size_t)n + 1, "safetensors header");
     if (!header) {
-        rc = ATTN_STATUS_NO_MEMORY;
+        rc = attn__alloc_status(ctx);
         goto fail;
     }
     if ((rc = attn__rfile_read(ctx, &st->rf, 8, header, n, "header")))
@@ -709,7 +709,7 @@ int attn__safetensors_write(attn_ctx *ctx, attn__wfile *wf, const char *const *n
     size_t hlen = b.len;
     b.p = attn__alloc(ctx, hlen, "safetensors header");
     if (!b.p)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(ctx);
     b.cap = hlen;
     b.len = 0;
     st_build_header(&b, names, tensors, n);

@@ -447,7 +447,7 @@ int attn__cursor_string_alloc(attn__cursor *c, char **out, size_t *len)
         return ATTN_OK;
     char *buf = attn__alloc(c->ctx, n + 1, "a string of a file header");
     if (!buf)
-        return ATTN_STATUS_NO_MEMORY;
+        return attn__alloc_status(c->ctx);
     c->i = start;
     decode_string(c, (unsigned char *)buf, &n);
     buf[n] = '\0';
