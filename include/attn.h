@@ -172,7 +172,8 @@ typedef struct attn_ctx {
      *      a workspace too small or not aligned is passed over, not an error);
      *   2. the context's own buffer, when keep_workspace is nonzero: allocated on
      *      first need, grown when a call needs more, kept between calls, and freed
-     *      by attn_ctx_release();
+     *      by attn_ctx_release(); it is freed with the allocator that allocated
+     *      it, even if ctx->allocator has changed since;
      *   3. otherwise a fresh allocation, freed before the call returns.
      * So a loop that hands in a large enough workspace, or sets keep_workspace,
      * allocates nothing after its first call. A workspace is one call's scratch

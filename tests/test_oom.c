@@ -127,6 +127,17 @@ static int run_sdpa(attn_ctx *ctx, void *arg)
     return attn_sdpa(ctx, &tq, &tk, &tv, &p, &to, &tw);
 }
 
+/* The default kernel on `len` tokens (16 or 32): its scratch grows with them. */
+static float lq[B * H * 32 * D], lo[B * H * 32 * D];
+static int run_sdpa_len(attn_ctx *ctx, int64_t len)
+{
+    attn_tensor tq = tu_tensor4(lq, B, H, len, D), to = tu_tensor4(lo, B, H, len, D);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    return attn_sdpa(ctx, &tq, &tq, &tq, &p, &to, NULL);
+}
+
 static int run_mha(attn_ctx *ctx, void *arg)
 {
     (void)arg;
@@ -433,6 +444,54 @@ int main(void)
         CHECK(sweep("attn_linear", run_linear, NULL) >= 1);
     CHECK_INT(sweep("attn_linear_forward_packed", run_linear_packed, pl), 0);
     CHECK_INT(sweep("the workspace queries", run_workspace_queries, pw), 0);
+    {
+        TEST("a kept buffer (keep_workspace) goes back to the allocator that gave it, "
+             "whatever the context's allocator has become by then");
+        /* attn_ctx_release after the program set the free half to NULL: the buffer
+         * went to libc's free (a.live stayed 1); the allocator changed to another
+         * one before a call that grows the buffer: the old one went to b's free. */
+        counting a = {0, 0, 0}, b = {0, 0, 0};
+        attn_ctx kc;
+        attn_ctx_init(&kc);
+        kc.threads = 1;
+        kc.keep_workspace = 1;
+        kc.allocator = (attn_allocator){count_alloc, count_free, &a};
+        CHECK_INT(run_mha_packed(&kc, pw), ATTN_OK);
+        CHECK_INT(a.live, 1);
+        const long asked = a.calls;
+        kc.allocator.free = NULL; /* half-set: this call needs no memory, asks none */
+        CHECK_INT(run_mha_packed(&kc, pw), ATTN_OK);
+        CHECK_INT(a.calls, asked);
+        attn_ctx_release(&kc);
+        CHECK_INT(a.live, 0);
+
+        a = (counting){0, 0, 0};
+        kc.allocator = (attn_allocator){count_alloc, count_free, &a};
+        CHECK_INT(run_sdpa_len(&kc, 16), ATTN_OK);
+        const long kept_a = a.live;
+        kc.allocator = (attn_allocator){count_alloc, count_free, &b};
+        CHECK_INT(run_sdpa_len(&kc, 32), ATTN_OK); /* more scratch than 16 tokens */
+        if (kept_a == 1 && b.calls == 1) { /* the buffer grew: a's old one to a */
+            CHECK_INT(a.live, 0);
+            CHECK_INT(b.live, 1);
+        } else {
+            fprintf(stderr, "  the kept buffer did not grow (%ld, %ld): the case is not tested\n",
+                    kept_a, b.calls);
+            CHECK(0);
+        }
+        attn_ctx_release(&kc);
+        CHECK_INT(a.live, 0);
+        CHECK_INT(b.live, 0);
+
+        /* And the release alone, after the allocator changed. */
+        a = b = (counting){0, 0, 0};
+        kc.allocator = (attn_allocator){count_alloc, count_free, &a};
+        CHECK_INT(run_mha_packed(&kc, pw), ATTN_OK);
+        kc.allocator = (attn_allocator){count_alloc, count_free, &b};
+        attn_ctx_release(&kc);
+        CHECK_INT(a.live, 0);
+        CHECK_INT(b.live, 0);
+    }
     attn_mha_packed_free(NULL, pw);
     attn_linear_packed_free(NULL, pl);
 

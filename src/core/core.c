@@ -120,11 +120,29 @@ void attn__free(attn_ctx *ctx, void *ptr)
         free(ptr);
 }
 
+/* The kept buffer (keep_workspace) starts with a copy of the allocator that gave
+ * it, and goes back to that one: the program may change ctx->allocator between
+ * calls (to another one, or to a half-set one that no call allocates with), and
+ * the buffer must not reach a free of another heap. */
+#define KEPT_HEAD sizeof(attn_allocator)
+
+static void kept_free(void *kept)
+{
+    if (!kept)
+        return;
+    attn_allocator a;
+    memcpy(&a, kept, sizeof a);
+    if (a.free)
+        a.free(a.user, kept);
+    else
+        free(kept);
+}
+
 void attn_ctx_release(attn_ctx *ctx)
 {
     if (!ctx)
         return;
-    attn__free(ctx, ctx->kept_);
+    kept_free(ctx->kept_);
     ctx->kept_ = NULL;
     ctx->kept_size_ = 0;
 }
@@ -156,21 +174,22 @@ void *attn__scratch_get(attn_ctx *ctx, size_t bytes, const char *what)
     if (ctx && ctx->workspace && ctx->workspace_size >= bytes &&
         (uintptr_t)ctx->workspace % 64 == 0)
         return ctx->workspace;
-    if (bytes > SIZE_MAX - SCRATCH_PAD) {
+    if (bytes > SIZE_MAX - SCRATCH_PAD - KEPT_HEAD) {
         attn__fail(ctx, ATTN_STATUS_OVERFLOW, "%s of %zu bytes overflows",
                    what ? what : "scratch", bytes);
         return NULL;
     }
     if (ctx && ctx->keep_workspace) {
         if (!ctx->kept_ || ctx->kept_size_ < bytes) {
-            void *raw = attn__alloc(ctx, bytes + SCRATCH_PAD, what);
+            void *raw = attn__alloc(ctx, KEPT_HEAD + bytes + SCRATCH_PAD, what);
             if (!raw)
                 return NULL;
-            attn__free(ctx, ctx->kept_);
+            memcpy(raw, &ctx->allocator, sizeof ctx->allocator);
+            kept_free(ctx->kept_);
             ctx->kept_ = raw;
             ctx->kept_size_ = bytes;
         }
-        return scratch_align(ctx->kept_);
+        return scratch_align((char *)ctx->kept_ + KEPT_HEAD);
     }
     void *raw = attn__alloc(ctx, bytes + SCRATCH_PAD, what);
     return raw ? scratch_align(raw) : NULL;
@@ -183,7 +202,7 @@ void attn__scratch_put(attn_ctx *ctx, void *scratch)
     char *p = scratch;
     size_t back;
     memcpy(&back, p - sizeof back, sizeof back);
-    if (ctx && ctx->kept_ && p - back == (char *)ctx->kept_)
+    if (ctx && ctx->kept_ && p - back == (char *)ctx->kept_ + KEPT_HEAD)
         return;
     attn__free(ctx, p - back);
 }
