@@ -383,6 +383,57 @@ static int run_weights_load(attn_ctx *ctx, void *arg)
     return rc;
 }
 
+/* Grouped-query attention, H = 2 query heads over one key/value head of D: W_q
+ * and W_o are wo, W_k and W_v halves of wqkv, no biases. */
+static attn_gqa_weights gqa_weights(void)
+{
+    attn_gqa_weights g;
+    memset(&g, 0, sizeof g);
+    const int64_t sq[2] = {E, E}, skv[2] = {D, E}, sb[1] = {E}, sbkv[1] = {D};
+    attn_tensor_init(NULL, &g.w_q, ATTN_DTYPE_F32, wo, 2, sq);
+    attn_tensor_init(NULL, &g.w_k, ATTN_DTYPE_F32, wqkv, 2, skv);
+    attn_tensor_init(NULL, &g.w_v, ATTN_DTYPE_F32, wqkv + D * E, 2, skv);
+    attn_tensor_init(NULL, &g.w_o, ATTN_DTYPE_F32, wo, 2, sq);
+    attn_tensor_init(NULL, &g.b_q, ATTN_DTYPE_F32, NULL, 1, sb);
+    attn_tensor_init(NULL, &g.b_k, ATTN_DTYPE_F32, NULL, 1, sbkv);
+    attn_tensor_init(NULL, &g.b_v, ATTN_DTYPE_F32, NULL, 1, sbkv);
+    attn_tensor_init(NULL, &g.b_o, ATTN_DTYPE_F32, NULL, 1, sb);
+    return g;
+}
+
+static int run_gqa(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_gqa_weights g = gqa_weights();
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(y, B, T, E);
+    return attn_gqa_forward(ctx, &g, H, 1, &tx, NULL, &ty, NULL);
+}
+
+static int run_gqa_pack(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_gqa_weights g = gqa_weights();
+    attn_mha_packed *pw = NULL;
+    int rc = attn_gqa_pack(ctx, &g, H, 1, &pw);
+    if (rc == ATTN_OK)
+        attn_mha_packed_free(ctx, pw);
+    return rc;
+}
+
+/* An output set of one file, committed. */
+static int run_output_set(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_output_set *set = NULL;
+    int rc = attn_output_set_create(ctx, &set);
+    if (rc == ATTN_OK)
+        rc = attn_output_set_add_bytes(ctx, set, out_path, "attn\n", 5);
+    if (rc == ATTN_OK)
+        rc = attn_output_set_commit(ctx, set);
+    attn_output_set_free(ctx, set);
+    return rc;
+}
+
 int main(void)
 {
     tu_fill(q, B * H * T * D, 1);
@@ -552,6 +603,10 @@ int main(void)
     }
     sweep("attn_rope_apply + attn_rope_backward", run_rope, NULL);
 
+    TEST("grouped-query attention and its packing fail cleanly at every allocation");
+    CHECK(sweep("attn_gqa_forward", run_gqa, NULL) >= 1);
+    CHECK(sweep("attn_gqa_pack", run_gqa_pack, NULL) >= 1);
+
     TEST("the file readers and the weight loader fail cleanly at every allocation");
     CHECK(sweep("attn_npy_load", run_npy_load, NULL) >= 1);
     CHECK(sweep("attn_safetensors_open+get", run_st_get, NULL) >= 1);
@@ -573,6 +628,10 @@ int main(void)
     CHECK_INT(run_st_save(&ctx, NULL), ATTN_STATUS_NO_MEMORY);
     CHECK_INT(leftovers(), 0);
     sweep("attn_safetensors_save", run_st_save, NULL);
+    unlink(out_path);
+    CHECK(sweep("an output set (create, add, commit)", run_output_set, NULL) >= 1);
+    unlink(out_path);
+    CHECK_INT(leftovers(), 0);
 
     unlink(npy_path);
     unlink(st_path);
