@@ -133,9 +133,11 @@ static void test_pool(void)
     TEST("the pool runs every item exactly once, with worker numbers below the thread "
          "count, for any thread count and item count, and again on reuse");
     static count_arg c;
-    const int threads[5] = {1, 2, 3, 8, 2};
-    const int64_t items[5] = {1000, 1, 999, 17, 1000};
-    for (int r = 0; r < 5; r++) {
+    /* More threads than cores (this machine may have two), past the pool's 64
+     * workers (65 and 100 are capped), and counts that change from call to call. */
+    const int threads[10] = {1, 2, 3, 8, 2, 64, 65, 100, 7, 3};
+    const int64_t items[10] = {1000, 1, 999, 17, 1000, 1000, 64, 1000, 5, 1000};
+    for (int r = 0; r < 10; r++) {
         memset(&c, 0, sizeof c);
         c.threads = threads[r];
         attn__parallel_for(threads[r], items[r], count_item, &c);
@@ -145,6 +147,21 @@ static void test_pool(void)
         CHECK(once);
         CHECK_INT(atomic_load(&c.bad_worker), 0);
     }
+    /* Back to back, so that a call's job is posted while workers of the last one
+     * still spin, or are giving up their spin, or have just gone to sleep. */
+    const int cycle[6] = {1, 2, 7, 3, 64, 2};
+    int all_once = 1, bad_worker = 0;
+    for (int r = 0; r < 300; r++) {
+        const int64_t n = 1 + (r * 37) % 1000;
+        memset(&c, 0, sizeof c);
+        c.threads = cycle[r % 6];
+        attn__parallel_for(c.threads, n, count_item, &c);
+        for (int64_t i = 0; i < 1000; i++)
+            all_once &= atomic_load(&c.hits[i]) == (i < n ? 1 : 0);
+        bad_worker |= atomic_load(&c.bad_worker);
+    }
+    CHECK(all_once);
+    CHECK_INT(bad_worker, 0);
 }
 
 /* ThreadSanitizer refuses to start threads in the child of a threaded fork. */
@@ -162,7 +179,7 @@ static void test_pool(void)
 static void test_fork(void)
 {
     TEST("after fork() the child's pool starts empty and works (the parent's workers "
-         "do not exist there)");
+         "do not exist there), and so does a grandchild's");
     if (UNDER_TSAN) {
         fprintf(stderr, "  skipped under ThreadSanitizer (no threads after a threaded fork)\n");
         return;
@@ -180,6 +197,22 @@ static void test_fork(void)
         int once = 1;
         for (int64_t i = 0; i < 1000; i++)
             once &= atomic_load(&c.hits[i]) == 1;
+        /* The child's own worker is spinning now: a fork again, and the
+         * grandchild computes as well. */
+        pid_t grand = fork();
+        if (grand == 0) {
+            memset(&c, 0, sizeof c);
+            c.threads = 3;
+            attn__parallel_for(3, 1000, count_item, &c);
+            int g = 1;
+            for (int64_t i = 0; i < 1000; i++)
+                g &= atomic_load(&c.hits[i]) == 1;
+            _exit(g ? 0 : 1);
+        }
+        int gs = 0;
+        if (grand < 0 || waitpid(grand, &gs, 0) != grand || !WIFEXITED(gs) ||
+            WEXITSTATUS(gs) != 0)
+            once = 0;
         _exit(once ? 0 : 1);
     }
     int status = 0;
