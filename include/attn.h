@@ -1107,6 +1107,8 @@ typedef struct attn_safetensors attn_safetensors;
  * leading zeros), except that a name given twice or holding a NUL character is
  * refused (Python keeps the last of two names; attn's names are C strings). */
 ATTN_API int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **out);
+/* Closes st and frees it with the allocator of the context that opened it (ctx is
+ * not used and may be NULL or another context). */
 ATTN_API void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st);
 
 /* Number of tensors, and the name of tensor i (0 <= i < count), in the order of

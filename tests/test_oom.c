@@ -611,6 +611,27 @@ int main(void)
     CHECK(sweep("attn_npy_load", run_npy_load, NULL) >= 1);
     CHECK(sweep("attn_safetensors_open+get", run_st_get, NULL) >= 1);
     CHECK(sweep("attn_weights_load", run_weights_load, NULL) >= 1);
+    {
+        TEST("an open .safetensors file goes back to the allocator that opened it, "
+             "whatever context closes it");
+        /* Closed through another context (or none), the handle's memory went to that
+         * context's free (b.live -5, a.live 5) or to libc's. */
+        for (int closer = 0; closer < 2; closer++) {
+            counting a = {0, 0, 0}, b = {0, 0, 0};
+            attn_ctx ca, cb;
+            attn_ctx_init(&ca);
+            attn_ctx_init(&cb);
+            ca.allocator = (attn_allocator){count_alloc, count_free, &a};
+            cb.allocator = (attn_allocator){count_alloc, count_free, &b};
+            attn_safetensors *st = NULL;
+            CHECK_INT(attn_safetensors_open(&ca, st_path, &st), ATTN_OK);
+            CHECK(a.live > 0);
+            attn_safetensors_close(closer == 0 ? &cb : NULL, st);
+            CHECK_INT(a.live, 0);
+            CHECK_INT(b.live, 0);
+            CHECK_INT(b.calls, 0);
+        }
+    }
 
     TEST("a writer that runs out of memory leaves no file and no temporary behind");
     unlink(out_path);

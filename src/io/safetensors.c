@@ -77,14 +77,22 @@ struct attn_safetensors {
     int64_t cap;
     st_entry *entries; /* sorted by begin once the header is checked */
     int64_t *by_name;  /* entry indices sorted by name, for lookups */
+    attn_allocator alloc; /* the opening context's: all of the handle's memory is its */
 };
 
 /* ---- the handle ------------------------------------------------------------------ */
 
-static void st_free(attn_ctx *ctx, attn_safetensors *st)
+/* Frees the handle with the allocator that opened it (st->alloc), whatever
+ * context the program closes it with: another context's free, or libc's, would be
+ * handed memory of the wrong heap. */
+static void st_free(attn_safetensors *st)
 {
     if (!st)
         return;
+    attn_ctx own;
+    attn_ctx_init(&own);
+    own.allocator = st->alloc;
+    attn_ctx *ctx = &own;
     for (int64_t i = 0; i < st->count; i++)
         attn__free(ctx, st->entries[i].name);
     attn__free(ctx, st->entries);
@@ -96,7 +104,8 @@ static void st_free(attn_ctx *ctx, attn_safetensors *st)
 
 void attn_safetensors_close(attn_ctx *ctx, attn_safetensors *st)
 {
-    st_free(ctx, st);
+    (void)ctx; /* the handle knows its allocator */
+    st_free(st);
 }
 
 static st_entry *st_push(attn_ctx *ctx, attn_safetensors *st)
@@ -454,10 +463,12 @@ int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **ou
     if (!st)
         return attn__alloc_status(ctx);
     memset(st, 0, sizeof(*st));
+    if (ctx)
+        st->alloc = ctx->allocator;
     size_t plen = strlen(path);
     st->path = attn__alloc(ctx, plen + 1, "file name");
     if (!st->path) {
-        st_free(ctx, st);
+        st_free(st);
         return attn__alloc_status(ctx);
     }
     memcpy(st->path, path, plen + 1);
@@ -507,7 +518,7 @@ int attn_safetensors_open(attn_ctx *ctx, const char *path, attn_safetensors **ou
     return ATTN_OK;
 fail:
     attn__free(ctx, header);
-    st_free(ctx, st);
+    st_free(st);
     return rc;
 }
 
