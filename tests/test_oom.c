@@ -420,6 +420,72 @@ static int run_gqa_pack(attn_ctx *ctx, void *arg)
     return rc;
 }
 
+/* Grouped-query weights on RoPE'd heads, packed (the pack is made by the caller
+ * with a plain context: only the call is swept). */
+static int run_mha_packed_rope(attn_ctx *ctx, void *arg)
+{
+    attn_tensor tx = tu_tensor3(x, B, T, E), ty = tu_tensor3(y, B, T, E);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    attn_rope_params r;
+    attn_rope_params_init(&r);
+    r.offset = 5;
+    return attn_mha_forward_packed_rope(ctx, arg, H, &tx, &p, &r, &ty, NULL);
+}
+
+static float dwq[E * E], dwk[D * E], dwv[D * E], dwo2[E * E], dbq[E], dbk[D], dbv[D], dbo2[E];
+
+static int run_gqa_backward(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    ctx->threads = 2;
+    attn_gqa_weights g = gqa_weights();
+    attn_tensor tx = tu_tensor3(x, B, T, E), tdy = tu_tensor3(y, B, T, E),
+                tdx = tu_tensor3(dx, B, T, E);
+    const int64_t sq[2] = {E, E}, skv[2] = {D, E}, sb[1] = {E}, sbkv[1] = {D};
+    attn_tensor gq, gk, gv, go, bq, bk, bv, bo_;
+    attn_tensor_init(NULL, &gq, ATTN_DTYPE_F32, dwq, 2, sq);
+    attn_tensor_init(NULL, &gk, ATTN_DTYPE_F32, dwk, 2, skv);
+    attn_tensor_init(NULL, &gv, ATTN_DTYPE_F32, dwv, 2, skv);
+    attn_tensor_init(NULL, &go, ATTN_DTYPE_F32, dwo2, 2, sq);
+    attn_tensor_init(NULL, &bq, ATTN_DTYPE_F32, dbq, 1, sb);
+    attn_tensor_init(NULL, &bk, ATTN_DTYPE_F32, dbk, 1, sbkv);
+    attn_tensor_init(NULL, &bv, ATTN_DTYPE_F32, dbv, 1, sbkv);
+    attn_tensor_init(NULL, &bo_, ATTN_DTYPE_F32, dbo2, 1, sb);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    attn_rope_params r;
+    attn_rope_params_init(&r);
+    attn_gqa_grads gr = {&tdx, &gq, &gk, &gv, &go, &bq, &bk, &bv, &bo_};
+    return attn_gqa_backward(ctx, &g, H, 1, &tx, &p, &r, &tdy, &gr);
+}
+
+static int run_sdpa_fused(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    ctx->threads = 2;
+    attn_tensor tq = tu_tensor4(q, B, H, T, D), tk = tu_tensor4(k, B, H, T, D),
+                tv = tu_tensor4(v, B, H, T, D), to = tu_tensor4(o, B, H, T, D);
+    attn_sdpa_params p;
+    attn_sdpa_params_init(&p);
+    p.causal = 1;
+    return attn_sdpa_fused(ctx, &tq, &tk, &tv, &p, &to, NULL);
+}
+
+static char gqa_path[512];
+
+static int run_weights_load_gqa(attn_ctx *ctx, void *arg)
+{
+    (void)arg;
+    attn_gqa_weights g;
+    int rc = attn_weights_load_gqa(ctx, gqa_path, NULL, H, 1, &g);
+    if (rc == ATTN_OK)
+        attn_gqa_weights_free(ctx, &g);
+    return rc;
+}
+
 /* An output set of one file, committed. */
 static int run_output_set(attn_ctx *ctx, void *arg)
 {
@@ -606,11 +672,33 @@ int main(void)
     TEST("grouped-query attention and its packing fail cleanly at every allocation");
     CHECK(sweep("attn_gqa_forward", run_gqa, NULL) >= 1);
     CHECK(sweep("attn_gqa_pack", run_gqa_pack, NULL) >= 1);
+    {
+        attn_gqa_weights g = gqa_weights();
+        attn_mha_packed *gp = NULL;
+        CHECK_INT(attn_gqa_pack(NULL, &g, H, 1, &gp), ATTN_OK);
+        if (gp)
+            CHECK(sweep("attn_mha_forward_packed_rope", run_mha_packed_rope, gp) >= 1);
+        attn_mha_packed_free(NULL, gp);
+    }
+    CHECK(sweep("attn_gqa_backward", run_gqa_backward, NULL) >= 1);
+    CHECK(sweep("attn_sdpa_fused", run_sdpa_fused, NULL) >= 1);
 
     TEST("the file readers and the weight loader fail cleanly at every allocation");
     CHECK(sweep("attn_npy_load", run_npy_load, NULL) >= 1);
     CHECK(sweep("attn_safetensors_open+get", run_st_get, NULL) >= 1);
     CHECK(sweep("attn_weights_load", run_weights_load, NULL) >= 1);
+    {
+        /* The grouped-query names: q_proj [E, E], k_proj and v_proj [D, E], o_proj. */
+        attn_gqa_weights g = gqa_weights();
+        const attn_tensor gw[4] = {g.w_q, g.w_k, g.w_v, g.w_o};
+        const char *gn[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                             "o_proj.weight"};
+        snprintf(gqa_path, sizeof gqa_path, "%s/oom_gqa_%d.safetensors", ATTN_TEST_TMP_DIR,
+                 (int)getpid());
+        CHECK_INT(attn_safetensors_save(NULL, gqa_path, gn, gw, 4), ATTN_OK);
+        CHECK(sweep("attn_weights_load_gqa", run_weights_load_gqa, NULL) >= 1);
+        unlink(gqa_path);
+    }
     {
         TEST("an open .safetensors file goes back to the allocator that opened it, "
              "whatever context closes it");
