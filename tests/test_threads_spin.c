@@ -13,7 +13,14 @@
  *     the default, under 25 ms, where reading a prefix or clamping to the maximum
  *     would spin for 300 ms or a second.
  * The limits are wide (the spins differ by three orders of magnitude), so that a
- * busy machine does not decide the outcome. Each case is a child of fork() that has
+ * busy machine does not decide the outcome.
+ *
+ * Only a worker that took part in the last job spins: after one job of 8 threads
+ * and then one of 2, the 6 workers the second job did not need (woken by its
+ * broadcast) go back to sleep at once. They used to spin too, taking the cores
+ * from the program's next call. Counted on Linux by the threads whose CPU time
+ * (/proc/self/task/N/schedstat) grows by more than 30 ms in the idle window, with
+ * ATTN_SPIN_US=300000: one, the second job's worker. Each case is a child of fork() that has
  * not called the pool yet: the variable is read once per process, at the first
  * threaded call. Every job's items must also each run once, in every mode.
  */
@@ -21,6 +28,7 @@
 #include "check.h"
 #include "threads.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -91,6 +99,59 @@ static int child(const char *value, double *idle_ms)
     return 0;
 }
 
+/* The CPU time, in ms, of each of this process's threads (by task id, up to n). */
+static int thread_cpu_ms(long *tid, double *ms, int n)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int k = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && k < n) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        unsigned long long run_ns = 0;
+        if (fscanf(f, "%llu", &run_ns) == 1) {
+            tid[k] = atol(e->d_name);
+            ms[k] = (double)run_ns / 1e6;
+            k++;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return k;
+}
+
+/* In a child: a job of 8 threads, one of 2, then how many threads burn more than
+ * 30 ms of CPU in a 400 ms idle (ATTN_SPIN_US=300000). -1 when /proc says nothing. */
+static int child_spinners(void)
+{
+    setenv("ATTN_SPIN_US", "300000", 1);
+    static job_state st;
+    attn__parallel_for(8, N_ITEMS, item_fn, &st);
+    attn__parallel_for(2, N_ITEMS, item_fn, &st);
+    sleep_ms(50);
+    enum { MAXT = 64 };
+    long t0[MAXT], t1[MAXT];
+    double c0[MAXT], c1[MAXT];
+    const int n0 = thread_cpu_ms(t0, c0, MAXT);
+    sleep_ms(400);
+    const int n1 = thread_cpu_ms(t1, c1, MAXT);
+    if (n0 <= 0 || n1 <= 0)
+        return -1;
+    int spinning = 0;
+    for (int i = 0; i < n1; i++)
+        for (int j = 0; j < n0; j++)
+            if (t1[i] == t0[j] && c1[i] - c0[j] > 30.0)
+                spinning++;
+    return spinning;
+}
+
 /* Runs a case in a child; returns the idle CPU in ms, or -1 if the child failed. */
 static double run_case(const char *value)
 {
@@ -146,6 +207,28 @@ int main(void)
             CHECK(idle >= 60.0); /* the worker spins through the idle */
         else
             CHECK(idle < 25.0); /* no long spin */
+    }
+    {
+        int fd[2];
+        CHECK(pipe(fd) == 0);
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            int n = child_spinners();
+            _exit(write(fd[1], &n, sizeof n) == (ssize_t)sizeof n ? 0 : 1);
+        }
+        close(fd[1]);
+        int n = -2, status = 0;
+        if (read(fd[0], &n, sizeof n) != (ssize_t)sizeof n)
+            n = -2;
+        close(fd[0]);
+        waitpid(pid, &status, 0);
+        if (n == -1) {
+            printf("SKIP: no /proc/self/task/N/schedstat: the spinners are not counted\n");
+        } else {
+            printf("after jobs of 8 and 2 threads, %d thread(s) spin through the idle\n", n);
+            CHECK_INT(n, 1);
+        }
     }
     return check_summary("test_threads_spin");
 }

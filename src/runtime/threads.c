@@ -176,8 +176,13 @@ static void *worker_main(void *arg)
     const int id = (int)(intptr_t)arg;
     pthread_mutex_lock(&pool.lock);
     uint64_t seen = pool.start_gen[id];
+    /* Only a worker that took part in the last job spins for the next one: a job
+     * of fewer threads than the pool has wakes the others too (one broadcast), and
+     * those, likely not needed next either, would take the cores from the ones
+     * that are. */
+    int took_part = 0;
     for (;;) {
-        if (pool.generation == seen && !pool.stopping) {
+        if (took_part && pool.generation == seen && !pool.stopping) {
             pthread_mutex_unlock(&pool.lock);
             spin_until(new_job_or_stop, seen);
             pthread_mutex_lock(&pool.lock);
@@ -187,7 +192,8 @@ static void *worker_main(void *arg)
         if (pool.stopping)
             break;
         seen = pool.generation;
-        if (id > pool.participants)
+        took_part = id <= pool.participants;
+        if (!took_part)
             continue;
         pool_job *job = pool.job;
         pthread_mutex_unlock(&pool.lock);
