@@ -71,8 +71,9 @@ static void sleep_ms(long ms)
     }
 }
 
-/* In a child: three threaded jobs (checked), then the CPU time of a 400 ms idle. */
-static int child(const char *value, double *idle_ms)
+/* In a child: three threaded jobs (checked), then the CPU time in ms of a 400 ms
+ * idle; -1 when an item did not run once. */
+static double idle_after_jobs(const char *value)
 {
     if (value)
         setenv("ATTN_SPIN_US", value, 1);
@@ -87,7 +88,7 @@ static int child(const char *value, double *idle_ms)
             if (atomic_load(&st.ran[i]) != 1) {
                 fprintf(stderr, "ATTN_SPIN_US=%s: item %d ran %d times\n",
                         value ? value : "(unset)", i, atomic_load(&st.ran[i]));
-                return 1;
+                return -1;
             }
     }
     /* A thread's CPU time is brought up to date when it sleeps or at the scheduler's
@@ -95,8 +96,7 @@ static int child(const char *value, double *idle_ms)
     sleep_ms(50);
     const double c0 = process_cpu_ms();
     sleep_ms(400);
-    *idle_ms = process_cpu_ms() - c0;
-    return 0;
+    return process_cpu_ms() - c0;
 }
 
 /* The CPU time, in ms, of each of this process's threads (by task id, up to n). */
@@ -128,9 +128,10 @@ static int thread_cpu_ms(long *tid, double *ms, int n)
 }
 
 /* In a child: a job of 8 threads, one of 2, then how many threads burn more than
- * 30 ms of CPU in a 400 ms idle (ATTN_SPIN_US=300000). -1 when /proc says nothing. */
-static int child_spinners(void)
+ * 30 ms of CPU in a 400 ms idle (ATTN_SPIN_US=300000). -2 when /proc says nothing. */
+static double spinners_after_jobs(const char *unused)
 {
+    (void)unused;
     setenv("ATTN_SPIN_US", "300000", 1);
     static job_state st;
     attn__parallel_for(8, N_ITEMS, item_fn, &st);
@@ -143,7 +144,7 @@ static int child_spinners(void)
     sleep_ms(400);
     const int n1 = thread_cpu_ms(t1, c1, MAXT);
     if (n0 <= 0 || n1 <= 0)
-        return -1;
+        return -2;
     int spinning = 0;
     for (int i = 0; i < n1; i++)
         for (int j = 0; j < n0; j++)
@@ -152,8 +153,9 @@ static int child_spinners(void)
     return spinning;
 }
 
-/* Runs a case in a child; returns the idle CPU in ms, or -1 if the child failed. */
-static double run_case(const char *value)
+/* Runs fn(value) in a child of fork() (whose pool has not started) and returns
+ * what it returned, or -1 if the child failed. */
+static double in_child(double (*fn)(const char *), const char *value)
 {
     int fd[2];
     if (pipe(fd) != 0)
@@ -163,21 +165,18 @@ static double run_case(const char *value)
         return -1;
     if (pid == 0) {
         close(fd[0]);
-        double idle = -1;
-        int rc = child(value, &idle);
-        if (write(fd[1], &idle, sizeof idle) != (ssize_t)sizeof idle)
-            rc = 1;
-        _exit(rc);
+        const double r = fn(value);
+        _exit(write(fd[1], &r, sizeof r) == (ssize_t)sizeof r ? 0 : 1);
     }
     close(fd[1]);
-    double idle = -1;
-    if (read(fd[0], &idle, sizeof idle) != (ssize_t)sizeof idle)
-        idle = -1;
+    double r = -1;
+    if (read(fd[0], &r, sizeof r) != (ssize_t)sizeof r)
+        r = -1;
     close(fd[0]);
     int status = 0;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return -1;
-    return idle;
+    return r;
 }
 
 int main(void)
@@ -195,7 +194,7 @@ int main(void)
         {"1000001", 0}, {"-1", 0},       {"", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const double idle = run_case(cases[i].value);
+        const double idle = in_child(idle_after_jobs, cases[i].value);
         const char *shown = cases[i].value ? cases[i].value : "(unset)";
         if (idle < 0)
             fprintf(stderr, "ATTN_SPIN_US=\"%s\": the child failed\n", shown);
@@ -208,27 +207,12 @@ int main(void)
         else
             CHECK(idle < 25.0); /* no long spin */
     }
-    {
-        int fd[2];
-        CHECK(pipe(fd) == 0);
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(fd[0]);
-            int n = child_spinners();
-            _exit(write(fd[1], &n, sizeof n) == (ssize_t)sizeof n ? 0 : 1);
-        }
-        close(fd[1]);
-        int n = -2, status = 0;
-        if (read(fd[0], &n, sizeof n) != (ssize_t)sizeof n)
-            n = -2;
-        close(fd[0]);
-        waitpid(pid, &status, 0);
-        if (n == -1) {
-            printf("SKIP: no /proc/self/task/N/schedstat: the spinners are not counted\n");
-        } else {
-            printf("after jobs of 8 and 2 threads, %d thread(s) spin through the idle\n", n);
-            CHECK_INT(n, 1);
-        }
+    const double n = in_child(spinners_after_jobs, NULL);
+    if (n == -2) {
+        printf("SKIP: no /proc/self/task/N/schedstat: the spinners are not counted\n");
+    } else {
+        printf("after jobs of 8 and 2 threads, %.0f thread(s) spin through the idle\n", n);
+        CHECK(n == 1);
     }
     return check_summary("test_threads_spin");
 }
